@@ -1,0 +1,17 @@
+# The two commands of the README: `make demo` (kiln's main job) and `make test` (every test).
+.PHONY: setup demo test test-python test-cpp bench
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	@.venv/bin/python -m kiln demo
+
+test: setup
+	@scripts/test.sh
+
+test-python: setup
+	@.venv/bin/python -m pytest -q tests/python
+
+bench: setup
+	@.venv/bin/python bench/run_all.py

@@ -1,0 +1,14 @@
+"""kiln: a just-in-time compiler for unmodified PyTorch programs.
+
+    import kiln
+    fast = kiln.compile(model)            # like torch.compile
+    @kiln.optimize(my_backend)            # like torch._dynamo.optimize
+    def f(x, y): ...
+"""
+from kiln import config, exc
+from kiln.backends import list_backends, register_backend
+from kiln.eval_frame import compile, disable, optimize, reset
+from kiln import debug
+
+__all__ = ["compile", "optimize", "disable", "reset", "list_backends", "register_backend",
+           "config", "exc", "debug"]

@@ -1,0 +1,4 @@
+"""Backends: callables (gm: torch.fx.GraphModule, example_inputs: list) -> callable."""
+from kiln.backends.registry import list_backends, lookup_backend, register_backend
+
+__all__ = ["list_backends", "lookup_backend", "register_backend"]

@@ -1,0 +1,40 @@
+"""The registry of named backends and the built-in ones."""
+from typing import Callable, Dict, List
+
+import torch
+
+from kiln.exc import InvalidBackend
+
+CompilerFn = Callable[[torch.fx.GraphModule, list], Callable]
+
+_BACKENDS: Dict[str, CompilerFn] = {}
+
+
+def register_backend(compiler_fn: CompilerFn = None, name: str = None):
+    """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator."""
+    if compiler_fn is None:
+        return lambda fn: register_backend(fn, name)
+    key = name or compiler_fn.__name__
+    if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
+        raise InvalidBackend(f"a backend named {key!r} is already registered")
+    _BACKENDS[key] = compiler_fn
+    return compiler_fn
+
+
+def lookup_backend(backend) -> CompilerFn:
+    """A callable for `backend`, given as a registered name or as a callable."""
+    if callable(backend):
+        return backend
+    if isinstance(backend, str) and backend in _BACKENDS:
+        return _BACKENDS[backend]
+    raise InvalidBackend(f"unknown backend {backend!r}; registered: {', '.join(list_backends())}")
+
+
+def list_backends() -> List[str]:
+    return sorted(_BACKENDS)
+
+
+@register_backend(name="eager")
+def eager(gm: torch.fx.GraphModule, example_inputs: list):
+    """Runs the captured graph with PyTorch's own kernels."""
+    return gm.forward

@@ -1,0 +1,1 @@
+"""The symbolic executor: bytecode in, graph and guards out."""

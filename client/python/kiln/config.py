@@ -1,0 +1,29 @@
+"""kiln's configuration: one module-level object per process, read at capture time.
+
+Set attributes directly (`kiln.config.cache_size_limit = 16`) or through the environment
+(`KILN_LOG=graph,guards,bytecode`, `KILN_CACHE_SIZE_LIMIT=16`).
+"""
+import os
+
+# Print the captured graph, the original and transformed bytecode and the guards of every
+# compiled frame (what KILN_LOG=graph,guards,bytecode prints).
+debug = False
+
+# Compiled entries kept per code object; past it the frame runs eagerly, with one warning.
+cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
+
+# Default for kiln.compile(backend=...).
+default_backend = os.environ.get("KILN_BACKEND", "eager")
+
+# What to print, a subset of {"graph", "guards", "bytecode", "recompiles"}: KILN_LOG=graph,guards.
+log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())
+
+# Guard module attributes that are plain constants (ints, strings, tuples) of torch.nn's own
+# modules too. Off: their configuration (stride, eps, ...) is taken as fixed once the module's
+# identity is guarded; `training` is always guarded.
+guard_nn_module_constants = False
+
+
+def logs(topic: str) -> bool:
+    """True when `topic` output is asked for, by KILN_LOG or by `debug`."""
+    return debug or topic in log or "all" in log

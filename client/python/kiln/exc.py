@@ -1,0 +1,31 @@
+"""Errors kiln raises to the user. Plumbing failures never raise: they fall back to eager."""
+
+
+class KilnError(RuntimeError):
+    """Base of every error kiln raises."""
+
+
+class Unsupported(KilnError):
+    """Capture met something it cannot model (raised to the user only with fullgraph=True)."""
+
+    def __init__(self, msg: str, *, source_line: str = ""):
+        self.reason = msg
+        self.source_line = source_line
+        super().__init__(f"{msg}\n{source_line}" if source_line else msg)
+
+
+class BackendCompilerFailed(KilnError):
+    """The backend raised while compiling a captured graph."""
+
+    def __init__(self, backend_name: str, inner: BaseException):
+        self.backend_name = backend_name
+        self.inner = inner
+        super().__init__(f"backend {backend_name!r} raised {type(inner).__name__}: {inner}")
+
+
+class RecompileError(KilnError):
+    """A compile was needed while the stance forbids it ("fail_on_recompile")."""
+
+
+class InvalidBackend(KilnError):
+    """kiln.compile was given a backend name that is not registered."""

@@ -1,0 +1,168 @@
+"""The graph a capture builds: FX nodes, their fake (metadata-only) values, graph inputs and the
+module attributes (parameters, buffers) the graph reads.
+
+Tensor metadata comes from running each op on FakeTensors: shapes, dtypes, devices and strides
+without touching real data or running real kernels.
+"""
+import operator
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kiln.exc import Unsupported
+from kiln.guards.builder import GuardSet
+from kiln.guards.source import Source
+
+
+class GraphInput:
+    __slots__ = ("node", "source", "example")
+
+    def __init__(self, node, source, example):
+        self.node = node
+        self.source = source
+        self.example = example
+
+
+class OutputGraph:
+    def __init__(self):
+        self.graph = torch.fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.guards = GuardSet()
+        self.inputs: List[GraphInput] = []
+        self._input_by_source: Dict[Source, Any] = {}
+        self.attrs: Dict[str, torch.Tensor] = {}  # get_attr target -> real tensor
+        self._attr_by_id: Dict[int, Any] = {}
+        self._fakes: Dict[int, torch.Tensor] = {}  # id(real tensor) -> fake
+        self._keepalive: List[Any] = []
+        self._names: Dict[str, int] = {}
+
+    # -- values ------------------------------------------------------------------------------
+
+    def fake(self, real: torch.Tensor) -> torch.Tensor:
+        f = self._fakes.get(id(real))
+        if f is None:
+            f = self.fake_mode.from_tensor(real)
+            self._fakes[id(real)] = f
+            self._keepalive.append(real)
+        return f
+
+    def unique_name(self, base: str) -> str:
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "v"
+        if base[0].isdigit():
+            base = "_" + base
+        n = self._names.get(base, 0)
+        self._names[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def add_input(self, real: torch.Tensor, source: Source):
+        """A placeholder for a tensor the transformed code loads from `source` on every call."""
+        from kiln.variables.tensor import TensorVariable
+
+        vt = self._input_by_source.get(source)
+        if vt is not None:
+            return vt
+        name = self.unique_name(_source_var_name(source))
+        node = self.graph.placeholder(name)
+        example = self.fake(real)
+        node.meta["example_value"] = example
+        self.inputs.append(GraphInput(node, source, real))
+        vt = TensorVariable(node, example, source=source)
+        self._input_by_source[source] = vt
+        self.guards.add(source, "TENSOR_MATCH", real)
+        return vt
+
+    def add_attr(self, real: torch.Tensor, source: Source):
+        """A get_attr node for a parameter or buffer: the graph module keeps the tensor itself."""
+        from kiln.variables.tensor import TensorVariable
+
+        vt = self._attr_by_id.get(id(real))
+        if vt is not None:
+            return vt
+        target = self.unique_name(_source_var_name(source))
+        self.attrs[target] = real
+        node = self.graph.get_attr(target)
+        example = self.fake(real)
+        node.meta["example_value"] = example
+        vt = TensorVariable(node, example, source=source)
+        self._attr_by_id[id(real)] = vt
+        return vt
+
+    # -- ops -----------------------------------------------------------------------------------
+
+    def call(self, kind: str, target, args: tuple, kwargs: dict):
+        """Records `target(*args, **kwargs)` (kind: call_function or call_method), computes its
+        fake result and wraps it. Non-tensor results (sizes, dtypes) become constants and leave
+        no node behind."""
+        from kiln.variables.base import to_fx_arg, to_fake_arg
+        from kiln.variables.builder import wrap_fake_result
+
+        fake_args = tuple(to_fake_arg(a) for a in args)
+        fake_kwargs = {k: to_fake_arg(v) for k, v in kwargs.items()}
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except Unsupported:
+            raise
+        except (torch._subclasses.fake_tensor.DataDependentOutputException,
+                torch._subclasses.fake_tensor.DynamicOutputShapeException) as e:
+            raise Unsupported(f"data-dependent operation {_target_name(target)}: {e}") from None
+        except Exception as e:  # the op itself rejects these inputs: eager would raise too
+            raise Unsupported(f"{_target_name(target)} failed on fake inputs: "
+                              f"{type(e).__name__}: {e}") from None
+        if not _contains_tensor(result):
+            return wrap_fake_result(self, None, result)
+        node = self.graph.create_node(
+            kind, target, tuple(to_fx_arg(a) for a in args),
+            {k: to_fx_arg(v) for k, v in kwargs.items()},
+            name=self.unique_name(_target_name(target)))
+        node.meta["example_value"] = result
+        return wrap_fake_result(self, node, result)
+
+    def getitem_node(self, node, index: int, example):
+        n = self.graph.call_function(operator.getitem, (node, index))
+        n.meta["example_value"] = example
+        return n
+
+    def count_calls(self) -> int:
+        return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method",
+                                                          "call_module"))
+
+    def make_graph_module(self, outputs: list, name: str) -> torch.fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        root = torch.nn.Module()
+        for target, tensor in self.attrs.items():
+            if isinstance(tensor, torch.nn.Parameter):
+                root.register_parameter(target, tensor)
+            else:
+                root.register_buffer(target, tensor)
+        gm = torch.fx.GraphModule(root, self.graph, class_name=name)
+        return gm
+
+
+def _contains_tensor(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_contains_tensor(v) for v in value)
+    return False
+
+
+def _target_name(target) -> str:
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", None) or type(target).__name__
+    return name
+
+
+def _source_var_name(source: Optional[Source]) -> str:
+    if source is None:
+        return "v"
+    name = source.name
+    for ch in "[]'\".":
+        name = name.replace(ch, "_")
+    return name

@@ -1,0 +1,1 @@
+"""Where captured values come from (sources) and the guards recorded on them."""

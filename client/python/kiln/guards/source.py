@@ -1,0 +1,218 @@
+"""Sources: where a value the capture read lives, relative to the frame.
+
+A source gives three views of the same path: `name` for people (L['x'].weight), `guard_path`
+for the C++ guard tree (nested tuples, see client/guards/guard_tree.h) and `expr` for the
+transformed code, which reloads graph inputs from their sources on every call.
+"""
+from typing import Any
+
+
+class Source:
+    __slots__ = ()
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def guard_path(self) -> tuple:
+        raise NotImplementedError
+
+    def expr(self, consts) -> str:
+        """A Python expression in the transformed code; `consts` interns objects it needs."""
+        raise NotImplementedError
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((type(self), self._key()))
+
+    def _key(self):
+        raise NotImplementedError
+
+    def __repr__(self):
+        return self.name
+
+
+class LocalSource(Source):
+    __slots__ = ("index", "local_name")
+
+    def __init__(self, index: int, local_name: str):
+        self.index = index
+        self.local_name = local_name
+
+    name = property(lambda self: f"L[{self.local_name!r}]")
+
+    def guard_path(self):
+        return ("local", self.index)
+
+    def expr(self, consts):
+        return self.local_name
+
+    def _key(self):
+        return self.index
+
+
+class GlobalSource(Source):
+    """A name in the compiled frame's own globals."""
+
+    __slots__ = ("global_name",)
+
+    def __init__(self, global_name: str):
+        self.global_name = global_name
+
+    name = property(lambda self: f"G[{self.global_name!r}]")
+
+    def guard_path(self):
+        return ("global", self.global_name)
+
+    def expr(self, consts):
+        # The transformed code runs with the frame's own globals, and no parameter of it can
+        # shadow a name the original code read as a global.
+        return self.global_name
+
+    def _key(self):
+        return self.global_name
+
+
+class BuiltinSource(Source):
+    __slots__ = ("builtin_name",)
+
+    def __init__(self, builtin_name: str):
+        self.builtin_name = builtin_name
+
+    name = property(lambda self: f"B[{self.builtin_name!r}]")
+
+    def guard_path(self):
+        return ("builtin", self.builtin_name)
+
+    def expr(self, consts):
+        return self.builtin_name
+
+    def _key(self):
+        return self.builtin_name
+
+
+class ClosureSource(Source):
+    """The contents of the compiled function's closure cell `index` (free variable `var`)."""
+
+    __slots__ = ("index", "var")
+
+    def __init__(self, index: int, var: str):
+        self.index = index
+        self.var = var
+
+    name = property(lambda self: f"C[{self.var!r}]")
+
+    def guard_path(self):
+        return ("closure", self.index)
+
+    def expr(self, consts):
+        return self.var
+
+    def _key(self):
+        return self.index
+
+
+class ObjectSource(Source):
+    """A fixed object the guards hold on to: another module's globals dict, a closure cell."""
+
+    __slots__ = ("obj", "label")
+
+    def __init__(self, obj: Any, label: str):
+        self.obj = obj
+        self.label = label
+
+    name = property(lambda self: self.label)
+
+    def guard_path(self):
+        return ("object", self.obj)
+
+    def expr(self, consts):
+        return consts.ref(self.obj)
+
+    def _key(self):
+        return id(self.obj)
+
+
+class AttrSource(Source):
+    __slots__ = ("base", "attr")
+
+    def __init__(self, base: Source, attr: str):
+        self.base = base
+        self.attr = attr
+
+    name = property(lambda self: f"{self.base.name}.{self.attr}")
+
+    def guard_path(self):
+        return ("attr", self.base.guard_path(), self.attr)
+
+    def expr(self, consts):
+        return f"{self.base.expr(consts)}.{self.attr}"
+
+    def _key(self):
+        return (self.base, self.attr)
+
+
+class ItemSource(Source):
+    __slots__ = ("base", "key")
+
+    def __init__(self, base: Source, key):
+        self.base = base
+        self.key = key
+
+    name = property(lambda self: f"{self.base.name}[{self.key!r}]")
+
+    def guard_path(self):
+        return ("item", self.base.guard_path(), self.key)
+
+    def expr(self, consts):
+        return f"{self.base.expr(consts)}[{self.key!r}]"
+
+    def _key(self):
+        return (self.base, type(self.key), self.key)
+
+
+class ModuleMemberSource(Source):
+    """An nn.Module's submodule, parameter or buffer: read from its registry dict, not through
+    nn.Module.__getattr__, so guards stay in C++."""
+
+    __slots__ = ("base", "attr", "registry")
+
+    def __init__(self, base: Source, attr: str, registry: str):
+        self.base = base
+        self.attr = attr
+        self.registry = registry  # "_modules", "_parameters" or "_buffers"
+
+    name = property(lambda self: f"{self.base.name}.{self.attr}")
+
+    def guard_path(self):
+        return ("item", ("item", ("instance_dict", self.base.guard_path()), self.registry),
+                self.attr)
+
+    def expr(self, consts):
+        return f"{self.base.expr(consts)}.{self.attr}"
+
+    def _key(self):
+        return (self.base, self.attr)
+
+
+class InstanceAttrSource(Source):
+    """An attribute found in an object's own __dict__ (read without descriptors)."""
+
+    __slots__ = ("base", "attr")
+
+    def __init__(self, base: Source, attr: str):
+        self.base = base
+        self.attr = attr
+
+    name = property(lambda self: f"{self.base.name}.{self.attr}")
+
+    def guard_path(self):
+        return ("item", ("instance_dict", self.base.guard_path()), self.attr)
+
+    def expr(self, consts):
+        return f"{self.base.expr(consts)}.{self.attr}"
+
+    def _key(self):
+        return (self.base, self.attr)

@@ -1,0 +1,115 @@
+"""Writes the transformed code object of a captured frame: load the graph inputs from their
+sources, call the compiled graph, rebuild the frame's return value from the graph outputs and
+constants.
+
+The code object is written as Python source and compiled, then its placeholder constant is
+replaced by a tuple of the objects it needs (the compiled callable, non-literal constants), so
+nothing is injected into the user's globals.
+"""
+import math
+import types
+from typing import Dict, List
+
+from kiln import _C
+from kiln.exc import Unsupported
+from kiln.variables.base import NullVariable, VariableTracker
+from kiln.variables.constant import ConstantVariable
+from kiln.variables.containers import BaseListVariable, ConstDictVariable, ListVariable
+from kiln.variables.tensor import TensorVariable
+
+_CONSTS_PLACEHOLDER = "__kiln_consts__"
+_LITERAL_TYPES = (bool, int, str, type(None), bytes)
+
+
+class ConstTable:
+    """Objects the transformed code reads from its constants tuple."""
+
+    def __init__(self):
+        self.objects: List[object] = []
+        self._index: Dict[int, int] = {}
+
+    def ref(self, obj) -> str:
+        i = self._index.get(id(obj))
+        if i is None:
+            i = len(self.objects)
+            self.objects.append(obj)
+            self._index[id(obj)] = i
+        return f"__kiln_k[{i}]"
+
+
+class OutputCollector:
+    """Assigns graph output slots to the tensors the return value needs."""
+
+    def __init__(self):
+        self.nodes: List = []
+        self._index: Dict = {}
+
+    def slot(self, tensor: TensorVariable) -> int:
+        i = self._index.get(tensor.node)
+        if i is None:
+            i = len(self.nodes)
+            self.nodes.append(tensor.node)
+            self._index[tensor.node] = i
+        return i
+
+
+def reconstruct(vt: VariableTracker, consts: ConstTable, outputs: OutputCollector) -> str:
+    """A Python expression that rebuilds `vt` in the transformed code."""
+    if isinstance(vt, TensorVariable):
+        return f"__kiln_out[{outputs.slot(vt)}]"
+    if isinstance(vt, ConstantVariable):
+        v = vt.value
+        if type(v) in _LITERAL_TYPES or (type(v) is float and math.isfinite(v)):
+            return repr(v)
+        return consts.ref(v)
+    if isinstance(vt, BaseListVariable):
+        parts = [reconstruct(v, consts, outputs) for v in vt.items]
+        if isinstance(vt, ListVariable):
+            return "[" + ", ".join(parts) + "]"
+        return "(" + "".join(p + ", " for p in parts) + ")"
+    if isinstance(vt, ConstDictVariable):
+        if vt.user_type is not dict:
+            raise Unsupported(f"returning a {vt.user_type.__name__}")
+        items = [f"{reconstruct(ConstantVariable(k), consts, outputs)}: "
+                 f"{reconstruct(v, consts, outputs)}" for k, v in vt.items.items()]
+        return "{" + ", ".join(items) + "}"
+    if isinstance(vt, NullVariable):
+        raise Unsupported("returning NULL")
+    if vt.source is not None:
+        return vt.source.expr(consts)
+    try:
+        return consts.ref(vt.as_python_constant())
+    except Unsupported:
+        raise Unsupported(f"returning {vt}, which kiln cannot rebuild") from None
+
+
+def transformed_code(code: types.CodeType, nslots: int, call_expr: str, return_expr: str,
+                     consts: ConstTable):
+    """The code object the hook runs for `code`: same argument slots (all positional), same
+    free variables, body `__kiln_out = <call_expr>; return <return_expr>`. Returns the code
+    object and the source it was compiled from (for debug output)."""
+    params = list(code.co_varnames[:nslots])
+    free = list(code.co_freevars)
+    lines = ["def __kiln_outer():"]
+    for name in free:
+        lines.append(f"    {name} = None")
+    lines.append(f"    def __kiln_transformed({', '.join(params)}):")
+    if free:
+        lines.append(f"        if False: ({', '.join(free)},)")
+    lines.append(f"        __kiln_k = {_CONSTS_PLACEHOLDER!r}")
+    if call_expr:
+        lines.append(f"        __kiln_out = {call_expr}")
+    lines.append(f"        return {return_expr}")
+    lines.append("    return __kiln_transformed")
+    src = "\n".join(lines) + "\n"
+    module = compile(src, f"<kiln transformed {code.co_qualname}>", "exec")
+    outer = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    inner = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    if inner.co_freevars != code.co_freevars:
+        raise Unsupported("free variables of the transformed code do not match the original")
+    new_consts = tuple(tuple(consts.objects) if c == _CONSTS_PLACEHOLDER else c
+                       for c in inner.co_consts)
+    inner = inner.replace(co_consts=new_consts, co_name=code.co_name,
+                          co_qualname=code.co_qualname)
+    _C.mark_skip(inner)
+    return inner, src

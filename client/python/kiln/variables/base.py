@@ -1,0 +1,118 @@
+"""The VariableTracker base class and the conversions every tracker shares."""
+from typing import Any, Dict, List, Optional
+
+from kiln.exc import Unsupported
+from kiln.guards.source import Source
+
+
+class VariableTracker:
+    """A Python value as the symbolic executor sees it. `source` says where it was read from,
+    when it came from outside the frame; guards were installed on that source when it was read.
+    """
+
+    def __init__(self, source: Optional[Source] = None):
+        self.source = source
+
+    # -- what the value is ---------------------------------------------------------------------
+
+    def python_type(self):
+        raise Unsupported(f"{type(self).__name__} has no known Python type")
+
+    def is_python_constant(self) -> bool:
+        try:
+            self.as_python_constant()
+            return True
+        except Unsupported:
+            return False
+
+    def as_python_constant(self):
+        raise Unsupported(f"{self} is not a Python constant")
+
+    def unpack(self, tx) -> List["VariableTracker"]:
+        """The items, for iteration and unpacking."""
+        raise Unsupported(f"cannot iterate over {self}")
+
+    def truth(self, tx) -> bool:
+        """bool(value) at trace time, or Unsupported when it depends on data."""
+        return bool(self.as_python_constant())
+
+    # -- what one can do with it ---------------------------------------------------------------
+
+    def var_getattr(self, tx, name: str) -> "VariableTracker":
+        raise Unsupported(f"attribute {name!r} of {self}")
+
+    def call_function(self, tx, args: List["VariableTracker"],
+                      kwargs: Dict[str, "VariableTracker"]) -> "VariableTracker":
+        raise Unsupported(f"call of {self}")
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class NullVariable(VariableTracker):
+    """The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR put below a callable."""
+
+    def __repr__(self):
+        return "NULL"
+
+
+def to_fx_arg(value):
+    """A tracker (or nested structure of them) as an FX node argument."""
+    from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
+    from kiln.variables.tensor import TensorVariable
+
+    if isinstance(value, TensorVariable):
+        return value.node
+    if isinstance(value, BaseListVariable):
+        items = [to_fx_arg(v) for v in value.items]
+        return items if value.python_type() is list else tuple(items)
+    if isinstance(value, SliceVariable):
+        return slice(*(to_fx_arg(v) for v in value.parts))
+    if isinstance(value, ConstDictVariable):
+        return {k: to_fx_arg(v) for k, v in value.items.items()}
+    if isinstance(value, VariableTracker):
+        return value.as_python_constant()
+    return value
+
+
+def to_fake_arg(value):
+    """A tracker (or nested structure of them) as the fake value an op runs on."""
+    from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
+    from kiln.variables.tensor import TensorVariable
+
+    if isinstance(value, TensorVariable):
+        return value.example
+    if isinstance(value, BaseListVariable):
+        items = [to_fake_arg(v) for v in value.items]
+        t = value.python_type()
+        return items if t is list else tuple(items)
+    if isinstance(value, SliceVariable):
+        return slice(*(to_fake_arg(v) for v in value.parts))
+    if isinstance(value, ConstDictVariable):
+        return {k: to_fake_arg(v) for k, v in value.items.items()}
+    if isinstance(value, VariableTracker):
+        return value.as_python_constant()
+    return value
+
+
+def constant_args(args, kwargs):
+    """(args, kwargs) as Python values if every one is a constant, else None."""
+    try:
+        return ([a.as_python_constant() for a in args],
+                {k: v.as_python_constant() for k, v in kwargs.items()})
+    except Unsupported:
+        return None
+
+
+def any_tensor(values) -> bool:
+    from kiln.variables.containers import BaseListVariable, ConstDictVariable
+    from kiln.variables.tensor import TensorVariable
+
+    for v in values:
+        if isinstance(v, TensorVariable):
+            return True
+        if isinstance(v, BaseListVariable) and any_tensor(v.items):
+            return True
+        if isinstance(v, ConstDictVariable) and any_tensor(v.items.values()):
+            return True
+    return False

@@ -1,0 +1,156 @@
+"""Turning values read from outside the frame into trackers, with the guards that make the
+trace valid for the next call; and wrapping the results of graph ops."""
+import builtins
+import enum
+import types
+
+import torch
+
+from kiln.exc import Unsupported
+from kiln.guards.builder import is_guardable_constant
+from kiln.guards.source import ItemSource
+from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
+from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
+from kiln.variables.containers import ConstDictVariable, ListVariable, TupleVariable
+from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.nn_module import NNModuleVariable
+from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
+                                    UserDefinedObjectVariable)
+from kiln.variables.tensor import TensorVariable
+from kiln.variables.torch import TorchVariable
+
+
+def _is_torch_object(value) -> bool:
+    if isinstance(value, types.ModuleType):
+        return value.__name__ == "torch" or value.__name__.startswith("torch.")
+    if isinstance(value, type):
+        return value.__module__.startswith("torch") and not issubclass(value, torch.nn.Module)
+    mod = getattr(value, "__module__", None) or ""
+    if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverloadPacket,
+                          torch._ops.OpOverload)):
+        self_obj = getattr(value, "__self__", None)
+        return mod.startswith("torch") or (
+            isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch")) \
+            or type(self_obj).__name__ == "_VariableFunctionsClass" \
+            or isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
+    if isinstance(value, types.FunctionType):
+        return mod.startswith("torch.") or mod == "torch"
+    return False
+
+
+def wrap(tx, value, source, guard: bool = True):
+    """A tracker for `value`, read from `source`, installing the guards the trace depends on.
+    With guard=False (attributes of modules and torch namespaces) only tensors are guarded."""
+    out = tx.output
+    g = guard and source is not None
+
+    def add(kind, v=None):
+        if g:
+            out.guards.add(source, kind, v)
+
+    if isinstance(value, torch.Tensor):
+        if source is None:
+            raise Unsupported("a tensor with no source (not reachable from the frame)")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise Unsupported(f"tensor subclass {type(value).__name__}")
+        return out.add_input(value, source)
+    if is_guardable_constant(value) or isinstance(value, enum.Enum):
+        add("CONSTANT_MATCH", value)
+        return ConstantVariable(value, source)
+    if type(value) is torch.Size:
+        add("CONSTANT_MATCH", value)
+        return ConstantVariable(value, source)
+    if isinstance(value, torch.nn.Module):
+        add("ID_MATCH", value)
+        return NNModuleVariable(value, source)
+    if type(value) in (tuple, list):
+        add("TYPE_MATCH", type(value))
+        add("LEN_MATCH", len(value))
+        items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
+                 for i, v in enumerate(value)]
+        return (TupleVariable if type(value) is tuple else ListVariable)(items, source)
+    if type(value) is dict:
+        if not all(is_guardable_constant(k) for k in value):
+            raise Unsupported("a dict with non-constant keys")
+        add("TYPE_MATCH", dict)
+        add("DICT_KEYS", tuple(value))
+        items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
+                 for k, v in value.items()}
+        return ConstDictVariable(items, source)
+    if _is_torch_object(value):
+        add("ID_MATCH", value)
+        return TorchVariable(value, source)
+    if isinstance(value, types.FunctionType):
+        add("ID_MATCH", value)
+        return UserFunctionVariable(value, source)
+    if isinstance(value, types.MethodType):
+        from kiln.guards.source import AttrSource
+
+        self_source = AttrSource(source, "__self__") if source is not None else None
+        obj = wrap(tx, value.__self__, self_source, guard)
+        if isinstance(value.__func__, types.FunctionType):
+            if g:
+                out.guards.add(AttrSource(source, "__func__"), "ID_MATCH", value.__func__)
+            return UserMethodVariable(value.__func__, obj)
+        raise Unsupported(f"bound method {value!r}")
+    if isinstance(value, types.ModuleType):
+        add("ID_MATCH", value)
+        return PythonModuleVariable(value, source)
+    if isinstance(value, (types.BuiltinFunctionType, type)) and _is_modelled_builtin(value):
+        add("ID_MATCH", value)
+        return BuiltinVariable(value, source)
+    if isinstance(value, type):
+        add("ID_MATCH", value)
+        return UserDefinedClassVariable(value, source)
+    if callable(value) and value in PURE_OPERATORS:
+        add("ID_MATCH", value)
+        return BuiltinVariable(value, source)
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        raise Unsupported(f"call target {getattr(value, '__qualname__', value)} from a C "
+                          "extension")
+    add("TYPE_MATCH", type(value))
+    return UserDefinedObjectVariable(value, source)
+
+
+def _is_modelled_builtin(value) -> bool:
+    try:
+        return value in KNOWN_BUILTINS or value in _PURE_BUILTINS or value in PURE_OPERATORS
+    except TypeError:
+        return False
+
+
+def wrap_unguarded(tx, value):
+    """Attributes of torch's namespace: fixed for the life of the process."""
+    if is_guardable_constant(value) or type(value) is torch.Size:
+        return ConstantVariable(value)
+    if isinstance(value, types.ModuleType) or _is_torch_object(value):
+        return TorchVariable(value)
+    return wrap(tx, value, None, guard=False)
+
+
+def wrap_builtin(tx, name):
+    value = getattr(builtins, name)
+    return wrap(tx, value, None, guard=False)
+
+
+def wrap_fake_result(output, node, result):
+    """The tracker for a graph op's result: tensors become graph values, the rest constants."""
+    if isinstance(result, torch.Tensor):
+        return TensorVariable(node, result)
+    if isinstance(result, (tuple, list)) and node is not None:
+        items = []
+        for i, item in enumerate(result):
+            if isinstance(item, torch.Tensor):
+                items.append(TensorVariable(output.getitem_node(node, i, item), item))
+            elif isinstance(item, (tuple, list)):
+                raise Unsupported("nested sequences of tensors from one op")
+            else:
+                items.append(ConstantVariable(item))
+        if type(result) is list:
+            return ListVariable(items)
+        return TupleVariable(items)
+    if type(result) is torch.Size:
+        return ConstantVariable(result)
+    if is_guardable_constant(result) or isinstance(result, (tuple, list)):
+        return ConstantVariable(result)
+    raise Unsupported(f"an op returned a {type(result).__name__}")

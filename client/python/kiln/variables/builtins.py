@@ -1,0 +1,315 @@
+"""Python builtins (len, isinstance, getattr, min, ...), the operator module and math."""
+import builtins
+import math
+import operator
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker, any_tensor, constant_args
+from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
+from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
+                                       ListVariable, SliceVariable, TupleVariable)
+from kiln.variables.tensor import TensorVariable
+
+_TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
+                                      operator.truth, operator.index, operator.not_}
+
+
+def _identity_of(vt):
+    """The object a tracker stands for, where its identity is known at trace time."""
+    for attr in ("module", "value", "fn", "cls"):
+        if hasattr(vt, attr):
+            return getattr(vt, attr)
+    if isinstance(vt, TensorVariable):
+        return vt  # distinct trackers may alias; only `is None`-style checks are answered
+    raise Unsupported(f"identity of {vt}")
+
+
+def apply_operator(tx, fn, args):
+    """`fn(*args)` for an operator-module function, folded, structural or a graph node."""
+    if fn in (operator.is_, operator.is_not):
+        a, b = args
+        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
+            same = a.node is b.node
+        else:
+            same = _identity_of(a) is _identity_of(b)
+        return ConstantVariable(same if fn is operator.is_ else not same)
+    if fn is operator.not_:
+        return ConstantVariable(not args[0].truth(tx))
+    if fn is operator.truth:
+        return ConstantVariable(args[0].truth(tx))
+    if fn is operator.getitem:
+        return getitem(tx, args[0], args[1])
+    if fn is operator.contains:
+        container, item = args
+        if isinstance(container, ConstDictVariable):
+            return ConstantVariable(item.as_python_constant() in container.items)
+        if isinstance(container, TensorVariable) or isinstance(item, TensorVariable):
+            if isinstance(container, TensorVariable):
+                return tx.output.call("call_method", "__contains__", (container, item), {})
+            raise Unsupported("`tensor in container` compares tensors' values")
+        if isinstance(container, BaseListVariable):
+            if not item.is_python_constant():
+                raise Unsupported("`in` with a non-constant item")
+            target = item.as_python_constant()
+            for v in container.items:
+                if v.is_python_constant() and v.as_python_constant() == target:
+                    return ConstantVariable(True)
+                if not v.is_python_constant():
+                    raise Unsupported("`in` over a container with non-constant items")
+            return ConstantVariable(False)
+    if any_tensor(args):
+        if fn not in _TENSOR_OPERATORS:
+            raise Unsupported(f"{fn.__name__} on tensors")
+        return tx.output.call("call_function", fn, tuple(args), {})
+    const = constant_args(args, {})
+    if const is not None:
+        try:
+            return ConstantVariable(fn(*const[0]))
+        except Exception as e:
+            raise Unsupported(f"{fn.__name__} raised {type(e).__name__} at trace time") from None
+    if fn in (operator.add, operator.iadd) and all(isinstance(a, BaseListVariable) for a in args):
+        a, b = args
+        if fn is operator.iadd and isinstance(a, ListVariable):
+            a._check_mutable()
+            a.items.extend(b.items)
+            return a
+        return type(a)(a.items + b.items)
+    if fn in (operator.mul, operator.imul) and isinstance(args[0], BaseListVariable):
+        return type(args[0])(args[0].items * args[1].as_python_constant())
+    if fn in (operator.eq, operator.ne) and any(not a.is_python_constant() for a in args):
+        try:
+            same = _identity_of(args[0]) is _identity_of(args[1])
+        except Unsupported:
+            raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
+        return ConstantVariable(same if fn is operator.eq else not same)
+    raise Unsupported(f"{fn.__name__} of {', '.join(map(repr, args))}")
+
+
+def getitem(tx, obj, index):
+    if isinstance(obj, TensorVariable):
+        return tx.output.call("call_function", operator.getitem, (obj, index), {})
+    if hasattr(obj, "getitem"):
+        return obj.getitem(tx, index)
+    if isinstance(obj, ConstantVariable):
+        try:
+            return ConstantVariable(obj.value[index.as_python_constant()])
+        except Exception as e:
+            raise Unsupported(f"indexing {type(obj.value).__name__}: {e}") from None
+    raise Unsupported(f"indexing {obj}")
+
+
+def length(tx, obj) -> int:
+    if isinstance(obj, TensorVariable):
+        if obj.example.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return obj.example.shape[0]
+    if isinstance(obj, (BaseListVariable,)):
+        return len(obj.items)
+    if isinstance(obj, ConstDictVariable):
+        return len(obj.items)
+    if hasattr(obj, "length"):
+        return obj.length()
+    return len(obj.as_python_constant())
+
+
+def _isinstance(tx, obj, classes):
+    cls = classes.as_python_constant()
+    return ConstantVariable(issubclass(obj.python_type(), cls))
+
+
+class BuiltinVariable(VariableTracker):
+    def __init__(self, fn, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return type(self.fn)
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.fn
+        handler = _HANDLERS.get(fn)
+        if handler is not None:
+            return handler(tx, *args, **kwargs)
+        if fn in PURE_OPERATORS and not kwargs:
+            return apply_operator(tx, fn, args)
+        const = constant_args(args, kwargs)
+        if const is not None and fn in _PURE_BUILTINS:
+            try:
+                return ConstantVariable(fn(*const[0], **const[1]))
+            except Exception as e:
+                raise Unsupported(f"{fn.__name__} raised {type(e).__name__} at trace time") from e
+        raise Unsupported(f"call of builtin {getattr(fn, '__qualname__', fn)}")
+
+    def __repr__(self):
+        return f"BuiltinVariable({getattr(self.fn, '__name__', self.fn)})"
+
+
+def _len(tx, obj):
+    return ConstantVariable(length(tx, obj))
+
+
+def _getattr(tx, obj, name, default=None):
+    try:
+        return obj.var_getattr(tx, name.as_python_constant())
+    except Unsupported:
+        if default is not None and not _has_attr(obj, name.as_python_constant()):
+            return default
+        raise
+
+
+def _has_attr(obj, name) -> bool:
+    for attr in ("module", "value", "fn", "cls"):
+        if hasattr(obj, attr):
+            return hasattr(getattr(obj, attr), name)
+    if isinstance(obj, TensorVariable):
+        return hasattr(torch_tensor_type(), name)
+    raise Unsupported(f"hasattr on {obj}")
+
+
+def torch_tensor_type():
+    import torch
+
+    return torch.Tensor
+
+
+def _hasattr(tx, obj, name):
+    return ConstantVariable(_has_attr(obj, name.as_python_constant()))
+
+
+def _minmax(fn):
+    def handler(tx, *args, **kwargs):
+        items = args[0].unpack(tx) if len(args) == 1 else list(args)
+        if any_tensor(items):
+            raise Unsupported(f"{fn.__name__}() over tensors compares their values")
+        const = constant_args(items, kwargs)
+        if const is None:
+            raise Unsupported(f"{fn.__name__}() of non-constants")
+        return ConstantVariable(fn(const[0], **const[1]))
+
+    return handler
+
+
+def _abs(tx, x):
+    return apply_operator(tx, operator.abs, [x])
+
+
+def _sequence(kind):
+    def handler(tx, obj=None):
+        items = [] if obj is None else obj.unpack(tx)
+        return kind(items)
+
+    return handler
+
+
+def _dict(tx, *args, **kwargs):
+    items = {}
+    if args:
+        src = args[0]
+        if isinstance(src, ConstDictVariable):
+            items.update(src.items)
+        else:
+            for pair in src.unpack(tx):
+                k, v = pair.unpack(tx)
+                items[k.as_python_constant()] = v
+    items.update(kwargs)
+    return ConstDictVariable(items)
+
+
+def _enumerate(tx, obj, start=None):
+    first = start.as_python_constant() if start is not None else 0
+    return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
+                                 for i, v in enumerate(obj.unpack(tx))])
+
+
+def _zip(tx, *iterables, **kwargs):
+    columns = [it.unpack(tx) for it in iterables]
+    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+
+
+def _reversed(tx, obj):
+    return ListIteratorVariable(list(reversed(obj.unpack(tx))))
+
+
+def _iter(tx, obj):
+    return ListIteratorVariable(obj.unpack(tx))
+
+
+def _sum(tx, obj, start=None):
+    acc = start if start is not None else ConstantVariable(0)
+    for item in obj.unpack(tx):
+        acc = apply_operator(tx, operator.add, [acc, item])
+    return acc
+
+
+def _type(tx, obj):
+    from kiln.variables.builder import wrap
+
+    return wrap(tx, obj.python_type(), None)
+
+
+def _all_any(fn):
+    def handler(tx, obj):
+        return ConstantVariable(fn(v.truth(tx) for v in obj.unpack(tx)))
+
+    return handler
+
+
+def _bool(tx, obj=None):
+    return ConstantVariable(False if obj is None else obj.truth(tx))
+
+
+def _slice(tx, *parts):
+    return SliceVariable(list(parts))
+
+
+def _callable(tx, obj):
+    if isinstance(obj, TensorVariable):
+        return ConstantVariable(False)
+    from kiln.variables.functions import (NestedFunctionVariable, UserFunctionVariable,
+                                          UserMethodVariable)
+
+    if isinstance(obj, (UserFunctionVariable, UserMethodVariable, NestedFunctionVariable,
+                        BuiltinVariable)):
+        return ConstantVariable(True)
+    return ConstantVariable(callable(_identity_of(obj)))
+
+
+def _super(tx, *args):
+    return tx.make_super(args)
+
+
+_HANDLERS = {
+    len: _len,
+    isinstance: lambda tx, obj, classes: _isinstance(tx, obj, classes),
+    getattr: _getattr,
+    hasattr: _hasattr,
+    min: _minmax(min),
+    max: _minmax(max),
+    abs: _abs,
+    tuple: _sequence(TupleVariable),
+    list: _sequence(ListVariable),
+    dict: _dict,
+    enumerate: _enumerate,
+    zip: _zip,
+    reversed: _reversed,
+    iter: _iter,
+    sum: _sum,
+    type: _type,
+    all: _all_any(all),
+    any: _all_any(any),
+    bool: _bool,
+    slice: _slice,
+    callable: _callable,
+    super: _super,
+}
+
+_PURE_BUILTINS = {int, float, str, repr, round, divmod, pow, range, chr, ord, hex, oct, bin,
+                  format, frozenset, sorted, hash, isinstance, issubclass, id, set}
+_PURE_BUILTINS |= {getattr(math, name) for name in dir(math) if callable(getattr(math, name))}
+
+# Builtins the executor models; everything else in `builtins` is unsupported.
+KNOWN_BUILTINS = set(_HANDLERS) | _PURE_BUILTINS | {print}
+BUILTIN_MODULE = builtins

@@ -1,0 +1,218 @@
+"""Tuples, lists, dicts, slices and iterators built or read by the frame."""
+from typing import Dict, List
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.constant import ConstantVariable
+
+
+class BaseListVariable(VariableTracker):
+    def __init__(self, items: List[VariableTracker], source=None):
+        super().__init__(source)
+        self.items = list(items)
+
+    def as_python_constant(self):
+        return self.python_type()(v.as_python_constant() for v in self.items)
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def getitem(self, tx, index: VariableTracker):
+        key = index.as_python_constant()
+        if isinstance(key, slice):
+            return type(self)(self.items[key])
+        try:
+            return self.items[key]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"{self.python_type().__name__} index {key!r}: {e}") from None
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.functions import BoundContainerMethod
+
+        if not hasattr(self.python_type(), name):
+            raise Unsupported(f"{self.python_type().__name__} has no attribute {name!r}")
+        return BoundContainerMethod(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "index" and not kwargs:
+            const = constant_args(args, kwargs)
+            if const is not None and self.is_python_constant():
+                return ConstantVariable(self.as_python_constant().index(*const[0]))
+        if name == "count" and self.is_python_constant():
+            const = constant_args(args, kwargs)
+            if const is not None:
+                return ConstantVariable(self.as_python_constant().count(*const[0]))
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        raise Unsupported(f"{self.python_type().__name__}.{name}()")
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.items!r})"
+
+
+class TupleVariable(BaseListVariable):
+    def python_type(self):
+        return tuple
+
+
+class ListVariable(BaseListVariable):
+    def python_type(self):
+        return list
+
+    def _check_mutable(self):
+        if self.source is not None:
+            # Mutating a list the caller can see needs replaying the mutation after the graph.
+            raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame")
+
+    def call_method(self, tx, name, args, kwargs):
+        if name in ("append", "extend", "insert", "pop", "clear", "reverse"):
+            self._check_mutable()
+            if name == "append":
+                self.items.append(args[0])
+            elif name == "extend":
+                self.items.extend(args[0].unpack(tx))
+            elif name == "insert":
+                self.items.insert(args[0].as_python_constant(), args[1])
+            elif name == "pop":
+                idx = args[0].as_python_constant() if args else -1
+                return self.items.pop(idx)
+            elif name == "clear":
+                self.items.clear()
+            elif name == "reverse":
+                self.items.reverse()
+            return ConstantVariable(None)
+        if name == "copy":
+            return ListVariable(self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+    def setitem(self, tx, index, value):
+        self._check_mutable()
+        key = index.as_python_constant()
+        if isinstance(key, slice):
+            self.items[key] = value.unpack(tx)
+        else:
+            self.items[key] = value
+
+
+class SliceVariable(VariableTracker):
+    def __init__(self, parts: List[VariableTracker]):
+        super().__init__(None)
+        self.parts = parts
+
+    def python_type(self):
+        return slice
+
+    def as_python_constant(self):
+        return slice(*(p.as_python_constant() for p in self.parts))
+
+
+class ConstDictVariable(VariableTracker):
+    """A dict whose keys are constants; values are trackers."""
+
+    def __init__(self, items: Dict, source=None, user_type=dict):
+        super().__init__(source)
+        self.items = dict(items)
+        self.user_type = user_type
+
+    def python_type(self):
+        return self.user_type
+
+    def as_python_constant(self):
+        return {k: v.as_python_constant() for k, v in self.items.items()}
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def unpack(self, tx):
+        return [ConstantVariable(k) for k in self.items]
+
+    def getitem(self, tx, index):
+        key = index.as_python_constant()
+        if key not in self.items:
+            raise Unsupported(f"KeyError {key!r} while tracing")
+        return self.items[key]
+
+    def setitem(self, tx, index, value):
+        if self.source is not None:
+            raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
+        self.items[index.as_python_constant()] = value
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.functions import BoundContainerMethod
+
+        return BoundContainerMethod(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "items":
+            return ListVariable([TupleVariable([ConstantVariable(k), v])
+                                 for k, v in self.items.items()])
+        if name == "keys":
+            return ListVariable([ConstantVariable(k) for k in self.items])
+        if name == "values":
+            return ListVariable(list(self.items.values()))
+        if name == "get":
+            key = args[0].as_python_constant()
+            if key in self.items:
+                return self.items[key]
+            return args[1] if len(args) > 1 else ConstantVariable(None)
+        if name == "__contains__":
+            return ConstantVariable(args[0].as_python_constant() in self.items)
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name in ("update", "pop", "setdefault", "clear", "__setitem__"):
+            if self.source is not None:
+                raise Unsupported(f"mutation of {self.source.name}, a dict from outside the "
+                                  "frame")
+            if name == "update":
+                other = args[0] if args else None
+                if isinstance(other, ConstDictVariable):
+                    self.items.update(other.items)
+                elif other is not None:
+                    raise Unsupported("dict.update with a non-dict")
+                for k, v in kwargs.items():
+                    self.items[k] = v
+                return ConstantVariable(None)
+            if name == "pop":
+                key = args[0].as_python_constant()
+                if key in self.items:
+                    return self.items.pop(key)
+                if len(args) > 1:
+                    return args[1]
+                raise Unsupported(f"KeyError {key!r} while tracing")
+            if name == "setdefault":
+                key = args[0].as_python_constant()
+                if key not in self.items:
+                    self.items[key] = args[1] if len(args) > 1 else ConstantVariable(None)
+                return self.items[key]
+            if name == "__setitem__":
+                self.items[args[0].as_python_constant()] = args[1]
+                return ConstantVariable(None)
+            self.items.clear()
+            return ConstantVariable(None)
+        if name == "copy":
+            return ConstDictVariable(self.items)
+        raise Unsupported(f"dict.{name}()")
+
+
+class ListIteratorVariable(VariableTracker):
+    """The iterator FOR_ITER walks: loops over known-length things unroll at trace time."""
+
+    def __init__(self, items: List[VariableTracker]):
+        super().__init__(None)
+        self.items = list(items)
+        self.index = 0
+
+    def next_item(self):
+        if self.index >= len(self.items):
+            return None
+        item = self.items[self.index]
+        self.index += 1
+        return item
+
+    def unpack(self, tx):
+        rest = self.items[self.index:]
+        self.index = len(self.items)
+        return rest

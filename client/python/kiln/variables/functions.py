@@ -1,0 +1,115 @@
+"""Python functions the executor inlines, and bound methods of values it models itself."""
+import types
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.constant import ConstantVariable
+
+
+class UserFunctionVariable(VariableTracker):
+    """A Python function: calling it inlines its bytecode into the current graph."""
+
+    def __init__(self, fn: types.FunctionType, source=None):
+        super().__init__(source)
+        self.fn = fn
+
+    def python_type(self):
+        return types.FunctionType
+
+    def as_python_constant(self):
+        return self.fn
+
+    def call_function(self, tx, args, kwargs):
+        return tx.inline_call(self.fn, args, kwargs, fn_source=self.source)
+
+    def var_getattr(self, tx, name):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+
+    def __repr__(self):
+        return f"UserFunctionVariable({self.fn.__qualname__})"
+
+
+class UserMethodVariable(VariableTracker):
+    """`obj.method` for a Python-level method: inlined with `obj` as self."""
+
+    def __init__(self, fn: types.FunctionType, obj: VariableTracker, source=None):
+        super().__init__(source)
+        self.fn = fn
+        self.obj = obj
+
+    def python_type(self):
+        return types.MethodType
+
+    def call_function(self, tx, args, kwargs):
+        return tx.inline_call(self.fn, [self.obj, *args], kwargs, fn_source=None)
+
+    def __repr__(self):
+        return f"UserMethodVariable({self.fn.__qualname__})"
+
+
+class NestedFunctionVariable(VariableTracker):
+    """A function made by MAKE_FUNCTION inside the frame (lambdas, 3.11 comprehensions)."""
+
+    def __init__(self, code, qualname, defaults, kwdefaults, closure, f_globals):
+        super().__init__(None)
+        self.code = code
+        self.qualname = qualname
+        self.defaults = defaults  # TupleVariable or None
+        self.kwdefaults = kwdefaults  # ConstDictVariable or None
+        self.closure = closure  # list of CellVariable, or None
+        self.f_globals = f_globals
+
+    def python_type(self):
+        return types.FunctionType
+
+    def call_function(self, tx, args, kwargs):
+        return tx.inline_nested(self, args, kwargs)
+
+
+class CellVariable(VariableTracker):
+    """A reference to a local of an enclosing translator, pushed by LOAD_CLOSURE."""
+
+    def __init__(self, owner_tx, name: str):
+        super().__init__(None)
+        self.owner_tx = owner_tx
+        self.name = name
+
+    def get(self):
+        value = self.owner_tx.symbolic_locals.get(self.name)
+        if value is None:
+            raise Unsupported(f"free variable {self.name!r} read before assignment")
+        return value
+
+    def set(self, value):
+        self.owner_tx.symbolic_locals[self.name] = value
+
+
+class BoundBuiltinMethod(VariableTracker):
+    """A method of a constant (str.format, tuple.index, ...), run at trace time."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        const = constant_args(args, kwargs)
+        if const is None:
+            raise Unsupported(f"{type(self.obj.as_python_constant()).__name__}.{self.name} "
+                              "with non-constant arguments")
+        value = getattr(self.obj.as_python_constant(), self.name)(*const[0], **const[1])
+        return ConstantVariable(value)
+
+
+class BoundContainerMethod(VariableTracker):
+    """A method of a list/tuple/dict tracker, modelled by the tracker's call_method."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)

@@ -1,0 +1,144 @@
+"""nn.Module instances: attribute reads resolve to submodules, parameters (lifted into the graph
+as attributes of the compiled graph module), buffers and guarded constants; calls inline
+`forward`."""
+import inspect
+import types
+
+import torch
+
+from kiln import config
+from kiln.exc import Unsupported
+from kiln.guards.builder import is_guardable_constant
+from kiln.guards.source import InstanceAttrSource, ModuleMemberSource
+from kiln.variables.base import VariableTracker
+from kiln.variables.constant import ConstantVariable
+from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+
+_nn_hooks = torch.nn.modules.module
+
+
+def _is_torch_nn_class(cls) -> bool:
+    return cls.__module__.startswith("torch.nn.")
+
+
+class NNModuleVariable(VariableTracker):
+    def __init__(self, module: torch.nn.Module, source=None):
+        super().__init__(source)
+        self.module = module
+
+    def python_type(self):
+        return type(self.module)
+
+    def as_python_constant(self):
+        return self.module
+
+    def _child(self, tx, name, registry):
+        from kiln.variables.builder import wrap
+
+        value = self.module.__dict__[registry][name]
+        source = ModuleMemberSource(self.source, name, registry) if self.source else None
+        if isinstance(value, torch.Tensor):
+            return tx.output.add_attr(value, source)
+        if value is None:
+            return ConstantVariable(None)
+        return wrap(tx, value, source)
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.builder import wrap
+
+        mod = self.module
+        d = mod.__dict__
+        for registry in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(registry, ()):
+                return self._child(tx, name, registry)
+        if name in d:
+            value = d[name]
+            source = InstanceAttrSource(self.source, name) if self.source else None
+            if is_guardable_constant(value) or (isinstance(value, tuple) and all(
+                    is_guardable_constant(v) for v in value)):
+                guard = name == "training" or config.guard_nn_module_constants or (
+                    not _is_torch_nn_class(type(mod)))
+                if guard and source is not None:
+                    tx.output.guards.add(source, "CONSTANT_MATCH", value)
+                return ConstantVariable(value)
+            return wrap(tx, value, source)
+        try:
+            static = inspect.getattr_static(mod, name)
+        except AttributeError:
+            raise Unsupported(f"{type(mod).__name__} has no attribute {name!r}") from None
+        if isinstance(static, staticmethod):
+            return UserFunctionVariable(static.__func__)
+        if isinstance(static, classmethod):
+            return UserMethodVariable(static.__func__, wrap(tx, type(mod), None))
+        if isinstance(static, types.FunctionType):
+            return UserMethodVariable(static, self)
+        if isinstance(static, property) and static.fget is not None:
+            return tx.inline_call(static.fget, [self], {}, fn_source=None)
+        if is_guardable_constant(static):
+            return ConstantVariable(static)
+        raise Unsupported(f"attribute {type(mod).__name__}.{name} of kind "
+                          f"{type(static).__name__}")
+
+    def _has_hooks(self) -> bool:
+        m = self.module
+        return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                    or getattr(m, "_backward_pre_hooks", None)
+                    or _nn_hooks._global_forward_hooks or _nn_hooks._global_forward_pre_hooks
+                    or _nn_hooks._global_backward_hooks)
+
+    def call_function(self, tx, args, kwargs):
+        if self._has_hooks():
+            raise Unsupported(f"call of {type(self.module).__name__} with hooks")
+        forward = inspect.getattr_static(self.module, "forward")
+        if not isinstance(forward, types.FunctionType):
+            raise Unsupported(f"{type(self.module).__name__}.forward is not a Python function")
+        return tx.inline_call(forward, [self, *args], kwargs, fn_source=None)
+
+    # Containers: Sequential, ModuleList, ModuleDict.
+    def _children(self, tx):
+        return [self._child(tx, name, "_modules") for name in self.module._modules]
+
+    def unpack(self, tx):
+        if isinstance(self.module, (torch.nn.Sequential, torch.nn.ModuleList)):
+            return self._children(tx)
+        if isinstance(self.module, torch.nn.ModuleDict):
+            return [ConstantVariable(k) for k in self.module._modules]
+        if isinstance(self.module, torch.nn.ParameterList):
+            return [self._child(tx, name, "_parameters") for name in self.module._parameters]
+        raise Unsupported(f"iteration over {type(self.module).__name__}")
+
+    def getitem(self, tx, index):
+        key = index.as_python_constant()
+        mod = self.module
+        if isinstance(mod, (torch.nn.Sequential, torch.nn.ModuleList)):
+            children = self._children(tx)
+            if isinstance(key, slice):
+                raise Unsupported("slicing a Sequential/ModuleList")
+            return children[key]
+        if isinstance(mod, torch.nn.ModuleDict):
+            return self._child(tx, key, "_modules")
+        if isinstance(mod, torch.nn.ParameterList):
+            return self._child(tx, str(key % len(mod)), "_parameters")
+        raise Unsupported(f"indexing {type(mod).__name__}")
+
+    def length(self):
+        return len(self.module)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name in ("items", "keys", "values") and isinstance(self.module, torch.nn.ModuleDict):
+            from kiln.variables.containers import ListVariable, TupleVariable
+
+            names = list(self.module._modules)
+            if name == "keys":
+                return ListVariable([ConstantVariable(k) for k in names])
+            children = self._children(tx)
+            if name == "values":
+                return ListVariable(children)
+            return ListVariable([TupleVariable([ConstantVariable(k), c])
+                                 for k, c in zip(names, children)])
+        raise Unsupported(f"{type(self.module).__name__}.{name}()")
+
+    def __repr__(self):
+        return f"NNModuleVariable({type(self.module).__name__})"

@@ -1,0 +1,85 @@
+"""Tensors: a graph node plus the fake tensor that carries its metadata."""
+import operator
+
+import torch
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker
+from kiln.variables.constant import ConstantVariable
+
+# Tensor attributes that are plain metadata: answered from the fake value, no graph node.
+_META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_sparse",
+               "layout", "is_leaf", "is_quantized", "is_meta", "is_nested", "itemsize", "nbytes"}
+# Tensor attributes that are new tensors (views): recorded as getattr nodes.
+_TENSOR_ATTRS = {"T", "mT", "H", "mH", "real", "imag"}
+# Methods whose effect escapes the graph.
+_UNSUPPORTED_METHODS = {"register_hook", "retain_grad", "requires_grad_", "backward", "numpy",
+                        "item", "tolist", "data_ptr", "untyped_storage", "storage", "__bool__",
+                        "set_", "resize_", "share_memory_", "pin_memory"}
+
+
+class TensorVariable(VariableTracker):
+    def __init__(self, node, example, source=None):
+        super().__init__(source)
+        self.node = node
+        self.example = example
+
+    def python_type(self):
+        return type(self.example) if not _is_fake(self.example) else torch.Tensor
+
+    def truth(self, tx):
+        raise Unsupported("data-dependent branch on a tensor's value")
+
+    def as_python_constant(self):
+        raise Unsupported("a tensor is not a Python constant")
+
+    def unpack(self, tx):
+        if self.example.dim() == 0:
+            raise Unsupported("iteration over a 0-d tensor")
+        return [tx.output.call("call_function", operator.getitem, (self, ConstantVariable(i)), {})
+                for i in range(self.example.shape[0])]
+
+    def var_getattr(self, tx, name):
+        if name in _META_ATTRS:
+            value = getattr(self.example, name)
+            if name == "device":
+                value = self.example.device
+            return ConstantVariable(value)
+        if name in _TENSOR_ATTRS:
+            return tx.output.call("call_function", getattr, (self, ConstantVariable(name)), {})
+        if name in ("grad", "data", "_base", "grad_fn"):
+            raise Unsupported(f"tensor attribute .{name}")
+        if name in _UNSUPPORTED_METHODS:
+            raise Unsupported(f"Tensor.{name}() needs the tensor's data")
+        if not hasattr(torch.Tensor, name):
+            raise Unsupported(f"tensor has no attribute {name!r}")
+        return TensorMethodVariable(self, name)
+
+    def __repr__(self):
+        ex = self.example
+        return f"TensorVariable({self.node.name}: {ex.dtype} {tuple(ex.shape)})"
+
+
+class TensorMethodVariable(VariableTracker):
+    """`tensor.method`, not yet called."""
+
+    def __init__(self, tensor: TensorVariable, name: str):
+        super().__init__(None)
+        self.tensor = tensor
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        if self.name in ("size", "stride") and not kwargs:
+            # Static shapes: sizes are constants guarded by the tensor's TENSOR_MATCH.
+            value = getattr(self.tensor.example, self.name)(*[a.as_python_constant()
+                                                               for a in args])
+            return ConstantVariable(tuple(value) if self.name == "stride" and not args
+                                    else value)
+        return tx.output.call("call_method", self.name, (self.tensor, *args), kwargs)
+
+    def __repr__(self):
+        return f"TensorMethodVariable({self.name})"
+
+
+def _is_fake(t) -> bool:
+    return type(t).__name__ == "FakeTensor"

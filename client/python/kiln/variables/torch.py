@@ -1,0 +1,116 @@
+"""torch's namespace: modules, functions and classes reached through `torch.`/`F.` attributes.
+
+Calls of torch functions become graph nodes; a few answer questions about the trace itself
+(is_scripting, is_compiling) and are folded to constants.
+"""
+import types
+
+import torch
+import torch.fx.experimental.proxy_tensor  # noqa: F401  (for _is_make_fx_tracing)
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.constant import ConstantVariable
+
+# Python-level torch functions that are graph ops: called on fake values, never inlined.
+_GRAPH_OP_MODULES = ("torch.nn.functional", "torch.functional", "torch", "torch._tensor",
+                     "torch.fft", "torch.linalg", "torch.special", "torch._refs")
+
+_FOLDED = {
+    fn: value
+    for fn, value in (
+        (torch.jit.is_scripting, False),
+        (torch.jit.is_tracing, False),
+        (torch._C._get_tracing_state, None),
+        (getattr(torch.compiler, "is_compiling", None), True),
+        (getattr(torch.compiler, "is_dynamo_compiling", None), True),
+        (getattr(torch._dynamo, "is_compiling", None) if hasattr(torch, "_dynamo") else None,
+         True),
+        # Questions about torch-function / dispatch modes: kiln traces plain tensors with no
+        # mode active (its own fake mode is an implementation detail the program must not see).
+        (torch._C._get_dispatch_mode, None),
+        (torch._C._len_torch_dispatch_stack, 0),
+        (torch._C._is_torch_function_mode_enabled, False),
+        (torch.overrides.has_torch_function, False),
+        (torch.overrides.has_torch_function_unary, False),
+        (torch.overrides.has_torch_function_variadic, False),
+        (getattr(torch.fx.experimental.proxy_tensor, "_is_make_fx_tracing", None)
+         if hasattr(torch.fx, "experimental") else None, False),
+    )
+    if fn is not None
+}
+
+# Calls with effects outside the graph (global state, RNG seeding, printing).
+_UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
+                torch.seed, torch.use_deterministic_algorithms, torch.set_printoptions}
+
+
+def is_graph_op(fn) -> bool:
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType,
+                       torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return True
+    if isinstance(fn, types.FunctionType):
+        return getattr(fn, "__module__", "") in _GRAPH_OP_MODULES
+    return False
+
+
+class TorchVariable(VariableTracker):
+    """A torch module, function or class (torch, torch.nn.functional, torch.add, torch.Size)."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.builder import wrap_unguarded
+
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError:
+            raise Unsupported(f"{self.value!r} has no attribute {name!r}") from None
+        return wrap_unguarded(tx, attr)
+
+    def call_function(self, tx, args, kwargs):
+        fn = self.value
+        if fn in _FOLDED:
+            return ConstantVariable(_FOLDED[fn])
+        if fn in _UNSUPPORTED:
+            raise Unsupported(f"call of {getattr(fn, '__qualname__', fn)} (changes global state)")
+        if fn is torch.is_grad_enabled:
+            tx.output.guards.add(None, "GLOBAL_STATE")
+            return ConstantVariable(torch.is_grad_enabled())
+        if fn is torch.get_default_dtype:
+            tx.output.guards.add(None, "GLOBAL_STATE")
+            return ConstantVariable(torch.get_default_dtype())
+        if fn is torch.is_tensor:
+            from kiln.variables.tensor import TensorVariable
+
+            return ConstantVariable(isinstance(args[0], TensorVariable))
+        if isinstance(fn, type):
+            return self._construct(tx, fn, args, kwargs)
+        if is_graph_op(fn):
+            # Factory functions (torch.ones, torch.arange) make tensors from constants alone:
+            # they are graph nodes too.
+            return tx.output.call("call_function", fn, tuple(args), kwargs)
+        if isinstance(fn, types.FunctionType):
+            return tx.inline_call(fn, args, kwargs, fn_source=None)
+        raise Unsupported(f"call of torch object {fn!r}")
+
+    def _construct(self, tx, cls, args, kwargs):
+        const = constant_args(args, kwargs)
+        if cls in (torch.Size, torch.device, torch.dtype) and const is not None:
+            return ConstantVariable(cls(*const[0], **const[1]))
+        if cls is torch.Tensor or cls is torch.tensor:
+            raise Unsupported("torch.Tensor(...) constructor")
+        if issubclass(cls, torch.nn.Module):
+            raise Unsupported(f"constructing {cls.__name__} inside a compiled frame")
+        raise Unsupported(f"constructing torch class {cls.__qualname__}")
+
+    def __repr__(self):
+        return f"TorchVariable({getattr(self.value, '__name__', self.value)!r})"

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Brings a fresh machine to a built kiln: system packages, the virtual environment, the CMake build.
+# Idempotent: each step is skipped when what it makes is already there and up to date.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# 1. System packages (Debian): the toolchain parts of kilnd and its tests.
+apt_pkgs=(build-essential cmake ccache pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+  protobuf-compiler librocksdb-dev pybind11-dev libgtest-dev libgmock-dev libhiredis-dev redis-server
+  libspdlog-dev libabsl-dev libssl-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing system packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. The virtual environment, refreshed when requirements.txt changes.
+py=${KILN_PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $($py --version)"
+  "$py" -m venv .venv
+fi
+stamp=.venv/.kiln-requirements
+if ! cmp -s requirements.txt "$stamp"; then
+  log "installing Python packages (requirements.txt)"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -r requirements.txt
+  cp requirements.txt "$stamp"
+fi
+
+# The package lives in the tree (client/python); the environment finds it through a .pth file.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$root/client/python" > "$site/kiln-dev.pth"
+
+# 3. The build: kiln._C and, where its libraries exist, kilnd.
+jobs=${KILN_JOBS:-$(nproc)}
+if [ ! -f build/CMakeCache.txt ]; then
+  log "configuring build/"
+  cmake -S . -B build -DPython_EXECUTABLE="$root/.venv/bin/python" -DKILN_WERROR=${KILN_WERROR:-OFF} >/dev/null
+fi
+log "building (-j$jobs)"
+cmake --build build -j"$jobs" 2>&1 | grep -E "error|warning:|Error" || true
+cmake --build build -j"$jobs" >/dev/null

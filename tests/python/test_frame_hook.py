@@ -1,0 +1,197 @@
+"""The frame hook and the API around it: regions, disable, threads, recursion, generators,
+reset, the backend registry."""
+import threading
+
+import pytest
+import torch
+
+import kiln
+from kiln import _C
+from kiln.testing import CompileCounter
+
+
+def add_one(x):
+    return x + 1
+
+
+def test_hook_is_installed_only_inside_a_compiled_region():
+    seen = []
+
+    def probe():
+        seen.append(_C.get_eval_frame())
+        return torch.ones(1)
+
+    cnt = CompileCounter()
+    opt = kiln.compile(probe, backend=cnt)
+    assert _C.get_eval_frame() is None
+    probe()
+    assert seen[-1] is None
+    opt()
+    assert _C.get_eval_frame() is None
+
+
+def test_callees_of_a_compiled_function_are_captured_too():
+    def outer(x):
+        return inner(x) * 2
+
+    def inner(x):
+        return torch.sin(x)
+
+    cnt = CompileCounter()
+    opt = kiln.compile(outer, backend=cnt)
+    x = torch.randn(5)
+    torch.testing.assert_close(opt(x), outer(x))
+    assert cnt.frame_count == 1 and cnt.op_count == 2  # inner is inlined
+
+
+def test_disable_decorator_runs_function_eagerly_inside_a_region():
+    calls = []
+
+    @kiln.disable
+    def helper(x):
+        calls.append(_C.get_eval_frame())
+        return x * 3
+
+    def f(x):
+        return helper(x)
+
+    # f's frame calls helper, a C-level FrameRegion the executor cannot inline: f runs eagerly.
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), x * 3)
+    assert calls and calls[-1] is None
+    assert cnt.frame_count == 0
+
+
+def test_disable_context_manager_turns_capture_off_in_block():
+    cnt = CompileCounter()
+    with kiln.optimize(cnt):
+        with kiln.disable():
+            assert _C.get_eval_frame() is None
+            add_one(torch.randn(2))
+        assert _C.get_eval_frame() is not None
+    assert cnt.frame_count == 0
+    assert _C.get_eval_frame() is None
+
+
+def test_optimize_context_manager_captures_calls_in_block():
+    cnt = CompileCounter()
+    x = torch.randn(4)
+    with kiln.optimize(cnt):
+        out = add_one(x)
+    torch.testing.assert_close(out, x + 1)
+    assert cnt.frame_count == 1
+
+
+def test_generators_run_eagerly_and_correctly():
+    def gen(x):
+        yield x + 1
+        yield x + 2
+
+    def f(x):
+        return list(gen(x))
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt)
+    x = torch.randn(3)
+    out = opt(x)
+    torch.testing.assert_close(out[0], x + 1)
+    torch.testing.assert_close(out[1], x + 2)
+
+
+def test_recursive_function_gives_right_answer():
+    def fact(n, x):
+        if n == 0:
+            return x
+        return fact(n - 1, x * n)
+
+    cnt = CompileCounter()
+    opt = kiln.compile(fact, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(4, x), x * 24)
+
+
+def test_threads_each_compile_and_run_correctly():
+    cnt = CompileCounter()
+    opt = kiln.compile(add_one, backend=cnt)
+    errors = []
+
+    def worker(seed):
+        try:
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(50):
+                x = torch.randn(8, generator=g)
+                torch.testing.assert_close(opt(x), x + 1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert 1 <= cnt.frame_count <= 4
+    assert _C.get_eval_frame() is None
+
+
+def test_exception_in_compiled_code_propagates_and_leaves_hook_off():
+    def f(x, y):
+        return x @ y
+
+    opt = kiln.compile(f, backend="eager")
+    with pytest.raises(RuntimeError):
+        opt(torch.randn(2, 3), torch.randn(2, 3))
+    assert _C.get_eval_frame() is None
+
+
+def test_reset_drops_entries_and_recompiles():
+    cnt = CompileCounter()
+    opt = kiln.compile(add_one, backend=cnt)
+    x = torch.randn(2)
+    opt(x)
+    opt(x)
+    assert cnt.frame_count == 1
+    kiln.reset()
+    assert kiln.debug.cache_entries(add_one) == []
+    opt(x)
+    assert cnt.frame_count == 2
+
+
+def test_backend_registry_lists_eager_and_registers_new_backends():
+    assert "eager" in kiln.list_backends()
+
+    @kiln.register_backend
+    def my_test_backend(gm, example_inputs):
+        return gm.forward
+
+    assert "my_test_backend" in kiln.list_backends()
+    opt = kiln.compile(add_one, backend="my_test_backend")
+    torch.testing.assert_close(opt(torch.zeros(2)), torch.ones(2))
+    with pytest.raises(kiln.exc.InvalidBackend):
+        kiln.compile(add_one, backend="no_such_backend")
+
+
+def test_failing_backend_falls_back_to_eager_with_a_warning(caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("backend exploded")
+
+    opt = kiln.compile(add_one, backend=broken)
+    x = torch.randn(3)
+    with caplog.at_level("WARNING", logger="kiln"):
+        torch.testing.assert_close(opt(x), x + 1)
+    assert "backend exploded" in caplog.text
+    with pytest.raises(kiln.exc.BackendCompilerFailed):
+        kiln.compile(lambda x: x * 2, backend=broken, fullgraph=True)(x)
+
+
+def test_compiled_function_keeps_name_and_binds_as_method():
+    class Holder:
+        @kiln.optimize("eager")
+        def method(self, x):
+            return x * 2
+
+    assert Holder.method.__name__ == "method"
+    x = torch.randn(3)
+    torch.testing.assert_close(Holder().method(x), x * 2)
