@@ -9,7 +9,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # 1. System packages (Debian): the toolchain parts of kilnd and its tests.
 apt_pkgs=(build-essential cmake ccache pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler librocksdb-dev pybind11-dev libgtest-dev libgmock-dev libhiredis-dev redis-server
-  libspdlog-dev libabsl-dev libssl-dev)
+  libspdlog-dev libabsl-dev libssl-dev clang-format)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

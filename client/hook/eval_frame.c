@@ -47,6 +47,7 @@ enum CodeMode { kModeNormal = 0, kModeSkip = 1, kModeCacheFull = 2 };
 
 typedef struct {
   int mode;
+  uint64_t generation;  // bumped whenever entries change; guards may run code that resets them
   Py_ssize_t n;
   Py_ssize_t cap;
   CacheEntry* entries;  // most recently added first is not required; evaluation is in order
@@ -110,6 +111,7 @@ static int code_state_append(CodeState* st, PyObject* manager, void* tree, PyObj
     st->cap = cap;
   }
   CacheEntry* e = &st->entries[st->n++];
+  st->generation++;
   memset(e, 0, sizeof(*e));
   e->guard_manager = Py_NewRef(manager);
   e->guard_tree = tree;
@@ -218,9 +220,15 @@ static PyObject* run_entry(PyThreadState* tstate, _PyInterpreterFrame* frame, Ca
   return result;
 }
 
-static int guards_pass(CacheEntry* e, _PyInterpreterFrame* frame, PyFunctionObject* func,
-                       Py_ssize_t nslots) {
-  return kiln_guard_check(e->guard_tree, frame->localsplus, nslots, (PyObject*)func);
+// 1 pass, 0 fail, -1 when the guards' own Python code (a property they read) changed this
+// code's entries: the caller must not touch `e` again.
+static int guards_pass(CodeState* st, CacheEntry* e, _PyInterpreterFrame* frame,
+                       PyFunctionObject* func, Py_ssize_t nslots) {
+  uint64_t generation = st->generation;
+  PyObject* manager = Py_NewRef(e->guard_manager);
+  int ok = kiln_guard_check(e->guard_tree, frame->localsplus, nslots, (PyObject*)func);
+  Py_DECREF(manager);
+  return st->generation == generation ? ok : -1;
 }
 
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag) {
@@ -242,7 +250,10 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
   if (st != NULL) {
     for (Py_ssize_t i = 0; i < st->n; i++) {
       CacheEntry* e = &st->entries[i];
-      if (e->owner == callback && guards_pass(e, frame, func, nslots)) {
+      if (e->owner != callback) continue;
+      int ok = guards_pass(st, e, frame, func, nslots);
+      if (ok < 0) break;  // entries changed under us: treat as a miss
+      if (ok) {
         tls_callback = callback;
         return run_entry(tstate, frame, e, func, nslots);
       }
@@ -490,6 +501,7 @@ static PyObject* py_reset_code(PyObject* self, PyObject* code) {
     st->entries = NULL;
     st->n = st->cap = 0;
     st->mode = kModeNormal;
+    st->generation++;
     for (Py_ssize_t i = 0; i < n; i++) entry_clear(&entries[i]);
     PyMem_Free(entries);
   }

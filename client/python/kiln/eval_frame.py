@@ -13,7 +13,7 @@ from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
 
 log = logging.getLogger("kiln")
 
-# Every code object kiln made entries for, so kiln.reset() can drop them.
+# Every code object kiln made entries for or gave up on, so kiln.reset() can forget them.
 _compiled_codes: "weakref.WeakSet" = weakref.WeakSet()
 _warned_limit: "weakref.WeakSet" = weakref.WeakSet()
 
@@ -52,11 +52,13 @@ class FrameCallback:
             if self.fullgraph:
                 raise
             log.info("kiln: running %s eagerly: %s", code.co_qualname, e)
+            _compiled_codes.add(code)
             return _C.SKIP
         except BackendCompilerFailed as e:
             if self.fullgraph:
                 raise
             log.warning("kiln: %s; running %s eagerly", e, code.co_qualname)
+            _compiled_codes.add(code)
             return _C.SKIP
         except KilnError:
             raise
@@ -65,6 +67,7 @@ class FrameCallback:
                 raise
             log.warning("kiln: internal error while capturing %s, running it eagerly: %s: %s",
                         code.co_qualname, type(e).__name__, e)
+            _compiled_codes.add(code)
             return _C.SKIP
         _compiled_codes.add(code)
         return entry

@@ -687,8 +687,12 @@ class InstructionTranslator(InstructionTranslatorBase):
         symbolic_locals = {}
         super().__init__(code, func.__globals__, symbolic_locals, output, GlobalSource, 0)
         names = code.co_varnames
+        fresh = code.co_argcount + code.co_kwonlyargcount  # *args, **kwargs: new per call
         for i, value in enumerate(slots):
-            symbolic_locals[names[i]] = wrap(self, value, LocalSource(i, names[i]))
+            vt = wrap(self, value, LocalSource(i, names[i]))
+            if i >= fresh and hasattr(vt, "mutable"):
+                vt.mutable = True
+            symbolic_locals[names[i]] = vt
         self._closure = {}
         if func.__closure__:
             for i, (name, cell) in enumerate(zip(code.co_freevars, func.__closure__)):

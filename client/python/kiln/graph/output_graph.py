@@ -12,6 +12,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kiln.exc import Unsupported
+from kiln.graph.meta_rules import same_as_input
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -100,6 +101,14 @@ class OutputGraph:
 
         fake_args = tuple(to_fake_arg(a) for a in args)
         fake_kwargs = {k: to_fake_arg(v) for k, v in kwargs.items()}
+        result = same_as_input(kind, target, fake_args, fake_kwargs)
+        if result is not None:
+            node = self.graph.create_node(
+                kind, target, tuple(to_fx_arg(a) for a in args),
+                {k: to_fx_arg(v) for k, v in kwargs.items()},
+                name=self.unique_name(_target_name(target)))
+            node.meta["example_value"] = result
+            return wrap_fake_result(self, node, result)
         try:
             with self.fake_mode:
                 if kind == "call_method":
@@ -114,7 +123,9 @@ class OutputGraph:
         except Exception as e:  # the op itself rejects these inputs: eager would raise too
             raise Unsupported(f"{_target_name(target)} failed on fake inputs: "
                               f"{type(e).__name__}: {e}") from None
-        if not _contains_tensor(result):
+        if result is not None and not _contains_tensor(result):
+            # Sizes, dtypes, flags: constants, no node. (None comes from ops run for their
+            # effect, such as setitem: those are nodes.)
             return wrap_fake_result(self, None, result)
         node = self.graph.create_node(
             kind, target, tuple(to_fx_arg(a) for a in args),

@@ -135,6 +135,8 @@ def wrap_builtin(tx, name):
 
 def wrap_fake_result(output, node, result):
     """The tracker for a graph op's result: tensors become graph values, the rest constants."""
+    if result is None:
+        return ConstantVariable(None)
     if isinstance(result, torch.Tensor):
         return TensorVariable(node, result)
     if isinstance(result, (tuple, list)) and node is not None:

@@ -10,6 +10,9 @@ class BaseListVariable(VariableTracker):
     def __init__(self, items: List[VariableTracker], source=None):
         super().__init__(source)
         self.items = list(items)
+        # Containers from outside the frame are read-only to the executor, except the ones
+        # CPython makes fresh for each call (*args, **kwargs).
+        self.mutable = source is None
 
     def as_python_constant(self):
         return self.python_type()(v.as_python_constant() for v in self.items)
@@ -63,7 +66,7 @@ class ListVariable(BaseListVariable):
         return list
 
     def _check_mutable(self):
-        if self.source is not None:
+        if not self.mutable:
             # Mutating a list the caller can see needs replaying the mutation after the graph.
             raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame")
 
@@ -116,6 +119,11 @@ class ConstDictVariable(VariableTracker):
         super().__init__(source)
         self.items = dict(items)
         self.user_type = user_type
+        self.mutable = source is None
+
+    def _check_mutable(self):
+        if not self.mutable:
+            raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
 
     def python_type(self):
         return self.user_type
@@ -136,8 +144,7 @@ class ConstDictVariable(VariableTracker):
         return self.items[key]
 
     def setitem(self, tx, index, value):
-        if self.source is not None:
-            raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
+        self._check_mutable()
         self.items[index.as_python_constant()] = value
 
     def var_getattr(self, tx, name):
@@ -163,9 +170,7 @@ class ConstDictVariable(VariableTracker):
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name in ("update", "pop", "setdefault", "clear", "__setitem__"):
-            if self.source is not None:
-                raise Unsupported(f"mutation of {self.source.name}, a dict from outside the "
-                                  "frame")
+            self._check_mutable()
             if name == "update":
                 other = args[0] if args else None
                 if isinstance(other, ConstDictVariable):

@@ -23,7 +23,7 @@ class UserFunctionVariable(VariableTracker):
         return tx.inline_call(self.fn, args, kwargs, fn_source=self.source)
 
     def var_getattr(self, tx, name):
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
 

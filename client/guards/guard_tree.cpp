@@ -1,0 +1,1165 @@
+// The guard tree's evaluation: source accessors, leaf checks (TENSOR_MATCH and torch's global state
+// among them), the C interface the frame hook calls, and the Python class kiln._C.GuardManager.
+#include "guards/guard_tree.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/macros/Export.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "guards/guard_api.h"
+
+// ATen/autocast_mode.h pulls in all of ATen's operators (ATen/ATen.h) for this one function, which
+// has had this signature since torch 2.4.
+namespace at::autocast {
+TORCH_API bool is_autocast_enabled(at::DeviceType device_type);
+}  // namespace at::autocast
+
+namespace kiln::guards {
+namespace {
+
+// Reprs inside failure reasons are cut to this many characters: a module's repr can be pages.
+constexpr size_t kMaxReprChars = 80;
+// Sources nest one tuple per step; deeper than this is a malformed (or cyclic-looking) source.
+constexpr int kMaxSourceDepth = 64;
+
+// A type as failure reasons name it: module-qualified, since tp_name of a class defined in Python
+// is only its bare name ("Parameter").
+std::string TypeName(PyTypeObject* type) {
+  if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE)) return type->tp_name;
+  auto* heap = reinterpret_cast<PyHeapTypeObject*>(type);
+  const char* qualname =
+      heap->ht_qualname != nullptr ? PyUnicode_AsUTF8(heap->ht_qualname) : nullptr;
+  PyObject* module = PyDict_GetItemString(type->tp_dict, "__module__");  // borrowed
+  const char* module_name =
+      module != nullptr && PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : nullptr;
+  if (qualname == nullptr) {
+    PyErr_Clear();
+    return type->tp_name;
+  }
+  if (module_name == nullptr || std::string_view(module_name) == "builtins") {
+    PyErr_Clear();
+    return qualname;
+  }
+  return std::string(module_name) + "." + qualname;
+}
+
+// Returns str(obj) or repr(obj) as UTF-8, never failing: an error inside __repr__ is cleared.
+std::string Text(PyObject* obj, bool repr) {
+  PyObject* text = repr ? PyObject_Repr(obj) : PyObject_Str(obj);
+  const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+  std::string out;
+  if (utf8 == nullptr) {
+    PyErr_Clear();
+    out = "<" + TypeName(Py_TYPE(obj)) + " object>";
+  } else {
+    out = utf8;
+  }
+  Py_XDECREF(text);
+  if (out.size() > kMaxReprChars) out = out.substr(0, kMaxReprChars - 3) + "...";
+  return out;
+}
+
+std::string Repr(PyObject* obj) { return Text(obj, /*repr=*/true); }
+
+// Clears the pending Python exception; when `explain` is set, returns it as "Type: message".
+// Guards never propagate exceptions: a guard that cannot be evaluated has failed.
+std::string TakeError(bool explain) {
+  if (!explain) {
+    PyErr_Clear();
+    return {};
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* exc = PyErr_GetRaisedException();
+#else
+  PyObject *type, *exc, *traceback;
+  PyErr_Fetch(&type, &exc, &traceback);
+  PyErr_NormalizeException(&type, &exc, &traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+#endif
+  if (exc == nullptr) return "an unknown error";
+  std::string out = TypeName(Py_TYPE(exc)) + ": " + Text(exc, /*repr=*/false);
+  Py_DECREF(exc);
+  return out;
+}
+
+const char* Bool(bool b) { return b ? "True" : "False"; }
+
+PyObject* const* TupleItems(PyObject* tuple) {
+  return reinterpret_cast<PyTupleObject*>(tuple)->ob_item;
+}
+
+// "torch.float32", as Python spells it.
+std::string DtypeName(c10::ScalarType dtype) {
+  try {
+    return Repr(reinterpret_cast<PyObject*>(torch::getTHPDtype(dtype)));
+  } catch (const std::exception&) {
+    return c10::toString(dtype);
+  }
+}
+
+// What one evaluation reads from the frame about to run.
+struct Frame {
+  PyObject* const* slots;
+  Py_ssize_t nslots;
+  PyFunctionObject* func;  // null when the caller gave no function object
+};
+
+struct Eval {
+  Frame frame;
+  std::string* why;   // null on the hot path: reasons are built only when asked for
+  const int* active;  // the tree's count of evaluations in progress
+};
+
+// ---------------------------------------------------------------------------------------------
+// Accessors: one step of a source, from a parent value (or the frame, at the root) to a child.
+
+enum class Access : uint8_t {
+  kRoot,
+  kLocal,
+  kGlobal,
+  kBuiltin,
+  kClosure,
+  kObject,
+  kAttr,
+  kInstanceDict,
+  kItem,
+  kType,
+};
+
+class Accessor {
+ public:
+  Accessor() = default;
+  // Takes ownership of `arg` (a new reference, or null).
+  Accessor(Access kind, Py_ssize_t index, PyObject* arg) : kind_(kind), index_(index), arg_(arg) {
+    // An exact-int key of a list or tuple is read by index, without PyObject_GetItem.
+    if (kind == Access::kItem && PyLong_CheckExact(arg)) {
+      int overflow = 0;
+      long long key = PyLong_AsLongLongAndOverflow(arg, &overflow);
+      if (overflow == 0 && key >= PY_SSIZE_T_MIN && key <= PY_SSIZE_T_MAX) {
+        index_ = static_cast<Py_ssize_t>(key);
+        int_key_ = true;
+      }
+    }
+  }
+  Accessor(Accessor&& other) noexcept
+      : kind_(other.kind_), index_(other.index_), int_key_(other.int_key_), arg_(other.arg_) {
+    other.arg_ = nullptr;
+  }
+  Accessor& operator=(Accessor&&) = delete;
+  ~Accessor() { Py_XDECREF(arg_); }
+
+  // Whether two accessors read the same child, so that their nodes merge.
+  bool SameAs(const Accessor& other) const {
+    if (kind_ != other.kind_) return false;
+    switch (kind_) {
+      case Access::kRoot:
+      case Access::kInstanceDict:
+      case Access::kType:
+        return true;
+      case Access::kLocal:
+      case Access::kClosure:
+        return index_ == other.index_;
+      case Access::kObject:
+        return arg_ == other.arg_;
+      case Access::kGlobal:
+      case Access::kBuiltin:
+      case Access::kAttr:
+      case Access::kItem: {
+        // 1, 1.0 and True are equal keys of a dict but different items of other mappings.
+        if (arg_ == other.arg_) return true;
+        if (Py_TYPE(arg_) != Py_TYPE(other.arg_)) return false;
+        int eq = PyObject_RichCompareBool(arg_, other.arg_, Py_EQ);
+        if (eq < 0) PyErr_Clear();
+        return eq == 1;
+      }
+    }
+    return false;
+  }
+
+  // Returns a new reference to the child of `parent`, or null (no exception set, *why set when
+  // `why` is not null) when it cannot be read.
+  PyObject* Read(PyObject* parent, const Frame& frame, std::string* why) const {
+    switch (kind_) {
+      case Access::kRoot:
+        return nullptr;
+      case Access::kLocal: {
+        if (index_ >= frame.nslots) {
+          if (why) {
+            *why = "argument slot " + std::to_string(index_) + " is out of range (the frame has " +
+                   std::to_string(frame.nslots) + ")";
+          }
+          return nullptr;
+        }
+        PyObject* value = frame.slots[index_];
+        if (value == nullptr && why) *why = "argument slot " + std::to_string(index_) + " is empty";
+        return Py_XNewRef(value);
+      }
+      case Access::kGlobal:
+      case Access::kBuiltin: {
+        if (frame.func == nullptr) {
+          if (why) *why = "no function object to read " + Name() + " from";
+          return nullptr;
+        }
+        PyObject* dict =
+            kind_ == Access::kGlobal ? frame.func->func_globals : frame.func->func_builtins;
+        return ReadKey(dict, why);
+      }
+      case Access::kClosure: {
+        PyObject* closure = frame.func != nullptr ? frame.func->func_closure : nullptr;
+        if (closure == nullptr || !PyTuple_Check(closure) || index_ >= PyTuple_GET_SIZE(closure)) {
+          if (why) *why = Name() + " does not exist";
+          return nullptr;
+        }
+        PyObject* cell = PyTuple_GET_ITEM(closure, index_);
+        PyObject* value = PyCell_Check(cell) ? PyCell_GET(cell) : nullptr;
+        if (value == nullptr && why) *why = Name() + " is empty";
+        return Py_XNewRef(value);
+      }
+      case Access::kObject:
+        return Py_NewRef(arg_);
+      case Access::kAttr: {
+        PyObject* value = PyObject_GetAttr(parent, arg_);
+        if (value == nullptr) Failed(why);
+        return value;
+      }
+      case Access::kInstanceDict: {
+        // The object's own dict slot, bypassing a __dict__ descriptor; creates it when absent.
+        PyObject* value = PyObject_GenericGetDict(parent, nullptr);
+        if (value == nullptr) Failed(why);
+        return value;
+      }
+      case Access::kItem:
+        if (int_key_ && (PyList_CheckExact(parent) || PyTuple_CheckExact(parent))) {
+          Py_ssize_t size = Py_SIZE(parent);
+          Py_ssize_t i = index_ < 0 ? index_ + size : index_;
+          if (i < 0 || i >= size) {
+            if (why) *why = Name() + " is out of range (length " + std::to_string(size) + ")";
+            return nullptr;
+          }
+          return Py_NewRef(PyList_CheckExact(parent) ? PyList_GET_ITEM(parent, i)
+                                                     : PyTuple_GET_ITEM(parent, i));
+        }
+        return ReadKey(parent, why);
+      case Access::kType:
+        return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(parent)));
+    }
+    return nullptr;
+  }
+
+  // How failure reasons name this step.
+  std::string Name() const {
+    switch (kind_) {
+      case Access::kRoot:
+        return "the frame";
+      case Access::kLocal:
+        return "argument slot " + std::to_string(index_);
+      case Access::kGlobal:
+        return "global " + Repr(arg_);
+      case Access::kBuiltin:
+        return "builtin " + Repr(arg_);
+      case Access::kClosure:
+        return "closure cell " + std::to_string(index_);
+      case Access::kObject:
+        return Repr(arg_);
+      case Access::kAttr:
+        return "attribute " + Repr(arg_);
+      case Access::kInstanceDict:
+        return "__dict__";
+      case Access::kItem:
+        return "item [" + Repr(arg_) + "]";
+      case Access::kType:
+        return "type()";
+    }
+    return "?";
+  }
+
+ private:
+  // container[arg_]; exact dicts (globals, builtins, __dict__, module registries) skip
+  // PyObject_GetItem, and a missing key of one fails without creating a KeyError.
+  PyObject* ReadKey(PyObject* container, std::string* why) const {
+    if (PyDict_CheckExact(container)) {
+      PyObject* value = PyDict_GetItemWithError(container, arg_);
+      if (value != nullptr) return Py_NewRef(value);
+      if (PyErr_Occurred()) {
+        Failed(why);
+      } else if (why) {
+        *why = Name() + (kind_ == Access::kItem ? " is not in the dict" : " is not defined");
+      }
+      return nullptr;
+    }
+    PyObject* value = PyObject_GetItem(container, arg_);
+    if (value == nullptr) Failed(why);
+    return value;
+  }
+
+  void Failed(std::string* why) const {
+    std::string error = TakeError(why != nullptr);
+    if (why) *why = "reading " + Name() + " raised " + error;
+  }
+
+  Access kind_ = Access::kRoot;
+  Py_ssize_t index_ = 0;     // slot or cell index, or the value of an int item key
+  bool int_key_ = false;     // kItem: arg_ is an int, held in index_ too
+  PyObject* arg_ = nullptr;  // owned: a name, key or fixed object
+};
+
+// ---------------------------------------------------------------------------------------------
+// Leaf checks.
+
+// Lower runs first within a node: a cheap check that fails spares the tensor checks.
+enum Cost : int { kCheap = 0, kContainer = 1, kGlobalState = 2, kTensor = 3 };
+
+class LeafCheck {
+ public:
+  LeafCheck(std::string description, Cost cost)
+      : description_(std::move(description)), cost_(cost) {}
+  virtual ~LeafCheck() = default;
+  LeafCheck(const LeafCheck&) = delete;
+  LeafCheck& operator=(const LeafCheck&) = delete;
+
+  // Whether `value` passes. Leaves no exception set; on failure writes the reason to *why when
+  // `why` is not null.
+  virtual bool Run(PyObject* value, std::string* why) const = 0;
+  // False for checks of global state, which read no value and sit at the root.
+  virtual bool ReadsValue() const { return true; }
+
+  const std::string& description() const { return description_; }
+  Cost cost() const { return cost_; }
+
+ private:
+  std::string description_;
+  Cost cost_;
+};
+
+class TypeCheck : public LeafCheck {
+ public:
+  TypeCheck(PyTypeObject* type, std::string description)
+      : LeafCheck(std::move(description), kCheap), type_(type) {
+    Py_INCREF(type_);
+  }
+  ~TypeCheck() override { Py_DECREF(type_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    if (Py_TYPE(value) == type_) return true;
+    if (why) *why = "expected type " + TypeName(type_) + ", got " + TypeName(Py_TYPE(value));
+    return false;
+  }
+
+ private:
+  PyTypeObject* type_;
+};
+
+class IdCheck : public LeafCheck {
+ public:
+  IdCheck(PyObject* object, std::string description)
+      : LeafCheck(std::move(description), kCheap), object_(Py_NewRef(object)) {}
+  ~IdCheck() override { Py_DECREF(object_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    if (value == object_) return true;
+    if (why) *why = "expected the object " + Repr(object_) + ", got " + Repr(value);
+    return false;
+  }
+
+ private:
+  PyObject* object_;  // owned, so that its address cannot be reused by another object
+};
+
+class ConstantCheck : public LeafCheck {
+ public:
+  // Whether ("constant", value) is supported for a value of this type.
+  static bool Supports(PyObject* value) {
+    PyTypeObject* t = Py_TYPE(value);
+    return value == Py_None || t == &PyBool_Type || t == &PyLong_Type || t == &PyFloat_Type ||
+           t == &PyComplex_Type || t == &PyUnicode_Type || t == &PyBytes_Type ||
+           t == &THPDtypeType || t == &THPDeviceType || t == &THPLayoutType ||
+           t == &THPMemoryFormatType;
+  }
+
+  ConstantCheck(PyObject* value, std::string description)
+      : LeafCheck(std::move(description), kCheap), value_(Py_NewRef(value)) {
+    PyTypeObject* t = Py_TYPE(value);
+    if (value == Py_None) {
+      kind_ = Kind::kNone;
+    } else if (t == &PyBool_Type) {
+      kind_ = Kind::kBool;
+    } else if (t == &PyFloat_Type) {
+      kind_ = Kind::kFloat;
+      float_ = PyFloat_AS_DOUBLE(value);
+    } else if (t == &PyLong_Type) {
+      int overflow = 0;
+      int_ = PyLong_AsLongLongAndOverflow(value, &overflow);
+      kind_ = overflow == 0 ? Kind::kSmallInt : Kind::kOther;
+    }
+  }
+  ~ConstantCheck() override { Py_DECREF(value_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    bool ok = false;
+    if (Py_TYPE(value) == Py_TYPE(value_)) {
+      switch (kind_) {
+        case Kind::kNone:
+          ok = true;
+          break;
+        case Kind::kBool:
+          ok = value == value_;
+          break;
+        case Kind::kSmallInt: {
+          int overflow = 0;
+          long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+          ok = overflow == 0 && v == int_;
+          break;
+        }
+        case Kind::kFloat: {
+          // NaN matches NaN, and -0.0 does not match 0.0: a graph specialized on one may
+          // compute differently with the other (1 / x, copysign, atan2).
+          double v = PyFloat_AS_DOUBLE(value);
+          ok = (std::isnan(v) && std::isnan(float_)) ||
+               (v == float_ && std::signbit(v) == std::signbit(float_));
+          break;
+        }
+        case Kind::kOther: {
+          int eq = PyObject_RichCompareBool(value, value_, Py_EQ);
+          if (eq < 0) {
+            std::string error = TakeError(why != nullptr);
+            if (why) *why = "comparing with " + Repr(value_) + " raised " + error;
+            return false;
+          }
+          ok = eq == 1;
+          break;
+        }
+      }
+    }
+    if (!ok && why) {
+      *why = "expected " + Repr(value_) + " (" + TypeName(Py_TYPE(value_)) + "), got " +
+             Repr(value) + " (" + TypeName(Py_TYPE(value)) + ")";
+    }
+    return ok;
+  }
+
+ private:
+  enum class Kind { kNone, kBool, kSmallInt, kFloat, kOther };
+  PyObject* value_;
+  Kind kind_ = Kind::kOther;
+  long long int_ = 0;  // kSmallInt
+  double float_ = 0;   // kFloat
+};
+
+class LenCheck : public LeafCheck {
+ public:
+  LenCheck(Py_ssize_t length, std::string description)
+      : LeafCheck(std::move(description), kCheap), length_(length) {}
+
+  bool Run(PyObject* value, std::string* why) const override {
+    // Subclasses count by their C-level size: torch.Size is a tuple, OrderedDict a dict.
+    Py_ssize_t length;
+    if (PyList_Check(value)) {
+      length = PyList_GET_SIZE(value);
+    } else if (PyTuple_Check(value)) {
+      length = PyTuple_GET_SIZE(value);
+    } else if (PyDict_Check(value)) {
+      length = PyDict_GET_SIZE(value);
+    } else {
+      if (why) *why = "expected a list, tuple or dict, got " + TypeName(Py_TYPE(value));
+      return false;
+    }
+    if (length == length_) return true;
+    if (why) {
+      *why = "length mismatch, expected " + std::to_string(length_) + ", got " +
+             std::to_string(length);
+    }
+    return false;
+  }
+
+ private:
+  Py_ssize_t length_;
+};
+
+class DictKeysCheck : public LeafCheck {
+ public:
+  DictKeysCheck(PyObject* keys, std::string description)  // keys: a tuple
+      : LeafCheck(std::move(description), kContainer), keys_(Py_NewRef(keys)) {}
+  ~DictKeysCheck() override { Py_DECREF(keys_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    if (!PyDict_CheckExact(value)) {
+      if (why) *why = "expected a dict, got " + TypeName(Py_TYPE(value));
+      return false;
+    }
+    bool ok = PyDict_GET_SIZE(value) == PyTuple_GET_SIZE(keys_);
+    Py_ssize_t pos = 0;
+    PyObject* key;
+    PyObject* unused;
+    for (Py_ssize_t i = 0; ok && PyDict_Next(value, &pos, &key, &unused); ++i) {
+      PyObject* expected = PyTuple_GET_ITEM(keys_, i);
+      if (key == expected) continue;  // interned names: the usual case
+      ok = false;
+      if (Py_TYPE(key) != Py_TYPE(expected)) break;
+      Py_INCREF(key);  // __eq__ may run Python code that mutates the dict
+      int eq = PyObject_RichCompareBool(key, expected, Py_EQ);
+      Py_DECREF(key);
+      if (eq < 0) {
+        std::string error = TakeError(why != nullptr);
+        if (why) *why = "comparing keys raised " + error;
+        return false;
+      }
+      ok = eq == 1;
+    }
+    if (!ok && why) {
+      PyObject* actual = PySequence_Tuple(value);
+      if (actual == nullptr) PyErr_Clear();
+      *why = "expected keys " + Repr(keys_) + ", got " + (actual ? Repr(actual) : "?");
+      Py_XDECREF(actual);
+    }
+    return ok;
+  }
+
+ private:
+  PyObject* keys_;
+};
+
+// TENSOR_MATCH, the check most guards are: everything about a tensor that a graph specializes on,
+// except its values. Dispatch keys are compared as (keys | tls included) - tls excluded, both at
+// record time and at check time, as TorchDynamo does, so that a change in the thread's dispatch
+// state (inference mode, functorch levels) fails the guard.
+class TensorCheck : public LeafCheck {
+ public:
+  // Returns null and sets *error when `example` is not a tensor or has symbolic sizes.
+  static std::unique_ptr<TensorCheck> Create(PyObject* example, std::string description,
+                                             std::string* error) {
+    bool is_tensor = false;
+    try {
+      is_tensor = THPVariable_Check(example);
+    } catch (const std::exception&) {
+      PyErr_Clear();
+    }
+    if (!is_tensor) {
+      *error = "('tensor', example) needs a torch.Tensor, got " + TypeName(Py_TYPE(example));
+      return nullptr;
+    }
+    std::unique_ptr<TensorCheck> check(new TensorCheck(std::move(description)));
+    try {
+      const at::Tensor& t = THPVariable_Unpack(example);
+      if (!t.defined()) {
+        *error = "('tensor', example) got an undefined tensor";
+        return nullptr;
+      }
+      check->type_ = Py_TYPE(example);
+      Py_INCREF(check->type_);
+      check->dispatch_keys_ = LocalKeys(t);
+      check->dtype_ = t.scalar_type();
+      check->device_ = t.device();
+      check->requires_grad_ = t.requires_grad();
+      check->strided_ = t.layout() == c10::kStrided;
+      if (!Concrete(t.sym_sizes(), &check->sizes_) ||
+          (check->strided_ && !Concrete(t.sym_strides(), &check->strides_))) {
+        *error = "('tensor', example) needs concrete sizes and strides, got symbolic ones";
+        return nullptr;
+      }
+    } catch (const std::exception& e) {
+      PyErr_Clear();
+      *error = std::string("('tensor', example): reading the example raised: ") + e.what();
+      return nullptr;
+    }
+    return check;
+  }
+
+  ~TensorCheck() override { Py_XDECREF(type_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    // The exact type: Tensor, Parameter and each subclass trace differently. Matching it also
+    // proves `value` is a THPVariable.
+    if (Py_TYPE(value) != type_) {
+      if (why) *why = "expected type " + TypeName(type_) + ", got " + TypeName(Py_TYPE(value));
+      return false;
+    }
+    try {
+      return Match(THPVariable_Unpack(value), why);
+    } catch (const std::exception& e) {
+      // A subclass with Python-level sizes can raise from sym_sizes().
+      if (PyErr_Occurred()) PyErr_Clear();
+      if (why) *why = std::string("reading the tensor raised: ") + e.what();
+      return false;
+    }
+  }
+
+ private:
+  explicit TensorCheck(std::string description)
+      : LeafCheck(std::move(description), kTensor), device_(c10::kCPU) {}
+
+  static c10::DispatchKeySet LocalKeys(const at::Tensor& t) {
+    c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
+    return (t.key_set() | tls.included_) - tls.excluded_;
+  }
+
+  static bool Concrete(c10::SymIntArrayRef dims, std::vector<int64_t>* out) {
+    out->clear();
+    for (const c10::SymInt& d : dims) {
+      std::optional<int64_t> v = d.maybe_as_int();
+      if (!v) return false;
+      out->push_back(*v);
+    }
+    return true;
+  }
+
+  bool Match(const at::Tensor& t, std::string* why) const {
+    if (!t.defined()) {
+      if (why) *why = "the tensor is undefined";
+      return false;
+    }
+    if (t.scalar_type() != dtype_) {
+      if (why) {
+        *why =
+            "dtype mismatch, expected " + DtypeName(dtype_) + ", got " + DtypeName(t.scalar_type());
+      }
+      return false;
+    }
+    if (t.device() != device_) {
+      if (why) *why = "device mismatch, expected " + device_.str() + ", got " + t.device().str();
+      return false;
+    }
+    if (t.requires_grad() != requires_grad_) {
+      if (why) {
+        *why = std::string("requires_grad mismatch, expected ") + Bool(requires_grad_) + ", got " +
+               Bool(t.requires_grad());
+      }
+      return false;
+    }
+    c10::DispatchKeySet keys = LocalKeys(t);
+    if (keys != dispatch_keys_) {
+      if (why) {
+        *why = "dispatch key set mismatch, expected " + c10::toString(dispatch_keys_) + ", got " +
+               c10::toString(keys);
+      }
+      return false;
+    }
+    c10::SymIntArrayRef sizes = t.sym_sizes();
+    if (sizes.size() != sizes_.size()) {
+      if (why) {
+        *why = "rank mismatch, expected " + std::to_string(sizes_.size()) + ", got " +
+               std::to_string(sizes.size());
+      }
+      return false;
+    }
+    if (!MatchDims(sizes, sizes_, "size", why)) return false;
+    return !strided_ || MatchDims(t.sym_strides(), strides_, "stride", why);
+  }
+
+  static bool MatchDims(c10::SymIntArrayRef actual, const std::vector<int64_t>& expected,
+                        const char* what, std::string* why) {
+    if (actual.size() != expected.size()) {
+      if (why) *why = std::string(what) + " rank mismatch";
+      return false;
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      std::optional<int64_t> v = actual[i].maybe_as_int();
+      if (v && *v == expected[i]) continue;
+      if (why) {
+        *why = std::string(what) + " mismatch at dim " + std::to_string(i) + ", expected " +
+               std::to_string(expected[i]) + ", got " + (v ? std::to_string(*v) : "a symbol");
+      }
+      return false;
+    }
+    return true;
+  }
+
+  PyTypeObject* type_ = nullptr;  // owned
+  c10::DispatchKeySet dispatch_keys_;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  c10::Device device_;
+  bool requires_grad_ = false;
+  bool strided_ = true;  // sparse and other non-strided layouts have no strides to compare
+  std::vector<int64_t> sizes_;
+  std::vector<int64_t> strides_;
+};
+
+// The process- and thread-wide torch settings that change what a captured graph computes.
+struct GlobalState {
+  bool grad_enabled;
+  c10::ScalarType default_dtype;
+  bool deterministic;
+  bool deterministic_warn_only;
+  int8_t tf32_cublas;  // 1 / 0, or -1 when torch refused to say (mixed legacy and new TF32 APIs)
+  int8_t tf32_cudnn;
+  bool autocast_cpu;
+  bool autocast_cuda;
+
+  static GlobalState Now() {
+    at::Context& context = at::globalContext();
+    GlobalState s;
+    s.grad_enabled = c10::GradMode::is_enabled();
+    s.default_dtype = c10::get_default_dtype_as_scalartype();
+    s.deterministic = context.deterministicAlgorithms();
+    s.deterministic_warn_only = context.deterministicAlgorithmsWarnOnly();
+    s.tf32_cublas = Flag([&] { return context.allowTF32CuBLAS(); });
+    s.tf32_cudnn = Flag([&] { return context.allowTF32CuDNN(); });
+    s.autocast_cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
+    s.autocast_cuda = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+    return s;
+  }
+
+  template <typename F>
+  static int8_t Flag(F read) {
+    try {
+      return read() ? 1 : 0;
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+};
+
+class GlobalStateCheck : public LeafCheck {
+ public:
+  explicit GlobalStateCheck(std::string description)
+      : LeafCheck(std::move(description), kGlobalState), expected_(GlobalState::Now()) {}
+
+  bool ReadsValue() const override { return false; }
+
+  bool Run(PyObject* /*value*/, std::string* why) const override {
+    GlobalState now = GlobalState::Now();
+    const GlobalState& e = expected_;
+    if (now.grad_enabled != e.grad_enabled) {
+      return Differs("grad mode", e.grad_enabled, now.grad_enabled, why);
+    }
+    if (now.default_dtype != e.default_dtype) {
+      if (why) {
+        *why = "default dtype changed, expected " + DtypeName(e.default_dtype) + ", got " +
+               DtypeName(now.default_dtype);
+      }
+      return false;
+    }
+    if (now.deterministic != e.deterministic) {
+      return Differs("deterministic algorithms", e.deterministic, now.deterministic, why);
+    }
+    if (now.deterministic_warn_only != e.deterministic_warn_only) {
+      return Differs("deterministic algorithms warn-only", e.deterministic_warn_only,
+                     now.deterministic_warn_only, why);
+    }
+    if (now.tf32_cublas != e.tf32_cublas) {
+      return Differs("cuBLAS TF32", e.tf32_cublas, now.tf32_cublas, why);
+    }
+    if (now.tf32_cudnn != e.tf32_cudnn) {
+      return Differs("cuDNN TF32", e.tf32_cudnn, now.tf32_cudnn, why);
+    }
+    if (now.autocast_cpu != e.autocast_cpu) {
+      return Differs("CPU autocast", e.autocast_cpu, now.autocast_cpu, why);
+    }
+    if (now.autocast_cuda != e.autocast_cuda) {
+      return Differs("CUDA autocast", e.autocast_cuda, now.autocast_cuda, why);
+    }
+    return true;
+  }
+
+ private:
+  static bool Differs(const char* what, int expected, int got, std::string* why) {
+    auto text = [](int v) { return v < 0 ? "unknown" : Bool(v != 0); };
+    if (why) {
+      *why = std::string(what) + " changed, expected " + text(expected) + ", got " + text(got);
+    }
+    return false;
+  }
+
+  GlobalState expected_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Parsing the Python tuples that describe a guard.
+
+bool KindIs(std::string_view kind, const char* name) { return kind == name; }
+
+// Returns the tuple's first element as a string, or false with *error set.
+bool TupleKind(PyObject* t, const char* what, std::string_view* kind, std::string* error) {
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) == 0 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 0))) {
+    *error = std::string(what) + " must be a tuple whose first element is a str, got " + Repr(t);
+    return false;
+  }
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(t, 0), &size);
+  if (utf8 == nullptr) {
+    *error = std::string(what) + " kind is not valid UTF-8: " + TakeError(true);
+    return false;
+  }
+  *kind = std::string_view(utf8, static_cast<size_t>(size));
+  return true;
+}
+
+bool Arity(PyObject* t, Py_ssize_t n, const char* form, std::string* error) {
+  if (PyTuple_GET_SIZE(t) == n) return true;
+  *error = std::string(form) + " takes " + std::to_string(n) + " elements, got " + Repr(t);
+  return false;
+}
+
+// A non-negative exact int (bool excluded) as Py_ssize_t.
+bool Index(PyObject* obj, Py_ssize_t* out) {
+  if (!PyLong_CheckExact(obj)) return false;
+  Py_ssize_t v = PyLong_AsSsize_t(obj);
+  if (v < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+// A str, interned so that dict lookups and getattr usually compare by identity.
+bool InternedName(PyObject* obj, PyObject** out) {
+  if (!PyUnicode_CheckExact(obj)) return false;
+  PyObject* name = Py_NewRef(obj);
+  PyUnicode_InternInPlace(&name);
+  *out = name;
+  return true;
+}
+
+// Appends the accessors of `source` to *path, root first.
+bool ParseSource(PyObject* source, int depth, std::vector<Accessor>* path, std::string* error) {
+  if (depth > kMaxSourceDepth) {
+    *error = "source nests deeper than " + std::to_string(kMaxSourceDepth) + " steps";
+    return false;
+  }
+  std::string_view kind;
+  if (!TupleKind(source, "a source", &kind, error)) return false;
+  Py_ssize_t index = 0;
+  PyObject* name = nullptr;
+  if (KindIs(kind, "local") || KindIs(kind, "closure")) {
+    const bool local = KindIs(kind, "local");
+    const char* form = local ? "('local', i)" : "('closure', i)";
+    if (!Arity(source, 2, form, error)) return false;
+    if (!Index(PyTuple_GET_ITEM(source, 1), &index)) {
+      *error = std::string(form) + " needs an int i >= 0, got " + Repr(source);
+      return false;
+    }
+    path->emplace_back(local ? Access::kLocal : Access::kClosure, index, nullptr);
+    return true;
+  }
+  if (KindIs(kind, "global") || KindIs(kind, "builtin")) {
+    const bool global = KindIs(kind, "global");
+    const char* form = global ? "('global', name)" : "('builtin', name)";
+    if (!Arity(source, 2, form, error)) return false;
+    if (!InternedName(PyTuple_GET_ITEM(source, 1), &name)) {
+      *error = std::string(form) + " needs a str name, got " + Repr(source);
+      return false;
+    }
+    path->emplace_back(global ? Access::kGlobal : Access::kBuiltin, 0, name);
+    return true;
+  }
+  if (KindIs(kind, "object")) {
+    if (!Arity(source, 2, "('object', obj)", error)) return false;
+    path->emplace_back(Access::kObject, 0, Py_NewRef(PyTuple_GET_ITEM(source, 1)));
+    return true;
+  }
+  if (KindIs(kind, "attr")) {
+    if (!Arity(source, 3, "('attr', parent, name)", error)) return false;
+    if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(source, 2))) {
+      *error = "('attr', parent, name) needs a str name, got " + Repr(source);
+      return false;
+    }
+    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    InternedName(PyTuple_GET_ITEM(source, 2), &name);
+    path->emplace_back(Access::kAttr, 0, name);
+    return true;
+  }
+  if (KindIs(kind, "item")) {
+    if (!Arity(source, 3, "('item', parent, key)", error)) return false;
+    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    path->emplace_back(Access::kItem, 0, Py_NewRef(PyTuple_GET_ITEM(source, 2)));
+    return true;
+  }
+  if (KindIs(kind, "instance_dict") || KindIs(kind, "type")) {
+    const bool dict = KindIs(kind, "instance_dict");
+    if (!Arity(source, 2, dict ? "('instance_dict', parent)" : "('type', parent)", error)) {
+      return false;
+    }
+    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    path->emplace_back(dict ? Access::kInstanceDict : Access::kType, 0, nullptr);
+    return true;
+  }
+  *error = "unknown source kind '" + std::string(kind) +
+           "' (expected local, global, builtin, closure, object, attr, instance_dict, item or "
+           "type)";
+  return false;
+}
+
+std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, std::string description,
+                                      std::string* error) {
+  std::string_view kind;
+  if (!TupleKind(check, "a check", &kind, error)) return nullptr;
+  if (KindIs(kind, "global_state")) {
+    if (!Arity(check, 1, "('global_state',)", error)) return nullptr;
+    return std::make_unique<GlobalStateCheck>(std::move(description));
+  }
+  if (KindIs(kind, "type")) {
+    if (!Arity(check, 2, "('type', t)", error)) return nullptr;
+    PyObject* type = PyTuple_GET_ITEM(check, 1);
+    if (!PyType_Check(type)) {
+      *error = "('type', t) needs a type, got " + Repr(type);
+      return nullptr;
+    }
+    return std::make_unique<TypeCheck>(reinterpret_cast<PyTypeObject*>(type),
+                                       std::move(description));
+  }
+  if (KindIs(kind, "id")) {
+    if (!Arity(check, 2, "('id', obj)", error)) return nullptr;
+    return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), std::move(description));
+  }
+  if (KindIs(kind, "constant")) {
+    if (!Arity(check, 2, "('constant', value)", error)) return nullptr;
+    PyObject* value = PyTuple_GET_ITEM(check, 1);
+    if (!ConstantCheck::Supports(value)) {
+      *error =
+          "('constant', value) supports None, bool, int, float, complex, str, bytes and "
+          "torch.dtype/device/layout/memory_format, got " +
+          TypeName(Py_TYPE(value)) + "; guard it with ('id', obj) or ('type', t)";
+      return nullptr;
+    }
+    return std::make_unique<ConstantCheck>(value, std::move(description));
+  }
+  if (KindIs(kind, "len")) {
+    Py_ssize_t length = 0;
+    if (!Arity(check, 2, "('len', n)", error)) return nullptr;
+    if (!Index(PyTuple_GET_ITEM(check, 1), &length)) {
+      *error = "('len', n) needs an int n >= 0, got " + Repr(check);
+      return nullptr;
+    }
+    return std::make_unique<LenCheck>(length, std::move(description));
+  }
+  if (KindIs(kind, "dict_keys")) {
+    if (!Arity(check, 2, "('dict_keys', keys)", error)) return nullptr;
+    PyObject* keys = PyTuple_GET_ITEM(check, 1);
+    if (!PyTuple_Check(keys)) {
+      *error = "('dict_keys', keys) needs a tuple of keys, got " + Repr(keys);
+      return nullptr;
+    }
+    return std::make_unique<DictKeysCheck>(keys, std::move(description));
+  }
+  if (KindIs(kind, "tensor")) {
+    if (!Arity(check, 2, "('tensor', example)", error)) return nullptr;
+    return TensorCheck::Create(PyTuple_GET_ITEM(check, 1), std::move(description), error);
+  }
+  *error = "unknown check kind '" + std::string(kind) +
+           "' (expected type, id, constant, len, dict_keys, tensor or global_state)";
+  return nullptr;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The tree.
+
+// One value of the frame: how it is read from its parent, the checks on it, and the values read
+// from it in turn.
+class Node {
+ public:
+  explicit Node(Accessor accessor) : accessor_(std::move(accessor)) {}
+
+  Node* FindOrAddChild(Accessor accessor) {
+    for (const std::unique_ptr<Node>& child : children_) {
+      if (child->accessor_.SameAs(accessor)) return child.get();
+    }
+    children_.push_back(std::make_unique<Node>(std::move(accessor)));
+    return children_.back().get();
+  }
+
+  // Keeps checks ordered by cost, in insertion order within one cost.
+  void AddCheck(std::unique_ptr<LeafCheck> check) {
+    auto at = checks_.begin();
+    while (at != checks_.end() && (*at)->cost() <= check->cost()) ++at;
+    checks_.insert(at, std::move(check));
+  }
+
+  bool Run(PyObject* value, const Eval& eval) {
+    for (const std::unique_ptr<LeafCheck>& check : checks_) {
+      if (!check->Run(value, eval.why)) {
+        if (eval.why) *eval.why = check->description() + ": " + *eval.why;
+        return false;
+      }
+    }
+    for (size_t i = 0; i < children_.size(); ++i) {
+      Node* child = children_[i].get();
+      PyObject* child_value = child->accessor_.Read(value, eval.frame, eval.why);
+      bool ok = false;
+      if (child_value != nullptr) {
+        ok = child->Run(child_value, eval);
+        Py_DECREF(child_value);
+      } else if (eval.why) {
+        *eval.why = child->FirstDescription() + ": " + *eval.why;
+      }
+      if (!ok) {
+        NoteFailure(i, eval);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void Describe(std::vector<std::string>* out) const {
+    for (const std::unique_ptr<LeafCheck>& check : checks_) out->push_back(check->description());
+    for (const std::unique_ptr<Node>& child : children_) child->Describe(out);
+  }
+
+ private:
+  // Every node below the root carries at least one check in its subtree: Add makes nodes only on
+  // the way to a check.
+  const std::string& FirstDescription() const {
+    if (!checks_.empty()) return checks_.front()->description();
+    return children_.front()->FirstDescription();
+  }
+
+  // Moves a child that fails often ahead of a sibling that fails less, so that a stale entry is
+  // rejected early. Only the sole evaluation in progress may do it: another one, paused in a
+  // property's Python code, may be iterating these children. This one iterates nothing more: it
+  // returns false all the way up.
+  void NoteFailure(size_t i, const Eval& eval) {
+    Node* child = children_[i].get();
+    ++child->failures_;
+    if (*eval.active == 1 && i > 0 && children_[i - 1]->failures_ < child->failures_) {
+      std::swap(children_[i - 1], children_[i]);
+    }
+  }
+
+  Accessor accessor_;
+  std::vector<std::unique_ptr<LeafCheck>> checks_;
+  std::vector<std::unique_ptr<Node>> children_;
+  uint64_t failures_ = 0;
+};
+
+GuardTree::GuardTree() : root_(std::make_unique<Node>(Accessor())) {}
+
+GuardTree::~GuardTree() = default;
+
+bool GuardTree::Add(PyObject* source, PyObject* check, std::string description,
+                    std::string* error) {
+  if (active_ > 0) {
+    *error = "cannot add a guard while the tree is being evaluated";
+    return false;
+  }
+  std::unique_ptr<LeafCheck> leaf = ParseCheck(check, std::move(description), error);
+  if (leaf == nullptr) return false;
+  Node* node = root_.get();
+  if (leaf->ReadsValue()) {
+    // Parse the whole source before touching the tree, so that a malformed one adds nothing.
+    std::vector<Accessor> path;
+    if (!ParseSource(source, 0, &path, error)) return false;
+    for (Accessor& step : path) node = node->FindOrAddChild(std::move(step));
+  }
+  node->AddCheck(std::move(leaf));
+  ++num_checks_;
+  return true;
+}
+
+bool GuardTree::Check(PyObject* const* slots, Py_ssize_t nslots, PyObject* func, std::string* why) {
+  PyFunctionObject* function = func != nullptr && PyFunction_Check(func)
+                                   ? reinterpret_cast<PyFunctionObject*>(func)
+                                   : nullptr;
+  const Eval eval{{slots, nslots, function}, why, &active_};
+  ++active_;
+  bool ok = false;
+  try {
+    ok = root_->Run(nullptr, eval);
+  } catch (const std::exception& e) {
+    // Checks catch torch's errors themselves; this is for std::bad_alloc while explaining.
+    if (why) *why = std::string("evaluating the guards raised: ") + e.what();
+  }
+  --active_;
+  if (PyErr_Occurred()) PyErr_Clear();
+  return ok;
+}
+
+std::vector<std::string> GuardTree::Describe() const {
+  std::vector<std::string> out;
+  out.reserve(num_checks_);
+  root_->Describe(&out);
+  return out;
+}
+
+void RegisterPython(pybind11::module_& m) {
+  namespace py = pybind11;
+  py::class_<GuardTree>(m, "GuardManager",
+                        "The guards of one compiled entry, evaluated in C++ by the frame hook.\n"
+                        "Sources and checks are tuples; see client/guards/guard_tree.h.")
+      .def(py::init<>())
+      .def(
+          "add",
+          [](GuardTree& self, py::object source, py::object check, std::string description) {
+            std::string error;
+            if (!self.Add(source.ptr(), check.ptr(), std::move(description), &error)) {
+              throw py::value_error(error);
+            }
+          },
+          py::arg("source"), py::arg("check"), py::arg("description"),
+          "Adds the guard `check` on the value at `source`; ValueError when either is malformed.")
+      .def(
+          "check",
+          [](GuardTree& self, py::tuple slots, py::object func) {
+            return self.Check(TupleItems(slots.ptr()), PyTuple_GET_SIZE(slots.ptr()), func.ptr(),
+                              nullptr);
+          },
+          py::arg("slots"), py::arg("func"),
+          "Whether every guard passes for a frame with these argument slots and function.")
+      .def(
+          "failure_reason",
+          [](GuardTree& self, py::tuple slots, py::object func) -> py::object {
+            std::string why;
+            if (self.Check(TupleItems(slots.ptr()), PyTuple_GET_SIZE(slots.ptr()), func.ptr(),
+                           &why)) {
+              return py::none();
+            }
+            return py::str(why);
+          },
+          py::arg("slots"), py::arg("func"),
+          "The first failing guard's description and why it failed; None when all pass.")
+      .def(
+          "describe",
+          [](const GuardTree& self) {
+            py::list out;
+            for (const std::string& d : self.Describe()) out.append(py::str(d));
+            return out;
+          },
+          "The guards' descriptions, in the order of the tree.")
+      .def("__len__", &GuardTree::size)
+      .def("__repr__", [](const GuardTree& self) {
+        return "<kiln._C.GuardManager with " + std::to_string(self.size()) + " guards>";
+      });
+}
+
+}  // namespace kiln::guards
+
+extern "C" void* kiln_guard_unwrap(PyObject* manager) {
+  namespace py = pybind11;
+  py::handle handle(manager);
+  try {
+    if (py::isinstance<kiln::guards::GuardTree>(handle)) {
+      return handle.cast<kiln::guards::GuardTree*>();
+    }
+  } catch (const std::exception&) {
+    PyErr_Clear();
+  }
+  PyErr_Format(PyExc_TypeError, "expected a kiln._C.GuardManager, got %.200s",
+               Py_TYPE(manager)->tp_name);
+  return nullptr;
+}
+
+extern "C" int kiln_guard_check(void* tree, PyObject* const* slots, Py_ssize_t nslots,
+                                PyObject* func) {
+  return static_cast<kiln::guards::GuardTree*>(tree)->Check(slots, nslots, func, nullptr) ? 1 : 0;
+}

@@ -1,0 +1,93 @@
+// The guard tree: the guards of one compiled entry, merged by source into a tree and evaluated in
+// C++ before every reuse of that entry. Python builds it as kiln._C.GuardManager.
+#ifndef KILN_GUARDS_GUARD_TREE_H_
+#define KILN_GUARDS_GUARD_TREE_H_
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kiln::guards {
+
+class Node;
+
+// A guard is (source, check). A source says where a value lives relative to the frame about to
+// run, as nested tuples whose parent is always the second element:
+//
+//   ("local", i)               argument slot i of the frame
+//   ("global", name)           func.__globals__[name]; a missing name fails
+//   ("builtin", name)          func.__builtins__[name]
+//   ("closure", i)             func.__closure__[i].cell_contents; an empty cell fails
+//   ("object", obj)            obj itself; the tree holds a strong reference
+//   ("attr", parent, name)     getattr(parent, name)
+//   ("instance_dict", parent)  parent.__dict__, read from the object without descriptors
+//   ("item", parent, key)      parent[key]
+//   ("type", parent)           type(parent)
+//
+// A check says what must hold of that value:
+//
+//   ("type", t)            type(x) is t
+//   ("id", obj)            x is obj (obj is kept alive, so its id cannot be reused)
+//   ("constant", v)        type(x) is type(v) and x == v, for None, bool, int, float, complex, str,
+//                          bytes, torch.dtype/device/layout/memory_format. Floats compare NaN equal
+//                          to NaN and -0.0 unequal to 0.0: either difference changes what a
+//                          traced graph computes.
+//   ("len", n)             x is a list, tuple or dict (or a subclass, such as torch.Size, measured
+//                          by its C-level size) and len(x) == n
+//   ("dict_keys", keys)    x is exactly a dict whose keys, in order, equal the tuple `keys`
+//   ("tensor", example)    TENSOR_MATCH: x has the example's exact Python type, dispatch keys (as
+//                          adjusted by the thread's included/excluded keys), dtype, device,
+//                          requires_grad, sizes and strides. The example is not kept alive.
+//   ("global_state",)      torch's global state now equals its state when the check was added:
+//                          grad mode, default dtype, deterministic algorithms (and warn-only),
+//                          TF32 for cuBLAS and cuDNN, autocast for CPU and CUDA. Its source is
+//                          ignored (any tuple, or None): it reads no value, so it passes even for a
+//                          frame without the slot a placeholder source such as ("local", 0) names.
+//
+// Within a node cheap checks run before tensor checks, and a node's checks run before its
+// children are read, so a type check on L['self'] protects the attribute reads below it. Children
+// that fail often move towards the front of their node.
+//
+// Not thread-safe beyond what the GIL gives: every method must be called with the GIL held.
+class GuardTree {
+ public:
+  GuardTree();
+  ~GuardTree();
+  GuardTree(const GuardTree&) = delete;
+  GuardTree& operator=(const GuardTree&) = delete;
+
+  // Adds one guard. Returns false and sets *error (leaving the tree unchanged and no Python
+  // exception set) when `source` or `check` is malformed. Must not be called while the tree is
+  // being evaluated (from a property a guard reads); that returns false too.
+  bool Add(PyObject* source, PyObject* check, std::string description, std::string* error);
+
+  // Evaluates every guard against a frame: `slots` are its argument slots, `func` its function
+  // object (null or not a function: global, builtin and closure sources fail). Returns true when
+  // all pass. Never leaves a Python exception set and never throws. When `why` is not null and a
+  // guard fails, *why gets the failing guard's description and the reason.
+  bool Check(PyObject* const* slots, Py_ssize_t nslots, PyObject* func, std::string* why);
+
+  // The descriptions of all checks, depth first in the tree's current order.
+  std::vector<std::string> Describe() const;
+
+  // The number of checks.
+  size_t size() const { return num_checks_; }
+
+ private:
+  std::unique_ptr<Node> root_;
+  size_t num_checks_ = 0;
+  // Evaluations in progress on this tree: a guard reading a property runs Python code, which may
+  // release the GIL or evaluate this tree again. Children are reordered only by the sole one.
+  int active_ = 0;
+};
+
+// Registers kiln._C.GuardManager (the Python face of GuardTree) on `m`.
+void RegisterPython(pybind11::module_& m);
+
+}  // namespace kiln::guards
+
+#endif  // KILN_GUARDS_GUARD_TREE_H_
