@@ -1029,3 +1029,97 @@ def test_uncapturable_forward_runs_eagerly_and_its_submodule_is_captured_alone(c
     assert capsys.readouterr().out.count("kiln-test: module forward") == 2
     # forward runs eagerly; the frame of self.lin's forward it calls is captured on its own.
     assert cnt.frame_count == 1 and cnt.op_count == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points and arguments of other kinds.
+
+
+def test_optimize_decorator_on_a_function():
+    cnt = CompileCounter()
+
+    @kiln.optimize(cnt)
+    def f(x, y):
+        return torch.addmm(y, x, x.t()).relu()
+
+    for _ in range(2):
+        x, y = torch.randn(3, 4), torch.randn(3, 3)
+        torch.testing.assert_close(f(x, y), torch.addmm(y, x, x.t()).relu())
+    assert cnt.frame_count == 1 and cnt.op_count == 3
+
+
+def test_optimize_context_manager_captures_a_module_call():
+    model = LayerNormMLP(6)
+    cnt = CompileCounter()
+    x = torch.randn(2, 6)
+    want = model(x)
+    with kiln.optimize(cnt):
+        got = model(x)
+    torch.testing.assert_close(got, want)
+    assert cnt.frame_count >= 1 and cnt.op_count >= 5
+
+
+def test_compiled_module_forwards_attributes_and_shares_parameters():
+    model = MLP()
+    cnt = CompileCounter()
+    opt = kiln.compile(model, backend=cnt)
+    assert opt.fc1 is model.fc1
+    assert set(opt._orig_mod.state_dict()) == set(model.state_dict())
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(opt(x), model(x))
+    assert cnt.frame_count == 1
+
+
+def test_non_contiguous_inputs_match_eager():
+    def f(x, y):
+        return (x * y).sum(dim=0) + x[0]
+
+    check(f, lambda: (torch.randn(5, 4).t(), torch.randn(4, 5)), ops=4)
+
+
+def test_contiguous_then_transposed_input_recompiles_and_stays_right():
+    def f(x):
+        return x.view(-1) * 2 if x.is_contiguous() else x.reshape(-1) * 3
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt)
+    a = torch.randn(3, 3)
+    torch.testing.assert_close(opt(a), a.view(-1) * 2)
+    b = torch.randn(3, 3).t()
+    torch.testing.assert_close(opt(b), b.reshape(-1) * 3)
+    assert cnt.frame_count == 2
+
+
+def test_python_float_argument_is_specialized_and_recompiles_on_a_new_value():
+    def f(x, alpha):
+        return x * alpha + alpha ** 2
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt)
+    x = torch.randn(4)
+    torch.testing.assert_close(opt(x, 2.0), x * 2.0 + 4.0)
+    torch.testing.assert_close(opt(x, 2.0), x * 2.0 + 4.0)
+    assert cnt.frame_count == 1
+    torch.testing.assert_close(opt(x, -3.0), x * -3.0 + 9.0)
+    assert cnt.frame_count == 2
+
+
+def test_module_batch_size_change_recompiles_and_old_shape_still_hits():
+    model = MLP()
+    cnt = CompileCounter()
+    opt = kiln.compile(model, backend=cnt)
+    for n in (4, 4, 7, 4, 7):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(opt(x), model(x))
+    assert cnt.frame_count == 2
+
+
+def test_zero_dim_tensor_and_integer_tensor_inputs():
+    def f(scale, idx, table):
+        return table[idx] * scale + idx.float().mean()
+
+    check(f, lambda: (torch.randn(()), torch.randint(0, 6, (3,)), torch.randn(6, 2)), ops=5)
+
+
+def test_float64_module_after_double():
+    check(MLP().double(), lambda: (torch.randn(3, 8, dtype=torch.float64),), ops=3)
