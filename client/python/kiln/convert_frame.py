@@ -8,20 +8,24 @@ import os
 import sys
 import sysconfig
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
 
 from kiln import _C, config
-from kiln.capture.symbolic_executor import InstructionTranslator
+from kiln.capture.symbolic_executor import GraphBreak, InstructionTranslator, _instructions
 from kiln.exc import BackendCompilerFailed, Unsupported
 from kiln.graph.output_graph import OutputGraph
-from kiln.transform.codegen import ConstTable, OutputCollector, reconstruct, transformed_code
+from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
+from kiln.transform.resume import make_resume_code
+from kiln.variables.base import NullVariable
 
 log = logging.getLogger("kiln")
 
 _compile_ids = itertools.count()
+_resume_ids = itertools.count(1)
 
 
 @dataclass
@@ -38,6 +42,9 @@ class EntryInfo:
     op_count: int
     capture_seconds: float
     backend_seconds: float
+    break_reason: Optional[str] = None  # why the graph ended before the frame did
+    break_where: Optional[str] = None
+    resume_codes: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
 
@@ -75,31 +82,38 @@ def is_skipped(code) -> bool:
 
 # -- capture -----------------------------------------------------------------------------------
 
-def convert_frame(func, code, slots, backend, backend_name: str):
+def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False):
     """Captures the frame of `func` about to run with argument `slots`. Returns the hook's
-    (guard_manager, transformed_code, info). Raises Unsupported or BackendCompilerFailed."""
+    (guard_manager, transformed_code, info). Raises Unsupported (a frame kiln cannot capture
+    even in part, or any break with fullgraph) or BackendCompilerFailed."""
     t0 = time.perf_counter()
     output = OutputGraph()
-    output.root_globals = func.__globals__
-    tx = InstructionTranslator(func, code, slots, output)
-    result = tx.run()
+    tx = InstructionTranslator(func, code, slots, output, may_break=not fullgraph)
+    graph_break = None
+    try:
+        result = tx.run()
+    except GraphBreak as gb:
+        graph_break = gb
+        output.restore(gb.checkpoint.graph)
     output.guards.add(None, "GLOBAL_STATE")
 
     consts = ConstTable()
-    outputs = OutputCollector()
-    return_expr = reconstruct(result, consts, outputs)
+    op_count = output.count_calls()
+    rebuild = Reconstructor(consts, use_graph=op_count > 0)
+    if graph_break is None:
+        body = [f"return {rebuild(result)}"]
+        resumes = []
+    else:
+        body, resumes = _break_body(func, code, graph_break, rebuild, consts)
+    body = rebuild.prelude + body
     compile_id = next(_compile_ids)
     name = f"__compiled_fn_{compile_id}"
     gm = None
     compiled = None
     call_expr = ""
-    op_count = output.count_calls()
     t1 = time.perf_counter()
-    if op_count == 0:
-        # Nothing to compile: the return value is rebuilt from the sources of its tensors.
-        return_expr = _rebuild_without_graph(result, consts, output)
-    else:
-        gm = output.make_graph_module(outputs.nodes, name)
+    if op_count > 0:
+        gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
         try:
             compiled = backend(gm, example_inputs)
@@ -112,41 +126,71 @@ def convert_frame(func, code, slots, backend, backend_name: str):
         args = ", ".join(inp.source.expr(consts) for inp in output.inputs)
         call_expr = f"{consts.ref(region)}({args})"
     t2 = time.perf_counter()
-    nslots = len(slots)
-    new_code, src = transformed_code(code, nslots, call_expr, return_expr, consts)
+    new_code, src = transformed_code(code, len(slots), call_expr, body, consts)
     manager = output.guards.build()
     info = EntryInfo(compile_id=compile_id, name=name, graph_module=gm, compiled_fn=compiled,
                      guards=output.guards.describe(), original_code=code,
                      transformed_code=new_code, transformed_source=src, op_count=op_count,
                      capture_seconds=t1 - t0, backend_seconds=t2 - t1)
+    if graph_break is not None:
+        info.break_reason = graph_break.reason
+        info.break_where = graph_break.where
+        info.resume_codes = resumes
     _print_debug(info)
     return manager, new_code, info
 
 
-def _rebuild_without_graph(result, consts, output):
-    """With no ops recorded, every tensor in the result is a graph input or module attribute:
-    reload it from its source rather than running an empty graph."""
-    from kiln.variables.tensor import TensorVariable
+def _break_body(func, code, gb, rebuild, consts):
+    """Statements that finish the frame after its graph: run the breaking instruction in
+    Python, then return what a resume function computes from there."""
+    inst = gb.inst
+    ckpt = gb.checkpoint
+    stack = list(ckpt.stack)
+    varnames = code.co_varnames
+    unbound = [n for n in varnames if n not in ckpt.locals]
+    local_exprs = [rebuild(ckpt.locals[n]) if n in ckpt.locals else "None" for n in varnames]
+    insts, index = _instructions(code)
+    next_offset = insts[index[inst.offset] + 1].offset
+    body = []
+    resumes = []
 
-    class _SourceOutputs:
-        def slot(self, tensor):
-            raise AssertionError
+    def resume_call(target_offset, stack_vts):
+        """A call of a new resume function; `stack_vts` holds trackers, or expressions (str)."""
+        is_null = [isinstance(v, NullVariable) for v in stack_vts]
+        n = next(_resume_ids)
+        rname = f"__resume_at_{target_offset}_{n}"
+        rcode = make_resume_code(code, target_offset, is_null, unbound, rname)
+        fn = types.FunctionType(rcode, func.__globals__, rname)
+        resumes.append(rcode)
+        args = local_exprs + [v if isinstance(v, str) else rebuild(v)
+                              for v in stack_vts if not isinstance(v, NullVariable)]
+        return f"{consts.ref(fn)}({', '.join(args)})"
 
-    def rebuild(vt):
-        if isinstance(vt, TensorVariable):
-            if vt.source is None:
-                raise Unsupported("a returned tensor with no source")
-            return vt.source.expr(consts)
-        from kiln.variables.containers import BaseListVariable, ListVariable
-
-        if isinstance(vt, BaseListVariable):
-            parts = [rebuild(v) for v in vt.items]
-            if isinstance(vt, ListVariable):
-                return "[" + ", ".join(parts) + "]"
-            return "(" + "".join(p + ", " for p in parts) + ")"
-        return reconstruct(vt, consts, _SourceOutputs())
-
-    return rebuild(result)
+    if inst.opname == "CALL":
+        argc = inst.arg
+        kw_names = ckpt.kw_names or ()
+        args = stack[len(stack) - argc:]
+        fn = stack[len(stack) - argc - 1]
+        below = stack[len(stack) - argc - 2]
+        rest = stack[:len(stack) - argc - 2]
+        if not isinstance(below, NullVariable):  # [callable, self, args...]
+            args = [fn, *args]
+            fn = below
+        npos = len(args) - len(kw_names)
+        parts = [rebuild(a) for a in args[:npos]]
+        parts += [f"{k}={rebuild(v)}" for k, v in zip(kw_names, args[npos:])]
+        body.append(f"__kiln_r = {rebuild(fn)}({', '.join(parts)})")
+        body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
+    else:
+        cond = stack[-1]
+        rest = stack[:-1]
+        jump_if_true = "IF_TRUE" in inst.opname
+        taken = resume_call(inst.argval, rest)
+        fallthrough = resume_call(next_offset, rest)
+        body.append(f"if {rebuild(cond)}:")
+        body.append(f"    return {taken if jump_if_true else fallthrough}")
+        body.append(f"return {fallthrough if jump_if_true else taken}")
+    return body, resumes
 
 
 def _print_debug(info: EntryInfo):

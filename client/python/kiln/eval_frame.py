@@ -47,7 +47,8 @@ class FrameCallback:
                             reason)
             return _C.CACHE_FULL
         try:
-            entry = convert_frame(func, code, slots, self.backend, self.backend_name)
+            entry = convert_frame(func, code, slots, self.backend, self.backend_name,
+                                  fullgraph=self.fullgraph)
         except Unsupported as e:
             if self.fullgraph:
                 raise

@@ -18,8 +18,9 @@ from kiln.variables.base import NullVariable, VariableTracker
 from kiln.variables.builder import wrap
 from kiln.variables.builtins import apply_operator, getitem
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
-                                       ListVariable, SliceVariable, TupleVariable)
+from kiln.transform.resume import can_split, offset_in_exception_table
+from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, ListVariable,
+                                       SliceVariable, TupleVariable, mutation_count)
 from kiln.variables.functions import CellVariable, NestedFunctionVariable
 from kiln.variables.objects import SuperVariable
 from kiln.variables.tensor import TensorVariable
@@ -56,6 +57,39 @@ class _Return(Exception):
         self.value = value
 
 
+# Instructions a root frame can break the graph at: the call (of something kiln cannot trace)
+# or the branch (on a tensor's value) runs in Python, the rest of the frame resumes after it.
+_BREAKABLE = {"CALL", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+              "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE",
+              "POP_JUMP_BACKWARD_IF_TRUE"}
+
+
+class Checkpoint:
+    """The executor's state before an instruction, to break the graph at it."""
+
+    __slots__ = ("stack", "locals", "kw_names", "graph", "mutations", "lineno")
+
+    def __init__(self, tx):
+        self.stack = list(tx.stack)
+        self.locals = dict(tx.symbolic_locals)
+        self.kw_names = tx.kw_names
+        self.graph = tx.output.checkpoint()
+        self.mutations = mutation_count[0]
+        self.lineno = tx.lineno
+
+
+class GraphBreak(Exception):
+    """Raised out of the root frame's run: compile the graph up to `inst`, run `inst` in
+    Python, resume after it."""
+
+    def __init__(self, checkpoint: Checkpoint, inst, reason: str, where: str):
+        super().__init__(reason)
+        self.checkpoint = checkpoint
+        self.inst = inst
+        self.reason = reason
+        self.where = where
+
+
 class InstructionTranslatorBase:
     def __init__(self, code, f_globals, symbolic_locals, output, globals_source, depth):
         self.code = code
@@ -74,11 +108,13 @@ class InstructionTranslatorBase:
         self.kw_names = None
         self.lineno = code.co_firstlineno
         self.generator_items = None  # a list while running a generator's body
+        self.may_break = False  # the root frame sets this when graph breaks are allowed
 
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self):
         insts = self.instructions
+        checkpoint = None
         try:
             while True:
                 inst = insts[self.ip]
@@ -90,6 +126,8 @@ class InstructionTranslatorBase:
                 handler = getattr(self, inst.opname, None)
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname}")
+                checkpoint = Checkpoint(self) if self.may_break and \
+                    inst.opname in _BREAKABLE else None
                 handler(inst)
         except _Return as r:
             return r.value
@@ -98,7 +136,14 @@ class InstructionTranslatorBase:
                 e._located = True
                 e.source_line = self.where()
                 e.args = (f"{e.reason}\n{e.source_line}",)
+            if checkpoint is not None and self.can_break_at(checkpoint, self.current):
+                self.lineno = checkpoint.lineno
+                raise GraphBreak(checkpoint, self.current, e.reason, self.where()) from None
             raise
+
+    def can_break_at(self, checkpoint, inst) -> bool:
+        return (checkpoint.mutations == mutation_count[0]
+                and not offset_in_exception_table(self.code, inst.offset))
 
     def where(self) -> str:
         line = linecache.getline(self.code.co_filename, self.lineno).strip()
@@ -681,11 +726,12 @@ def _is_torch_file(filename: str) -> bool:
 class InstructionTranslator(InstructionTranslatorBase):
     """The root: the frame being compiled, its arguments read from their slots."""
 
-    def __init__(self, func, code, slots, output):
+    def __init__(self, func, code, slots, output, may_break=False):
         self.func = func
         output.root_globals = func.__globals__
         symbolic_locals = {}
         super().__init__(code, func.__globals__, symbolic_locals, output, GlobalSource, 0)
+        self.may_break = may_break and can_split(code)
         names = code.co_varnames
         fresh = code.co_argcount + code.co_kwonlyargcount  # *args, **kwargs: new per call
         for i, value in enumerate(slots):

@@ -38,6 +38,7 @@ class OutputGraph:
         self._fakes: Dict[int, torch.Tensor] = {}  # id(real tensor) -> fake
         self._keepalive: List[Any] = []
         self._names: Dict[str, int] = {}
+        self.root_globals = None
 
     # -- values ------------------------------------------------------------------------------
 
@@ -89,6 +90,25 @@ class OutputGraph:
         vt = TensorVariable(node, example, source=source)
         self._attr_by_id[id(real)] = vt
         return vt
+
+    # -- checkpoints (graph breaks roll back what a failed instruction recorded) ----------------
+
+    def checkpoint(self):
+        return (list(self.graph.nodes)[-1] if len(self.graph.nodes) else None, len(self.inputs),
+                dict(self.attrs))
+
+    def restore(self, ckpt):
+        last, n_inputs, attrs = ckpt
+        nodes = list(self.graph.nodes)
+        keep = nodes.index(last) + 1 if last is not None else 0
+        for node in reversed(nodes[keep:]):
+            self.graph.erase_node(node)
+        for inp in self.inputs[n_inputs:]:
+            del self._input_by_source[inp.source]
+        del self.inputs[n_inputs:]
+        for target in set(self.attrs) - set(attrs):
+            real = self.attrs.pop(target)
+            self._attr_by_id.pop(id(real), None)
 
     # -- ops -----------------------------------------------------------------------------------
 

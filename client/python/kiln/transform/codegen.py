@@ -14,8 +14,10 @@ from kiln import _C
 from kiln.exc import Unsupported
 from kiln.variables.base import NullVariable, VariableTracker
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import BaseListVariable, ConstDictVariable, ListVariable
-from kiln.variables.tensor import TensorVariable
+from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
+                                       ListVariable)
+from kiln.variables.functions import BoundBuiltinMethod, BoundContainerMethod, UserMethodVariable
+from kiln.variables.tensor import TensorMethodVariable, TensorVariable
 
 _CONSTS_PLACEHOLDER = "__kiln_consts__"
 _LITERAL_TYPES = (bool, int, str, type(None), bytes)
@@ -53,41 +55,77 @@ class OutputCollector:
         return i
 
 
-def reconstruct(vt: VariableTracker, consts: ConstTable, outputs: OutputCollector) -> str:
-    """A Python expression that rebuilds `vt` in the transformed code."""
-    if isinstance(vt, TensorVariable):
-        return f"__kiln_out[{outputs.slot(vt)}]"
-    if isinstance(vt, ConstantVariable):
-        v = vt.value
-        if type(v) in _LITERAL_TYPES or (type(v) is float and math.isfinite(v)):
-            return repr(v)
-        return consts.ref(v)
-    if isinstance(vt, BaseListVariable):
-        parts = [reconstruct(v, consts, outputs) for v in vt.items]
+class Reconstructor:
+    """Writes Python expressions that rebuild trackers in the transformed code.
+
+    With `use_graph`, tensors come from the compiled graph's outputs; without (no op was
+    recorded), from their sources. A mutable container reached twice (on the stack and in a
+    local, say) is built once into a temporary, so the aliasing the program sees is kept."""
+
+    def __init__(self, consts: ConstTable, use_graph: bool = True):
+        self.consts = consts
+        self.outputs = OutputCollector()
+        self.use_graph = use_graph
+        self.prelude: List[str] = []
+        self._memo: Dict[int, str] = {}
+
+    def __call__(self, vt: VariableTracker) -> str:
+        consts = self.consts
+        if isinstance(vt, TensorVariable):
+            if self.use_graph:
+                return f"__kiln_out[{self.outputs.slot(vt)}]"
+            if vt.source is None:
+                raise Unsupported("a tensor with no source and no graph to compute it")
+            return vt.source.expr(consts)
+        if isinstance(vt, ConstantVariable):
+            v = vt.value
+            if type(v) in _LITERAL_TYPES or (type(v) is float and math.isfinite(v)):
+                return repr(v)
+            return consts.ref(v)
+        if isinstance(vt, (ListVariable, ConstDictVariable)) and vt.source is None:
+            name = self._memo.get(id(vt))
+            if name is None:
+                name = f"__kiln_t{len(self._memo)}"
+                self._memo[id(vt)] = name
+                self.prelude.append(f"{name} = {self._build(vt)}")
+            return name
+        if isinstance(vt, BaseListVariable):
+            return self._build(vt)
+        if isinstance(vt, ListIteratorVariable):
+            items = "".join(self(v) + ", " for v in vt.items[vt.index:])
+            return f"iter(({items}))"
+        if isinstance(vt, TensorMethodVariable):
+            return f"{self(vt.tensor)}.{vt.name}"
+        if isinstance(vt, (BoundBuiltinMethod, BoundContainerMethod)):
+            return f"{self(vt.obj)}.{vt.name}"
+        if isinstance(vt, UserMethodVariable):
+            return f"{consts.ref(vt.fn)}.__get__({self(vt.obj)})"
+        if isinstance(vt, NullVariable):
+            raise Unsupported("rebuilding NULL")
+        if vt.source is not None:
+            return vt.source.expr(consts)
+        try:
+            return consts.ref(vt.as_python_constant())
+        except Unsupported:
+            raise Unsupported(f"kiln cannot rebuild {vt} after the graph") from None
+
+    def _build(self, vt) -> str:
+        if isinstance(vt, ConstDictVariable):
+            if vt.user_type is not dict:
+                raise Unsupported(f"rebuilding a {vt.user_type.__name__}")
+            items = [f"{self(ConstantVariable(k))}: {self(v)}" for k, v in vt.items.items()]
+            return "{" + ", ".join(items) + "}"
+        parts = [self(v) for v in vt.items]
         if isinstance(vt, ListVariable):
             return "[" + ", ".join(parts) + "]"
         return "(" + "".join(p + ", " for p in parts) + ")"
-    if isinstance(vt, ConstDictVariable):
-        if vt.user_type is not dict:
-            raise Unsupported(f"returning a {vt.user_type.__name__}")
-        items = [f"{reconstruct(ConstantVariable(k), consts, outputs)}: "
-                 f"{reconstruct(v, consts, outputs)}" for k, v in vt.items.items()]
-        return "{" + ", ".join(items) + "}"
-    if isinstance(vt, NullVariable):
-        raise Unsupported("returning NULL")
-    if vt.source is not None:
-        return vt.source.expr(consts)
-    try:
-        return consts.ref(vt.as_python_constant())
-    except Unsupported:
-        raise Unsupported(f"returning {vt}, which kiln cannot rebuild") from None
 
 
-def transformed_code(code: types.CodeType, nslots: int, call_expr: str, return_expr: str,
+def transformed_code(code: types.CodeType, nslots: int, call_expr: str, body: List[str],
                      consts: ConstTable):
     """The code object the hook runs for `code`: same argument slots (all positional), same
-    free variables, body `__kiln_out = <call_expr>; return <return_expr>`. Returns the code
-    object and the source it was compiled from (for debug output)."""
+    free variables, body `__kiln_out = <call_expr>` then the statements of `body`. Returns the
+    code object and the source it was compiled from (for debug output)."""
     params = list(code.co_varnames[:nslots])
     free = list(code.co_freevars)
     lines = ["def __kiln_outer():"]
@@ -99,7 +137,7 @@ def transformed_code(code: types.CodeType, nslots: int, call_expr: str, return_e
     lines.append(f"        __kiln_k = {_CONSTS_PLACEHOLDER!r}")
     if call_expr:
         lines.append(f"        __kiln_out = {call_expr}")
-    lines.append(f"        return {return_expr}")
+    lines.extend("        " + line for line in body)
     lines.append("    return __kiln_transformed")
     src = "\n".join(lines) + "\n"
     module = compile(src, f"<kiln transformed {code.co_qualname}>", "exec")

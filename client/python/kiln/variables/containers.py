@@ -5,6 +5,10 @@ from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
 
+# Counts mutations of containers made in the frame; a graph break cannot resume after an
+# instruction that mutated one (the rolled-back trace would disagree with the object).
+mutation_count = [0]
+
 
 class BaseListVariable(VariableTracker):
     def __init__(self, items: List[VariableTracker], source=None):
@@ -69,6 +73,7 @@ class ListVariable(BaseListVariable):
         if not self.mutable:
             # Mutating a list the caller can see needs replaying the mutation after the graph.
             raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame")
+        mutation_count[0] += 1
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("append", "extend", "insert", "pop", "clear", "reverse"):
@@ -124,6 +129,7 @@ class ConstDictVariable(VariableTracker):
     def _check_mutable(self):
         if not self.mutable:
             raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
+        mutation_count[0] += 1
 
     def python_type(self):
         return self.user_type

@@ -47,6 +47,9 @@ class NNModuleVariable(VariableTracker):
         from kiln.variables.builder import wrap
 
         mod = self.module
+        if name == "__class__":
+            # The module's identity is guarded (ID_MATCH), and with it its class.
+            return wrap(tx, type(mod), None)
         d = mod.__dict__
         for registry in ("_parameters", "_buffers", "_modules"):
             if name in d.get(registry, ()):

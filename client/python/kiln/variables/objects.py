@@ -99,6 +99,9 @@ class UserDefinedObjectVariable(VariableTracker):
     def var_getattr(self, tx, name):
         from kiln.variables.builder import wrap
 
+        if name == "__class__":
+            # type(value) is pinned by the TYPE_MATCH guard installed when it was read.
+            return wrap(tx, type(self.value), None)
         d = getattr(self.value, "__dict__", None)
         if d is not None and name in d and not _is_data_descriptor(type(self.value), name):
             source = InstanceAttrSource(self.source, name) if self.source is not None else None
@@ -141,8 +144,10 @@ class SuperVariable(VariableTracker):
                     return UserFunctionVariable(attr.__func__)
                 if isinstance(attr, property) and attr.fget is not None:
                     return tx.inline_call(attr.fget, [self.obj], {}, fn_source=None)
-                if attr is object.__init__ or (isinstance(attr, types.WrapperDescriptorType)):
+                if attr is object.__init__:
                     return _NoOpMethod()
+                if klass in _MODELLED_BASES:
+                    return BuiltinBaseMethodVariable(klass, name, self.obj)
                 raise Unsupported(f"super().{name} of kind {type(attr).__name__}")
         raise Unsupported(f"super() has no attribute {name!r}")
 
@@ -150,3 +155,80 @@ class SuperVariable(VariableTracker):
 class _NoOpMethod(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return ConstantVariable(None)
+
+
+class BuiltinBaseMethodVariable(VariableTracker):
+    """`base.name` bound to a user object whose class derives from the builtin `base` (a dict
+    subclass calling super().get, say). Only reads are modelled: they see the object's storage,
+    guarded through the object's source; anything that would mutate it is Unsupported."""
+
+    def __init__(self, base: type, name: str, obj: VariableTracker):
+        super().__init__(None)
+        self.base = base
+        self.name = name
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        if self.base is dict:
+            return _dict_read(tx, self.obj, self.name, args, kwargs)
+        raise Unsupported(f"{self.base.__name__}.{self.name} on a "
+                          f"{self.obj.python_type().__name__}")
+
+    def __repr__(self):
+        return f"BuiltinBaseMethodVariable({self.base.__name__}.{self.name})"
+
+
+_MODELLED_BASES = (dict,)
+
+
+def _dict_read(tx, obj, name, args, kwargs):
+    """A read-only dict method on `obj`, a guarded instance of a dict subclass."""
+    from kiln.guards.source import ItemSource
+    from kiln.variables.builder import wrap
+
+    value = getattr(obj, "value", None)
+    if not isinstance(value, dict) or obj.source is None:
+        raise Unsupported(f"dict.{name} on {obj}")
+    if kwargs or name not in ("get", "__getitem__", "__contains__", "__len__", "keys"):
+        raise Unsupported(f"dict.{name} on a {type(value).__name__}")
+    # Guards read items with PyObject_GetItem: it must be dict's own, or the guard would run
+    # user code and see something other than what the trace read.
+    if type(value).__getitem__ is not dict.__getitem__:
+        raise Unsupported(f"{type(value).__name__} overrides __getitem__")
+    if name == "__len__":
+        tx.output.guards.add(obj.source, "LEN_MATCH", len(value))
+        return ConstantVariable(len(value))
+    if name == "keys":
+        _guard_key_set(tx, obj.source, value)
+        from kiln.variables.containers import ListVariable
+
+        return ListVariable([ConstantVariable(k) for k in dict.keys(value)])
+    key = args[0].as_python_constant()
+    if not is_guardable_constant(key):
+        raise Unsupported(f"dict lookup with a {type(key).__name__} key")
+    if dict.__contains__(value, key):
+        if name == "__contains__":
+            # A guard on the item fails when the key is gone.
+            tx.output.guards.add(ItemSource(obj.source, key), "TYPE_MATCH",
+                                 type(dict.__getitem__(value, key)))
+            return ConstantVariable(True)
+        return wrap(tx, dict.__getitem__(value, key), ItemSource(obj.source, key))
+    # Absent: only provable by pinning the whole key set.
+    _guard_key_set(tx, obj.source, value)
+    if name == "__contains__":
+        return ConstantVariable(False)
+    if name == "get":
+        return args[1] if len(args) > 1 else ConstantVariable(None)
+    raise Unsupported(f"KeyError {key!r} while tracing")
+
+
+def _guard_key_set(tx, source, value: dict):
+    """Guards that `value`'s keys stay exactly what they are: its length, and each key present
+    (a guard on a missing item fails). Keys must be constants."""
+    from kiln.guards.source import ItemSource
+
+    if not all(is_guardable_constant(k) for k in value):
+        raise Unsupported("a dict subclass with non-constant keys")
+    tx.output.guards.add(source, "LEN_MATCH", len(value))
+    for k, v in dict.items(value):
+        tx.output.guards.add(ItemSource(source, k), "TYPE_MATCH", type(v))

@@ -49,8 +49,6 @@ class TensorVariable(VariableTracker):
             return tx.output.call("call_function", getattr, (self, ConstantVariable(name)), {})
         if name in ("grad", "data", "_base", "grad_fn"):
             raise Unsupported(f"tensor attribute .{name}")
-        if name in _UNSUPPORTED_METHODS:
-            raise Unsupported(f"Tensor.{name}() needs the tensor's data")
         if not hasattr(torch.Tensor, name):
             raise Unsupported(f"tensor has no attribute {name!r}")
         return TensorMethodVariable(self, name)
@@ -69,6 +67,9 @@ class TensorMethodVariable(VariableTracker):
         self.name = name
 
     def call_function(self, tx, args, kwargs):
+        if self.name in _UNSUPPORTED_METHODS:
+            # Raised at the call, not the attribute load, so the graph can break at the call.
+            raise Unsupported(f"Tensor.{self.name}() needs the tensor's data")
         if self.name in ("size", "stride") and not kwargs:
             # Static shapes: sizes are constants guarded by the tensor's TENSOR_MATCH.
             value = getattr(self.tensor.example, self.name)(*[a.as_python_constant()

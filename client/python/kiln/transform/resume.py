@@ -1,0 +1,143 @@
+"""Resume functions: after a graph break, the rest of a frame runs as a new function,
+`__resume_at_<offset>_<n>`, whose code is a short prologue followed by the original bytecode.
+
+The prologue rebuilds the value stack the original had at `offset` (from extra arguments, or
+NULL), drops the locals that were unbound there, and jumps into the original body. Every local
+of the original is a parameter, in its original slot, so the body's bytecode is reused as it is;
+the stack values are parameters after them. The hook then captures the resume function's frame
+like any other.
+
+Only code without cell or free variables is split this way (the caller checks), which keeps the
+local slot numbering identical; the exception table and line table of the body are shifted
+past the prologue.
+"""
+import dis
+import types
+from typing import List, Sequence, Tuple
+
+_OP = dis.opmap
+_NO_LOCATION = 15  # line table entry code: no source position
+
+
+def _emit(out: bytearray, opname: str, arg: int = 0):
+    """Appends one cache-less instruction, with EXTENDED_ARG prefixes for large arguments."""
+    op = _OP[opname]
+    if arg > 0xFFFFFF:
+        raise ValueError(f"argument {arg} too large")
+    if arg > 0xFFFF:
+        out += bytes((_OP["EXTENDED_ARG"], (arg >> 16) & 0xFF))
+    if arg > 0xFF:
+        out += bytes((_OP["EXTENDED_ARG"], (arg >> 8) & 0xFF))
+    out += bytes((op, arg & 0xFF))
+
+
+def _read_varint(data: bytes, i: int) -> Tuple[int, int]:
+    b = data[i]
+    value = b & 63
+    i += 1
+    while b & 64:
+        b = data[i]
+        value = (value << 6) | (b & 63)
+        i += 1
+    return value, i
+
+
+def _write_varint(value: int, first: bool) -> bytes:
+    chunks = [value & 63]
+    value >>= 6
+    while value:
+        chunks.append(value & 63)
+        value >>= 6
+    chunks.reverse()
+    out = bytearray(c | 64 for c in chunks[:-1])
+    out.append(chunks[-1])
+    if first:
+        out[0] |= 128
+    return bytes(out)
+
+
+def parse_exception_table(table: bytes) -> List[Tuple[int, int, int, int]]:
+    """Entries (start, end, target, depth_lasti) in code units, end exclusive."""
+    entries = []
+    i = 0
+    while i < len(table):
+        start, i = _read_varint(table, i)
+        length, i = _read_varint(table, i)
+        target, i = _read_varint(table, i)
+        dl, i = _read_varint(table, i)
+        entries.append((start, start + length, target, dl))
+    return entries
+
+
+def write_exception_table(entries) -> bytes:
+    out = bytearray()
+    for start, end, target, dl in entries:
+        out += _write_varint(start, True)
+        out += _write_varint(end - start, False)
+        out += _write_varint(target, False)
+        out += _write_varint(dl, False)
+    return bytes(out)
+
+
+def offset_in_exception_table(code: types.CodeType, offset: int) -> bool:
+    """True when the instruction at byte `offset` is covered by a try/with handler."""
+    unit = offset // 2
+    return any(start <= unit < end
+               for start, end, _, _ in parse_exception_table(code.co_exceptiontable))
+
+
+def can_split(code: types.CodeType) -> bool:
+    """Whether a graph break can resume inside `code` (see the module docstring)."""
+    return not (code.co_cellvars or code.co_freevars or code.co_flags & (
+        0x20 | 0x80 | 0x100 | 0x200))  # generator, coroutine, iterable coroutine, async gen
+
+
+def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Sequence[bool],
+                     unbound_locals: Sequence[str], name: str) -> types.CodeType:
+    """The code of a resume function continuing `code` at byte `target_offset` with a value
+    stack whose entries are NULL where `stack_is_null` says so, else the next parameter after
+    the locals. Parameters: every local of `code` in order, then the non-NULL stack values."""
+    varnames = list(code.co_varnames)
+    nlocals = len(varnames)
+    stack_params = [f"__kiln_stack_{i}" for i, null in enumerate(stack_is_null) if not null]
+    prologue = bytearray()
+    _emit(prologue, "RESUME", 0)
+    param = nlocals
+    for null in stack_is_null:
+        if null:
+            _emit(prologue, "PUSH_NULL")
+        else:
+            _emit(prologue, "LOAD_FAST", param)
+            param += 1
+    for local in unbound_locals:
+        _emit(prologue, "DELETE_FAST", varnames.index(local))
+    # JUMP_FORWARD counts code units from the instruction after it: the start of the body.
+    _emit(prologue, "JUMP_FORWARD", target_offset // 2)
+    units = len(prologue) // 2
+
+    linetable = bytearray()
+    left = units
+    while left > 0:
+        n = min(left, 8)
+        linetable.append(0x80 | (_NO_LOCATION << 3) | (n - 1))
+        left -= n
+    linetable += code.co_linetable
+
+    entries = [(s + units, e + units, t + units, dl)
+               for s, e, t, dl in parse_exception_table(code.co_exceptiontable)]
+    new_varnames = tuple(varnames + stack_params)
+    flags = code.co_flags & ~(0x04 | 0x08)  # no *args / **kwargs: every parameter positional
+    return code.replace(
+        co_code=bytes(prologue) + code.co_code,
+        co_linetable=bytes(linetable),
+        co_exceptiontable=write_exception_table(entries),
+        co_varnames=new_varnames,
+        co_nlocals=len(new_varnames),
+        co_argcount=len(new_varnames),
+        co_posonlyargcount=0,
+        co_kwonlyargcount=0,
+        co_flags=flags,
+        co_stacksize=code.co_stacksize + len(stack_is_null) + 1,
+        co_name=name,
+        co_qualname=name,
+    )
