@@ -125,6 +125,7 @@ static int code_state_append(CodeState* st, PyObject* manager, void* tree, PyObj
 // The thread's callback and the interpreter-wide hook installation.
 
 static _Thread_local PyObject* tls_callback = NULL;  // owned; NULL = capture off
+static int g_force_eager = 0;  // kiln.set_stance("force_eager"): compiled entries are not used
 static Py_ssize_t g_active_threads = 0;                // threads with a callback (GIL-protected)
 
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag);
@@ -234,7 +235,8 @@ static int guards_pass(CodeState* st, CacheEntry* e, _PyInterpreterFrame* frame,
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag) {
   PyObject* callback = tls_callback;
   PyCodeObject* code = frame->f_code;
-  if (callback == NULL || throw_flag || tstate->tracing > 0 || frame->frame_obj != NULL ||
+  if (callback == NULL || g_force_eager || throw_flag || tstate->tracing > 0 ||
+      frame->frame_obj != NULL ||
       frame->owner != FRAME_OWNED_BY_THREAD ||
       (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))) {
     return eval_default(tstate, frame, throw_flag);
@@ -508,7 +510,17 @@ static PyObject* py_reset_code(PyObject* self, PyObject* code) {
   Py_RETURN_NONE;
 }
 
+static PyObject* py_set_force_eager(PyObject* self, PyObject* flag) {
+  (void)self;
+  int on = PyObject_IsTrue(flag);
+  if (on < 0) return NULL;
+  g_force_eager = on;
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef hook_methods[] = {
+    {"set_force_eager", py_set_force_eager, METH_O,
+     "set_force_eager(bool): while set, the hook runs every frame as CPython would"},
     {"set_eval_frame", py_set_eval_frame, METH_O,
      "set_eval_frame(callback_or_None) -> prior: install this thread's frame callback"},
     {"get_eval_frame", py_get_eval_frame, METH_NOARGS, "this thread's frame callback, or None"},

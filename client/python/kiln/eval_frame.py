@@ -9,7 +9,7 @@ import torch
 from kiln import _C, config
 from kiln.backends.registry import lookup_backend
 from kiln.convert_frame import convert_frame, is_skipped
-from kiln.exc import BackendCompilerFailed, KilnError, Unsupported
+from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
 
 log = logging.getLogger("kiln")
 
@@ -18,21 +18,35 @@ _compiled_codes: "weakref.WeakSet" = weakref.WeakSet()
 _warned_limit: "weakref.WeakSet" = weakref.WeakSet()
 
 
-class FrameCallback:
-    """What the hook calls for a frame it has no passing entry for (see client/hook)."""
+_STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
+_stance = "default"
 
-    def __init__(self, backend, fullgraph: bool):
+
+class FrameCallback:
+    """What the hook calls for a frame it has no passing entry for (see client/hook).
+
+    `observer`, when given, is told about every entry made (observer.entry(info)) and every
+    frame given up on (observer.eager(code, reason)): explain() listens this way."""
+
+    def __init__(self, backend, fullgraph: bool, observer=None):
         self.backend = lookup_backend(backend)
         self.backend_name = backend if isinstance(backend, str) else getattr(
             backend, "__name__", type(backend).__name__)
         self.fullgraph = fullgraph
+        self.observer = observer
 
     def __call__(self, func, code, slots, cache_full):
         if is_skipped(code):
             return _C.SKIP
-        if cache_full:
-            return None
+        if cache_full or _stance == "eager_on_recompile":
+            return None  # run eagerly, compile nothing
         entries = [e for e in _C.cache_entries(code)]
+        if entries and _stance == "fail_on_recompile":
+            reasons = [e[0].failure_reason(slots, func) for e in entries]
+            raise RecompileError(
+                f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) needs a new "
+                "compile under the fail_on_recompile stance; guards that failed: "
+                + "; ".join(r for r in reasons if r))
         if entries and config.logs("recompiles"):
             reasons = [e[0].failure_reason(slots, func) for e in entries]
             log.warning("kiln: recompiling %s: %s", code.co_qualname, "; ".join(
@@ -53,6 +67,8 @@ class FrameCallback:
             if self.fullgraph:
                 raise
             log.info("kiln: running %s eagerly: %s", code.co_qualname, e)
+            if self.observer is not None:
+                self.observer.eager(code, e)
             _compiled_codes.add(code)
             return _C.SKIP
         except BackendCompilerFailed as e:
@@ -71,6 +87,8 @@ class FrameCallback:
             _compiled_codes.add(code)
             return _C.SKIP
         _compiled_codes.add(code)
+        if self.observer is not None:
+            self.observer.entry(entry[2])
         return entry
 
 
@@ -180,6 +198,54 @@ def disable(fn=None):
     except (AttributeError, TypeError):
         pass
     return region
+
+
+class _Stance:
+    """set_stance's result: the stance is already in force; as a context manager (or
+    decorator) it puts the previous one back on exit."""
+
+    def __init__(self, stance, prior):
+        self.stance = stance
+        self.prior = prior
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        set_stance(self.prior)
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            prior = set_stance(self.stance).prior
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                set_stance(prior)
+
+        set_stance(self.prior)
+        return wrapper
+
+
+def set_stance(stance: str = "default"):
+    """How compiled functions behave from now on (process-wide):
+    "default": compile on a miss; "eager_on_recompile": use what is compiled, run misses
+    eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
+    the failed guards instead of compiling again; "force_eager": ignore kiln entirely."""
+    global _stance
+    if stance not in _STANCES:
+        raise ValueError(f"unknown stance {stance!r}; one of {', '.join(_STANCES)}")
+    prior = _stance
+    _stance = stance
+    _C.set_force_eager(stance == "force_eager")
+    return _Stance(stance, prior)
+
+
+def run():
+    """Run-only mode: `with kiln.run():` uses only what is already compiled (guards are still
+    checked); a miss runs eagerly and nothing is compiled."""
+    return set_stance("eager_on_recompile")
 
 
 def reset():

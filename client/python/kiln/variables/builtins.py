@@ -47,6 +47,8 @@ def apply_operator(tx, fn, args):
             if isinstance(container, TensorVariable):
                 return tx.output.call("call_method", "__contains__", (container, item), {})
             raise Unsupported("`tensor in container` compares tensors' values")
+        if hasattr(container, "contains"):
+            return container.contains(tx, item)
         if isinstance(container, BaseListVariable):
             if not item.is_python_constant():
                 raise Unsupported("`in` with a non-constant item")

@@ -8,6 +8,7 @@ from kiln.guards.source import AttrSource, InstanceAttrSource
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.side_effects import mutations_of
 
 
 class PythonModuleVariable(VariableTracker):
@@ -35,8 +36,10 @@ class PythonModuleVariable(VariableTracker):
         return wrap(tx, value, source, guard=False)
 
 
-def _class_attr(tx, cls, name, self_vt):
-    """Looks `name` up on the class (no instance dict), binding functions to `self_vt`."""
+def _class_attr(tx, cls, name, self_vt, source=None):
+    """Looks `name` up on the class (no instance dict), binding functions to `self_vt`.
+    `source` reads the same attribute through the object the lookup started from: plain
+    data found on the class (a dict, a list) is guarded through it."""
     from kiln.variables.builder import wrap
 
     try:
@@ -59,7 +62,17 @@ def _class_attr(tx, cls, name, self_vt):
         return ConstantVariable(static)
     if isinstance(static, type):
         return wrap(tx, static, None)
+    if source is not None and not hasattr(type(static), "__get__") and _plain_getattr(cls):
+        # Class-level data is as mutable as any other object: guarded like one.
+        return wrap(tx, static, source)
     raise Unsupported(f"attribute {cls.__name__}.{name} of kind {type(static).__name__}")
+
+
+def _plain_getattr(cls) -> bool:
+    """Whether getattr on instances of `cls` is the default lookup (so a guard's getattr sees
+    what the lookup here saw)."""
+    return (inspect.getattr_static(cls, "__getattribute__") is object.__getattribute__
+            and inspect.getattr_static(cls, "__getattr__", None) is None)
 
 
 class UserDefinedClassVariable(VariableTracker):
@@ -76,7 +89,10 @@ class UserDefinedClassVariable(VariableTracker):
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.cls, name))
-        return _class_attr(tx, self.cls, name, None)
+        source = AttrSource(self.source, name) if self.source is not None else None
+        if type(self.cls) is not type:
+            source = None  # a metaclass may intercept getattr
+        return _class_attr(tx, self.cls, name, None, source)
 
     def call_function(self, tx, args, kwargs):
         raise Unsupported(f"constructing {self.cls.__qualname__} inside a compiled frame")
@@ -102,11 +118,47 @@ class UserDefinedObjectVariable(VariableTracker):
         if name == "__class__":
             # type(value) is pinned by the TYPE_MATCH guard installed when it was read.
             return wrap(tx, type(self.value), None)
+        if not _is_data_descriptor(type(self.value), name):
+            pending = mutations_of(tx.output).load(self.value, name)
+            if pending is not None:
+                return pending
         d = getattr(self.value, "__dict__", None)
         if d is not None and name in d and not _is_data_descriptor(type(self.value), name):
             source = InstanceAttrSource(self.source, name) if self.source is not None else None
             return wrap(tx, d[name], source)
-        return _class_attr(tx, type(self.value), name, self)
+        source = AttrSource(self.source, name) if self.source is not None else None
+        return _class_attr(tx, type(self.value), name, self, source)
+
+    def _dunder(self, name):
+        """The class's Python implementation of a special method, or None."""
+        fn = inspect.getattr_static(type(self.value), name, None)
+        return fn if isinstance(fn, types.FunctionType) else None
+
+    def getitem(self, tx, index):
+        fn = self._dunder("__getitem__")
+        if fn is None:
+            raise Unsupported(f"indexing a {type(self.value).__qualname__}")
+        return tx.inline_call(fn, [self, index], {})
+
+    def contains(self, tx, item):
+        fn = self._dunder("__contains__")
+        if fn is None:
+            raise Unsupported(f"`in` on a {type(self.value).__qualname__}")
+        result = tx.inline_call(fn, [self, item], {})
+        return ConstantVariable(result.truth(tx))
+
+    def store_attr(self, tx, name, value):
+        """`self.value.name = value`: a pending store (see side_effects), or the class's own
+        Python __setattr__ inlined."""
+        cls = type(self.value)
+        setattr_fn = inspect.getattr_static(cls, "__setattr__")
+        if isinstance(setattr_fn, types.FunctionType):
+            tx.inline_call(setattr_fn, [self, ConstantVariable(name), value], {})
+            return
+        if setattr_fn is not object.__setattr__:
+            raise Unsupported(f"assignment to an attribute of a {cls.__qualname__} "
+                              f"(its __setattr__ is {setattr_fn!r})")
+        _object_setattr(tx, self, name, value)
 
     def call_function(self, tx, args, kwargs):
         call = inspect.getattr_static(type(self.value), "__call__", None)
@@ -232,3 +284,12 @@ def _guard_key_set(tx, source, value: dict):
     tx.output.guards.add(source, "LEN_MATCH", len(value))
     for k, v in dict.items(value):
         tx.output.guards.add(ItemSource(source, k), "TYPE_MATCH", type(v))
+
+
+def _object_setattr(tx, obj, name, value):
+    """object.__setattr__(obj, name, value) for an object from outside the frame: a store into
+    its __dict__, held pending until the trace ends."""
+    cls = obj.python_type()
+    if _is_data_descriptor(cls, name) or not hasattr(obj.value, "__dict__"):
+        raise Unsupported(f"assignment to {cls.__qualname__}.{name} through a descriptor")
+    mutations_of(tx.output).store(obj.value, obj.source, name, value)

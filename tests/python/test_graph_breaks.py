@@ -1,0 +1,231 @@
+"""Graph breaks, resume functions, explain, export, fullgraph and run-only mode, as the seed
+documents show them (TorchDynamo's tutorial and README with `kiln` in place of `dynamo`)."""
+import scipy.fft
+import torch
+import torch.nn as nn
+import torchvision
+
+import pytest
+
+import kiln
+from kiln.testing import CompileCounter
+
+
+def test_fns(fn1, fn2, args):  # the tutorial's helper (not a test: pytest ignores non-test args)
+    return torch.allclose(fn1(*args), fn2(*args))
+
+
+test_fns.__test__ = False
+
+
+def f1(x, y):
+    if x.sum() < 0:
+        return -y
+    return y
+
+
+def test_f1_data_dependent_branch_is_right_for_both_signs():
+    cnt = CompileCounter()
+    dynamo_f1 = kiln.optimize(cnt)(f1)
+    inp1, inp2 = torch.randn(5, 5), torch.randn(5, 5)
+    assert test_fns(f1, dynamo_f1, (inp1, inp2))
+    assert test_fns(f1, dynamo_f1, (-inp1, inp2))
+    # sum < 0 | -y; the other branch, `return y`, has no op and so no graph to compile.
+    assert cnt.frame_count == 2
+    assert sum("neg" in g.code for g in cnt.graphs) == 1
+
+
+def f2(x, y):
+    return x + y
+
+
+def test_f2_with_an_int_argument():
+    cnt = CompileCounter()
+    dynamo_f2 = kiln.optimize(cnt)(f2)
+    inp1 = torch.randn(5, 5)
+    assert test_fns(f2, dynamo_f2, (inp1, 3))
+    assert cnt.frame_count == 1
+    assert test_fns(f2, dynamo_f2, (inp1, 4))  # the int is guarded: a new value recompiles
+    assert cnt.frame_count == 2
+
+
+def f3(x):
+    x = x * 2
+    x = scipy.fft.dct(x.numpy())
+    x = torch.from_numpy(x)
+    x = x * 2
+    return x
+
+
+def test_f3_scipy_between_torch_ops_is_right():
+    cnt = CompileCounter()
+    dynamo_f3 = kiln.optimize(cnt)(f3)
+    inp2 = torch.randn(5, 5)
+    assert test_fns(f3, dynamo_f3, (inp2,))
+    assert test_fns(f3, dynamo_f3, (torch.randn(5, 5),))
+    assert cnt.frame_count >= 2  # x * 2 before numpy/scipy, x * 2 after
+
+
+def bar(a, b):
+    x = a / (torch.abs(a) + 1)
+    if b.sum() < 0:
+        b = b * -1
+    return x * b
+
+
+def test_bar_gives_exactly_three_graphs_over_both_branch_directions():
+    graphs = []
+
+    def custom_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    opt_bar = kiln.optimize(custom_backend)(bar)
+    inp1, inp2 = torch.randn(10), torch.randn(10)
+    inp2[0] = 1.0  # make the two calls take different directions for sure
+    if inp2.sum() < 0:
+        inp2 = -inp2
+    torch.testing.assert_close(opt_bar(inp1, inp2), bar(inp1, inp2))
+    torch.testing.assert_close(opt_bar(inp1, -inp2), bar(inp1, -inp2))
+    assert len(graphs) == 3
+    ops = [sorted(str(n.target) for n in g.graph.nodes if n.op == "call_function")
+           for g in graphs]
+    assert any("<built-in method abs of type object" in " ".join(o) for o in ops)
+    # Running again in either direction compiles nothing new.
+    opt_bar(inp1, inp2)
+    opt_bar(inp1, -inp2)
+    assert len(graphs) == 3
+
+
+def test_toy_example_debug_output_shows_resume_functions(capsys):
+    kiln.config.debug = True
+
+    def toy_example(a, b):
+        x = a / (torch.abs(a) + 1)
+        if b.sum() < 0:
+            b = b * -1
+        return x * b
+
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(toy_example)
+    for _ in range(20):
+        a, b = torch.randn(10), torch.randn(10)
+        torch.testing.assert_close(opt(a, b), toy_example(a, b))
+    err = capsys.readouterr().err
+    assert "__resume_at_" in err
+    assert "ORIGINAL BYTECODE" in err and "MODIFIED BYTECODE" in err and "GUARDS:" in err
+    assert cnt.frame_count == 3
+
+
+class DynamicModule(nn.Module):
+    def forward(self, x: torch.Tensor):
+        if x.sum() > 0:
+            return x * x
+        return 3 * x
+
+
+def test_dynamic_module_gives_its_three_graphs():
+    graphs = []
+
+    def collect_graphs(gm, samples):
+        graphs.append(gm.graph)
+        return gm.forward
+
+    model = kiln.compile(DynamicModule(), backend=collect_graphs)
+    x = torch.ones(10)
+    torch.testing.assert_close(model(x), x * x)
+    torch.testing.assert_close(model(-x), 3 * -x)
+    assert len(graphs) == 3
+    srcs = [g.python_code("self").src for g in graphs]
+    assert any("sum" in s and "gt" in s for s in srcs)
+    assert any("mul" in s for s in srcs)
+
+
+def test_explain_names_the_if_line_as_the_break():
+    explanation, out_guards, graphs, ops_per_graph, break_reasons, verbose = kiln.explain(
+        bar, torch.randn(10), torch.randn(10))
+    assert len(graphs) == 2  # the first graph and the branch taken
+    assert len(break_reasons) == 1
+    if_line = bar.__code__.co_firstlineno + 2
+    assert f"line {if_line}" in break_reasons[0].where
+    assert "if b.sum() < 0:" in break_reasons[0].where
+    assert "Graph Break Count: 1" in verbose
+    assert any("TENSOR_MATCH" in g for g in out_guards)
+    out = kiln.explain(bar)(torch.randn(10), torch.randn(10))
+    assert out.graph_count == 2 and out.graph_break_count == 1
+    assert out.op_count == sum(len(o) for o in out.ops_per_graph)
+
+
+def test_nopython_raises_on_bar_with_the_source_line():
+    opt_bar = kiln.optimize("eager", nopython=True)(bar)
+    with pytest.raises(kiln.exc.Unsupported) as info:
+        opt_bar(torch.randn(10), torch.randn(10))
+    assert "if b.sum() < 0:" in str(info.value)
+    assert f"line {bar.__code__.co_firstlineno + 2}" in str(info.value)
+
+
+def test_export_fails_on_bar_and_succeeds_on_resnet18():
+    with pytest.raises(kiln.exc.Unsupported):
+        kiln.export(bar, torch.randn(10), torch.randn(10))
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        model_exp = kiln.export(model, x)
+        gm, guards = model_exp
+        torch.testing.assert_close(model_exp[0](x), model(x), rtol=1e-4, atol=1e-4)
+        x2 = torch.randn(2, 3, 64, 64)
+        torch.testing.assert_close(gm(x2), model(x2), rtol=1e-4, atol=1e-4)
+    assert any("TENSOR_MATCH" in g for g in guards)
+
+
+def test_run_only_mode_uses_compiled_entries_and_compiles_nothing():
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(bar)
+    a, b = torch.randn(10), torch.ones(10)
+    opt(a, b)  # compiles the first graph and the b >= 0 branch
+    n = cnt.frame_count
+    with kiln.run():
+        torch.testing.assert_close(opt(a, b), bar(a, b))  # hits
+        torch.testing.assert_close(opt(a, -b), bar(a, -b))  # miss: runs eagerly
+        x4 = torch.randn(4)
+        torch.testing.assert_close(opt(x4, x4.abs()), bar(x4, x4.abs()))  # new shape: eager
+    assert cnt.frame_count == n
+    opt(a, -b)  # outside run(): compiles the other branch
+    assert cnt.frame_count == n + 1
+
+
+def test_fail_on_recompile_raises_and_lists_the_failed_guard():
+    opt = kiln.compile(f2, backend=CompileCounter())
+    opt(torch.randn(3), 1)
+    with kiln.set_stance("fail_on_recompile"):
+        opt(torch.randn(3), 1)  # a hit is fine
+        with pytest.raises(kiln.exc.RecompileError) as info:
+            opt(torch.randn(3), 2)
+    assert "L['y']" in str(info.value)
+    opt(torch.randn(3), 2)  # the stance is back to default
+
+
+def test_force_eager_ignores_compiled_entries():
+    calls = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            calls.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    opt = kiln.compile(f2, backend=backend)
+    x = torch.randn(3)
+    opt(x, 1)
+    assert len(calls) == 1
+    with kiln.set_stance("force_eager"):
+        torch.testing.assert_close(opt(x, 1), x + 1)
+    assert len(calls) == 1
+    opt(x, 1)
+    assert len(calls) == 2
+
+
+def test_unknown_stance_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown stance"):
+        kiln.set_stance("sometimes")
