@@ -229,3 +229,41 @@ def test_force_eager_ignores_compiled_entries():
 def test_unknown_stance_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown stance"):
         kiln.set_stance("sometimes")
+
+
+def test_no_grad_block_inside_compiled_function_is_one_graph_switching_grad_mode():
+    lin = nn.Linear(4, 4)
+
+    def f(x):
+        with torch.no_grad():
+            y = lin(x)
+        z = lin(x)
+        return y, z
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt, fullgraph=True)
+    x = torch.randn(2, 4)
+    y, z = opt(x)
+    ye, ze = f(x)
+    torch.testing.assert_close(y, ye)
+    torch.testing.assert_close(z, ze)
+    assert (y.requires_grad, z.requires_grad) == (False, True)
+    assert torch.is_grad_enabled()
+    assert cnt.frame_count == 1
+
+
+def test_break_inside_with_block_runs_the_frame_eagerly_and_restores_grad_mode(capsys):
+    def f(x):
+        y = x * 2
+        with torch.no_grad():
+            print("kiln-test: inside no_grad")
+            y = y + 1
+        return y
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt)
+    x = torch.randn(3, requires_grad=True)
+    torch.testing.assert_close(opt(x), f(x))
+    assert torch.is_grad_enabled()
+    assert cnt.frame_count == 0
+    assert capsys.readouterr().out.count("kiln-test: inside no_grad") == 2

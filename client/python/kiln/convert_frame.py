@@ -90,11 +90,14 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     output = OutputGraph()
     tx = InstructionTranslator(func, code, slots, output, may_break=not fullgraph)
     graph_break = None
+    grad_enabled = torch.is_grad_enabled()
     try:
         result = tx.run()
     except GraphBreak as gb:
         graph_break = gb
         output.restore(gb.checkpoint.graph)
+    finally:
+        torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
     output.guards.add(None, "GLOBAL_STATE")
 
     consts = ConstTable()

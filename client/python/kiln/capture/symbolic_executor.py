@@ -380,6 +380,15 @@ class InstructionTranslatorBase:
         self.push(NestedFunctionVariable(code, code.co_qualname, defaults, kwdefaults, closure,
                                          self.f_globals))
 
+    def BEFORE_WITH(self, inst):
+        from kiln.variables.ctx_manager import GradModeVariable
+
+        ctx = self.pop()
+        if not isinstance(ctx, GradModeVariable):
+            raise Unsupported(f"`with` over {ctx}")
+        self.push(ctx.enter(self))
+        self.push(ConstantVariable(None))  # what __enter__ returned
+
     def RETURN_GENERATOR(self, inst):
         if self.generator_items is None:
             raise Unsupported("generator function")

@@ -194,6 +194,8 @@ def _source_var_name(source: Optional[Source]) -> str:
     if source is None:
         return "v"
     name = source.name
-    for ch in "[]'\".":
+    for ch in "[]'\".@:":
         name = name.replace(ch, "_")
-    return name
+    while "__" in name:
+        name = name.replace("__", "_")
+    return name.strip("_")

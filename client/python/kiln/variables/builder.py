@@ -82,6 +82,8 @@ def wrap(tx, value, source, guard: bool = True):
         return TorchVariable(value, source)
     if isinstance(value, types.FunctionType):
         add("ID_MATCH", value)
+        if _is_modelled_builtin(value):  # Python-level functions run at trace time
+            return BuiltinVariable(value, source)
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
         from kiln.guards.source import AttrSource

@@ -1,5 +1,6 @@
 """Python builtins (len, isinstance, getattr, min, ...), the operator module and math."""
 import builtins
+import inspect
 import math
 import operator
 
@@ -311,6 +312,8 @@ _HANDLERS = {
 _PURE_BUILTINS = {int, float, str, repr, round, divmod, pow, range, chr, ord, hex, oct, bin,
                   format, frozenset, sorted, hash, isinstance, issubclass, id, set}
 _PURE_BUILTINS |= {getattr(math, name) for name in dir(math) if callable(getattr(math, name))}
+# A function's signature is fixed by the function object, whose identity the trace guards.
+_PURE_BUILTINS |= {inspect.signature}
 
 # Builtins the executor models; everything else in `builtins` is unsupported.
 KNOWN_BUILTINS = set(_HANDLERS) | _PURE_BUILTINS | {print}

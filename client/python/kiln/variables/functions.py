@@ -45,6 +45,9 @@ class UserMethodVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return tx.inline_call(self.fn, [self.obj, *args], kwargs, fn_source=None)
 
+    def as_python_constant(self):
+        return types.MethodType(self.fn, self.obj.as_python_constant())
+
     def __repr__(self):
         return f"UserMethodVariable({self.fn.__qualname__})"
 

@@ -92,6 +92,10 @@ class TorchVariable(VariableTracker):
             from kiln.variables.tensor import TensorVariable
 
             return ConstantVariable(isinstance(args[0], TensorVariable))
+        if fn in (torch.no_grad, torch.enable_grad) and not args and not kwargs:
+            from kiln.variables.ctx_manager import GradModeVariable
+
+            return GradModeVariable(fn is torch.enable_grad)
         if isinstance(fn, type):
             return self._construct(tx, fn, args, kwargs)
         if is_graph_op(fn):
