@@ -178,3 +178,19 @@ def test_debug_prints_graph_bytecode_and_guards(capsys):
     assert "ORIGINAL BYTECODE" in err and "MODIFIED BYTECODE" in err
     assert "GUARDS:" in err and "TENSOR_MATCH" in err
     assert "opcode" in err and "placeholder" in err
+
+
+def test_tutorial_optimize_inductor_compiles_with_torch_inductor():
+    assert "inductor" in kiln.list_backends()
+
+    def foo3(x, y):
+        a = torch.sin(x)
+        b = torch.cos(y)
+        return a + b
+
+    opt_foo1 = kiln.optimize("inductor")(foo3)
+    x, y = torch.randn(10, 10), torch.randn(10, 10)
+    torch.testing.assert_close(opt_foo1(x, y), foo3(x, y))
+    entries = kiln.debug.cache_entries(foo3)
+    assert len(entries) == 1 and entries[0].info.compiled_fn is not None
+    assert entries[0].info.compiled_fn is not entries[0].info.graph_module.forward

@@ -38,3 +38,12 @@ def list_backends() -> List[str]:
 def eager(gm: torch.fx.GraphModule, example_inputs: list):
     """Runs the captured graph with PyTorch's own kernels."""
     return gm.forward
+
+
+@register_backend(name="inductor")
+def inductor(gm: torch.fx.GraphModule, example_inputs: list):
+    """PyTorch's own Inductor compiler on kiln's captured graph (what torch.compile uses), so
+    the seeds' `optimize("inductor")` examples run and kiln's capture can be compared with it."""
+    from torch._inductor.compile_fx import compile_fx
+
+    return compile_fx(gm, example_inputs)

@@ -122,19 +122,25 @@ class OutputGraph:
         fake_args = tuple(to_fake_arg(a) for a in args)
         fake_kwargs = {k: to_fake_arg(v) for k, v in kwargs.items()}
         result = same_as_input(kind, target, fake_args, fake_kwargs)
-        if result is not None:
-            node = self.graph.create_node(
-                kind, target, tuple(to_fx_arg(a) for a in args),
-                {k: to_fx_arg(v) for k, v in kwargs.items()},
-                name=self.unique_name(_target_name(target)))
-            node.meta["example_value"] = result
-            return wrap_fake_result(self, node, result)
+        if result is None:
+            result = self._run_fake(kind, target, fake_args, fake_kwargs)
+            if result is not None and not _contains_tensor(result):
+                # Sizes, dtypes, flags: constants, no node. (None comes from ops run for their
+                # effect, such as setitem: those are nodes.)
+                return wrap_fake_result(self, None, result)
+        node = self.graph.create_node(
+            kind, target, tuple(to_fx_arg(a) for a in args),
+            {k: to_fx_arg(v) for k, v in kwargs.items()},
+            name=self.unique_name(_target_name(target)))
+        node.meta["example_value"] = result
+        return wrap_fake_result(self, node, result)
+
+    def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:
             with self.fake_mode:
                 if kind == "call_method":
-                    result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                    return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                return target(*fake_args, **fake_kwargs)
         except Unsupported:
             raise
         except (torch._subclasses.fake_tensor.DataDependentOutputException,
@@ -143,16 +149,6 @@ class OutputGraph:
         except Exception as e:  # the op itself rejects these inputs: eager would raise too
             raise Unsupported(f"{_target_name(target)} failed on fake inputs: "
                               f"{type(e).__name__}: {e}") from None
-        if result is not None and not _contains_tensor(result):
-            # Sizes, dtypes, flags: constants, no node. (None comes from ops run for their
-            # effect, such as setitem: those are nodes.)
-            return wrap_fake_result(self, None, result)
-        node = self.graph.create_node(
-            kind, target, tuple(to_fx_arg(a) for a in args),
-            {k: to_fx_arg(v) for k, v in kwargs.items()},
-            name=self.unique_name(_target_name(target)))
-        node.meta["example_value"] = result
-        return wrap_fake_result(self, node, result)
 
     def getitem_node(self, node, index: int, example):
         n = self.graph.call_function(operator.getitem, (node, index))

@@ -17,6 +17,8 @@ _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.co
 
 def _identity_of(vt):
     """The object a tracker stands for, where its identity is known at trace time."""
+    if getattr(vt, "fresh_object", False):
+        return vt  # an object the frame made: one tracker per object
     for attr in ("module", "value", "fn", "cls"):
         if hasattr(vt, attr):
             return getattr(vt, attr)
@@ -164,6 +166,8 @@ def _getattr(tx, obj, name, default=None):
 
 
 def _has_attr(obj, name) -> bool:
+    if hasattr(obj, "has_attr"):
+        return obj.has_attr(name)
     for attr in ("module", "value", "fn", "cls"):
         if hasattr(obj, attr):
             return hasattr(getattr(obj, attr), name)

@@ -95,6 +95,10 @@ class UserDefinedClassVariable(VariableTracker):
         return _class_attr(tx, self.cls, name, None, source)
 
     def call_function(self, tx, args, kwargs):
+        from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
+
+        if is_model_output_class(self.cls):
+            return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
         raise Unsupported(f"constructing {self.cls.__qualname__} inside a compiled frame")
 
     def __repr__(self):

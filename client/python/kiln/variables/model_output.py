@@ -1,0 +1,212 @@
+"""Instances of transformers' ModelOutput (an OrderedDict subclass that is also a dataclass)
+built inside the frame, modelled by ModelOutput's own semantics rather than by inlining its
+__post_init__/__setattr__ machinery.
+
+The model is only used for classes that add nothing to that machinery: every class between the
+output class and ModelOutput must be a dataclass whose only methods are the ones @dataclass
+writes. Anything else (a subclass overriding __getitem__, say) is Unsupported.
+
+A ModelOutput holds two views that usually agree: dict items (the non-None fields, in the order
+they were set) and instance attributes (every field, None included).
+"""
+import dataclasses
+import sys
+from collections import OrderedDict
+from typing import Dict, List
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker
+from kiln.variables.constant import ConstantVariable
+from kiln.variables.containers import ListVariable, TupleVariable
+
+# What @dataclass (with its default options) writes into a class's namespace.
+_DATACLASS_WRITTEN = {"__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
+                      "__dataclass_fields__", "__dataclass_params__", "__doc__", "__module__",
+                      "__qualname__", "__annotations__", "__dict__", "__weakref__",
+                      "__orig_bases__", "__parameters__", "__slotnames__"}
+# ModelOutput's methods that this tracker models; a subclass must not override any of them.
+_MODELLED = {"__post_init__", "__setattr__", "__setitem__", "__getitem__", "__delitem__",
+             "to_tuple", "setdefault", "pop", "update", "__init__", "__reduce__",
+             "__init_subclass__"}
+
+
+def _model_output_base():
+    generic = sys.modules.get("transformers.utils.generic")
+    return getattr(generic, "ModelOutput", None) if generic is not None else None
+
+
+def is_model_output_class(cls) -> bool:
+    base = _model_output_base()
+    if base is None or not isinstance(cls, type) or not issubclass(cls, base) or cls is base:
+        return False
+    if type(cls) is not type or base.__mro__[1:] != (OrderedDict, dict, object):
+        return False
+    mro = cls.__mro__
+    for klass in mro[:mro.index(base)]:
+        if "__dataclass_fields__" not in klass.__dict__:
+            return False
+        extra = set(klass.__dict__) - _DATACLASS_WRITTEN - set(klass.__dataclass_fields__)
+        if extra & _MODELLED or any(callable(klass.__dict__[k]) for k in extra
+                                    if not k.startswith("__")):
+            return False
+    init = cls.__dict__.get("__init__")
+    # The __init__ @dataclass writes is compiled from generated source.
+    return getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"
+
+
+class ModelOutputVariable(VariableTracker):
+    def __init__(self, cls, items: Dict[str, VariableTracker], attrs: Dict[str, VariableTracker]):
+        super().__init__(None)
+        self.output_cls = cls
+        self.fresh_object = True  # made in the frame: the tracker is its identity
+        self.items = items  # the OrderedDict's items, in order
+        self.attrs = attrs  # instance __dict__
+
+    @classmethod
+    def construct(cls_, tx, cls, args: List[VariableTracker], kwargs: Dict[str, VariableTracker]):
+        """`cls(*args, **kwargs)`: the dataclass __init__, then ModelOutput.__post_init__."""
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        if len(fields) != len(dataclasses.fields(cls)):
+            raise Unsupported(f"{cls.__qualname__} has fields outside __init__")
+        if len(args) > len(fields):
+            raise Unsupported(f"{cls.__qualname__}() given too many positional arguments")
+        values = {}
+        for f, a in zip(fields, args):
+            values[f.name] = a
+        for k, v in kwargs.items():
+            if k in values or k not in {f.name for f in fields}:
+                raise Unsupported(f"{cls.__qualname__}() got a bad keyword argument {k!r}")
+            values[k] = v
+        for f in fields:
+            if f.name not in values:
+                if f.default is dataclasses.MISSING or f.default is not None:
+                    raise Unsupported(f"{cls.__qualname__}.{f.name} has a non-None default")
+                values[f.name] = ConstantVariable(None)
+        if not fields:
+            raise Unsupported(f"{cls.__qualname__} has no fields")
+        # __post_init__: with every field but the first None and a first field that is not a
+        # tensor, ModelOutput treats the first field as an iterator of (key, value) pairs.
+        from kiln.variables.tensor import TensorVariable
+
+        first = values[fields[0].name]
+        others_none = all(_is_none(values[f.name]) for f in fields[1:])
+        if others_none and not isinstance(first, TensorVariable) and not _is_none(first):
+            raise Unsupported(f"{cls.__qualname__} built from a non-tensor first field")
+        items = {f.name: values[f.name] for f in fields if not _is_none(values[f.name])}
+        return cls_(cls, items, dict(values))
+
+    def python_type(self):
+        return self.output_cls
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def unpack(self, tx):
+        return [ConstantVariable(k) for k in self.items]
+
+    def length(self):
+        return len(self.items)
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.functions import BoundContainerMethod
+        from kiln.variables.objects import _class_attr
+
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            from kiln.variables.builder import wrap
+
+            return wrap(tx, self.output_cls, None)
+        if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__",
+                    "__setitem__", "__contains__", "__len__"):
+            return BoundContainerMethod(self, name)
+        if hasattr(OrderedDict, name) and not hasattr(object, name):
+            raise Unsupported(f"{self.output_cls.__qualname__}.{name}")
+        return _class_attr(tx, self.output_cls, name, self)
+
+    def has_attr(self, name) -> bool:
+        return name in self.attrs or hasattr(self.output_cls, name)
+
+    def getitem(self, tx, index):
+        key = index.as_python_constant()
+        if isinstance(key, str):
+            if key not in self.items:
+                raise Unsupported(f"KeyError {key!r} while tracing")
+            return self.items[key]
+        values = list(self.items.values())
+        if isinstance(key, slice):
+            return TupleVariable(values[key])
+        try:
+            return values[key]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"{self.output_cls.__qualname__} index {key!r}: {e}") from None
+
+    def setitem(self, tx, index, value):
+        # ModelOutput.__setitem__: the dict item, then the attribute.
+        key = index.as_python_constant()
+        self.items[key] = value
+        self.attrs[key] = value
+
+    def store_attr(self, tx, name, value):
+        # ModelOutput.__setattr__: a non-None value of a field is also stored as an item.
+        if name in {f.name for f in dataclasses.fields(self.output_cls)} and not _is_none(value):
+            self.items[name] = value
+        self.attrs[name] = value
+
+    def contains(self, tx, item):
+        return ConstantVariable(item.as_python_constant() in self.items)
+
+    def call_method(self, tx, name, args, kwargs):
+        if kwargs:
+            raise Unsupported(f"{self.output_cls.__qualname__}.{name} with keyword arguments")
+        if name == "to_tuple":
+            return TupleVariable(list(self.items.values()))
+        if name == "keys":
+            return ListVariable([ConstantVariable(k) for k in self.items])
+        if name == "values":
+            return ListVariable(list(self.items.values()))
+        if name == "items":
+            return ListVariable([TupleVariable([ConstantVariable(k), v])
+                                 for k, v in self.items.items()])
+        if name == "get":
+            key = args[0].as_python_constant()
+            if key in self.items:
+                return self.items[key]
+            return args[1] if len(args) > 1 else ConstantVariable(None)
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+            return ConstantVariable(None)
+        if name == "__contains__":
+            return self.contains(tx, args[0])
+        if name == "__len__":
+            return ConstantVariable(len(self.items))
+        raise Unsupported(f"{self.output_cls.__qualname__}.{name}()")
+
+    def rebuild_expr(self, rebuild, consts) -> str:
+        """A Python expression that rebuilds this object after the graph: `rebuild(vt)` is the
+        expression of a nested tracker, `consts.ref(obj)` that of a constant object."""
+        items = "".join(f"({k!r}, {rebuild(v)}), " for k, v in self.items.items())
+        attrs = "".join(f"({k!r}, {rebuild(v)}), " for k, v in self.attrs.items())
+        return f"{consts.ref(rebuild_model_output)}({consts.ref(self.output_cls)}, ({items}), ({attrs}))"
+
+    def __repr__(self):
+        return f"ModelOutputVariable({self.output_cls.__qualname__}, {list(self.items)})"
+
+
+def rebuild_model_output(cls, items, attrs):
+    """The object a ModelOutputVariable stands for: its dict items in order, then its instance
+    attributes, written below ModelOutput's __setitem__/__setattr__ so that neither view
+    disturbs the other."""
+    obj = cls.__new__(cls)
+    OrderedDict.__init__(obj)
+    for k, v in items:
+        OrderedDict.__setitem__(obj, k, v)
+    for k, v in attrs:
+        object.__setattr__(obj, k, v)
+    return obj
+
+
+def _is_none(vt) -> bool:
+    return isinstance(vt, ConstantVariable) and vt.value is None
