@@ -1,0 +1,55 @@
+// The cache the daemon consults: the local ArtifactStore, then (optionally) a shared
+// RemoteStore, with every artifact's MAC and key checked before it is served.
+//
+// Contract: Lookup returns only artifacts whose MAC verifies under this daemon's key and whose
+// signed body names the key asked for; anything else (corrupt, foreign key, swapped entry) is
+// dropped from the local tier and reported as a miss, so the caller recompiles. A remote hit is
+// written through to the local tier. Store writes the local tier, then the remote one unless it
+// is read-only; a remote failure is logged, never returned.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "cache/artifact_store.h"
+#include "cache/mac.h"
+#include "cache/remote_store.h"
+#include "kiln/v1/artifact.pb.h"
+
+namespace kiln::cache {
+
+enum class CacheTier { kLocal, kRemote };
+
+struct CacheHit {
+  kiln::v1::Artifact artifact;
+  CacheTier tier = CacheTier::kLocal;
+};
+
+class ArtifactCache {
+ public:
+  // `local` and `mac` must outlive the cache; `remote` may be null (no shared tier).
+  ArtifactCache(ArtifactStore* local, RemoteStore* remote, const Mac* mac)
+      : local_(local), remote_(remote), mac_(mac) {}
+
+  // The verified artifact for `key`, or NotFound.
+  absl::StatusOr<CacheHit> Lookup(std::string_view key);
+  // Stores a signed artifact under `key`. Fails only when the local tier fails.
+  absl::Status Store(std::string_view key, const kiln::v1::Artifact& artifact);
+
+  uint64_t remote_hits() const { return remote_hits_.load(); }
+  // Entries rejected by the MAC or key check (framing errors are counted by the store).
+  uint64_t rejected() const { return rejected_.load(); }
+
+ private:
+  absl::StatusOr<kiln::v1::Artifact> Check(std::string_view key, std::string_view payload);
+
+  ArtifactStore* local_;
+  RemoteStore* remote_;
+  const Mac* mac_;
+  std::atomic<uint64_t> remote_hits_{0};
+  std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace kiln::cache

@@ -1,0 +1,25 @@
+// The ATen operations a client may send. Anything else is refused at validation, before any
+// compiler sees it. To support a new op, add its schema name to kDefaultOps in op_allowlist.cc.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_set>
+
+namespace kiln::compiler {
+
+class OpAllowlist {
+ public:
+  // The ops kiln supports today.
+  static OpAllowlist Default();
+
+  // Full schema names with overload, e.g. "aten::add.Tensor".
+  bool Contains(std::string_view op) const { return ops_.count(std::string(op)) != 0; }
+  void Add(std::string op) { ops_.insert(std::move(op)); }
+  size_t size() const { return ops_.size(); }
+
+ private:
+  std::unordered_set<std::string> ops_;
+};
+
+}  // namespace kiln::compiler

@@ -1,0 +1,256 @@
+// Flag and config-file parsing for kilnd, with defaults from the XDG environment.
+#include "daemon/config.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace kiln::daemon {
+namespace {
+
+bool IsBoolFlag(const std::string& name) {
+  return name == "frozen" || name == "foreground" || name == "redis-read-only";
+}
+
+// Options that take a value; SetOption handles each of them.
+bool IsValueFlag(const std::string& name) {
+  static const std::set<std::string> kNames = {
+      "config",      "cache-dir",         "socket",
+      "listen",      "tls-cert",          "tls-key",
+      "token-file",  "mac-key-file",      "workers",
+      "queue-limit", "max-request-bytes", "cache-max-bytes",
+      "idle-exit",   "drain-seconds",     "redis",
+      "log-level"};
+  return kNames.count(name) != 0;
+}
+
+absl::Status ParseBool(const std::string& value, bool* out) {
+  if (value == "" || value == "1" || value == "true" || value == "yes") {
+    *out = true;
+  } else if (value == "0" || value == "false" || value == "no") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("not a boolean: ", value));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status ParseNumber(const std::string& name, const std::string& value, T* out) {
+  if constexpr (std::is_same_v<T, double>) {
+    if (!absl::SimpleAtod(value, out)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": not a number: ", value));
+    }
+  } else {
+    if (!absl::SimpleAtoi(value, out)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": not an integer: ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string HomeCache() {
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
+    return absl::StrCat(xdg, "/kiln");
+  }
+  const char* home = std::getenv("HOME");
+  return absl::StrCat(home != nullptr ? home : "/tmp", "/.cache/kiln");
+}
+
+absl::Status ReadConfigFile(DaemonConfig& config, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    std::string_view text = line;
+    if (size_t hash = text.find('#'); hash != std::string_view::npos) text = text.substr(0, hash);
+    std::string stripped(absl::StripAsciiWhitespace(std::string(text)));
+    if (stripped.empty()) continue;
+    size_t eq = stripped.find('=');
+    if (eq == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": expected key=value"));
+    }
+    std::string key(absl::StripAsciiWhitespace(stripped.substr(0, eq)));
+    std::string value(absl::StripAsciiWhitespace(stripped.substr(eq + 1)));
+    std::replace(key.begin(), key.end(), '_', '-');
+    if (absl::Status s = SetOption(config, key, value); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SetOption(DaemonConfig& c, const std::string& name, const std::string& value) {
+  if (name == "cache-dir")
+    c.cache_dir = value;
+  else if (name == "socket")
+    c.socket_path = value;
+  else if (name == "listen") {
+    absl::string_view v = value;
+    if (absl::ConsumePrefix(&v, "unix://")) {
+      c.socket_path = std::string(v);
+    } else if (absl::ConsumePrefix(&v, "tcp://")) {
+      if (v.find(':') == std::string_view::npos) {
+        return absl::InvalidArgumentError("--listen tcp://HOST:PORT needs a port");
+      }
+      c.listen_tcp = std::string(v);
+    } else {
+      return absl::InvalidArgumentError("--listen takes tcp://HOST:PORT or unix://PATH");
+    }
+  } else if (name == "tls-cert")
+    c.tls_cert = value;
+  else if (name == "tls-key")
+    c.tls_key = value;
+  else if (name == "token-file")
+    c.token_file = value;
+  else if (name == "mac-key-file")
+    c.mac_key_file = value;
+  else if (name == "workers")
+    return ParseNumber(name, value, &c.workers);
+  else if (name == "queue-limit")
+    return ParseNumber(name, value, &c.queue_limit);
+  else if (name == "max-request-bytes")
+    return ParseNumber(name, value, &c.max_request_bytes);
+  else if (name == "cache-max-bytes")
+    return ParseNumber(name, value, &c.cache_max_bytes);
+  else if (name == "idle-exit")
+    return ParseNumber(name, value, &c.idle_exit_seconds);
+  else if (name == "drain-seconds")
+    return ParseNumber(name, value, &c.drain_seconds);
+  else if (name == "frozen")
+    return ParseBool(value, &c.frozen);
+  else if (name == "foreground")
+    return ParseBool(value, &c.foreground);
+  else if (name == "redis")
+    c.redis = value;
+  else if (name == "redis-read-only")
+    return ParseBool(value, &c.redis_read_only);
+  else if (name == "log-level")
+    c.log_level = value;
+  else
+    return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
+  CommandLine result;
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config_file;
+  for (size_t i = 0; i < args.size(); ++i) {
+    absl::string_view arg = args[i];
+    if (!absl::ConsumePrefix(&arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument ", args[i]));
+    }
+    std::string name(arg), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    if (name == "stats") {
+      result.command = Command::kStats;
+      continue;
+    }
+    if (name == "stop") {
+      result.command = Command::kStop;
+      continue;
+    }
+    if (name == "help") {
+      result.command = Command::kHelp;
+      continue;
+    }
+    if (!IsValueFlag(name) && !IsBoolFlag(name)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
+    }
+    if (!has_value && !IsBoolFlag(name)) {
+      if (i + 1 >= args.size())
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      value = args[++i];
+    }
+    if (name == "config")
+      config_file = value;
+    else
+      flags.emplace_back(name, value);
+  }
+  if (!config_file.empty()) {
+    if (absl::Status s = ReadConfigFile(result.config, config_file); !s.ok()) return s;
+  }
+  for (const auto& [name, value] : flags) {
+    if (absl::Status s = SetOption(result.config, name, value); !s.ok()) return s;
+  }
+  if (absl::Status s = FinishConfig(result.config); !s.ok()) return s;
+  return result;
+}
+
+absl::Status FinishConfig(DaemonConfig& c) {
+  if (c.cache_dir.empty()) c.cache_dir = HomeCache();
+  if (c.socket_path.empty()) {
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    c.socket_path = (runtime != nullptr && *runtime != '\0')
+                        ? absl::StrCat(runtime, "/kiln/kilnd.sock")
+                        : absl::StrCat(HomeCache(), "/kilnd.sock");
+  }
+  if (c.mac_key_file.empty()) c.mac_key_file = absl::StrCat(c.cache_dir, "/mac.key");
+  // Absolute, because a detached kilnd runs from "/".
+  for (std::string* path :
+       {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key, &c.token_file}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  }
+  if (c.workers <= 0) c.workers = std::max(1u, std::thread::hardware_concurrency());
+  if (c.queue_limit <= 0) return absl::InvalidArgumentError("--queue-limit must be positive");
+  if (c.max_request_bytes == 0)
+    return absl::InvalidArgumentError("--max-request-bytes must be positive");
+  static const std::set<std::string> kLevels = {"trace", "debug",    "info", "warn",
+                                                "error", "critical", "off"};
+  if (!kLevels.count(c.log_level)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown --log-level ", c.log_level));
+  }
+  if (c.idle_exit_seconds < 0) return absl::InvalidArgumentError("--idle-exit must be >= 0");
+  if (!c.listen_tcp.empty() && (c.tls_cert.empty() || c.tls_key.empty() || c.token_file.empty())) {
+    return absl::InvalidArgumentError(
+        "refusing a TCP listener without --tls-cert, --tls-key and --token-file");
+  }
+  if (c.socket_path.size() >= 100) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", c.socket_path));
+  }
+  return absl::OkStatus();
+}
+
+std::string UsageText() {
+  return R"(kilnd: the kiln compile daemon.
+
+  kilnd [--foreground] [options]   serve (detaches unless --foreground)
+  kilnd --stats [--socket PATH]    print the running daemon's counters
+  kilnd --stop [--socket PATH]     drain and stop the running daemon
+
+Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
+  --cache-dir DIR          artifact database and MAC key (default ~/.cache/kiln)
+  --socket PATH            Unix socket (default $XDG_RUNTIME_DIR/kiln/kilnd.sock)
+  --listen tcp://HOST:PORT also serve TCP; needs --tls-cert, --tls-key, --token-file
+  --mac-key-file PATH      artifact HMAC key (default <cache-dir>/mac.key)
+  --workers N              compile threads (default: cores)
+  --queue-limit N          waiting compiles before RESOURCE_EXHAUSTED (256)
+  --max-request-bytes N    larger requests are INVALID_ARGUMENT (64 MiB)
+  --cache-max-bytes N      local store size limit, LRU eviction (4 GiB)
+  --idle-exit SECONDS      exit after this long without requests (0: never)
+  --drain-seconds S        longest wait for work in flight on shutdown (30)
+  --frozen                 serve cached artifacts only, never compile
+  --redis HOST:PORT        shared cache tier; --redis-read-only to never write it
+  --log-level LEVEL        trace|debug|info|warn|error|off (warn)
+)";
+}
+
+}  // namespace kiln::daemon

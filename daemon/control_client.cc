@@ -1,0 +1,70 @@
+// QueryStats / StopDaemon over a Unix-socket channel.
+#include "daemon/control_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kiln/v1/service.grpc.pb.h"
+
+namespace kiln::daemon {
+namespace {
+
+std::unique_ptr<kiln::v1::KilnService::Stub> Connect(const std::string& socket_path) {
+  return kiln::v1::KilnService::NewStub(
+      grpc::CreateChannel("unix:" + socket_path, grpc::InsecureChannelCredentials()));
+}
+
+absl::Status Unavailable(const std::string& socket_path, const grpc::Status& status) {
+  return absl::UnavailableError(
+      absl::StrCat("no kilnd answers on ", socket_path, ": ", status.error_message()));
+}
+
+}  // namespace
+
+absl::StatusOr<kiln::v1::StatsResponse> QueryStats(const std::string& socket_path,
+                                                   std::chrono::milliseconds timeout) {
+  auto stub = Connect(socket_path);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  kiln::v1::StatsResponse response;
+  grpc::Status status = stub->Stats(&context, kiln::v1::StatsRequest(), &response);
+  if (!status.ok()) return Unavailable(socket_path, status);
+  return response;
+}
+
+absl::Status StopDaemon(const std::string& socket_path, std::chrono::milliseconds timeout) {
+  auto stub = Connect(socket_path);
+  auto deadline = std::chrono::system_clock::now() + timeout;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(deadline);
+    kiln::v1::ShutdownResponse response;
+    grpc::Status status = stub->Shutdown(&context, kiln::v1::ShutdownRequest(), &response);
+    if (!status.ok()) return Unavailable(socket_path, status);
+  }
+  while (std::chrono::system_clock::now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    kiln::v1::HealthResponse response;
+    if (!stub->Health(&context, kiln::v1::HealthRequest(), &response).ok()) {
+      return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError("kilnd is still draining");
+}
+
+std::string FormatStats(const kiln::v1::StatsResponse& s) {
+  return absl::StrFormat(
+      "hits: %d\nmisses: %d\ncompiles: %d\ncompile_errors: %d\ncompile_seconds: %.3f\n"
+      "bytes_stored: %d\nentries: %d\nqueue_depth: %d\nin_flight: %d\nremote_hits: %d\n"
+      "evictions: %d\ncorrupt_records: %d\nrejected: %d\nwaiting: %d\nuptime_seconds: %.1f\n",
+      s.hits(), s.misses(), s.compiles(), s.compile_errors(), s.compile_seconds(), s.bytes_stored(),
+      s.entries(), s.queue_depth(), s.in_flight(), s.remote_hits(), s.evictions(),
+      s.corrupt_records(), s.rejected(), s.waiting(), s.uptime_seconds());
+}
+
+}  // namespace kiln::daemon

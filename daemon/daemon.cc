@@ -1,0 +1,220 @@
+// Daemon: assembling kilnd's parts, binding its listeners, and draining it.
+#include "daemon/daemon.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln::daemon {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Reads a file named by the configuration. A secret that others can read is used, but loudly.
+absl::StatusOr<std::string> ReadFileNamed(const std::string& path, std::string_view what,
+                                          bool secret) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", std::string(what), " ", path));
+  }
+  if (secret && (st.st_mode & 077) != 0) {
+    spdlog::warn("{} {} is readable by group or others; chmod 600 it", what, path);
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", std::string(what), " ", path));
+  return buffer.str();
+}
+
+absl::Status MakePrivateDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot chmod ", dir, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Daemon::Daemon(DaemonConfig config, compiler::Compiler* compiler)
+    : config_(std::move(config)), compiler_(compiler) {}
+
+Daemon::~Daemon() {
+  if (server_ != nullptr && !stopped_) {
+    RequestShutdown();
+    Wait();
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+absl::Status Daemon::PrepareSocketDir() {
+  std::string dir = std::filesystem::path(config_.socket_path).parent_path().string();
+  if (absl::Status s = MakePrivateDir(dir); !s.ok()) return s;
+  // The lock, not the socket file, says whether a daemon serves this path: a killed daemon
+  // leaves its socket behind but its lock goes with it.
+  std::string lock_path = config_.socket_path + ".lock";
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::AlreadyExistsError(absl::StrCat("another kilnd is serving ", config_.socket_path));
+  }
+  ::unlink(config_.socket_path.c_str());  // stale socket of a daemon that died
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Start() {
+  if (!config_.listen_tcp.empty() &&
+      (config_.tls_cert.empty() || config_.tls_key.empty() || config_.token_file.empty())) {
+    return absl::InvalidArgumentError(
+        "refusing a TCP listener without a TLS certificate, key and token file");
+  }
+  if (absl::Status s = MakePrivateDir(config_.cache_dir); !s.ok()) return s;
+  if (absl::Status s = PrepareSocketDir(); !s.ok()) return s;
+
+  absl::StatusOr<cache::Mac> mac = cache::Mac::LoadOrCreate(config_.mac_key_file);
+  if (!mac.ok()) return mac.status();
+  mac_ = std::make_unique<cache::Mac>(*std::move(mac));
+
+  cache::ArtifactStoreOptions store_options;
+  store_options.path = config_.cache_dir + "/artifacts";
+  store_options.max_bytes = config_.cache_max_bytes;
+  absl::StatusOr<std::unique_ptr<cache::ArtifactStore>> store =
+      cache::ArtifactStore::Open(store_options);
+  if (!store.ok()) return store.status();
+  store_ = *std::move(store);
+
+  if (!config_.redis.empty()) {
+    cache::RedisStoreOptions redis;
+    size_t colon = config_.redis.rfind(':');
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(config_.redis.substr(colon + 1), &redis.port)) {
+      return absl::InvalidArgumentError("--redis takes HOST:PORT");
+    }
+    redis.host = config_.redis.substr(0, colon);
+    redis.read_only = config_.redis_read_only;
+    redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version());
+    remote_ = std::make_unique<cache::RedisStore>(redis);
+  }
+  cache_ = std::make_unique<cache::ArtifactCache>(store_.get(), remote_.get(), mac_.get());
+  pool_ = std::make_unique<WorkerPool>(config_.workers, config_.queue_limit);
+  scheduler_ = std::make_unique<CompileScheduler>(compiler_, cache_.get(), mac_.get(), pool_.get(),
+                                                  &stats_, config_.frozen);
+
+  ServiceOptions service_options;
+  service_options.max_request_bytes = config_.max_request_bytes;
+  service_options.frozen = config_.frozen;
+  if (!config_.listen_tcp.empty()) {
+    absl::StatusOr<std::string> token = ReadFileNamed(config_.token_file, "token file", true);
+    if (!token.ok()) return token.status();
+    service_options.token = std::string(absl::StripAsciiWhitespace(*token));
+    if (service_options.token.size() < 16) {
+      return absl::InvalidArgumentError("the bearer token must be at least 16 characters");
+    }
+  }
+  last_activity_ns_ = NowNs();
+  service_ = std::make_unique<KilnServiceImpl>(
+      service_options, compiler_, scheduler_.get(), cache_.get(), store_.get(), pool_.get(),
+      &stats_, [this] { last_activity_ns_ = NowNs(); }, [this] { RequestShutdown(); }, &draining_);
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
+  if (!config_.listen_tcp.empty()) {
+    absl::StatusOr<std::string> cert = ReadFileNamed(config_.tls_cert, "TLS certificate", false);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadFileNamed(config_.tls_key, "TLS key", true);
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    builder.AddListeningPort(config_.listen_tcp, grpc::SslServerCredentials(ssl), &tcp_port_);
+  }
+  // gRPC's own limit sits above ours so that an oversized request reaches CheckRequest and is
+  // answered INVALID_ARGUMENT; only far larger ones are cut off by gRPC (RESOURCE_EXHAUSTED).
+  uint64_t grpc_limit = std::min<uint64_t>(config_.max_request_bytes * 2 + (1 << 20), INT_MAX);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_limit));
+  builder.SetMaxSendMessageSize(INT_MAX);
+  builder.RegisterService(service_.get());
+  mode_t old_umask = ::umask(0177);  // the socket is born 0600
+  server_ = builder.BuildAndStart();
+  ::umask(old_umask);
+  if (server_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.socket_path,
+                                               config_.listen_tcp.empty() ? "" : " or ",
+                                               config_.listen_tcp));
+  }
+  if (!config_.listen_tcp.empty() && tcp_port_ == 0) {
+    server_->Shutdown();
+    server_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen_tcp));
+  }
+  ::chmod(config_.socket_path.c_str(), 0600);
+  return absl::OkStatus();
+}
+
+void Daemon::RequestShutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_requested_ = true;
+  cv_.notify_all();
+}
+
+bool Daemon::IdleExpired() const {
+  if (config_.idle_exit_seconds <= 0) return false;
+  if (pool_->queue_depth() > 0 || pool_->running() > 0 || service_->active_calls() > 0) {
+    return false;
+  }
+  int64_t idle_ns = NowNs() - last_activity_ns_.load();
+  return idle_ns >= int64_t{config_.idle_exit_seconds} * 1'000'000'000;
+}
+
+void Daemon::Wait() {
+  if (server_ == nullptr || stopped_) return;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!shutdown_requested_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(200));
+      if (IdleExpired()) {
+        spdlog::info("idle for {} s; exiting", config_.idle_exit_seconds);
+        break;
+      }
+    }
+  }
+  draining_ = true;  // new compiles are refused from here on
+  // Let the calls in flight finish (they wait for their compiles), up to drain_seconds; then stop
+  // the server at once. Server::Shutdown with a distant deadline was seen to linger for seconds
+  // on idle client connections, so the daemon does its own waiting.
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(config_.drain_seconds * 1000));
+  while (service_->active_calls() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server_->Shutdown(std::chrono::system_clock::now());  // cancels any call still running
+  pool_->Drain();  // queued compiles still finish and are cached
+  server_->Wait();
+  ::unlink(config_.socket_path.c_str());
+  stopped_ = true;
+}
+
+}  // namespace kiln::daemon

@@ -1,0 +1,76 @@
+// One kilnd instance: its cache, worker pool, scheduler and gRPC server, started and drained as
+// a unit. kilnd's main wraps it with signals and detaching; tests run it in-process.
+//
+// Lifecycle: Start() binds the socket (refusing when another daemon holds it) and serves;
+// Wait() blocks until RequestShutdown(), a Shutdown RPC, or the idle timeout, then drains: new
+// calls are refused, calls and compiles in flight finish (up to drain_seconds for calls), the
+// socket is removed and the database closed.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cache/artifact_cache.h"
+#include "cache/artifact_store.h"
+#include "cache/mac.h"
+#include "cache/remote_store.h"
+#include "compiler/compiler.h"
+#include "daemon/compile_scheduler.h"
+#include "daemon/config.h"
+#include "daemon/daemon_stats.h"
+#include "daemon/kiln_service.h"
+#include "daemon/worker_pool.h"
+
+namespace kiln::daemon {
+
+class Daemon {
+ public:
+  // `config` must have been through FinishConfig. `compiler` must outlive the daemon.
+  Daemon(DaemonConfig config, compiler::Compiler* compiler);
+  ~Daemon();
+
+  absl::Status Start();
+  // Blocks until shutdown is requested, then drains. Returns once everything is closed.
+  void Wait();
+  // Asks Wait() to drain and return. Safe from any thread (not from a signal handler).
+  void RequestShutdown();
+
+  const DaemonConfig& config() const { return config_; }
+  // The TCP port actually bound (when listen_tcp asked for port 0), or 0.
+  int tcp_port() const { return tcp_port_; }
+
+ private:
+  absl::Status PrepareSocketDir();
+  bool IdleExpired() const;
+
+  DaemonConfig config_;
+  compiler::Compiler* compiler_;
+
+  int lock_fd_ = -1;
+  std::unique_ptr<cache::Mac> mac_;
+  std::unique_ptr<cache::ArtifactStore> store_;
+  std::unique_ptr<cache::RemoteStore> remote_;
+  std::unique_ptr<cache::ArtifactCache> cache_;
+  std::unique_ptr<WorkerPool> pool_;
+  DaemonStats stats_;
+  std::unique_ptr<CompileScheduler> scheduler_;
+  std::unique_ptr<KilnServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int tcp_port_ = 0;
+
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> last_activity_ns_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_requested_ = false;
+  bool stopped_ = false;
+};
+
+}  // namespace kiln::daemon

@@ -1,0 +1,181 @@
+// KilnServiceImpl: admission (token), validation, and the five RPCs.
+#include "daemon/kiln_service.h"
+
+#include <openssl/crypto.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "cache/cache_key.h"
+
+namespace kiln::daemon {
+namespace {
+
+// Counts a call as active for the lifetime of its handler.
+class ActiveCall {
+ public:
+  explicit ActiveCall(std::atomic<int>& count) : count_(count) { ++count_; }
+  ~ActiveCall() { --count_; }
+
+ private:
+  std::atomic<int>& count_;
+};
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* compiler,
+                                 CompileScheduler* scheduler, cache::ArtifactCache* cache,
+                                 cache::ArtifactStore* store, WorkerPool* pool, DaemonStats* stats,
+                                 std::function<void()> on_activity,
+                                 std::function<void()> on_shutdown,
+                                 const std::atomic<bool>* draining)
+    : options_(std::move(options)),
+      compiler_(compiler),
+      scheduler_(scheduler),
+      cache_(cache),
+      store_(store),
+      pool_(pool),
+      stats_(stats),
+      on_activity_(std::move(on_activity)),
+      on_shutdown_(std::move(on_shutdown)),
+      draining_(draining) {}
+
+grpc::Status KilnServiceImpl::Admit(grpc::ServerContext* context) {
+  if (on_activity_) on_activity_();
+  // The Unix socket is guarded by its 0600 mode; every other transport needs the token.
+  if (options_.token.empty() || context->peer().rfind("unix:", 0) == 0) return grpc::Status::OK;
+  const std::string expected = "Bearer " + options_.token;
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end() || it->second.size() != expected.size() ||
+      CRYPTO_memcmp(it->second.data(), expected.data(), expected.size()) != 0) {
+    ++stats_->rejected;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::CheckRequest(const kiln::v1::CompileRequest& request) {
+  size_t bytes = request.ByteSizeLong();
+  if (bytes > options_.max_request_bytes) {
+    ++stats_->rejected;
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("request of ", bytes, " bytes exceeds the limit of ",
+                                     options_.max_request_bytes));
+  }
+  if (absl::Status s = compiler::ValidateRequest(request, allowlist_); !s.ok()) {
+    ++stats_->rejected;
+    return ToGrpc(s);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::Compile(grpc::ServerContext* context,
+                                      const kiln::v1::CompileRequest* request,
+                                      kiln::v1::CompileResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = CheckRequest(*request); !s.ok()) return s;
+  if (draining_->load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "kilnd is shutting down");
+  }
+  const std::string key = cache::CacheKey(*request, compiler_->Version());
+  absl::StatusOr<CompileOutcome> outcome = scheduler_->Compile(
+      key, *request, context->deadline(), [context] { return context->IsCancelled(); });
+  if (!outcome.ok()) return ToGrpc(outcome.status());
+  response->set_key(key);
+  response->set_cache_hit(outcome->cache_hit);
+  response->set_compile_seconds(outcome->compile_seconds);
+  if (outcome->artifact.has_value()) {
+    *response->mutable_artifact() = std::move(*outcome->artifact);
+  } else if (outcome->error.has_value()) {
+    *response->mutable_error() = std::move(*outcome->error);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::Lookup(grpc::ServerContext* context,
+                                     const kiln::v1::LookupRequest* request,
+                                     kiln::v1::LookupResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  std::string key;
+  switch (request->by_case()) {
+    case kiln::v1::LookupRequest::kKey:
+      if (!cache::IsWellFormedKey(request->key())) {
+        ++stats_->rejected;
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed key");
+      }
+      key = request->key();
+      break;
+    case kiln::v1::LookupRequest::kRequest:
+      if (grpc::Status s = CheckRequest(request->request()); !s.ok()) return s;
+      key = cache::CacheKey(request->request(), compiler_->Version());
+      break;
+    default:
+      ++stats_->rejected;
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lookup needs a key or a request");
+  }
+  response->set_key(key);
+  absl::StatusOr<cache::CacheHit> hit = cache_->Lookup(key);
+  if (hit.ok()) {
+    ++stats_->hits;
+    response->set_found(true);
+    *response->mutable_artifact() = std::move(hit->artifact);
+  } else {
+    ++stats_->misses;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1::StatsRequest*,
+                                    kiln::v1::StatsResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  cache::ArtifactStoreStats store = store_->Stats();
+  response->set_hits(stats_->hits);
+  response->set_misses(stats_->misses);
+  response->set_compiles(stats_->compiles);
+  response->set_compile_errors(stats_->compile_errors);
+  response->set_compile_seconds(stats_->compile_micros / 1e6);
+  response->set_bytes_stored(store.bytes);
+  response->set_entries(store.entries);
+  response->set_queue_depth(pool_->queue_depth());
+  response->set_in_flight(pool_->running());
+  response->set_remote_hits(cache_->remote_hits());
+  response->set_evictions(store.evictions);
+  response->set_corrupt_records(store.corrupt + cache_->rejected());
+  response->set_rejected(stats_->rejected);
+  response->set_waiting(stats_->waiting);
+  response->set_uptime_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::Health(grpc::ServerContext* context, const kiln::v1::HealthRequest*,
+                                     kiln::v1::HealthResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  response->set_state(draining_->load() ? kiln::v1::HealthResponse::STATE_DRAINING
+                                        : kiln::v1::HealthResponse::STATE_SERVING);
+  response->set_compiler_version(compiler_->Version());
+  response->set_pid(::getpid());
+  response->set_frozen(options_.frozen);
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::Shutdown(grpc::ServerContext* context,
+                                       const kiln::v1::ShutdownRequest*,
+                                       kiln::v1::ShutdownResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (on_shutdown_) on_shutdown_();
+  response->set_accepted(true);
+  return grpc::Status::OK;
+}
+
+}  // namespace kiln::daemon

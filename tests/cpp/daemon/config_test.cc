@@ -1,0 +1,70 @@
+// kilnd's command line and config file: defaults, precedence, refusals.
+#include "daemon/config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/cpp/support/temp_dir.h"
+
+namespace kiln::daemon {
+namespace {
+
+using kiln::testing::TempDir;
+
+TEST(KilndConfig, DefaultsComeFromTheXdgEnvironment) {
+  TempDir dir;
+  ::setenv("XDG_RUNTIME_DIR", dir.Sub("run").c_str(), 1);
+  ::setenv("XDG_CACHE_HOME", dir.Sub("cache").c_str(), 1);
+  auto parsed = ParseCommandLine({});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->command, Command::kServe);
+  EXPECT_EQ(parsed->config.socket_path, dir.Sub("run/kiln/kilnd.sock"));
+  EXPECT_EQ(parsed->config.cache_dir, dir.Sub("cache/kiln"));
+  EXPECT_EQ(parsed->config.mac_key_file, dir.Sub("cache/kiln/mac.key"));
+  EXPECT_GT(parsed->config.workers, 0);
+  ::unsetenv("XDG_RUNTIME_DIR");
+  auto fallback = ParseCommandLine({});
+  ASSERT_TRUE(fallback.ok());
+  EXPECT_EQ(fallback->config.socket_path, dir.Sub("cache/kiln/kilnd.sock"));
+  ::unsetenv("XDG_CACHE_HOME");
+}
+
+TEST(KilndConfig, FlagsOverrideTheConfigFile) {
+  TempDir dir;
+  std::ofstream(dir.Sub("kilnd.conf")) << "# kilnd settings\n"
+                                       << "workers = 3\n"
+                                       << "idle_exit=600   # ten minutes\n"
+                                       << "frozen = true\n"
+                                       << "redis = 10.0.0.1:6379\n";
+  auto parsed = ParseCommandLine({"--config", dir.Sub("kilnd.conf"), "--workers=5", "--stats"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->command, Command::kStats);
+  EXPECT_EQ(parsed->config.workers, 5);
+  EXPECT_EQ(parsed->config.idle_exit_seconds, 600);
+  EXPECT_TRUE(parsed->config.frozen);
+  EXPECT_EQ(parsed->config.redis, "10.0.0.1:6379");
+}
+
+TEST(KilndConfig, RelativePathsBecomeAbsolute) {
+  auto parsed = ParseCommandLine({"--cache-dir", "rel/cache", "--socket", "rel/../s.sock"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.cache_dir, (std::filesystem::current_path() / "rel/cache").string());
+  EXPECT_EQ(parsed->config.socket_path, (std::filesystem::current_path() / "s.sock").string());
+  EXPECT_EQ(parsed->config.mac_key_file,
+            (std::filesystem::current_path() / "rel/cache/mac.key").string());
+}
+
+TEST(KilndConfig, RefusesUnknownOptionsAndBadValues) {
+  EXPECT_FALSE(ParseCommandLine({"--no-such-flag", "1"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--workers", "many"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--listen", "http://x:1"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--queue-limit", "0"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--log-level", "loud"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--config", "/nonexistent/kilnd.conf"}).ok());
+}
+
+}  // namespace
+}  // namespace kiln::daemon
