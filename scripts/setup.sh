@@ -30,8 +30,9 @@ fi
 stamp=.venv/.kiln-requirements
 if ! cmp -s requirements.txt "$stamp"; then
   log "installing Python packages (requirements.txt)"
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -r requirements.txt
+  # This machine's pip index lists folders it does not have; those warnings are noise.
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
+  .venv/bin/python -m pip install -q -r requirements.txt 2> >(grep -v "WARNING: Location" >&2)
   cp requirements.txt "$stamp"
 fi
 
