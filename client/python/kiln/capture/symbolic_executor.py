@@ -20,7 +20,7 @@ from kiln.variables.builtins import apply_operator, getitem
 from kiln.variables.constant import ConstantVariable
 from kiln.transform.resume import can_split, offset_in_exception_table
 from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, ListVariable,
-                                       SliceVariable, TupleVariable, mutation_count)
+                                       SetVariable, SliceVariable, TupleVariable, mutation_count)
 from kiln.variables.functions import CellVariable, NestedFunctionVariable
 from kiln.variables.objects import SuperVariable
 from kiln.variables.tensor import TensorVariable
@@ -59,7 +59,7 @@ class _Return(Exception):
 
 # Instructions a root frame can break the graph at: the call (of something kiln cannot trace)
 # or the branch (on a tensor's value) runs in Python, the rest of the frame resumes after it.
-_BREAKABLE = {"CALL", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+_BREAKABLE = {"CALL", "CALL_FUNCTION_EX", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
               "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE",
               "POP_JUMP_BACKWARD_IF_TRUE"}
 
@@ -506,7 +506,7 @@ class InstructionTranslatorBase:
 
     def BUILD_SET(self, inst):
         items = self.popn(inst.arg)
-        self.push(ConstantVariable(frozenset(i.as_python_constant() for i in items)))
+        self.push(SetVariable({i.as_python_constant() for i in items}))
 
     def BUILD_MAP(self, inst):
         items = self.popn(inst.arg * 2)
@@ -550,9 +550,7 @@ class InstructionTranslatorBase:
 
     def SET_UPDATE(self, inst):
         value = self.pop()
-        target = self.stack[-inst.arg]
-        merged = set(target.as_python_constant()) | set(value.as_python_constant())
-        self.stack[-inst.arg] = ConstantVariable(frozenset(merged))
+        self.stack[-inst.arg].value.update(value.as_python_constant())
 
     def MAP_ADD(self, inst):
         value = self.pop()
@@ -645,6 +643,8 @@ class InstructionTranslatorBase:
 
     def FOR_ITER(self, inst):
         it = self.stack[-1]
+        if not isinstance(it, ListIteratorVariable):
+            raise Unsupported(f"iteration over {it}")
         item = it.next_item()
         if item is not None:
             self.push(item)

@@ -216,3 +216,23 @@ class InstanceAttrSource(Source):
 
     def _key(self):
         return (self.base, self.attr)
+
+
+class TypeSource(Source):
+    """type(base): where class attributes of an instance are read."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Source):
+        self.base = base
+
+    name = property(lambda self: f"type({self.base.name})")
+
+    def guard_path(self):
+        return ("type", self.base.guard_path())
+
+    def expr(self, consts):
+        return f"type({self.base.expr(consts)})"
+
+    def _key(self):
+        return self.base

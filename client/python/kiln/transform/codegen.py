@@ -15,7 +15,7 @@ from kiln.exc import Unsupported
 from kiln.variables.base import NullVariable, VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
-                                       ListVariable)
+                                       ListVariable, NamedTupleVariable, SetVariable)
 from kiln.variables.functions import BoundBuiltinMethod, BoundContainerMethod, UserMethodVariable
 from kiln.variables.tensor import TensorMethodVariable, TensorVariable
 
@@ -77,18 +77,22 @@ class Reconstructor:
             if vt.source is None:
                 raise Unsupported("a tensor with no source and no graph to compute it")
             return vt.source.expr(consts)
+        if isinstance(vt, SetVariable) and vt.source is None:
+            return self._temp(vt, f"set({consts.ref(frozenset(vt.value))})")
+        if isinstance(vt, (BaseListVariable, ConstDictVariable)) and vt.source is not None:
+            # The program's own object: it may be mutated or compared by identity later.
+            return vt.source.expr(consts)
+        if isinstance(vt, NamedTupleVariable):
+            items = "".join(self(v) + ", " for v in vt.items)
+            return f"{consts.ref(vt.tuple_type)}._make(({items}))" if vt.is_collections \
+                else f"{consts.ref(vt.tuple_type)}(({items}))"
         if isinstance(vt, ConstantVariable):
             v = vt.value
             if type(v) in _LITERAL_TYPES or (type(v) is float and math.isfinite(v)):
                 return repr(v)
             return consts.ref(v)
-        if isinstance(vt, (ListVariable, ConstDictVariable)) and vt.source is None:
-            name = self._memo.get(id(vt))
-            if name is None:
-                name = f"__kiln_t{len(self._memo)}"
-                self._memo[id(vt)] = name
-                self.prelude.append(f"{name} = {self._build(vt)}")
-            return name
+        if isinstance(vt, (ListVariable, ConstDictVariable)):
+            return self._temp(vt, None)
         if isinstance(vt, BaseListVariable):
             return self._build(vt)
         if isinstance(vt, ListIteratorVariable):
@@ -108,6 +112,15 @@ class Reconstructor:
             return consts.ref(vt.as_python_constant())
         except Unsupported:
             raise Unsupported(f"kiln cannot rebuild {vt} after the graph") from None
+
+    def _temp(self, vt, expr) -> str:
+        """A mutable container built once into a temporary, however often it is reached."""
+        name = self._memo.get(id(vt))
+        if name is None:
+            name = f"__kiln_t{len(self._memo)}"
+            self._memo[id(vt)] = name
+            self.prelude.append(f"{name} = {expr if expr is not None else self._build(vt)}")
+        return name
 
     def _build(self, vt) -> str:
         if isinstance(vt, ConstDictVariable):

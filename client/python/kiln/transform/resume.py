@@ -99,7 +99,9 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
     the locals. Parameters: every local of `code` in order, then the non-NULL stack values."""
     varnames = list(code.co_varnames)
     nlocals = len(varnames)
-    stack_params = [f"__kiln_stack_{i}" for i, null in enumerate(stack_is_null) if not null]
+    # Named after their slot, so a resume function of a resume function adds new names.
+    n_values = sum(not null for null in stack_is_null)
+    stack_params = [f"__kiln_stack_{nlocals + i}" for i in range(n_values)]
     prologue = bytearray()
     _emit(prologue, "RESUME", 0)
     param = nlocals

@@ -11,7 +11,8 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import ItemSource
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
-from kiln.variables.containers import ConstDictVariable, ListVariable, TupleVariable
+from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
+                                       TupleVariable)
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
@@ -63,6 +64,11 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, torch.nn.Module):
         add("ID_MATCH", value)
         return NNModuleVariable(value, source)
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        add("TYPE_MATCH", type(value))
+        items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
+                 for i, v in enumerate(value)]
+        return NamedTupleVariable(items, type(value), source)
     if type(value) in (tuple, list):
         add("TYPE_MATCH", type(value))
         add("LEN_MATCH", len(value))
@@ -143,6 +149,7 @@ def wrap_fake_result(output, node, result):
         return TensorVariable(node, result)
     if isinstance(result, (tuple, list)) and node is not None:
         items = []
+        tuple_type = type(result) if type(result) not in (tuple, list) else None
         for i, item in enumerate(result):
             if isinstance(item, torch.Tensor):
                 items.append(TensorVariable(output.getitem_node(node, i, item), item))
@@ -152,6 +159,8 @@ def wrap_fake_result(output, node, result):
                 items.append(ConstantVariable(item))
         if type(result) is list:
             return ListVariable(items)
+        if tuple_type is not None:
+            return NamedTupleVariable(items, tuple_type)
         return TupleVariable(items)
     if type(result) is torch.Size:
         return ConstantVariable(result)

@@ -113,7 +113,7 @@ def length(tx, obj) -> int:
     if isinstance(obj, ConstDictVariable):
         return len(obj.items)
     if hasattr(obj, "length"):
-        return obj.length()
+        return obj.length(tx)
     return len(obj.as_python_constant())
 
 
@@ -272,6 +272,13 @@ def _slice(tx, *parts):
     return SliceVariable(list(parts))
 
 
+def _sorted(tx, obj, **kwargs):
+    const = constant_args(obj.unpack(tx), kwargs)
+    if const is None:
+        raise Unsupported("sorted() of non-constants")
+    return ListVariable([ConstantVariable(v) for v in sorted(const[0], **const[1])])
+
+
 def _callable(tx, obj):
     if isinstance(obj, TensorVariable):
         return ConstantVariable(False)
@@ -310,6 +317,7 @@ _HANDLERS = {
     bool: _bool,
     slice: _slice,
     callable: _callable,
+    sorted: _sorted,
     super: _super,
 }
 

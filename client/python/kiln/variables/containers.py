@@ -65,6 +65,52 @@ class TupleVariable(BaseListVariable):
         return tuple
 
 
+class NamedTupleVariable(TupleVariable):
+    """A namedtuple or a torch.return_types structseq (values, indices): a tuple whose items
+    are also attributes."""
+
+    def __init__(self, items, tuple_type, source=None):
+        super().__init__(items, source)
+        self.tuple_type = tuple_type
+        self.is_collections = hasattr(tuple_type, "_fields")
+        fields = getattr(tuple_type, "_fields", None)
+        if fields is None:
+            # structseq: its member descriptors, ordered by the position each one reads.
+            names = [n for n in dir(tuple_type)
+                     if type(getattr(tuple_type, n, None)).__name__ == "member_descriptor"]
+            probe = tuple_type(tuple(range(tuple_type.n_sequence_fields)))
+            fields = tuple(sorted(names, key=lambda n: getattr(probe, n)))
+        self.fields = fields
+
+    def python_type(self):
+        return self.tuple_type
+
+    def as_python_constant(self):
+        values = tuple(v.as_python_constant() for v in self.items)
+        return self.tuple_type._make(values) if self.is_collections else self.tuple_type(values)
+
+    def var_getattr(self, tx, name):
+        if name in self.fields:
+            return self.items[self.fields.index(name)]
+        return super().var_getattr(tx, name)
+
+
+class SetVariable(ConstantVariable):
+    """A set built in the frame, of constants. Trace-time methods act on the real set."""
+
+    def python_type(self):
+        return set
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.functions import BoundBuiltinMethod
+
+        if name in ("add", "discard", "remove", "update", "clear", "pop",
+                    "difference_update", "intersection_update"):
+            mutation_count[0] += 1
+        return super().var_getattr(tx, name) if not callable(getattr(self.value, name, None)) \
+            else BoundBuiltinMethod(self, name)
+
+
 class ListVariable(BaseListVariable):
     def python_type(self):
         return list

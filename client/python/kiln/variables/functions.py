@@ -82,11 +82,16 @@ class CellVariable(VariableTracker):
     def get(self):
         value = self.owner_tx.symbolic_locals.get(self.name)
         if value is None:
-            raise Unsupported(f"free variable {self.name!r} read before assignment")
+            # A free variable of the owner itself (a closure passed on to a nested function).
+            return self.owner_tx.load_deref(self.name)
         return value
 
     def set(self, value):
-        self.owner_tx.symbolic_locals[self.name] = value
+        owner = self.owner_tx
+        if self.name in owner.symbolic_locals or self.name in owner.code.co_cellvars:
+            self.owner_tx.symbolic_locals[self.name] = value
+        else:
+            self.owner_tx.store_deref(self.name, value)
 
 
 class BoundBuiltinMethod(VariableTracker):

@@ -9,7 +9,8 @@ import torch
 from kiln import config
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import InstanceAttrSource, ModuleMemberSource
+from kiln.guards.source import (AttrSource, InstanceAttrSource, ModuleMemberSource,
+                                ObjectSource, TypeSource)
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
@@ -38,10 +39,22 @@ class NNModuleVariable(VariableTracker):
         value = self.module.__dict__[registry][name]
         source = ModuleMemberSource(self.source, name, registry) if self.source else None
         if isinstance(value, torch.Tensor):
+            # The graph holds this very tensor: replacing it (m.weight = Parameter(...))
+            # must recompile.
+            if source is not None:
+                tx.output.guards.add(source, "ID_MATCH", value)
             return tx.output.add_attr(value, source)
         if value is None:
+            if source is not None:
+                tx.output.guards.add(source, "ID_MATCH", None)
             return ConstantVariable(None)
         return wrap(tx, value, source)
+
+    def _guard_registry_keys(self, tx, registry):
+        """Iterating over children depends on which there are (Sequential.append...)."""
+        if self.source is not None:
+            src = InstanceAttrSource(self.source, registry)
+            tx.output.guards.add(src, "DICT_KEYS", tuple(self.module.__dict__[registry]))
 
     def var_getattr(self, tx, name):
         from kiln.variables.builder import wrap
@@ -78,6 +91,9 @@ class NNModuleVariable(VariableTracker):
         if isinstance(static, property) and static.fget is not None:
             return tx.inline_call(static.fget, [self], {}, fn_source=None)
         if is_guardable_constant(static):
+            if self.source is not None and not _is_torch_nn_class(type(mod)):
+                tx.output.guards.add(AttrSource(TypeSource(self.source), name),
+                                     "CONSTANT_MATCH", static)
             return ConstantVariable(static)
         raise Unsupported(f"attribute {type(mod).__name__}.{name} of kind "
                           f"{type(static).__name__}")
@@ -92,6 +108,13 @@ class NNModuleVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         if self._has_hooks():
             raise Unsupported(f"call of {type(self.module).__name__} with hooks")
+        if self.source is not None:
+            # A hook registered later must not be skipped by the compiled graph.
+            for hooks in ("_forward_hooks", "_forward_pre_hooks"):
+                tx.output.guards.add(InstanceAttrSource(self.source, hooks), "LEN_MATCH", 0)
+        for name, hooks in (("forward hooks", _nn_hooks._global_forward_hooks),
+                            ("forward pre-hooks", _nn_hooks._global_forward_pre_hooks)):
+            tx.output.guards.add(ObjectSource(hooks, f"<global {name}>"), "LEN_MATCH", 0)
         forward = inspect.getattr_static(self.module, "forward")
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.module).__name__}.forward is not a Python function")
@@ -99,6 +122,7 @@ class NNModuleVariable(VariableTracker):
 
     # Containers: Sequential, ModuleList, ModuleDict.
     def _children(self, tx):
+        self._guard_registry_keys(tx, "_modules")
         return [self._child(tx, name, "_modules") for name in self.module._modules]
 
     def unpack(self, tx):
@@ -107,6 +131,7 @@ class NNModuleVariable(VariableTracker):
         if isinstance(self.module, torch.nn.ModuleDict):
             return [ConstantVariable(k) for k in self.module._modules]
         if isinstance(self.module, torch.nn.ParameterList):
+            self._guard_registry_keys(tx, "_parameters")
             return [self._child(tx, name, "_parameters") for name in self.module._parameters]
         raise Unsupported(f"iteration over {type(self.module).__name__}")
 
@@ -124,7 +149,9 @@ class NNModuleVariable(VariableTracker):
             return self._child(tx, str(key % len(mod)), "_parameters")
         raise Unsupported(f"indexing {type(mod).__name__}")
 
-    def length(self):
+    def length(self, tx=None):
+        if tx is not None:
+            self._guard_registry_keys(tx, "_modules")
         return len(self.module)
 
     def call_method(self, tx, name, args, kwargs):

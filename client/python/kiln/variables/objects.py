@@ -56,9 +56,11 @@ def _class_attr(tx, cls, name, self_vt, source=None):
         return UserMethodVariable(static, self_vt)
     if isinstance(static, property) and static.fget is not None and self_vt is not None:
         return tx.inline_call(static.fget, [self_vt], {}, fn_source=None)
-    if is_guardable_constant(static):
-        return ConstantVariable(static)
-    if isinstance(static, (tuple, frozenset)) and all(is_guardable_constant(v) for v in static):
+    if is_guardable_constant(static) or (isinstance(static, (tuple, frozenset)) and all(
+            is_guardable_constant(v) for v in static)):
+        if source is not None and is_guardable_constant(static):
+            # `K.s = 4.0` after compiling must recompile.
+            tx.output.guards.add(source, "CONSTANT_MATCH", static)
         return ConstantVariable(static)
     if isinstance(static, type):
         return wrap(tx, static, None)

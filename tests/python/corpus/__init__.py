@@ -1,0 +1,1 @@
+"""kiln's conformance corpus: small programs, one file per Python or PyTorch feature."""
