@@ -4,9 +4,7 @@ import dis
 import io
 import itertools
 import logging
-import os
 import sys
-import sysconfig
 import time
 import types
 from dataclasses import dataclass, field
@@ -46,38 +44,6 @@ class EntryInfo:
     break_where: Optional[str] = None
     resume_codes: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
-
-
-# -- which frames kiln never captures ---------------------------------------------------------
-
-def _dir_of(module_file: str) -> str:
-    return os.path.dirname(os.path.abspath(module_file)) + os.sep
-
-
-_TORCH_DIR = _dir_of(torch.__file__)
-_KILN_DIR = _dir_of(__file__)
-_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
-                      for k in ("stdlib", "platstdlib")})
-_THIRD_PARTY_SKIPPED = ("numpy", "scipy", "_pytest", "pytest", "pluggy", "typing_extensions")
-_TORCH_NN_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
-
-
-def is_skipped(code) -> bool:
-    """True for code kiln leaves to CPython: its own, torch's internals, the standard library."""
-    filename = code.co_filename
-    if filename.startswith(_KILN_DIR):
-        return True
-    if filename.startswith(_TORCH_DIR):
-        # torch.nn's modules are models too: their forward methods are captured.
-        return not (filename.startswith(_TORCH_NN_MODULES_DIR) and code.co_name == "forward")
-    if filename.startswith(_STDLIB_DIRS) and "site-packages" not in filename:
-        return True
-    if filename.startswith("<") and filename.startswith(("<frozen", "<kiln")):
-        return True
-    for pkg in _THIRD_PARTY_SKIPPED:
-        if f"{os.sep}site-packages{os.sep}{pkg}{os.sep}" in filename:
-            return True
-    return False
 
 
 # -- capture -----------------------------------------------------------------------------------
@@ -184,7 +150,18 @@ def _break_body(func, code, gb, rebuild, consts):
         parts += [f"{k}={rebuild(v)}" for k, v in zip(kw_names, args[npos:])]
         body.append(f"__kiln_r = {rebuild(fn)}({', '.join(parts)})")
         body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
-    else:
+    elif inst.opname == "CALL_FUNCTION_EX":
+        kwargs_vt = stack[-1] if inst.arg & 1 else None
+        rest = stack[:-1] if kwargs_vt is not None else stack
+        args_vt, fn, below, rest = rest[-1], rest[-2], rest[-3], rest[:-3]
+        call = f"{rebuild(fn)}(*{rebuild(args_vt)}"
+        if kwargs_vt is not None:
+            call += f", **{rebuild(kwargs_vt)}"
+        if not isinstance(below, NullVariable):
+            raise Unsupported("CALL_FUNCTION_EX without NULL")
+        body.append(f"__kiln_r = {call})")
+        body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
+    elif inst.opname.startswith("POP_JUMP"):
         cond = stack[-1]
         rest = stack[:-1]
         jump_if_true = "IF_TRUE" in inst.opname
@@ -193,6 +170,8 @@ def _break_body(func, code, gb, rebuild, consts):
         body.append(f"if {rebuild(cond)}:")
         body.append(f"    return {taken if jump_if_true else fallthrough}")
         body.append(f"return {fallthrough if jump_if_true else taken}")
+    else:
+        raise Unsupported(f"no graph break at {inst.opname}")
     return body, resumes
 
 

@@ -8,7 +8,8 @@ import torch
 
 from kiln import _C, config
 from kiln.backends.registry import lookup_backend
-from kiln.convert_frame import convert_frame, is_skipped
+from kiln.capture.skip_files import is_skipped
+from kiln.convert_frame import convert_frame
 from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
 
 log = logging.getLogger("kiln")

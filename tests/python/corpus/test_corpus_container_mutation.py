@@ -125,9 +125,9 @@ def callee_appends_around_its_break(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=2,
-        xfail="kiln: WRONG RESULT: raises AttributeError ('frozenset' object has no attribute "
-        "'add'): a set carried into a resume function is rebuilt as a frozenset")
+# The set is rebuilt as a set for the resume function, which then runs eagerly: a set from
+# outside the frame is not modelled, so `seen.add` there is unsupported (no graph has an op).
+@corpus((3,), frames=0, breaks=2)
 def add_to_local_set_after_break(x):
     seen = {1}
     print("corpus: set")

@@ -45,11 +45,9 @@ def two_prints_three_graphs(x):
     return b - a
 
 
-LOGGING_INLINED = ("kiln: a disabled logger call is traced through logging's internals into "
-                   "the graph (no break) once the logger's level cache holds the level")
 
 
-@corpus((5,), frames=2, breaks=1, xfail=LOGGING_INLINED)
+@corpus((5,), frames=2, breaks=1)
 def logging_call_between_ops(x):
     h = x * 3
     log.debug("corpus: %s", "hidden")
@@ -379,7 +377,7 @@ def tensor_condition_in_while_header_once(x):
     return y + 1
 
 
-@corpus((2, 3), frames=2, breaks=1, xfail=LOGGING_INLINED)
+@corpus((2, 3), frames=2, breaks=1)
 def logging_info_when_disabled(x):
     y = x.t()
     log.info("corpus: shape %s", tuple(y.shape))
@@ -436,9 +434,7 @@ def callee_break_called_with_keywords(x):
     return _scaled_print(a, scale=2.0, shift=1.0) * 3
 
 
-@corpus((3,), frames=4, breaks=2,
-        xfail="kiln: a break inside a callee called with *args/**kwargs (CALL_FUNCTION_EX) "
-        "runs the caller eagerly instead of breaking it at the call")
+@corpus((3,), frames=4, breaks=2)
 def callee_break_called_with_star_args(x):
     args = (x.cos(), 3.0)
     kwargs = {"shift": 2.0}

@@ -335,9 +335,6 @@ def _logs_between_ops(x):
 _ENABLED_LOG = logging.getLogger("kiln_corpus.enabled")
 
 
-@pytest.mark.xfail(strict=True, reason="kiln: WRONG RESULT: an enabled logger's record never "
-                   "reaches a handler that appends to a list (logging's internals are traced "
-                   "and the handler's list.append is lost)")
 def test_enabled_logger_delivers_every_record():
     handler = _ListHandler()
     _ENABLED_LOG.addHandler(handler)

@@ -11,6 +11,7 @@ import sys
 import types
 from typing import Dict, List, Optional
 
+from kiln.capture.skip_files import _TORCH_DIR, traces_into
 from kiln.exc import Unsupported
 from kiln.guards.source import (BuiltinSource, ClosureSource, GlobalSource, ItemSource,
                                 LocalSource, ObjectSource, Source)
@@ -178,6 +179,9 @@ class InstructionTranslatorBase:
             raise Unsupported(f"call of generator function {fn.__qualname__}")
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported("inlining too deep (recursion?)")
+        if not traces_into(fn.__code__.co_filename):
+            raise Unsupported(f"call of {fn.__module__}.{fn.__qualname__} (kiln calls library "
+                              "code such as logging or numpy at a graph break)")
         bound = _bind_code(fn.__code__, args, kwargs, fn.__defaults__ or (),
                            fn.__kwdefaults__ or {}, self._wrap_default)
         globals_source = _globals_source_for(fn.__globals__, self.output.root_globals,
@@ -718,17 +722,7 @@ def _globals_source_for(f_globals, root_globals, filename):
     return lambda name: ItemSource(dict_source, name)
 
 
-_TORCH_DIR = None
-
-
 def _is_torch_file(filename: str) -> bool:
-    global _TORCH_DIR
-    if _TORCH_DIR is None:
-        import os
-
-        import torch
-
-        _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
     return filename.startswith(_TORCH_DIR)
 
 

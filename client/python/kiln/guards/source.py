@@ -7,6 +7,13 @@ transformed code, which reloads graph inputs from their sources on every call.
 from typing import Any
 
 
+def _attr_expr(base: str, attr: str) -> str:
+    """`base.attr`, or getattr for names that are not identifiers (Sequential's "0")."""
+    if attr.isidentifier():
+        return f"{base}.{attr}"
+    return f"getattr({base}, {attr!r})"
+
+
 class Source:
     __slots__ = ()
 
@@ -148,7 +155,7 @@ class AttrSource(Source):
         return ("attr", self.base.guard_path(), self.attr)
 
     def expr(self, consts):
-        return f"{self.base.expr(consts)}.{self.attr}"
+        return _attr_expr(self.base.expr(consts), self.attr)
 
     def _key(self):
         return (self.base, self.attr)
@@ -191,7 +198,7 @@ class ModuleMemberSource(Source):
                 self.attr)
 
     def expr(self, consts):
-        return f"{self.base.expr(consts)}.{self.attr}"
+        return _attr_expr(self.base.expr(consts), self.attr)
 
     def _key(self):
         return (self.base, self.attr)
@@ -212,7 +219,7 @@ class InstanceAttrSource(Source):
         return ("item", ("instance_dict", self.base.guard_path()), self.attr)
 
     def expr(self, consts):
-        return f"{self.base.expr(consts)}.{self.attr}"
+        return _attr_expr(self.base.expr(consts), self.attr)
 
     def _key(self):
         return (self.base, self.attr)

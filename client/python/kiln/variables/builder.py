@@ -13,7 +13,8 @@ from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILT
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        TupleVariable)
-from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.functions import (OpaqueCallableVariable, UserFunctionVariable,
+                                      UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
@@ -114,8 +115,8 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return BuiltinVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-        raise Unsupported(f"call target {getattr(value, '__qualname__', value)} from a C "
-                          "extension")
+        add("ID_MATCH", value)
+        return OpaqueCallableVariable(value, source)
     add("TYPE_MATCH", type(value))
     return UserDefinedObjectVariable(value, source)
 

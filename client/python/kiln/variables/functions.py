@@ -121,3 +121,22 @@ class BoundContainerMethod(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+
+class OpaqueCallableVariable(VariableTracker):
+    """A callable kiln does not model (a C function such as time.perf_counter): loading it is
+    fine, calling it is a graph break."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
+
+    def call_function(self, tx, args, kwargs):
+        raise Unsupported(f"call of {getattr(self.value, '__qualname__', self.value)}, "
+                          "which kiln does not trace")

@@ -1,0 +1,57 @@
+"""Which code kiln leaves to CPython: frames it never captures, and library functions the
+symbolic executor calls as opaque (a graph break) instead of tracing into them."""
+import os
+import sysconfig
+
+import torch
+
+
+def _dir_of(module_file: str) -> str:
+    return os.path.dirname(os.path.abspath(module_file)) + os.sep
+
+
+_TORCH_DIR = _dir_of(torch.__file__)
+_KILN_DIR = _dir_of(os.path.dirname(os.path.abspath(__file__)))
+_STDLIB_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                      for k in ("stdlib", "platstdlib")})
+_THIRD_PARTY_SKIPPED = ("numpy", "scipy", "_pytest", "pytest", "pluggy", "typing_extensions")
+_TORCH_NN_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+
+
+def is_skipped(code) -> bool:
+    """True for code kiln leaves to CPython: its own, torch's internals, the standard library."""
+    filename = code.co_filename
+    if filename.startswith(_KILN_DIR):
+        return True
+    if filename.startswith(_TORCH_DIR):
+        # torch.nn's modules are models too: their forward methods are captured.
+        return not (filename.startswith(_TORCH_NN_MODULES_DIR) and code.co_name == "forward")
+    if filename.startswith(_STDLIB_DIRS) and "site-packages" not in filename:
+        return True
+    if filename.startswith("<") and filename.startswith(("<frozen", "<kiln")):
+        return True
+    for pkg in _THIRD_PARTY_SKIPPED:
+        if f"{os.sep}site-packages{os.sep}{pkg}{os.sep}" in filename:
+            return True
+    return False
+
+
+# Standard-library modules whose functions are pure enough to trace into (reading an enum's
+# value, typing.cast, a dataclass helper); the rest of the standard library has effects kiln
+# would lose (logging handlers, time, I/O) and is called at a graph break instead.
+_TRACEABLE_STDLIB = ("typing.py", "enum.py", "dataclasses.py", "abc.py",
+                     os.path.join("collections", "__init__.py"))
+
+
+def traces_into(filename: str) -> bool:
+    """Whether the executor may inline a function defined in `filename`."""
+    if filename.startswith(_TORCH_DIR):
+        return True
+    if filename.startswith(_KILN_DIR):
+        return False
+    if filename.startswith(_STDLIB_DIRS) and "site-packages" not in filename:
+        return filename.endswith(_TRACEABLE_STDLIB)
+    for pkg in _THIRD_PARTY_SKIPPED:
+        if f"{os.sep}site-packages{os.sep}{pkg}{os.sep}" in filename:
+            return False
+    return True
