@@ -43,7 +43,7 @@ def demo(args):
     print(f"  first call (capture + compile): {first_s * 1e3:8.1f} ms")
     print(f"  eager:                          {eager_ms:8.2f} ms")
     print(f"  kiln:                           {kiln_ms:8.2f} ms   ({eager_ms / kiln_ms:.2f}x)")
-    print(f"  result matches eager (rtol 1e-4)")
+    print("  result matches eager (rtol 1e-4)")
     for e in entries:
         info = e.info
         print(f"  entry {info.name}: {info.op_count} ops, {len(e.guards)} guards, capture "

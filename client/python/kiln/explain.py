@@ -1,5 +1,4 @@
 """kiln.explain: what capture made of a function — graphs, graph breaks and why, ops, guards."""
-import dis
 from dataclasses import dataclass, field
 from typing import List
 

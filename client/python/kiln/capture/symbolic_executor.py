@@ -9,12 +9,11 @@ import linecache
 import operator
 import sys
 import types
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from kiln.capture.skip_files import _TORCH_DIR, traces_into
 from kiln.exc import Unsupported
-from kiln.guards.source import (BuiltinSource, ClosureSource, GlobalSource, ItemSource,
-                                LocalSource, ObjectSource, Source)
+from kiln.guards.source import ClosureSource, GlobalSource, ItemSource, LocalSource, ObjectSource
 from kiln.variables.base import NullVariable, VariableTracker
 from kiln.variables.builder import wrap
 from kiln.variables.builtins import apply_operator, getitem

@@ -1,5 +1,5 @@
 """The VariableTracker base class and the conversions every tracker shares."""
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from kiln.exc import Unsupported
 from kiln.guards.source import Source
@@ -47,6 +47,20 @@ class VariableTracker:
 
     def __repr__(self):
         return f"{type(self).__name__}()"
+
+
+class ValueVariable(VariableTracker):
+    """A tracker that stands for one known Python object (a constant, a torch function)."""
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def as_python_constant(self):
+        return self.value
 
 
 class NullVariable(VariableTracker):

@@ -2,19 +2,11 @@
 import operator
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker
+from kiln.variables.base import ValueVariable
 
 
-class ConstantVariable(VariableTracker):
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
+class ConstantVariable(ValueVariable):
+    """A Python constant: a number, string, None, dtype, device, torch.Size, tuple of them."""
 
     def unpack(self, tx):
         try:

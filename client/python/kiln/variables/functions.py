@@ -2,7 +2,7 @@
 import types
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
 
 
@@ -123,19 +123,9 @@ class BoundContainerMethod(VariableTracker):
         return self.obj.call_method(tx, self.name, args, kwargs)
 
 
-class OpaqueCallableVariable(VariableTracker):
+class OpaqueCallableVariable(ValueVariable):
     """A callable kiln does not model (a C function such as time.perf_counter): loading it is
     fine, calling it is a graph break."""
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def call_function(self, tx, args, kwargs):
         raise Unsupported(f"call of {getattr(self.value, '__qualname__', self.value)}, "

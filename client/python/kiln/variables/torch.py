@@ -9,7 +9,7 @@ import torch
 import torch.fx.experimental.proxy_tensor  # noqa: F401  (for _is_make_fx_tracing)
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
@@ -54,18 +54,8 @@ def is_graph_op(fn) -> bool:
     return False
 
 
-class TorchVariable(VariableTracker):
+class TorchVariable(ValueVariable):
     """A torch module, function or class (torch, torch.nn.functional, torch.add, torch.Size)."""
-
-    def __init__(self, value, source=None):
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self):
-        return type(self.value)
-
-    def as_python_constant(self):
-        return self.value
 
     def var_getattr(self, tx, name):
         from kiln.variables.builder import wrap_unguarded
