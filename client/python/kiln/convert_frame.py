@@ -96,9 +96,10 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         call_expr = f"{consts.ref(region)}({args})"
     t2 = time.perf_counter()
     new_code, src = transformed_code(code, len(slots), call_expr, body, consts)
-    manager = output.guards.build()
+    guards = output.guards.describe()
+    manager = output.guards.build(guards)
     info = EntryInfo(compile_id=compile_id, name=name, graph_module=gm, compiled_fn=compiled,
-                     guards=output.guards.describe(), original_code=code,
+                     guards=guards, original_code=code,
                      transformed_code=new_code, transformed_source=src, op_count=op_count,
                      capture_seconds=t1 - t0, backend_seconds=t2 - t1)
     if graph_break is not None:

@@ -79,12 +79,14 @@ class GuardSet:
     def describe(self) -> List[str]:
         return [g.describe() for g in self]
 
-    def build(self):
-        """The native guard tree (kiln._C.GuardManager) checking every guard."""
+    def build(self, descriptions: List[str] = None):
+        """The native guard tree (kiln._C.GuardManager) checking every guard; `descriptions`,
+        when given, are describe()'s, already computed."""
         manager = _C.GuardManager()
-        for g in self:
+        descriptions = descriptions or self.describe()
+        for g, text in zip(self, descriptions):
             path = g.source.guard_path() if g.source is not None else ("local", 0)
-            manager.add(path, g.check_tuple(), g.describe())
+            manager.add(path, g.check_tuple(), text)
         return manager
 
 
