@@ -19,6 +19,8 @@ from kiln.graph.output_graph import OutputGraph
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.resume import make_resume_code
 from kiln.variables.base import NullVariable
+from kiln.variables.side_effects import finish as finish_attribute_stores
+from kiln.variables.side_effects import mutations_of
 
 log = logging.getLogger("kiln")
 
@@ -61,10 +63,13 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         result = tx.run()
     except GraphBreak as gb:
         graph_break = gb
-        output.restore(gb.checkpoint.graph)
+        graph_ckpt, mutations_ckpt = gb.checkpoint.graph
+        output.restore(graph_ckpt)
+        mutations_of(output).restore(mutations_ckpt)
     finally:
         torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
     output.guards.add(None, "GLOBAL_STATE")
+    finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
 
     consts = ConstTable()
     op_count = output.count_calls()

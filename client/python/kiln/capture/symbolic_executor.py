@@ -4,6 +4,7 @@ torch operations into the graph. One handler per opcode, named after it; CPython
 Anything it cannot model raises Unsupported with the user's file and line.
 """
 import dis
+import importlib.util
 import inspect
 import linecache
 import operator
@@ -23,6 +24,7 @@ from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, 
                                        SetVariable, SliceVariable, TupleVariable, mutation_count)
 from kiln.variables.functions import CellVariable, NestedFunctionVariable
 from kiln.variables.objects import SuperVariable
+from kiln.variables.side_effects import mutations_of
 from kiln.variables.tensor import TensorVariable
 
 PY312 = sys.version_info >= (3, 12)
@@ -73,7 +75,7 @@ class Checkpoint:
         self.stack = list(tx.stack)
         self.locals = dict(tx.symbolic_locals)
         self.kw_names = tx.kw_names
-        self.graph = tx.output.checkpoint()
+        self.graph = (tx.output.checkpoint(), mutations_of(tx.output).checkpoint())
         self.mutations = mutation_count[0]
         self.lineno = tx.lineno
 
@@ -325,8 +327,25 @@ class InstructionTranslatorBase:
 
     def STORE_ATTR(self, inst):
         obj = self.pop()
-        self.pop()
-        raise Unsupported(f"assignment to attribute {inst.argval!r} of {obj}")
+        value = self.pop()
+        if not hasattr(obj, "store_attr"):
+            raise Unsupported(f"assignment to attribute {inst.argval!r} of {obj}")
+        obj.store_attr(self, inst.argval, value)
+
+    def IMPORT_NAME(self, inst):
+        fromlist = self.pop().as_python_constant()
+        level = self.pop().as_python_constant()
+        name = inst.argval
+        if level:
+            name = importlib.util.resolve_name("." * level + name,
+                                               self.f_globals.get("__package__"))
+        if name not in sys.modules:
+            raise Unsupported(f"import of {name}, not yet imported (importing has effects)")
+        module = sys.modules[name] if fromlist else sys.modules[name.partition(".")[0]]
+        self.push(wrap(self, module, None, guard=False))
+
+    def IMPORT_FROM(self, inst):
+        self.push(self.stack[-1].var_getattr(self, inst.argval))
 
     def LOAD_ASSERTION_ERROR(self, inst):
         raise Unsupported("assert failed at trace time")

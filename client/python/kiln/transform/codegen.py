@@ -106,6 +106,8 @@ class Reconstructor:
             return f"{consts.ref(vt.fn)}.__get__({self(vt.obj)})"
         if isinstance(vt, NullVariable):
             raise Unsupported("rebuilding NULL")
+        if hasattr(vt, "rebuild_expr"):  # objects that know how to rebuild themselves
+            return vt.rebuild_expr(self, self.consts)
         if vt.source is not None:
             return vt.source.expr(consts)
         try:
