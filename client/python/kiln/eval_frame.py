@@ -41,7 +41,7 @@ class FrameCallback:
             return _C.SKIP
         if cache_full or _stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
-        entries = [e for e in _C.cache_entries(code)]
+        entries = _C.cache_entries(code)
         if entries and _stance == "fail_on_recompile":
             reasons = [e[0].failure_reason(slots, func) for e in entries]
             raise RecompileError(

@@ -5,6 +5,7 @@ from typing import List
 import torch
 
 from kiln import eval_frame
+from kiln.graph.output_graph import call_nodes
 
 
 @dataclass
@@ -60,8 +61,7 @@ class _Recorder:
 
     def backend(self, gm, example_inputs):
         self.out.graphs.append(gm)
-        ops = [_op_name(n) for n in gm.graph.nodes
-               if n.op in ("call_function", "call_method", "call_module")]
+        ops = [_op_name(n) for n in call_nodes(gm.graph)]
         self.out.ops_per_graph.append(ops)
         self.out.op_count += len(ops)
         return gm.forward

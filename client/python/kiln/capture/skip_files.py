@@ -43,6 +43,10 @@ _TRACEABLE_STDLIB = ("typing.py", "enum.py", "dataclasses.py", "abc.py",
                      os.path.join("collections", "__init__.py"))
 
 
+def is_torch_file(filename: str) -> bool:
+    return filename.startswith(_TORCH_DIR)
+
+
 def traces_into(filename: str) -> bool:
     """Whether the executor may inline a function defined in `filename`."""
     if filename.startswith(_TORCH_DIR):

@@ -12,7 +12,7 @@ import sys
 import types
 from typing import Dict, List
 
-from kiln.capture.skip_files import _TORCH_DIR, traces_into
+from kiln.capture.skip_files import is_torch_file, traces_into
 from kiln.exc import Unsupported
 from kiln.guards.source import ClosureSource, GlobalSource, ItemSource, LocalSource, ObjectSource
 from kiln.variables.base import NullVariable, VariableTracker
@@ -733,15 +733,11 @@ def _bind_code(code, args, kwargs, defaults, kwdefaults, as_vt):
 def _globals_source_for(f_globals, root_globals, filename):
     if f_globals is root_globals:
         return GlobalSource
-    if _is_torch_file(filename):
+    if is_torch_file(filename):
         return lambda name: None  # torch's own module globals are taken as fixed
     label = f"G@{f_globals.get('__name__', '?')}"
     dict_source = ObjectSource(f_globals, label)
     return lambda name: ItemSource(dict_source, name)
-
-
-def _is_torch_file(filename: str) -> bool:
-    return filename.startswith(_TORCH_DIR)
 
 
 class InstructionTranslator(InstructionTranslatorBase):
@@ -801,7 +797,7 @@ class InliningInstructionTranslator(InstructionTranslatorBase):
             except ValueError:
                 raise Unsupported(f"free variable {name!r} is empty") from None
             source = None
-            if not _is_torch_file(self.code.co_filename):
+            if not is_torch_file(self.code.co_filename):
                 from kiln.guards.source import AttrSource
 
                 source = AttrSource(ObjectSource(cell_obj, f"cell:{name}"), "cell_contents")

@@ -156,8 +156,7 @@ class OutputGraph:
         return n
 
     def count_calls(self) -> int:
-        return sum(1 for n in self.graph.nodes if n.op in ("call_function", "call_method",
-                                                          "call_module"))
+        return len(call_nodes(self.graph))
 
     def make_graph_module(self, outputs: list, name: str) -> torch.fx.GraphModule:
         self.graph.output(tuple(outputs))
@@ -169,6 +168,14 @@ class OutputGraph:
                 root.register_buffer(target, tensor)
         gm = torch.fx.GraphModule(root, self.graph, class_name=name)
         return gm
+
+
+_CALL_OPS = ("call_function", "call_method", "call_module")
+
+
+def call_nodes(graph: torch.fx.Graph) -> list:
+    """The nodes of `graph` that are operations (what op counts count)."""
+    return [n for n in graph.nodes if n.op in _CALL_OPS]
 
 
 def _contains_tensor(value) -> bool:

@@ -70,43 +70,33 @@ class NullVariable(VariableTracker):
         return "NULL"
 
 
-def to_fx_arg(value):
-    """A tracker (or nested structure of them) as an FX node argument."""
+def _unwrap(value, tensor_leaf):
+    """A tracker (or nested structure of them) as plain Python, tensors via `tensor_leaf`."""
     from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
     from kiln.variables.tensor import TensorVariable
 
     if isinstance(value, TensorVariable):
-        return value.node
+        return tensor_leaf(value)
     if isinstance(value, BaseListVariable):
-        items = [to_fx_arg(v) for v in value.items]
+        items = [_unwrap(v, tensor_leaf) for v in value.items]
         return items if value.python_type() is list else tuple(items)
     if isinstance(value, SliceVariable):
-        return slice(*(to_fx_arg(v) for v in value.parts))
+        return slice(*(_unwrap(v, tensor_leaf) for v in value.parts))
     if isinstance(value, ConstDictVariable):
-        return {k: to_fx_arg(v) for k, v in value.items.items()}
+        return {k: _unwrap(v, tensor_leaf) for k, v in value.items.items()}
     if isinstance(value, VariableTracker):
         return value.as_python_constant()
     return value
+
+
+def to_fx_arg(value):
+    """A tracker (or nested structure of them) as an FX node argument."""
+    return _unwrap(value, lambda t: t.node)
 
 
 def to_fake_arg(value):
     """A tracker (or nested structure of them) as the fake value an op runs on."""
-    from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
-    from kiln.variables.tensor import TensorVariable
-
-    if isinstance(value, TensorVariable):
-        return value.example
-    if isinstance(value, BaseListVariable):
-        items = [to_fake_arg(v) for v in value.items]
-        t = value.python_type()
-        return items if t is list else tuple(items)
-    if isinstance(value, SliceVariable):
-        return slice(*(to_fake_arg(v) for v in value.parts))
-    if isinstance(value, ConstDictVariable):
-        return {k: to_fake_arg(v) for k, v in value.items.items()}
-    if isinstance(value, VariableTracker):
-        return value.as_python_constant()
-    return value
+    return _unwrap(value, lambda t: t.example)
 
 
 def constant_args(args, kwargs):

@@ -4,6 +4,8 @@ import inspect
 import math
 import operator
 
+import torch
+
 from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker, any_tensor, constant_args
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
@@ -172,14 +174,8 @@ def _has_attr(obj, name) -> bool:
         if hasattr(obj, attr):
             return hasattr(getattr(obj, attr), name)
     if isinstance(obj, TensorVariable):
-        return hasattr(torch_tensor_type(), name)
+        return hasattr(torch.Tensor, name)
     raise Unsupported(f"hasattr on {obj}")
-
-
-def torch_tensor_type():
-    import torch
-
-    return torch.Tensor
 
 
 def _hasattr(tx, obj, name):

@@ -25,7 +25,7 @@ class TensorVariable(VariableTracker):
         self.example = example
 
     def python_type(self):
-        return type(self.example) if not _is_fake(self.example) else torch.Tensor
+        return torch.Tensor  # examples are FakeTensors; the guards pin the real class
 
     def truth(self, tx):
         raise Unsupported("data-dependent branch on a tensor's value")
@@ -81,6 +81,3 @@ class TensorMethodVariable(VariableTracker):
     def __repr__(self):
         return f"TensorMethodVariable({self.name})"
 
-
-def _is_fake(t) -> bool:
-    return type(t).__name__ == "FakeTensor"
