@@ -1,6 +1,7 @@
 """Small whole programs (functions and nn.Modules with parameters) captured by kiln: results
 equal eager on random inputs, with the expected number of graphs and ops, recompiles included."""
 import copy
+import enum
 import math
 import os
 
@@ -1125,3 +1126,30 @@ def test_zero_dim_tensor_and_integer_tensor_inputs():
 
 def test_float64_module_after_double():
     check(MLP().double(), lambda: (torch.randn(3, 8, dtype=torch.float64),), ops=3)
+
+
+class _Action(enum.Enum):
+    NONE = "none"
+    WARN = "warn"
+
+
+class _Settings:
+    mode = _Action.NONE
+
+
+def test_enum_members_from_arguments_and_class_attributes_are_guarded_by_identity():
+    def f(x, a):
+        m = _Settings.mode
+        return x * 2 if m is _Action.NONE and a is _Action.WARN else x - 1
+
+    cnt = CompileCounter()
+    opt = kiln.compile(f, backend=cnt, fullgraph=True)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(opt(x, _Action.WARN), x * 2)
+        torch.testing.assert_close(opt(x, _Action.NONE), x - 1)  # new member: recompiles
+        _Settings.mode = _Action.WARN
+        torch.testing.assert_close(opt(x, _Action.WARN), x - 1)  # class attribute changed
+    finally:
+        _Settings.mode = _Action.NONE
+    assert cnt.frame_count == 3

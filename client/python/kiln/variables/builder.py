@@ -56,7 +56,10 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             raise Unsupported(f"tensor subclass {type(value).__name__}")
         return out.add_input(value, source)
-    if is_guardable_constant(value) or isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum):
+        add("ID_MATCH", value)  # enum members are singletons
+        return ConstantVariable(value, source)
+    if is_guardable_constant(value):
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
     if type(value) is torch.Size:

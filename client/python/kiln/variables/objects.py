@@ -1,4 +1,5 @@
 """Python modules, user-defined classes and their instances, and super()."""
+import enum
 import inspect
 import types
 
@@ -56,6 +57,10 @@ def _class_attr(tx, cls, name, self_vt, source=None):
         return UserMethodVariable(static, self_vt)
     if isinstance(static, property) and static.fget is not None and self_vt is not None:
         return tx.inline_call(static.fget, [self_vt], {}, fn_source=None)
+    if isinstance(static, enum.Enum):
+        if source is not None:
+            tx.output.guards.add(source, "ID_MATCH", static)
+        return ConstantVariable(static)
     if is_guardable_constant(static) or (isinstance(static, (tuple, frozenset)) and all(
             is_guardable_constant(v) for v in static)):
         if source is not None and is_guardable_constant(static):
