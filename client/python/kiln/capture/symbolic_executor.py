@@ -320,6 +320,15 @@ class InstructionTranslatorBase:
             self.push(NullVariable())
         self.push(attr)
 
+    def LOAD_SUPER_ATTR(self, inst):  # 3.12: super().name with [super, class, self] below
+        self_vt = self.pop()
+        cls_vt = self.pop()
+        self.pop()  # the global `super`
+        attr = SuperVariable(cls_vt.as_python_constant(), self_vt).var_getattr(self, inst.argval)
+        if inst.arg & 1:
+            self.push(NullVariable())
+        self.push(attr)
+
     def LOAD_METHOD(self, inst):  # 3.11
         obj = self.pop()
         self.push(NullVariable())
