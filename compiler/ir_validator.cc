@@ -184,6 +184,24 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
         case Argument::kStringValue:
           if (arg.string_value().size() > 128) return Invalid(where + ": string arg too long");
           break;
+        case Argument::kDeviceValue:
+          if (arg.device_value().kind() == kiln::v1::DEVICE_KIND_UNSPECIFIED ||
+              !kiln::v1::DeviceKind_IsValid(arg.device_value().kind()) ||
+              arg.device_value().index() < 0) {
+            return Invalid(where + ": invalid device arg");
+          }
+          break;
+        case Argument::kMemoryFormatValue:
+          if (arg.memory_format_value() == kiln::v1::MEMORY_FORMAT_UNSPECIFIED ||
+              !kiln::v1::MemoryFormat_IsValid(arg.memory_format_value())) {
+            return Invalid(where + ": invalid memory format arg");
+          }
+          break;
+        case Argument::kLayoutValue:
+          if (arg.layout_value() != kiln::v1::LAYOUT_STRIDED) {
+            return Invalid(where + ": invalid layout arg");
+          }
+          break;
         case Argument::KIND_NOT_SET:
           return Invalid(where + ": argument without a value");
         default:

@@ -19,7 +19,10 @@ absl::StatusOr<kiln::v1::ArtifactBody> TestCompiler::Compile(
   kiln::v1::ArtifactBody body;
   body.set_format(kiln::v1::BINARY_FORMAT_TEST);
   kiln::v1::ExecutionPlan* plan = body.mutable_plan();
-  for (const auto& input : graph.inputs()) plan->add_inputs(input.id());
+  for (const auto& input : graph.inputs()) {
+    plan->add_inputs(input.id());
+    *plan->add_values() = input;
+  }
   *plan->mutable_constants() = graph.constants();
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const kiln::v1::Node& node = graph.nodes(i);
@@ -35,7 +38,7 @@ absl::StatusOr<kiln::v1::ArtifactBody> TestCompiler::Compile(
     *call->mutable_args() = node.args();
     for (const auto& out : node.outputs()) {
       call->add_outputs(out.id());
-      *plan->add_buffers() = out;
+      *plan->add_values() = out;
     }
   }
   *plan->mutable_outputs() = graph.outputs();
