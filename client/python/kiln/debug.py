@@ -46,3 +46,52 @@ def cache_entries(fn) -> List[CacheEntry]:
     return [CacheEntry(guards=list(mgr.describe()), guard_manager=mgr, code=new_code, info=info,
                        hits=hits)
             for mgr, new_code, info, hits in _C.cache_entries(code)]
+
+
+def artifacts(fn=None) -> list:
+    """What the "kiln" backend built (kiln.backends.kiln_backend.CompiledArtifact), oldest
+    first: all of this process's, or those `fn`'s cache entries run."""
+    from kiln.backends.kiln_backend import artifacts as built
+
+    if fn is None:
+        return list(built)
+    mine = {id(e.info.compiled_fn) for e in cache_entries(fn)}
+    return [a for a in built if id(a.plan) in mine]
+
+
+def artifact(fn):
+    """The newest artifact `fn` runs (None when its graphs run through another backend)."""
+    found = artifacts(fn)
+    return found[-1] if found else None
+
+
+def format_artifact(a) -> str:
+    """The plan of an artifact, step by step, with its key and where it came from."""
+    from kiln.daemon import protocol
+
+    pb = protocol.messages()
+    body = a.body
+    plan = body.plan
+    source = "client index + daemon cache" if a.index_hit else \
+        ("daemon cache" if a.cache_hit else f"compiled in {a.compile_seconds:.3f}s")
+    lines = [f"artifact {a.key[:16]}… ({source}; {a.client_seconds * 1000:.1f} ms in the "
+             f"client); {len(plan.steps)} steps, {len(plan.buffers)} buffers, arena "
+             f"{plan.arena_bytes} bytes, binary {len(body.kernel_binary)} bytes "
+             f"({pb.artifact.BinaryFormat.Name(body.format)})"]
+    lines.append(f"  inputs {list(plan.inputs)} -> outputs {list(plan.outputs)}")
+    for i, step in enumerate(plan.steps):
+        if step.WhichOneof("kind") == "kernel":
+            k = step.kernel
+            text = f"kernel  {k.symbol}({', '.join(f'%{v}' for v in k.args)}) " \
+                   f"writes {', '.join(f'%{v}' for v in k.writes)}"
+        else:
+            c = step.library
+            text = f"library {c.op} -> {', '.join(f'%{v}' for v in c.outputs)}"
+        if step.release:
+            text += f"   release {list(step.release)}"
+        lines.append(f"  {i:3d} {text}")
+    for name in ("source",):
+        text = getattr(body, name, "") if hasattr(body, name) else ""
+        if text:
+            lines.append(text)
+    return "\n".join(lines)

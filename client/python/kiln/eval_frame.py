@@ -255,3 +255,6 @@ def reset():
         _C.reset_code(code)
     _compiled_codes.clear()
     _warned_limit.clear()
+    from kiln.backends import kiln_backend
+
+    kiln_backend.reset()

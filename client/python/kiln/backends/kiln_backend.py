@@ -1,0 +1,157 @@
+"""The "kiln" backend: lower the captured graph to the kiln.v1 IR, have kilnd compile it (or
+serve it from its cache), verify the artifact and run its plan in the C++ runtime.
+
+Inference graphs on the CPU only (v1): a graph that records autograd history or lives on
+another device runs eagerly. Any plumbing failure (no daemon, compile error, rejected artifact,
+load failure) runs the graph eagerly with one warning per kind of failure.
+"""
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from kiln.backends.registry import register_backend
+
+log = logging.getLogger("kiln")
+
+_warned: set = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(kind: str, message: str) -> None:
+    with _warn_lock:
+        if kind in _warned:
+            log.debug("kiln: %s", message)
+            return
+        _warned.add(kind)
+    log.warning("kiln: %s; running the graph eagerly", message)
+
+
+@dataclass
+class CompiledArtifact:
+    """What the backend made of one graph, for kiln.debug.artifact and KILN_LOG=codegen."""
+    key: str
+    cache_hit: bool          # the daemon served it without compiling
+    index_hit: bool          # this process skipped lowering (the client's index knew the key)
+    compile_seconds: float   # the daemon's compile time (0 on a hit)
+    client_seconds: float    # lowering + request + verification + loading, in this process
+    body: Any                # the verified kiln.v1.ArtifactBody
+    plan: Any                # kiln._C.Plan
+    aten_graph: Optional[torch.fx.GraphModule] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# Every artifact the backend loaded, newest last (kiln.debug.artifacts reads it).
+artifacts: List[CompiledArtifact] = []
+
+
+def _fallback_reasons(gm, example_inputs) -> Optional[str]:
+    from kiln.graph import lowering
+
+    if lowering.needs_autograd(gm, example_inputs):
+        return "autograd"
+    for t in list(example_inputs) + list(lowering._attr_tensors(gm).values()):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            return "device"
+    if not any(n.op == "call_function" or n.op == "call_method" for n in gm.graph.nodes):
+        return "empty"
+    return None
+
+
+@register_backend(name="kiln")
+def kiln(gm: torch.fx.GraphModule, example_inputs: list):
+    """Compiles `gm` through kilnd into fused CPU kernels plus ATen library calls."""
+    from kiln.daemon.artifact import ArtifactRejected
+    from kiln.daemon.client import DaemonUnavailable
+    from kiln.daemon.protocol import ProtocolUnavailable
+    from kiln.graph.lowering import LoweringError
+
+    reason = _fallback_reasons(gm, example_inputs)
+    if reason is not None:
+        log.debug("kiln backend: %s graph runs eagerly", reason)
+        return gm.forward
+    try:
+        compiled = compile_graph(gm, example_inputs)
+    except LoweringError as e:
+        _warn_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
+        return gm.forward
+    except (DaemonUnavailable, ProtocolUnavailable) as e:
+        _warn_once("daemon", f"no compile daemon ({e})")
+        return gm.forward
+    except CompileFailed as e:
+        _warn_once("compile", str(e))
+        return gm.forward
+    except ArtifactRejected as e:
+        _warn_once("artifact", str(e))
+        return gm.forward
+    except (RuntimeError, ValueError) as e:
+        _warn_once("load", f"cannot load the artifact ({e})")
+        return gm.forward
+    artifacts.append(compiled)
+    from kiln import config
+
+    if config.logs("codegen"):
+        from kiln.debug import format_artifact
+
+        print(format_artifact(compiled))
+    return compiled.plan
+
+
+def reset() -> None:
+    """Forgets the artifacts and the warnings given (kiln.reset)."""
+    artifacts.clear()
+    with _warn_lock:
+        _warned.clear()
+
+
+class CompileFailed(RuntimeError):
+    """kilnd answered with a CompileError."""
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:
+    from kiln.daemon import artifact as art
+    from kiln.daemon import protocol
+    from kiln.daemon.client import cache_dir, read_mac_key, shared_client
+    from kiln.daemon.graph_index import GraphIndex
+    from kiln.graph import lowering
+
+    start = time.perf_counter()
+    pb = protocol.messages()
+    client = shared_client()
+    client.ensure_running()
+    mac_key = read_mac_key()
+    target = art.cpu_target()
+    params = list(lowering._attr_tensors(gm).values())
+    index = GraphIndex(cache_dir() / "graphs")
+    skey = lowering.structure_key(gm, example_inputs) + ":" + target.SerializeToString().hex()
+    import hashlib
+
+    skey = hashlib.sha256(skey.encode()).hexdigest()
+    inputs = params + list(example_inputs)
+
+    known = index.get(skey)
+    if known is not None:
+        found = client.lookup_key(known)
+        if found.found:
+            body = art.verify(found.artifact, mac_key, known)
+            art.check_inputs(body, inputs)
+            plan = art.build_plan(body, params, len(example_inputs))
+            return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start, body,
+                                    plan)
+
+    lowered = lowering.lower(gm, example_inputs)
+    request = pb.service.CompileRequest(graph=lowered.graph, target=target)
+    response = client.compile(request)
+    if response.WhichOneof("result") == "error":
+        err = response.error
+        raise CompileFailed(f"kilnd could not compile the graph: "
+                            f"{pb.service.CompileError.Code.Name(err.code)}: {err.message}")
+    body = art.verify(response.artifact, mac_key, response.key)
+    art.check_inputs(body, inputs)
+    plan = art.build_plan(body, params, len(example_inputs))
+    index.put(skey, response.key)
+    return CompiledArtifact(response.key, response.cache_hit, False, response.compile_seconds,
+                            time.perf_counter() - start, body, plan, lowered.aten_graph)

@@ -1,0 +1,2 @@
+"""Talking to kilnd: the kiln.v1 messages, the client that finds or starts a daemon, and the
+checks an artifact passes before the runtime loads it."""

@@ -1,0 +1,187 @@
+"""What the client checks before it loads an artifact, and the conversion of a verified
+ArtifactBody into the C++ runtime's Plan. Nothing from the wire is executed before its MAC,
+its key and its plan's inputs have been checked."""
+import hashlib
+import hmac
+import os
+import platform
+from functools import lru_cache
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+
+class ArtifactRejected(RuntimeError):
+    """The artifact failed verification (MAC, key, target or input metadata)."""
+
+
+def verify(artifact, mac_key: bytes, expected_key: Optional[str] = None):
+    """The ArtifactBody of `artifact` once HMAC-SHA256(mac_key, body) equals its MAC (compared
+    in constant time) and, when given, its key is `expected_key`."""
+    from kiln.daemon import protocol
+
+    mac = hmac.new(mac_key, artifact.body, hashlib.sha256).digest()
+    if not hmac.compare_digest(mac, artifact.mac):
+        raise ArtifactRejected("artifact MAC does not verify: refusing to load it "
+                               "(another daemon's key, or the bytes were altered)")
+    body = protocol.messages().artifact.ArtifactBody.FromString(artifact.body)
+    if expected_key is not None and body.key != expected_key:
+        raise ArtifactRejected(f"artifact is for key {body.key[:16]}…, not {expected_key[:16]}…")
+    return body
+
+
+@lru_cache(maxsize=1)
+def cpu_isa() -> str:
+    """The x86-64 microarchitecture level of this CPU (what kernels may use), or "" elsewhere."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ""
+    try:
+        flags = set()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return "x86-64"
+    v2 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}
+    v3 = v2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}
+    v4 = v3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+    override = os.environ.get("KILN_CPU_ISA")
+    if override:
+        return override
+    for name, need in (("x86-64-v4", v4), ("x86-64-v3", v3), ("x86-64-v2", v2)):
+        if need <= flags:
+            return name
+    return "x86-64"
+
+
+def cpu_target():
+    from kiln.daemon import protocol
+
+    pb = protocol.messages()
+    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CPU, cpu_isa=cpu_isa())
+
+
+def _meta_tuple(meta):
+    from kiln.graph.lowering import dtype_from_pb
+
+    return (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides),
+            meta.storage_offset)
+
+
+def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
+    """Refuses a plan whose inputs do not describe `tensors` exactly (a wrong hit must never
+    run: this also catches a stale client-side index)."""
+    plan = body.plan
+    metas = {v.id: v.meta for v in plan.values}
+    if len(plan.inputs) != len(tensors):
+        raise ArtifactRejected(f"plan takes {len(plan.inputs)} inputs, not {len(tensors)}")
+    for i, (vid, t) in enumerate(zip(plan.inputs, tensors)):
+        meta = metas.get(vid)
+        if meta is None:
+            raise ArtifactRejected(f"plan input {i} has no metadata")
+        want = _meta_tuple(meta)
+        have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        if want[:3] != have[:3]:
+            raise ArtifactRejected(f"plan input {i} is {want[:3]}, the graph's is {have[:3]}")
+
+
+def _arg(arg) -> tuple:
+    from kiln.graph.lowering import dtype_from_pb, _MEMORY_FORMATS
+    from kiln.daemon import protocol
+
+    pb = protocol.messages()
+    kind = arg.WhichOneof("kind")
+    if kind == "value":
+        return (arg.name, "value", arg.value)
+    if kind == "int_value":
+        return (arg.name, "int", arg.int_value)
+    if kind == "float_value":
+        return (arg.name, "float", arg.float_value)
+    if kind == "bool_value":
+        return (arg.name, "bool", arg.bool_value)
+    if kind == "int_list":
+        return (arg.name, "ints", list(arg.int_list.values))
+    if kind == "value_list":
+        return (arg.name, "values", list(arg.value_list.ids))
+    if kind == "dtype_value":
+        return (arg.name, "dtype", _scalar_type(dtype_from_pb(arg.dtype_value)))
+    if kind == "none":
+        return (arg.name, "none", None)
+    if kind == "string_value":
+        return (arg.name, "str", arg.string_value)
+    if kind == "device_value":
+        dev = "cpu" if arg.device_value.kind == pb.graph.DEVICE_KIND_CPU \
+            else f"cuda:{arg.device_value.index}"
+        return (arg.name, "device", dev)
+    if kind == "memory_format_value":
+        name = pb.graph.MemoryFormat.Name(arg.memory_format_value)
+        fmt = {v: k for k, v in _MEMORY_FORMATS.items()}[name]
+        return (arg.name, "memory_format", _memory_format_int(fmt))
+    if kind == "layout_value":
+        return (arg.name, "layout", 0)  # c10::Layout::Strided
+    raise ArtifactRejected(f"plan argument of unknown kind {kind}")
+
+
+# c10::ScalarType numbering (stable across torch 2.x), which the runtime's Plan takes.
+_SCALAR_TYPES = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex64: 9,
+    torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15,
+}
+
+
+def _scalar_type(dtype: torch.dtype) -> int:
+    return _SCALAR_TYPES[dtype]
+
+
+def _memory_format_int(fmt) -> int:
+    return {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
+            torch.channels_last_3d: 3}[fmt]
+
+
+def _constant_tensor(const) -> torch.Tensor:
+    from kiln.graph.lowering import dtype_from_pb
+
+    meta = const.value.meta
+    dtype = dtype_from_pb(meta.dtype)
+    raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8) if const.data else \
+        torch.empty(0, dtype=torch.uint8)
+    return raw.view(dtype).reshape(tuple(meta.sizes)).clone()
+
+
+def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
+    """The runtime's Plan for a verified body. `bound` (parameters) are fixed at load and take
+    the plan's first inputs; the call passes the remaining `num_user_inputs` tensors."""
+    from kiln import _C
+
+    plan = body.plan
+    values = [(v.id, _scalar_type(_dtype_of(v.meta)), list(v.meta.sizes), list(v.meta.strides),
+               v.meta.storage_offset) for v in plan.values]
+    constants = [(c.value.id, _constant_tensor(c)) for c in plan.constants]
+    n_bound = len(plan.inputs) - num_user_inputs
+    if n_bound != len(bound):
+        raise ArtifactRejected(f"plan binds {n_bound} parameters, the graph has {len(bound)}")
+    constants += list(zip(plan.inputs[:n_bound], bound))
+    steps = []
+    for step in plan.steps:
+        kind = step.WhichOneof("kind")
+        if kind == "kernel":
+            k = step.kernel
+            steps.append(("kernel", k.symbol, list(k.args), list(k.writes), list(step.release)))
+        elif kind == "library":
+            c = step.library
+            steps.append(("library", c.op, [_arg(a) for a in c.args], list(c.outputs),
+                          list(step.release)))
+        else:
+            raise ArtifactRejected("plan step of unknown kind")
+    buffers = [(b.id, b.in_arena, b.arena_offset) for b in plan.buffers]
+    return _C.Plan(bytes(body.kernel_binary), values, list(plan.inputs[n_bound:]), constants,
+                   buffers, plan.arena_bytes, steps, list(plan.outputs), "cpu")
+
+
+def _dtype_of(meta) -> torch.dtype:
+    from kiln.graph.lowering import dtype_from_pb
+
+    return dtype_from_pb(meta.dtype)

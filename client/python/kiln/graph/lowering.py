@@ -1,0 +1,300 @@
+"""Lowering for the "kiln" backend: a captured FX graph -> an ATen-level graph (make_fx with
+functionalization and decompositions) -> the kiln.v1 graph IR the daemon compiles.
+
+The captured graph's parameters and buffers (get_attr nodes) become leading IR inputs, so the
+IR, and with it the cache key, never holds weights: the runtime binds them at load time.
+"""
+import hashlib
+import operator
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+from torch._decomp import get_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+# Composite ops rewritten into pointwise ATen ops the compiler fuses, and library ops it keeps.
+_DECOMPOSED = [
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm,
+    aten.silu, aten.hardswish, aten.hardsigmoid, aten.hardtanh, aten.gelu, aten.native_layer_norm,
+    aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
+    aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
+    aten.addcdiv, aten.lerp, aten.masked_fill, aten.squeeze, aten.unbind, aten.split,
+]
+
+
+class LoweringError(Exception):
+    """The graph uses something the kiln.v1 IR cannot express (the graph then runs eagerly)."""
+
+
+@dataclass
+class LoweredGraph:
+    graph: "object"                 # kiln.v1.Graph
+    params: List[torch.Tensor]      # tensors bound to the first len(params) IR inputs
+    num_user_inputs: int
+    aten_graph: torch.fx.GraphModule
+
+
+def decompositions():
+    return get_decompositions(_DECOMPOSED)
+
+
+def needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
+    """True when the graph would record autograd history: v1 compiles inference graphs only."""
+    if not torch.is_grad_enabled():
+        return False
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    tensors += list(_attr_tensors(gm).values())
+    return any(t.requires_grad for t in tensors)
+
+
+def _attr_tensors(gm: torch.fx.GraphModule) -> Dict[str, torch.Tensor]:
+    out = {}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)
+            if isinstance(value, torch.Tensor):
+                out[node.target] = value
+    return out
+
+
+def _with_attrs_as_inputs(gm: torch.fx.GraphModule) -> Tuple[torch.fx.GraphModule, List]:
+    """A copy of `gm` whose tensor get_attr nodes are leading placeholders."""
+    attrs = _attr_tensors(gm)
+    graph = torch.fx.Graph()
+    env = {}
+    order = list(attrs)
+    attr_nodes = {name: graph.placeholder(f"param_{i}") for i, name in enumerate(order)}
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target in attrs:
+            env[node] = attr_nodes[node.target]
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(gm, graph), [attrs[name] for name in order]
+
+
+def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.fx.GraphModule,
+                                                                        List[torch.Tensor]]:
+    """The ATen-level, functional graph of `gm` over (params..., inputs...)."""
+    flat, params = _with_attrs_as_inputs(gm)
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor):
+            raise LoweringError(f"non-tensor graph input of type {type(t).__name__}")
+    with torch.no_grad():
+        traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
+                         decomposition_table=decompositions(), tracing_mode="fake",
+                         _allow_non_fake_inputs=True)(*params, *example_inputs)
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
+    return traced, params
+
+
+# -- the IR ------------------------------------------------------------------------------------
+
+def _pb():
+    from kiln.daemon import protocol
+
+    return protocol.messages()
+
+
+_DTYPES = {
+    torch.float32: "DTYPE_FLOAT32", torch.float64: "DTYPE_FLOAT64", torch.float16: "DTYPE_FLOAT16",
+    torch.bfloat16: "DTYPE_BFLOAT16", torch.int8: "DTYPE_INT8", torch.int16: "DTYPE_INT16",
+    torch.int32: "DTYPE_INT32", torch.int64: "DTYPE_INT64", torch.uint8: "DTYPE_UINT8",
+    torch.bool: "DTYPE_BOOL", torch.complex64: "DTYPE_COMPLEX64",
+    torch.complex128: "DTYPE_COMPLEX128",
+}
+_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+_MEMORY_FORMATS = {
+    torch.contiguous_format: "MEMORY_FORMAT_CONTIGUOUS",
+    torch.preserve_format: "MEMORY_FORMAT_PRESERVE",
+    torch.channels_last: "MEMORY_FORMAT_CHANNELS_LAST",
+    torch.channels_last_3d: "MEMORY_FORMAT_CHANNELS_LAST_3D",
+}
+
+
+def dtype_to_pb(dtype: torch.dtype) -> int:
+    pb = _pb()
+    try:
+        return pb.graph.DType.Value(_DTYPES[dtype])
+    except KeyError:
+        raise LoweringError(f"dtype {dtype} has no kiln.v1 encoding") from None
+
+
+def dtype_from_pb(value: int) -> torch.dtype:
+    return _DTYPE_BY_NAME[_pb().graph.DType.Name(value)]
+
+
+def _device_to_pb(device: torch.device, out) -> None:
+    pb = _pb()
+    if device.type == "cpu":
+        out.kind = pb.graph.DEVICE_KIND_CPU
+    elif device.type == "cuda":
+        out.kind = pb.graph.DEVICE_KIND_CUDA
+    else:
+        raise LoweringError(f"device {device} has no kiln.v1 encoding")
+    out.index = device.index or 0
+
+
+def meta_to_pb(t: torch.Tensor, out) -> None:
+    out.dtype = dtype_to_pb(t.dtype)
+    out.sizes.extend(int(s) for s in t.shape)
+    out.strides.extend(int(s) for s in t.stride())
+    _device_to_pb(t.device, out.device)
+    out.storage_offset = int(t.storage_offset())
+    out.requires_grad = bool(t.requires_grad)
+
+
+def op_name(target) -> str:
+    schema = target._schema
+    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+
+
+class _Builder:
+    def __init__(self):
+        self.pb = _pb()
+        self.graph = self.pb.graph.Graph()
+        self.ids: Dict[torch.fx.Node, object] = {}  # node -> id, or tuple of ids
+        self.next_id = 0
+
+    def new_value(self, fake: torch.Tensor, out) -> int:
+        if not isinstance(fake, torch.Tensor):
+            raise LoweringError(f"a non-tensor value ({type(fake).__name__}) in the ATen graph")
+        out.id = self.next_id
+        self.next_id += 1
+        meta_to_pb(fake, out.meta)
+        return out.id
+
+    def argument(self, arg, value, schema_arg) -> None:
+        if isinstance(value, torch.fx.Node):
+            vid = self.ids[value]
+            if isinstance(vid, tuple):
+                raise LoweringError(f"tuple-valued node {value} used as one value")
+            arg.value = vid
+        elif isinstance(value, bool):
+            arg.bool_value = value
+        elif isinstance(value, int):
+            arg.int_value = value
+        elif isinstance(value, float):
+            arg.float_value = value
+        elif value is None:
+            arg.none.SetInParent()
+        elif isinstance(value, str):
+            arg.string_value = value
+        elif isinstance(value, torch.dtype):
+            arg.dtype_value = dtype_to_pb(value)
+        elif isinstance(value, torch.device):
+            _device_to_pb(value, arg.device_value)
+        elif isinstance(value, torch.memory_format):
+            arg.memory_format_value = self.pb.graph.MemoryFormat.Value(_MEMORY_FORMATS[value])
+        elif isinstance(value, torch.layout):
+            if value != torch.strided:
+                raise LoweringError(f"layout {value} is not supported")
+            arg.layout_value = self.pb.graph.LAYOUT_STRIDED
+        elif isinstance(value, (list, tuple)):
+            if all(isinstance(v, torch.fx.Node) for v in value) and value:
+                ids = [self.ids[v] for v in value]
+                if any(isinstance(i, tuple) for i in ids):
+                    raise LoweringError("a tuple-valued node inside a tensor list")
+                arg.value_list.ids.extend(ids)
+            elif all(isinstance(v, bool) for v in value) and value:
+                raise LoweringError("bool[] arguments are not supported")
+            elif all(isinstance(v, int) for v in value):
+                arg.int_list.values.extend(value)
+            else:
+                raise LoweringError(f"unsupported list argument {value!r} of {schema_arg}")
+        else:
+            raise LoweringError(f"unsupported argument {value!r} ({type(value).__name__})")
+
+    def node(self, n: torch.fx.Node) -> None:
+        if n.target is operator.getitem:
+            base, index = n.args
+            self.ids[n] = self.ids[base][index]
+            return
+        if not isinstance(n.target, torch._ops.OpOverload):
+            raise LoweringError(f"non-ATen call {n.target}")
+        schema = n.target._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            raise LoweringError(f"{op_name(n.target)} mutates its input")
+        node = self.graph.nodes.add()
+        node.op = op_name(n.target)
+        for value, sarg in zip(n.args, schema.arguments):
+            self.argument(node.args.add(), value, sarg.name)
+        by_name = {a.name: a for a in schema.arguments}
+        for name, value in n.kwargs.items():
+            if name not in by_name:
+                raise LoweringError(f"unknown argument {name} of {node.op}")
+            arg = node.args.add()
+            arg.name = name
+            self.argument(arg, value, name)
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            self.ids[n] = self.new_value(val, node.outputs.add())
+        elif isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor)
+                                                            for v in val):
+            self.ids[n] = tuple(self.new_value(v, node.outputs.add()) for v in val)
+        else:
+            raise LoweringError(f"{node.op} returns {type(val).__name__}, not tensors")
+
+
+def to_ir(aten_gm: torch.fx.GraphModule):
+    """The kiln.v1.Graph of an ATen-level graph module (placeholders in order are its inputs)."""
+    b = _Builder()
+    for n in aten_gm.graph.nodes:
+        if n.op == "placeholder":
+            b.ids[n] = b.new_value(n.meta["val"], b.graph.inputs.add())
+        elif n.op == "get_attr":
+            real = operator.attrgetter(n.target)(aten_gm)
+            if not isinstance(real, torch.Tensor):
+                raise LoweringError(f"non-tensor attribute {n.target}")
+            const = b.graph.constants.add()
+            dense = real.detach().contiguous()
+            b.ids[n] = b.new_value(dense, const.value)
+            if dense.dtype == torch.bfloat16 or dense.dtype == torch.float16:
+                const.data = dense.view(torch.int16).numpy().tobytes()
+            elif dense.dtype == torch.bool:
+                const.data = dense.view(torch.uint8).numpy().tobytes()
+            else:
+                const.data = dense.numpy().tobytes()
+        elif n.op == "call_function":
+            b.node(n)
+        elif n.op == "output":
+            flat = torch.utils._pytree.tree_leaves(n.args[0])
+            for out in flat:
+                if not isinstance(out, torch.fx.Node) or isinstance(b.ids.get(out), tuple):
+                    raise LoweringError(f"graph output {out!r} is not a tensor")
+                b.graph.outputs.append(b.ids[out])
+        else:
+            raise LoweringError(f"unexpected node kind {n.op}")
+    for n in aten_gm.graph.nodes:
+        if n.op == "call_function" and n.target in (aten.copy_.default,):
+            raise LoweringError("the graph mutates an input")
+    return b.graph
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence) -> LoweredGraph:
+    aten_gm, params = to_aten(gm, example_inputs)
+    return LoweredGraph(to_ir(aten_gm), params, len(example_inputs), aten_gm)
+
+
+def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
+    """A digest of everything the lowering depends on, taken before lowering: the captured
+    graph's code, every input's and parameter's metadata, torch's version. Two processes with
+    equal digests lower to the same IR, so a warm process may skip the lowering."""
+    h = hashlib.sha256()
+    h.update(torch.__version__.encode())
+    h.update(gm.code.encode())
+    for name, t in sorted(_attr_tensors(gm).items()):
+        h.update(name.encode())
+        h.update(_meta_text(t).encode())
+    for t in example_inputs:
+        h.update(_meta_text(t).encode() if isinstance(t, torch.Tensor) else repr(t).encode())
+    h.update(str(torch.is_grad_enabled()).encode())
+    return h.hexdigest()
+
+
+def _meta_text(t: torch.Tensor) -> str:
+    return f"{t.dtype}|{tuple(t.shape)}|{t.stride()}|{t.storage_offset()}|{t.device}|" \
+           f"{t.requires_grad}|{type(t).__name__};"

@@ -1,0 +1,108 @@
+"""Lowering for the "kiln" backend: captured FX graph -> ATen graph -> kiln.v1 IR."""
+import pytest
+import torch
+
+import kiln
+from kiln.daemon import protocol
+from kiln.graph import lowering
+
+pytestmark = pytest.mark.skipif(not protocol.available(), reason="grpcio-tools/protobuf missing")
+
+
+def capture(fn, *args):
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    kiln.reset()
+    kiln.compile(fn, backend=backend)(*args)
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def test_pointwise_graph_lowers_to_aten_ops_with_metadata():
+    gm, ex = capture(lambda x, y: torch.relu(x * 2 + y), torch.randn(4, 5), torch.randn(5))
+    lo = lowering.lower(gm, ex)
+    ops = [n.op for n in lo.graph.nodes]
+    assert ops == ["aten::mul.Tensor", "aten::add.Tensor", "aten::relu"]
+    assert [list(v.meta.sizes) for v in lo.graph.inputs] == [[4, 5], [5]]
+    assert list(lo.graph.inputs[0].meta.strides) == [5, 1]
+    out = lo.graph.nodes[-1].outputs[0]
+    assert list(lo.graph.outputs) == [out.id]
+    assert lo.params == [] and lo.num_user_inputs == 2
+
+
+def test_parameters_become_leading_inputs_not_constants():
+    lin = torch.nn.Linear(8, 3).eval()
+    with torch.no_grad():
+        gm, ex = capture(lin, torch.randn(2, 8))
+        lo = lowering.lower(gm, ex)
+    assert len(lo.graph.constants) == 0
+    assert len(lo.graph.inputs) == 3
+    assert {p.data_ptr() for p in lo.params} == {lin.weight.data_ptr(), lin.bias.data_ptr()}
+    assert [list(v.meta.sizes) for v in lo.graph.inputs][2] == [2, 8]
+    assert "aten::mm" in [n.op for n in lo.graph.nodes]
+
+
+def test_batch_norm_in_eval_decomposes_into_pointwise_ops():
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    m.eval()
+    with torch.no_grad():
+        gm, ex = capture(m, torch.randn(1, 3, 8, 8))
+        lo = lowering.lower(gm, ex)
+    ops = {n.op for n in lo.graph.nodes}
+    assert "aten::convolution" in ops and "aten::rsqrt" in ops
+    assert not any("batch_norm" in op for op in ops)
+
+
+def test_multi_output_ops_bind_each_output():
+    def f(x):
+        v, m = torch.var_mean(x, dim=-1, keepdim=True)
+        return (x - m) * torch.rsqrt(v + 1e-5)
+
+    gm, ex = capture(f, torch.randn(3, 6))
+    lo = lowering.lower(gm, ex)
+    vm = next(n for n in lo.graph.nodes if n.op == "aten::var_mean.correction")
+    assert len(vm.outputs) == 2
+    used = {a.value for n in lo.graph.nodes for a in n.args if a.WhichOneof("kind") == "value"}
+    assert {o.id for o in vm.outputs} <= used
+
+
+def test_scalar_and_list_arguments_keep_their_kinds():
+    gm, ex = capture(lambda x: x.permute(1, 0).sum(dim=0, keepdim=True) * 0.5, torch.randn(3, 4))
+    lo = lowering.lower(gm, ex)
+    perm = next(n for n in lo.graph.nodes if n.op == "aten::permute")
+    assert perm.args[1].WhichOneof("kind") == "int_list"
+    assert list(perm.args[1].int_list.values) == [1, 0]
+    mul = next(n for n in lo.graph.nodes if n.op.startswith("aten::mul"))
+    assert any(a.WhichOneof("kind") == "float_value" and a.float_value == 0.5 for a in mul.args)
+
+
+def test_graph_that_mutates_an_input_is_refused():
+    def f(x, y):
+        x.add_(1)
+        return x * y
+
+    gm, ex = capture(f, torch.randn(3), torch.randn(3))
+    with pytest.raises(lowering.LoweringError):
+        lowering.lower(gm, [t.clone() for t in ex])
+
+
+def test_autograd_graphs_are_detected():
+    gm, ex = capture(lambda x: x * 2, torch.randn(3, requires_grad=True))
+    assert lowering.needs_autograd(gm, ex)
+    with torch.no_grad():
+        assert not lowering.needs_autograd(gm, ex)
+
+
+def test_structure_key_changes_with_input_metadata_and_code():
+    gm, ex = capture(lambda x: x * 2, torch.randn(3, 4))
+    k = lowering.structure_key(gm, ex)
+    assert k == lowering.structure_key(gm, [torch.randn(3, 4)])
+    assert k != lowering.structure_key(gm, [torch.randn(4, 3)])
+    assert k != lowering.structure_key(gm, [torch.randn(3, 4, dtype=torch.float64)])
+    assert k != lowering.structure_key(gm, [torch.randn(4, 3).t()])
+    gm2, _ = capture(lambda x: x * 3, torch.randn(3, 4))
+    assert k != lowering.structure_key(gm2, ex)
