@@ -51,7 +51,50 @@ def build_model(name: str, device: str = "cpu"):
                                       torch.nn.LayerNorm(1024)) for _ in range(8)]
         return (torch.nn.Sequential(*layers).eval().to(device),
                 (torch.randn(64, 1024, device=device),))
+    if name == "mobilenet_v3_small":
+        from torchvision.models import mobilenet_v3_small
+
+        return mobilenet_v3_small().eval().to(device), (torch.randn(8, 3, 224, 224, device=device),)
+    if name == "vit_b_16":
+        from torchvision.models import vit_b_16
+
+        return vit_b_16().eval().to(device), (torch.randn(1, 3, 224, 224, device=device),)
+    if name == "bert":
+        from transformers import BertConfig, BertModel
+
+        m = BertModel(BertConfig(attn_implementation="sdpa")).eval().to(device)
+        return m, (torch.randint(0, 30522, (2, 128), device=device),)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+
+        m = GPT2Model(GPT2Config(use_cache=False, attn_implementation="sdpa")).eval().to(device)
+        return m, (torch.randint(0, 50257, (2, 128), device=device),)
+    if name == "toy_add":  # seed 000: foo(a, b) = torch.add(a, b)
+        return _Fn(lambda a, b: torch.add(a, b)), (torch.randn(64, 64), torch.randn(64, 64))
+    if name == "toy_sin_cos":  # seed 000: sin(x) + cos(y)
+        return _Fn(lambda x, y: torch.sin(x) + torch.cos(y)), (torch.randn(256, 256),
+                                                               torch.randn(256, 256))
     raise SystemExit(f"unknown model {name}")
+
+
+class _Fn(torch.nn.Module):
+    """A plain function as a module, so every benchmark compiles modules."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def first_tensor(out):
+    """The first tensor of a model's output (a tensor, a tuple, or a HuggingFace ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    return out[0]
 
 
 def emit(record: dict, out_path: str = None):
