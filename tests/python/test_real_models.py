@@ -67,3 +67,22 @@ def test_small_gpt2_matches_eager():
     model = transformers.GPT2Model(config)
     out, ref = _compile_and_compare(model, torch.randint(0, 1000, (2, 16)))
     torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+
+
+def test_small_gpt2_without_cache_is_one_graph_and_matches_eager():
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=2, vocab_size=1000,
+                                     use_cache=False, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2Model(config).eval()
+    x = torch.randint(0, 1000, (2, 16))
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    with torch.no_grad():
+        ref = model(x)
+        out = kiln.compile(model, backend=counting, fullgraph=True)(x)
+    torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+    assert len(graphs) == 1
