@@ -49,3 +49,6 @@ fi
 log "building (-j$jobs)"
 cmake --build build -j"$jobs" 2>&1 | grep -E "error|warning:|Error" || true
 cmake --build build -j"$jobs" >/dev/null
+
+# 4. The kiln.v1 Python messages (client/python/kiln/v1, generated from proto/ when stale).
+.venv/bin/python -c 'from kiln.daemon import protocol; protocol.ensure_generated()'

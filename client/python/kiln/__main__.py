@@ -55,6 +55,15 @@ def demo(args):
     if not entries:
         print("  no entries: the model ran eagerly (see KILN_LOG=all)")
         return 1
+    for a in kiln.debug.artifacts(model):
+        where = ("hit in the client's index and kilnd's cache: nothing lowered or compiled"
+                 if a.index_hit else "kilnd cache hit" if a.cache_hit
+                 else f"compiled by kilnd in {a.compile_seconds:.2f} s")
+        print(f"  artifact {a.key[:16]}: {a.plan.num_kernels} fused kernels, "
+              f"{a.plan.num_library_calls} library calls; {where}; loaded in "
+              f"{a.client_seconds * 1e3:.1f} ms")
+    if args.backend == "kiln" and not kiln.debug.artifacts(model):
+        print("  the kiln backend ran the graph eagerly (see the warning above)")
     return 0
 
 
@@ -65,7 +74,7 @@ def main(argv=None):
     d.add_argument("--batch", type=int, default=8)
     d.add_argument("--iters", type=int, default=10)
     d.add_argument("--threads", type=int, default=2)
-    d.add_argument("--backend", default="eager")
+    d.add_argument("--backend", default="kiln")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)

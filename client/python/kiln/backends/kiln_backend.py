@@ -65,7 +65,7 @@ def _fallback_reasons(gm, example_inputs) -> Optional[str]:
 def kiln(gm: torch.fx.GraphModule, example_inputs: list):
     """Compiles `gm` through kilnd into fused CPU kernels plus ATen library calls."""
     from kiln.daemon.artifact import ArtifactRejected
-    from kiln.daemon.client import DaemonUnavailable
+    from kiln.daemon.client import DaemonRefused, DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
     from kiln.graph.lowering import LoweringError
 
@@ -77,6 +77,9 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list):
         compiled = compile_graph(gm, example_inputs)
     except LoweringError as e:
         _warn_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
+        return gm.forward
+    except DaemonRefused as e:
+        _warn_once("refused", f"kilnd refused the graph ({e})")
         return gm.forward
     except (DaemonUnavailable, ProtocolUnavailable) as e:
         _warn_once("daemon", f"no compile daemon ({e})")
@@ -90,6 +93,7 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list):
     except (RuntimeError, ValueError) as e:
         _warn_once("load", f"cannot load the artifact ({e})")
         return gm.forward
+    compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
     artifacts.append(compiled)
     from kiln import config
 

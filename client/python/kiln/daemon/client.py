@@ -17,6 +17,10 @@ class DaemonUnavailable(RuntimeError):
     """No daemon answered, or it failed the request."""
 
 
+class DaemonRefused(DaemonUnavailable):
+    """The daemon answered and refused the request (invalid graph, queue full, frozen miss)."""
+
+
 def cache_dir() -> Path:
     """kilnd's default --cache-dir: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
     ~/.cache/kiln (the same rule as kilnd's)."""
@@ -126,8 +130,12 @@ class DaemonClient:
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self.metadata)
         except self._grpc.RpcError as e:
-            raise DaemonUnavailable(f"{method} on {self.target}: {e.code().name}: "
-                                    f"{e.details()}") from e
+            code = e.code()
+            gone = code in (self._grpc.StatusCode.UNAVAILABLE,
+                            self._grpc.StatusCode.DEADLINE_EXCEEDED,
+                            self._grpc.StatusCode.CANCELLED, self._grpc.StatusCode.UNKNOWN)
+            error = DaemonUnavailable if gone else DaemonRefused
+            raise error(f"{method} on {self.target}: {code.name}: {e.details()}") from e
 
     def health(self, timeout: float = 2.0):
         return self._call("Health", self.pb.service.HealthRequest(), timeout)
