@@ -1,0 +1,62 @@
+// The CPU compile pipeline and its error mapping: unsupported targets are CODE_UNIMPLEMENTED,
+// toolchain failures CODE_TOOLCHAIN; anything the generator cannot fuse is a library step.
+#include "compiler/cpu_compiler.h"
+
+#include "absl/strings/str_cat.h"
+#include "compiler/cpp_codegen.h"
+#include "compiler/fusion.h"
+#include "compiler/memory_plan.h"
+
+namespace kiln::compiler {
+namespace {
+
+// Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-1";
+
+absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
+  kiln::v1::CompileError error;
+  error.set_code(code);
+  error.set_message(std::move(message));
+  return CompileErrorStatus(error);
+}
+
+}  // namespace
+
+CpuCompiler::CpuCompiler(CpuCompilerOptions options)
+    : toolchain_(options.cxx, options.timeout),
+      version_(absl::StrCat(kCpuCompilerVersion, "|", toolchain_.Version())) {}
+
+absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
+    const kiln::v1::CompileRequest& request) {
+  const kiln::v1::Target& target = request.target();
+  if (target.device_kind() != kiln::v1::DEVICE_KIND_CPU) {
+    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                 "kilnd compiles CPU targets only; run CUDA graphs eagerly");
+  }
+  const std::string isa = target.cpu_isa().empty() ? "x86-64" : target.cpu_isa();
+  if (!Toolchain::KnownIsa(isa)) {
+    return Error(kiln::v1::CompileError::CODE_UNSUPPORTED_SHAPE,
+                 absl::StrCat("unknown cpu_isa '", isa.substr(0, 32), "'"));
+  }
+  const kiln::v1::Graph& graph = request.graph();
+  FusedProgram program = FuseGraph(graph);
+  kiln::v1::ArtifactBody body;
+  *body.mutable_plan() = BuildPlan(graph, program);
+  bool has_kernels = false;
+  for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;
+  if (!has_kernels) {
+    body.set_format(kiln::v1::BINARY_FORMAT_UNSPECIFIED);
+    return body;
+  }
+  std::string source = GenerateCpp(graph, program);
+  auto so = toolchain_.BuildSharedObject(source, isa);
+  if (!so.ok()) {
+    return Error(kiln::v1::CompileError::CODE_TOOLCHAIN, std::string(so.status().message()));
+  }
+  body.set_format(kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
+  body.set_kernel_binary(std::move(*so));
+  body.set_kernel_source(std::move(source));
+  return body;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,240 @@
+// Greedy vertical fusion over the topological order, view folding, and dead-step removal.
+#include "compiler/fusion.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "compiler/pointwise_ops.h"
+
+namespace kiln::compiler {
+namespace {
+
+using kiln::v1::Argument;
+using kiln::v1::Graph;
+using kiln::v1::Node;
+using kiln::v1::TensorMeta;
+using MetaMap = std::unordered_map<uint32_t, const TensorMeta*>;
+
+std::vector<int64_t> Sizes(const TensorMeta& m) { return {m.sizes().begin(), m.sizes().end()}; }
+
+// Binds a node's arguments to the op's formals; nullopt when an argument is unknown.
+std::optional<std::vector<const Argument*>> Bind(const Node& node, const PointwiseOp& op) {
+  std::vector<const Argument*> bound(op.formals.size(), nullptr);
+  size_t next = 0;
+  for (const Argument& a : node.args()) {
+    size_t pos;
+    if (a.name().empty()) {
+      pos = next++;
+    } else {
+      auto it = std::find(op.formals.begin(), op.formals.end(), a.name());
+      if (it == op.formals.end()) return std::nullopt;
+      pos = static_cast<size_t>(it - op.formals.begin());
+    }
+    if (pos >= bound.size() || bound[pos] != nullptr) return std::nullopt;
+    bound[pos] = &a;
+  }
+  return bound;
+}
+
+bool IsTensorFormal(const PointwiseOp& op, const std::string& formal) {
+  return std::find(op.tensor_formals.begin(), op.tensor_formals.end(), formal) !=
+         op.tensor_formals.end();
+}
+
+}  // namespace
+
+bool IsFusable(const Node& node, const MetaMap& meta) {
+  const PointwiseOp* op = FindPointwise(node.op());
+  if (op == nullptr || node.outputs_size() != 1) return false;
+  const TensorMeta& out = node.outputs(0).meta();
+  if (out.device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
+  const std::string type = ComputeType(out.dtype());
+  if (type.empty()) return false;
+  auto bound = Bind(node, *op);
+  if (!bound) return false;
+  std::vector<std::optional<Operand>> operands(op->formals.size());
+  for (size_t i = 0; i < op->formals.size(); ++i) {
+    const Argument* a = (*bound)[i];
+    if (a == nullptr || a->kind_case() == Argument::kNone) continue;
+    if (a->kind_case() == Argument::kValue) {
+      if (!IsTensorFormal(*op, op->formals[i])) return false;
+      auto it = meta.find(a->value());
+      if (it == meta.end() || ComputeType(it->second->dtype()).empty()) return false;
+      if (it->second->device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
+      // Inputs broadcast to the output: never more dims, each size equal or 1.
+      const auto& in = it->second->sizes();
+      if (in.size() > out.sizes().size()) return false;
+      for (int d = 0; d < in.size(); ++d) {
+        int64_t o = out.sizes(out.sizes().size() - in.size() + d);
+        if (in[d] != o && in[d] != 1) return false;
+      }
+      operands[i] = Operand{"x", true, 0};
+      continue;
+    }
+    // dtype/layout/memory-format/device arguments of _to_copy and clone: only defaults fuse.
+    if (node.op() == "aten::_to_copy" || node.op() == "aten::clone") {
+      if (op->formals[i] == "dtype" || op->formals[i] == "layout" ||
+          op->formals[i] == "pin_memory" || op->formals[i] == "non_blocking") {
+        continue;
+      }
+      if (op->formals[i] == "memory_format") continue;  // output strides come from its meta
+      return false;
+    }
+    if (a->kind_case() == Argument::kStringValue && op->formals[i] != "rounding_mode" &&
+        op->formals[i] != "approximate") {
+      return false;
+    }
+    auto literal = ScalarLiteral(*a);
+    if (!literal) return false;
+    double v = a->kind_case() == Argument::kFloatValue ? a->float_value()
+               : a->kind_case() == Argument::kIntValue ? static_cast<double>(a->int_value())
+               : a->kind_case() == Argument::kBoolValue ? (a->bool_value() ? 1.0 : 0.0) : 0.0;
+    operands[i] = Operand{*literal, false, v};
+  }
+  if (node.op() == "aten::_to_copy") {
+    // A device argument other than None moves data: a library call.
+    auto b = *bound;
+    if (b.size() > 3 && b[3] != nullptr && b[3]->kind_case() != Argument::kNone) return false;
+  }
+  for (size_t i = 0; i < op->formals.size(); ++i) {
+    if (!operands[i] && IsTensorFormal(*op, op->formals[i]) && i == 0) return false;
+  }
+  return op->emit(operands, type).has_value();
+}
+
+FusedProgram FuseGraph(const Graph& graph) {
+  FusedProgram program;
+  MetaMap& meta = program.meta;
+  std::unordered_map<uint32_t, int> producer;  // value -> node index
+  for (const auto& v : graph.inputs()) meta[v.id()] = &v.meta();
+  for (const auto& c : graph.constants()) meta[c.value().id()] = &c.value().meta();
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    for (const auto& out : graph.nodes(i).outputs()) {
+      meta[out.id()] = &out.meta();
+      producer[out.id()] = i;
+    }
+  }
+  auto reads = [](const Node& n) {
+    std::vector<uint32_t> ids;
+    for (const Argument& a : n.args()) {
+      if (a.kind_case() == Argument::kValue) ids.push_back(a.value());
+      if (a.kind_case() == Argument::kValueList)
+        ids.insert(ids.end(), a.value_list().ids().begin(), a.value_list().ids().end());
+    }
+    return ids;
+  };
+
+  // 1. Greedy grouping in topological order. A library node that does not read the open group
+  // is placed before it (its inputs all exist already), so groups grow across unrelated calls.
+  std::vector<int> node_group(graph.nodes_size(), -1);
+  int open = -1;
+  std::unordered_set<uint32_t> open_defs;
+  auto close = [&] {
+    if (open >= 0) program.steps.push_back({true, -1, open});
+    open = -1;
+    open_defs.clear();
+  };
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& n = graph.nodes(i);
+    if (IsFusable(n, meta)) {
+      std::vector<int64_t> sizes = Sizes(n.outputs(0).meta());
+      if (open < 0 || program.groups[open].sizes != sizes) {
+        close();
+        program.groups.push_back(FusedGroup{{}, sizes, {}, {}, {}});
+        open = static_cast<int>(program.groups.size()) - 1;
+      }
+      program.groups[open].nodes.push_back(i);
+      node_group[i] = open;
+      open_defs.insert(n.outputs(0).id());
+      continue;
+    }
+    for (uint32_t id : reads(n)) {
+      if (open_defs.count(id)) {
+        close();
+        break;
+      }
+    }
+    program.steps.push_back({false, i, -1});
+  }
+  close();
+
+  // 2. Each group's inputs (views folded into strides) and materialized outputs.
+  std::unordered_set<uint32_t> graph_outputs(graph.outputs().begin(), graph.outputs().end());
+  std::unordered_map<uint32_t, std::vector<int>> consumers;  // value -> reading nodes
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    for (uint32_t id : reads(graph.nodes(i))) consumers[id].push_back(i);
+  }
+  for (size_t g = 0; g < program.groups.size(); ++g) {
+    FusedGroup& group = program.groups[g];
+    std::unordered_set<uint32_t> defs, seen;
+    for (int i : group.nodes) defs.insert(graph.nodes(i).outputs(0).id());
+    const int rank = static_cast<int>(group.sizes.size());
+    for (int i : group.nodes) {
+      for (uint32_t id : reads(graph.nodes(i))) {
+        if (defs.count(id) || !seen.insert(id).second) continue;
+        group.input_ids.push_back(id);
+        // Fold a chain of single-output views: read the base with the view's strides.
+        uint32_t base = id;
+        while (true) {
+          auto p = producer.find(base);
+          if (p == producer.end()) break;
+          const Node& pn = graph.nodes(p->second);
+          if (!IsViewOp(pn.op()) || pn.outputs_size() != 1 || pn.args_size() == 0 ||
+              pn.args(0).kind_case() != Argument::kValue) {
+            break;
+          }
+          base = pn.args(0).value();
+        }
+        const TensorMeta& vm = *meta[id];
+        KernelOperand operand;
+        operand.base = base;
+        operand.offset = vm.storage_offset() - meta[base]->storage_offset();
+        operand.strides.assign(rank, 0);
+        const int vr = vm.sizes_size();
+        for (int d = 0; d < vr; ++d) {
+          if (vm.sizes(d) != 1) operand.strides[rank - vr + d] = vm.strides(d);
+        }
+        group.inputs.push_back(operand);
+      }
+    }
+    for (int i : group.nodes) {
+      uint32_t id = graph.nodes(i).outputs(0).id();
+      bool outside = graph_outputs.count(id) != 0;
+      for (int c : consumers[id]) outside = outside || node_group[c] != static_cast<int>(g);
+      if (outside) group.outputs.push_back(id);
+    }
+  }
+
+  // 3. Dead steps: library calls none of whose outputs is read by a later step (kernels read
+  // folded bases) or returned. Walk backwards so chains of dead views go at once.
+  std::unordered_set<uint32_t> live(graph_outputs);
+  std::vector<FusedStep> kept;
+  for (auto it = program.steps.rbegin(); it != program.steps.rend(); ++it) {
+    if (it->is_kernel) {
+      FusedGroup& group = program.groups[it->group];
+      // Outputs nobody reads any more (their readers were folded away) are not materialized.
+      std::vector<uint32_t> outs;
+      for (uint32_t id : group.outputs) {
+        if (live.count(id)) outs.push_back(id);
+      }
+      group.outputs = outs;
+      if (group.outputs.empty()) continue;
+      for (const KernelOperand& in : group.inputs) live.insert(in.base);
+      kept.push_back(*it);
+      continue;
+    }
+    const Node& n = graph.nodes(it->node);
+    bool used = false;
+    for (const auto& out : n.outputs()) used = used || live.count(out.id());
+    if (!used) continue;
+    for (uint32_t id : reads(n)) live.insert(id);
+    kept.push_back(*it);
+  }
+  std::reverse(kept.begin(), kept.end());
+  program.steps = std::move(kept);
+  return program;
+}
+
+}  // namespace kiln::compiler

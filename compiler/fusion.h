@@ -1,0 +1,49 @@
+// Fusion for the CPU target: pointwise nodes with one iteration space become one kernel group,
+// views feeding a group are folded into its operands' strides, everything else is a library
+// step; steps nobody reads are dropped. The result is in execution order.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// A tensor a kernel reads: the value it indexes (`base`), at an element offset from the base's
+// first element, with strides over the kernel's iteration space (0 where broadcast).
+struct KernelOperand {
+  uint32_t base = 0;
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+};
+
+struct FusedGroup {
+  std::vector<int> nodes;              // indices into Graph.nodes, in order
+  std::vector<int64_t> sizes;          // the iteration space (every node's output sizes)
+  std::vector<uint32_t> input_ids;     // distinct values read from outside the group
+  std::vector<KernelOperand> inputs;   // one per input_ids entry, views folded
+  std::vector<uint32_t> outputs;       // values materialized (read later or returned)
+};
+
+struct FusedStep {
+  bool is_kernel = false;
+  int node = -1;   // library step: index into Graph.nodes
+  int group = -1;  // kernel step: index into FusedProgram.groups
+};
+
+struct FusedProgram {
+  std::vector<FusedGroup> groups;
+  std::vector<FusedStep> steps;
+  std::unordered_map<uint32_t, const kiln::v1::TensorMeta*> meta;  // every value of the graph
+};
+
+// Plans `graph` (validated). Never fails: what cannot be fused is a library step.
+FusedProgram FuseGraph(const kiln::v1::Graph& graph);
+
+// The C++ compute type a fusable node computes in, or "" when the node is not fusable.
+bool IsFusable(const kiln::v1::Node& node,
+               const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
+
+}  // namespace kiln::compiler

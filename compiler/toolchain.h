@@ -1,0 +1,35 @@
+// The host C++ compiler as kilnd runs it: generated source in a private temporary directory,
+// g++ started with posix_spawn (no shell), a time limit, the shared object's bytes back.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kiln::compiler {
+
+class Toolchain {
+ public:
+  Toolchain(std::string cxx, std::chrono::seconds timeout);
+
+  // Builds `source` into a shared object for `isa` (one of KnownIsa()). On a compiler failure
+  // the status is kInternal with the first lines of its diagnostics (the caller makes it a
+  // CODE_TOOLCHAIN error); kDeadlineExceeded when it ran past the time limit.
+  absl::StatusOr<std::string> BuildSharedObject(const std::string& source,
+                                                const std::string& isa) const;
+
+  // "<cxx --version first line>|<flags>": part of every cache key.
+  const std::string& Version() const { return version_; }
+
+  static bool KnownIsa(const std::string& isa);
+  static std::vector<std::string> Flags(const std::string& isa);
+
+ private:
+  std::string cxx_;
+  std::chrono::seconds timeout_;
+  std::string version_;
+};
+
+}  // namespace kiln::compiler

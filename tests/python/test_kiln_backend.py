@@ -1,0 +1,231 @@
+"""The "kiln" backend end to end: capture -> lowering -> a real kilnd (started by the client in a
+private cache directory) -> verified artifact -> the C++ runtime; results against eager."""
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import kiln
+from kiln.backends import kiln_backend
+from kiln.daemon import client as daemon_client
+from kiln.daemon import protocol
+
+KILND = daemon_client.kilnd_binary()
+pytestmark = [
+    pytest.mark.skipif(not protocol.available(), reason="grpcio-tools/protobuf missing"),
+    pytest.mark.skipif(KILND is None, reason="kilnd is not built on this machine"),
+]
+
+
+@pytest.fixture(scope="module")
+def daemon_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kiln-cache")
+    env = {"KILN_CACHE_DIR": str(root)}
+    saved = {k: os.environ.get(k) for k in ("KILN_CACHE_DIR", "XDG_RUNTIME_DIR", "KILN_DAEMON",
+                                            "KILN_MAC_KEY_FILE")}
+    os.environ.update(env)
+    for k in ("XDG_RUNTIME_DIR", "KILN_DAEMON", "KILN_MAC_KEY_FILE"):
+        os.environ.pop(k, None)
+    daemon_client.reset_shared_client()
+    yield root
+    subprocess.run([KILND, "--stop", "--socket", str(root / "kilnd.sock")], capture_output=True,
+                   timeout=60)
+    daemon_client.reset_shared_client()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def fresh(daemon_env):
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+def run_kiln(fn, *args):
+    compiled = kiln.compile(fn, backend="kiln")
+    with torch.no_grad():
+        return compiled(*args), fn(*args)
+
+
+class ConvBnRelu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.fc(y.mean(dim=(2, 3)))
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(32, 64)
+        self.ln = torch.nn.LayerNorm(64)
+        self.l2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        return self.l2(self.ln(torch.nn.functional.gelu(self.l1(x))))
+
+
+def test_pointwise_chain_runs_as_one_generated_kernel():
+    def f(x, y):
+        return torch.relu(x * 2.0 + y) - torch.sigmoid(x)
+
+    x, y = torch.randn(64, 33), torch.randn(33)
+    out, ref = run_kiln(f, x, y)
+    torch.testing.assert_close(out, ref)
+    art = kiln.debug.artifact(f)
+    assert art is not None, "the graph did not go through the kiln backend"
+    assert art.plan.num_kernels == 1 and art.plan.num_library_calls == 0
+
+
+@pytest.mark.parametrize("make,shape", [(ConvBnRelu, (2, 3, 16, 16)), (Mlp, (8, 32))])
+def test_modules_with_parameters_match_eager(make, shape):
+    torch.manual_seed(0)
+    m = make().eval()
+    if isinstance(m, ConvBnRelu):  # non-trivial running statistics
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(*shape)
+    out, ref = run_kiln(m, x)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    art = kiln.debug.artifact(m)
+    assert art is not None and art.plan.num_kernels >= 1
+    # A second input of the same shape reuses the artifact; the result is still right.
+    x2 = torch.randn(*shape)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(m, backend="kiln")(x2), m(x2), rtol=1e-4,
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.int64])
+def test_other_dtypes_match_eager(dtype):
+    def f(x, y):
+        return (x + y) * y - x
+
+    if dtype.is_floating_point:
+        x, y = torch.randn(17, 9, dtype=dtype), torch.randn(17, 9, dtype=dtype)
+    else:
+        x, y = torch.randint(-50, 50, (17, 9)), torch.randint(-50, 50, (17, 9))
+    out, ref = run_kiln(f, x, y)
+    if dtype == torch.bfloat16:
+        # A fused chain keeps float32 between its ops (as Inductor does) where eager rounds
+        # after each op: compare with the float32 result rounded once.
+        ref = f(x.float(), y.float()).to(dtype)
+    torch.testing.assert_close(out, ref)
+
+
+def test_non_contiguous_and_broadcast_inputs_match_eager():
+    def f(x, b):
+        return torch.tanh(x.t() * b + 1)
+
+    x, b = torch.randn(12, 20), torch.randn(1, 12)
+    out, ref = run_kiln(f, x, b)
+    torch.testing.assert_close(out, ref)
+
+
+def test_recompile_for_new_shape_gets_a_new_artifact():
+    def f(x):
+        return torch.exp(x) * 3
+
+    c = kiln.compile(f, backend="kiln")
+    with torch.no_grad():
+        for n in (5, 7):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(c(x), f(x))
+    assert len({a.key for a in kiln.debug.artifacts()}) == 2
+
+
+def test_artifact_is_inspectable(capsys):
+    def f(x):
+        return torch.relu(x) + 1
+
+    run_kiln(f, torch.randn(8))
+    text = kiln.debug.format_artifact(kiln.debug.artifact(f))
+    assert "kernel" in text and "artifact" in text
+
+
+def test_autograd_graphs_run_eagerly_and_stay_differentiable():
+    def f(x):
+        return (x * 3).sum()
+
+    x = torch.randn(5, requires_grad=True)
+    out = kiln.compile(f, backend="kiln")(x)
+    out.backward()
+    torch.testing.assert_close(x.grad, torch.full((5,), 3.0))
+    assert kiln.debug.artifacts() == []
+
+
+def test_no_daemon_runs_eagerly_with_one_warning(caplog, monkeypatch, tmp_path):
+    monkeypatch.setenv("KILN_DAEMON", f"unix://{tmp_path}/nobody.sock")
+    daemon_client.reset_shared_client()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kiln"):
+            for n in (3, 4, 5):  # three graphs, one warning
+                x = torch.randn(n)
+                out, ref = run_kiln(lambda t: t * 2 + 1, x)
+                torch.testing.assert_close(out, ref)
+        warnings = [r for r in caplog.records if "eagerly" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+        assert "daemon" in warnings[0].getMessage()
+    finally:
+        monkeypatch.delenv("KILN_DAEMON")
+        daemon_client.reset_shared_client()
+
+
+def test_artifact_under_another_mac_key_is_refused(caplog, monkeypatch, tmp_path):
+    key = tmp_path / "other.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    monkeypatch.setenv("KILN_MAC_KEY_FILE", str(key))
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        out, ref = run_kiln(lambda t: t - 5, torch.randn(6))
+    torch.testing.assert_close(out, ref)
+    assert kiln.debug.artifacts() == []
+    assert any("MAC" in r.getMessage() for r in caplog.records)
+
+
+def test_readable_mac_key_is_refused(monkeypatch, tmp_path):
+    key = tmp_path / "loose.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o644)
+    with pytest.raises(daemon_client.DaemonUnavailable, match="group or others"):
+        daemon_client.read_mac_key(key)
+
+
+def test_fresh_process_gets_every_artifact_from_the_cache(daemon_env):
+    script = textwrap.dedent("""
+        import json, torch, kiln
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        m.eval()
+        x = torch.randn(3, 16)
+        with torch.no_grad():
+            out = kiln.compile(m, backend="kiln")(x)
+            torch.testing.assert_close(out, m(x))
+        arts = kiln.debug.artifacts()
+        print(json.dumps({"n": len(arts), "hits": sum(a.cache_hit for a in arts),
+                          "index": sum(a.index_hit for a in arts)}))
+    """)
+    env = dict(os.environ)
+    results = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        import json
+
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert results[0]["n"] == 1
+    assert results[1] == {"n": 1, "hits": 1, "index": 1}
