@@ -37,6 +37,23 @@ std::string Store(kiln::v1::DType dtype, const std::string& value) {
   return "(" + StorageType(dtype) + ")" + value;
 }
 
+// The value as eager PyTorch holds it after each op: rounded to the output's storage type when
+// that is narrower than the compute type (bf16, f16, int8..int32, uint8).
+std::string Rounded(kiln::v1::DType dtype, const std::string& value) {
+  switch (dtype) {
+    case kiln::v1::DTYPE_BFLOAT16:
+      return "kiln_bf16_load(kiln_bf16_store(" + value + "))";
+    case kiln::v1::DTYPE_FLOAT16:
+    case kiln::v1::DTYPE_INT8:
+    case kiln::v1::DTYPE_INT16:
+    case kiln::v1::DTYPE_INT32:
+    case kiln::v1::DTYPE_UINT8:
+      return "(" + ComputeType(dtype) + ")(" + StorageType(dtype) + ")(" + value + ")";
+    default:
+      return value;
+  }
+}
+
 struct Access {
   std::string ptr;
   int64_t offset;
@@ -168,8 +185,8 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
         }
       }
       std::string name = "v" + std::to_string(out.id());
-      body << indent << "const " << type << " " << name << " = (" << type << ")"
-           << *op.emit(operands, type) << ";\n";
+      body << indent << "const " << type << " " << name << " = "
+           << Rounded(out.meta().dtype(), "(" + type + ")" + *op.emit(operands, type)) << ";\n";
       var[out.id()] = name;
     }
     // Stores.

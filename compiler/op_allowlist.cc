@@ -132,6 +132,9 @@ constexpr const char* kDefaultOps[] = {
     "aten::index_select",
     "aten::squeeze.dims",
     "aten::bitwise_not",
+    "aten::bitwise_and.Tensor",
+    "aten::bitwise_or.Tensor",
+    "aten::bitwise_xor.Tensor",
     "aten::scalar_tensor",
     "aten::lift_fresh_copy",
 };

@@ -202,6 +202,23 @@ Out LogicalAnd(const Args& a, const std::string&) {
 Out LogicalOr(const Args& a, const std::string&) {
   return "((bool)(" + A(a, 0) + ") || (bool)(" + A(a, 1) + "))";
 }
+Out BitAnd(const Args& a, const std::string& t) {
+  if (t == "float" || t == "double") return std::nullopt;
+  return "(" + A(a, 0) + " & " + A(a, 1) + ")";
+}
+Out BitOr(const Args& a, const std::string& t) {
+  if (t == "float" || t == "double") return std::nullopt;
+  return "(" + A(a, 0) + " | " + A(a, 1) + ")";
+}
+Out BitXor(const Args& a, const std::string& t) {
+  if (t == "float" || t == "double") return std::nullopt;
+  return "(" + A(a, 0) + " ^ " + A(a, 1) + ")";
+}
+Out BitNot(const Args& a, const std::string& t) {
+  if (t == "bool") return "(!" + A(a, 0) + ")";
+  if (t == "float" || t == "double") return std::nullopt;
+  return "(~" + A(a, 0) + ")";
+}
 Out Identity(const Args& a, const std::string&) { return A(a, 0); }
 Out ToCopy(const Args& a, const std::string&) {
   // Only dtype conversions on the same device fuse; anything with a device is a library call.
@@ -275,6 +292,10 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
       {"aten::logical_not", {V{"self"}, V{"self"}, true, LogicalNot}},
       {"aten::logical_and", {V{"self", "other"}, V{"self", "other"}, true, LogicalAnd}},
       {"aten::logical_or", {V{"self", "other"}, V{"self", "other"}, true, LogicalOr}},
+      {"aten::bitwise_and.Tensor", {V{"self", "other"}, V{"self", "other"}, false, BitAnd}},
+      {"aten::bitwise_or.Tensor", {V{"self", "other"}, V{"self", "other"}, false, BitOr}},
+      {"aten::bitwise_xor.Tensor", {V{"self", "other"}, V{"self", "other"}, false, BitXor}},
+      {"aten::bitwise_not", {V{"self"}, V{"self"}, false, BitNot}},
       {"aten::clone", {V{"self", "memory_format"}, V{"self"}, false, Identity}},
       {"aten::_to_copy",
        {V{"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"},
