@@ -43,7 +43,12 @@ def child(model: str, compiler: str):
         out = first_tensor(cm(*inputs))
         first = time.perf_counter() - t
         torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
-    record = {"first_call_s": first, "process_s": time.perf_counter() - t0, **environment()}
+        t = time.perf_counter()
+        cm(*inputs)
+        second = time.perf_counter() - t
+    # What the first call costs beyond running the model once.
+    record = {"first_call_s": first, "overhead_s": first - second,
+              "process_s": time.perf_counter() - t0, **environment()}
     if compiler == "kiln":
         import kiln
 
@@ -93,13 +98,18 @@ def main():
           f"{kiln_warm['artifacts']})   after kilnd restart {kiln_restart['first_call_s']:.3f} s")
     print(f"  torch.compile  cold {tc_cold['first_call_s']:8.3f} s   warm "
           f"{tc_warm['first_call_s']:8.3f} s")
-    print(f"  kiln warm / torch.compile warm = {ratio:.3f} (target <= 0.10)")
+    over = kiln_warm["overhead_s"] / tc_warm["overhead_s"]
+    print(f"  kiln warm / torch.compile warm = {ratio:.3f} (target <= 0.10); beyond one run of "
+          f"the model: {kiln_warm['overhead_s']:.3f} s vs {tc_warm['overhead_s']:.3f} s = "
+          f"{over:.3f}")
     emit({"bench": "warm_start", "model": a.model, "command": command_line(),
           "kiln_cold_s": kiln_cold["first_call_s"], "kiln_warm_s": kiln_warm["first_call_s"],
           "kiln_warm_compiled": kiln_warm["compiled"],
           "kiln_after_restart_s": kiln_restart["first_call_s"],
           "torch_compile_cold_s": tc_cold["first_call_s"],
           "torch_compile_warm_s": tc_warm["first_call_s"], "warm_ratio": ratio,
+          "kiln_warm_overhead_s": kiln_warm["overhead_s"],
+          "torch_compile_warm_overhead_s": tc_warm["overhead_s"], "warm_overhead_ratio": over,
           **{k: v for k, v in kiln_warm.items() if k in ("python", "torch", "threads", "cpu")}},
          a.out)
 

@@ -130,6 +130,12 @@ std::vector<std::string> Toolchain::Flags(const std::string& isa) {
           "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-w"};
 }
 
+std::vector<std::string> Toolchain::Libraries(const std::string& isa) {
+  // libmvec (the vector variants the generated prelude declares) exists on x86-64 glibc.
+  if (isa.rfind("x86-64", 0) == 0) return {"-lmvec", "-lm"};
+  return {"-lm"};
+}
+
 absl::StatusOr<std::string> Toolchain::BuildSharedObject(const std::string& source,
                                                           const std::string& isa) const {
   if (!KnownIsa(isa)) return absl::InvalidArgumentError(absl::StrCat("unknown cpu_isa '", isa,
@@ -147,6 +153,7 @@ absl::StatusOr<std::string> Toolchain::BuildSharedObject(const std::string& sour
   std::vector<std::string> argv{cxx_};
   for (std::string& flag : Flags(isa)) argv.push_back(std::move(flag));
   argv.insert(argv.end(), {"-o", out, src});
+  for (std::string& lib : Libraries(isa)) argv.push_back(std::move(lib));
   auto r = Run(argv, dir.path() + "/cc.log", timeout_);
   if (!r.ok()) return r.status();
   if (r->timed_out) {

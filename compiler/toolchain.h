@@ -25,6 +25,7 @@ class Toolchain {
 
   static bool KnownIsa(const std::string& isa);
   static std::vector<std::string> Flags(const std::string& isa);
+  static std::vector<std::string> Libraries(const std::string& isa);
 
  private:
   std::string cxx_;
