@@ -61,7 +61,8 @@ def messages() -> types.SimpleNamespace:
         try:
             mods = {f: importlib.import_module(f"kiln.v1.{f}_pb2") for f in _FILES}
             mods["service_grpc"] = importlib.import_module("kiln.v1.service_pb2_grpc")
-        except ImportError as e:
+        except (ImportError, RuntimeError) as e:
+            # RuntimeError: modules generated for another grpcio/protobuf than the installed one.
             raise ProtocolUnavailable(f"cannot import the kiln.v1 modules: {e}") from e
         _messages = types.SimpleNamespace(**mods)
     return _messages
