@@ -165,8 +165,17 @@ c10::IValue ConvertConstant(const CallArg& a, const c10::Argument& formal,
   BuildError(where + ": internal: a tensor argument bound as a constant");
 }
 
+std::string Ints(c10::IntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(values[i]);
+  }
+  return out + "]";
+}
+
+// Formatted by hand: c10::str of an ArrayRef crashed on the CPython 3.12 + torch 2.11 host.
 std::string Describe(at::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  return std::string(c10::toString(dtype)) + c10::str(sizes) + " strides " + c10::str(strides);
+  return std::string(c10::toString(dtype)) + Ints(sizes) + " strides " + Ints(strides);
 }
 
 // Elements of storage a tensor with this metadata reaches (storage offset included).

@@ -22,6 +22,14 @@ namespace py = pybind11;
 namespace kiln::runtime {
 namespace {
 
+// Sets `type` with the exception's message and throws error_already_set: C++ exceptions leave
+// this module as Python exceptions set here, never through pybind11's translation of C++
+// exceptions, which crashed on the CPython 3.12 + torch 2.11 host when torch's translators ran.
+[[noreturn]] void RaisePython(PyObject* type, const std::exception& e) {
+  PyErr_SetString(type, e.what());
+  throw py::error_already_set();
+}
+
 // Parsing helpers: each names what it was reading, so a malformed plan gives a ValueError that
 // says where ("steps[3][2][1]: expected an int").
 [[noreturn]] void Malformed(const std::string& where, const std::string& what) {
@@ -240,7 +248,10 @@ class PyPlan {
       py::gil_scoped_release no_gil;
       outputs = plan_->Run(inputs);
     } catch (const std::exception& e) {
-      if (!fallback_) throw;
+      // Raised here as a Python exception, not left to pybind11's translation of C++
+      // exceptions: with some toolchains (the CPython 3.12 + torch 2.11 host) that path
+      // crashes when torch's translators run first.
+      if (!fallback_) RaisePython(PyExc_RuntimeError, e);
       failed_ = true;
       py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
           "kiln: a compiled plan failed (%s); running its graph eagerly from now on",
@@ -291,10 +302,21 @@ void RegisterRuntime(py::module_& m) {
       .def(py::init([](const py::bytes& kernel_binary, py::handle values, py::handle inputs,
                        py::handle constants, py::handle buffers, uint64_t arena_bytes,
                        py::handle steps, py::handle outputs, py::handle device) {
-             // Plan's constructor throws std::invalid_argument, which becomes ValueError.
-             return std::make_unique<PyPlan>(ParseSpec(kernel_binary, values, inputs, constants,
-                                                       buffers, arena_bytes, steps, outputs,
-                                                       device));
+             // Plan's constructor throws std::invalid_argument, raised as ValueError.
+             try {
+               return std::make_unique<PyPlan>(ParseSpec(kernel_binary, values, inputs,
+                                                         constants, buffers, arena_bytes, steps,
+                                                         outputs, device));
+             } catch (const py::error_already_set&) {
+               throw;
+             } catch (const py::builtin_exception& e) {
+               e.set_error();
+               throw py::error_already_set();
+             } catch (const std::invalid_argument& e) {
+               RaisePython(PyExc_ValueError, e);
+             } catch (const std::exception& e) {
+               RaisePython(PyExc_RuntimeError, e);
+             }
            }),
            py::arg("kernel_binary"), py::arg("values"), py::arg("inputs"), py::arg("constants"),
            py::arg("buffers"), py::arg("arena_bytes"), py::arg("steps"), py::arg("outputs"),
