@@ -98,6 +98,13 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       const KernelOperand& in = g.inputs[i];
       const auto& m = *program.meta.at(in.base);
+      if (in.literal) {
+        // Never indexed: strides of zero keep it out of the collapsing decisions.
+        head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal
+             << ";\n";
+        accesses.push_back({"", 0, std::vector<int64_t>(rank, 0)});
+        continue;
+      }
       head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
            << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
       std::vector<int64_t> strides(pad, 0);
@@ -115,11 +122,26 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       accesses.push_back({"out" + std::to_string(i), 0, strides});
     }
 
-    // Collapse dimension d into d-1 when every access walks them as one.
+    // Dimensions of size 1 take no loop (one remains when all are 1); then dimension d folds
+    // into d-1 when every access walks the two as one.
+    {
+      std::vector<int64_t> kept_sizes;
+      std::vector<std::vector<int64_t>> kept_strides(accesses.size());
+      for (int d = 0; d < rank; ++d) {
+        if (sizes[d] == 1 && !(d == rank - 1 && kept_sizes.empty())) continue;
+        kept_sizes.push_back(sizes[d]);
+        for (size_t a = 0; a < accesses.size(); ++a) {
+          kept_strides[a].push_back(sizes[d] == 1 ? 0 : accesses[a].strides[d]);
+        }
+      }
+      sizes = kept_sizes;
+      for (size_t a = 0; a < accesses.size(); ++a) accesses[a].strides = kept_strides[a];
+    }
+    const int krank = static_cast<int>(sizes.size());
     std::vector<int64_t> csizes{sizes[0]};
     std::vector<std::vector<int64_t>> cstrides(accesses.size());
     for (size_t a = 0; a < accesses.size(); ++a) cstrides[a] = {accesses[a].strides[0]};
-    for (int d = 1; d < rank; ++d) {
+    for (int d = 1; d < krank; ++d) {
       bool merge = true;
       for (size_t a = 0; a < accesses.size(); ++a) {
         merge = merge && cstrides[a].back() == accesses[a].strides[d] * sizes[d];
@@ -136,8 +158,8 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
     auto index = [&](size_t a) {
       std::string e = std::to_string(accesses[a].offset);
       for (int d = 0; d < crank; ++d) {
-        if (cstrides[a][d] != 0) e += " + i" + std::to_string(d) + " * " +
-                                      std::to_string(cstrides[a][d]);
+        if (cstrides[a][d] != 0)
+          e += " + i" + std::to_string(d) + " * " + std::to_string(cstrides[a][d]);
       }
       return e;
     };
@@ -161,6 +183,10 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
     // Loads.
     std::unordered_map<uint32_t, std::string> var;
     for (size_t i = 0; i < g.inputs.size(); ++i) {
+      if (g.inputs[i].literal) {
+        var[g.input_ids[i]] = "lit" + std::to_string(i);
+        continue;
+      }
       const auto& m = *program.meta.at(g.inputs[i].base);
       std::string name = "a" + std::to_string(i);
       body << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
@@ -191,10 +217,10 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
                    op.formals[pos] != "layout" && op.formals[pos] != "device" &&
                    op.formals[pos] != "pin_memory" && op.formals[pos] != "non_blocking" &&
                    op.formals[pos] != "memory_format") {
-          double v = a.kind_case() == Argument::kFloatValue ? a.float_value()
-                     : a.kind_case() == Argument::kIntValue ? static_cast<double>(a.int_value())
+          double v = a.kind_case() == Argument::kFloatValue  ? a.float_value()
+                     : a.kind_case() == Argument::kIntValue  ? static_cast<double>(a.int_value())
                      : a.kind_case() == Argument::kBoolValue ? (a.bool_value() ? 1.0 : 0.0)
-                                                              : 0.0;
+                                                             : 0.0;
           std::string lit = *ScalarLiteral(a);
           if (a.kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
             lit = "(" + type + ")" + lit;
@@ -210,8 +236,8 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
     // Stores.
     for (size_t i = 0; i < g.outputs.size(); ++i) {
       const auto& m = *program.meta.at(g.outputs[i]);
-      body << indent << "out" << i << "[" << index(g.inputs.size() + i) << "] = "
-           << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
+      body << indent << "out" << i << "[" << index(g.inputs.size() + i)
+           << "] = " << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
     }
     for (int d = crank - 1; d >= 0; --d) {
       indent.resize(indent.size() - 2);

@@ -5,13 +5,14 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/cpp_codegen.h"
 #include "compiler/fusion.h"
+#include "compiler/graph_passes.h"
 #include "compiler/memory_plan.h"
 
 namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-3";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-4";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -33,12 +34,16 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
     return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  "kilnd compiles CPU targets only; run CUDA graphs eagerly");
   }
-  const std::string isa = target.cpu_isa().empty() ? "x86-64" : target.cpu_isa();
+  const std::string isa = target.cpu_isa().empty() ? Toolchain::BaselineIsa() : target.cpu_isa();
   if (!Toolchain::KnownIsa(isa)) {
-    return Error(kiln::v1::CompileError::CODE_UNSUPPORTED_SHAPE,
+    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  absl::StrCat("unknown cpu_isa '", isa.substr(0, 32), "'"));
   }
-  const kiln::v1::Graph& graph = request.graph();
+  if (!Toolchain::HostBuildsFor(isa)) {
+    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                 absl::StrCat("this kilnd does not cross-compile for cpu_isa '", isa, "'"));
+  }
+  const kiln::v1::Graph graph = RunGraphPasses(request.graph());
   FusedProgram program = FuseGraph(graph);
   kiln::v1::ArtifactBody body;
   *body.mutable_plan() = BuildPlan(graph, program);

@@ -12,8 +12,8 @@
 namespace kiln::compiler {
 
 struct CpuCompilerOptions {
-  std::string cxx = "g++";                  // the host compiler (kilnd: $KILN_CXX)
-  std::chrono::seconds timeout{300};        // per shared object
+  std::string cxx = "g++";            // the host compiler (kilnd: $KILN_CXX)
+  std::chrono::seconds timeout{300};  // per shared object
 };
 
 class CpuCompiler : public Compiler {

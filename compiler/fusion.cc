@@ -2,10 +2,15 @@
 #include "compiler/fusion.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_set>
 
+#include "compiler/ir_validator.h"
+#include "compiler/op_classes.h"
 #include "compiler/pointwise_ops.h"
 
 namespace kiln::compiler {
@@ -41,6 +46,82 @@ std::optional<std::vector<const Argument*>> Bind(const Node& node, const Pointwi
 bool IsTensorFormal(const PointwiseOp& op, const std::string& formal) {
   return std::find(op.tensor_formals.begin(), op.tensor_formals.end(), formal) !=
          op.tensor_formals.end();
+}
+
+// True when `node`'s single result addresses its first input's storage with the result's own
+// strides and storage offset, so a kernel may read the input in its place.
+bool FoldableView(const Node& node, const MetaMap& meta) {
+  if (node.outputs_size() != 1 || node.args_size() == 0 ||
+      node.args(0).kind_case() != Argument::kValue) {
+    return false;
+  }
+  if (IsAlwaysView(node.op())) return true;
+  if (!MayAliasInput(node.op())) return false;
+  // reshape/contiguous of a row-major input never copies: the result is row-major at the
+  // input's offset. Of anything else it may have copied, and its strides describe new memory.
+  auto in = meta.find(node.args(0).value());
+  const TensorMeta& out = node.outputs(0).meta();
+  return in != meta.end() && IsRowMajor(*in->second) && IsRowMajor(out) &&
+         in->second->storage_offset() == out.storage_offset() && in->second->dtype() == out.dtype();
+}
+
+// A C++ expression in the compute type for the single element of a one-element constant, or
+// nullopt (then the kernel reads the constant's memory).
+std::optional<std::string> ConstantLiteral(const kiln::v1::Constant& c) {
+  const TensorMeta& m = c.value().meta();
+  int64_t numel = 1;
+  for (int64_t s : m.sizes()) numel *= s;
+  const std::string& bytes = c.data();
+  if (numel != 1 || static_cast<int>(bytes.size()) != ElementSize(m.dtype())) return std::nullopt;
+  auto read = [&](auto v) {
+    std::memcpy(&v, bytes.data(), sizeof v);
+    return v;
+  };
+  auto floating = [](double v, const char* type) -> std::string {
+    if (std::isnan(v)) return std::string("(") + type + ")NAN";
+    if (std::isinf(v)) return std::string("(") + type + ")" + (v > 0 ? "INFINITY" : "-INFINITY");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "(%s)%a", type, v);  // hex: exact
+    return buf;
+  };
+  switch (m.dtype()) {
+    case kiln::v1::DTYPE_FLOAT32:
+      return floating(read(float{}), "float");
+    case kiln::v1::DTYPE_FLOAT64:
+      return floating(read(double{}), "double");
+    case kiln::v1::DTYPE_BFLOAT16: {
+      uint32_t bits = static_cast<uint32_t>(read(uint16_t{})) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return floating(f, "float");
+    }
+    case kiln::v1::DTYPE_FLOAT16: {
+      const uint16_t h = read(uint16_t{});
+      const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+      double v = exponent == 0    ? std::ldexp(mantissa, -24)
+                 : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                  : std::ldexp(mantissa + 1024, exponent - 25);
+      return floating((h & 0x8000) ? -v : v, "float");
+    }
+    case kiln::v1::DTYPE_INT8:
+      return "INT64_C(" + std::to_string(read(int8_t{})) + ")";
+    case kiln::v1::DTYPE_INT16:
+      return "INT64_C(" + std::to_string(read(int16_t{})) + ")";
+    case kiln::v1::DTYPE_INT32:
+      return "INT64_C(" + std::to_string(read(int32_t{})) + ")";
+    case kiln::v1::DTYPE_UINT8:
+      return "INT64_C(" + std::to_string(read(uint8_t{})) + ")";
+    case kiln::v1::DTYPE_INT64: {
+      const int64_t v = read(int64_t{});
+      // INT64_MIN has no literal of its own.
+      if (v == INT64_MIN) return "INT64_MIN";
+      return "INT64_C(" + std::to_string(v) + ")";
+    }
+    case kiln::v1::DTYPE_BOOL:
+      return read(uint8_t{}) ? "true" : "false";
+    default:
+      return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -88,9 +169,10 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
     }
     auto literal = ScalarLiteral(*a);
     if (!literal) return false;
-    double v = a->kind_case() == Argument::kFloatValue ? a->float_value()
-               : a->kind_case() == Argument::kIntValue ? static_cast<double>(a->int_value())
-               : a->kind_case() == Argument::kBoolValue ? (a->bool_value() ? 1.0 : 0.0) : 0.0;
+    double v = a->kind_case() == Argument::kFloatValue  ? a->float_value()
+               : a->kind_case() == Argument::kIntValue  ? static_cast<double>(a->int_value())
+               : a->kind_case() == Argument::kBoolValue ? (a->bool_value() ? 1.0 : 0.0)
+                                                        : 0.0;
     operands[i] = Operand{*literal, false, v};
   }
   if (node.op() == "aten::_to_copy") {
@@ -116,6 +198,8 @@ FusedProgram FuseGraph(const Graph& graph) {
       producer[out.id()] = i;
     }
   }
+  std::unordered_map<uint32_t, const kiln::v1::Constant*> constants;
+  for (const auto& c : graph.constants()) constants[c.value().id()] = &c;
   auto reads = [](const Node& n) {
     std::vector<uint32_t> ids;
     for (const Argument& a : n.args()) {
@@ -181,15 +265,15 @@ FusedProgram FuseGraph(const Graph& graph) {
           auto p = producer.find(base);
           if (p == producer.end()) break;
           const Node& pn = graph.nodes(p->second);
-          if (!IsViewOp(pn.op()) || pn.outputs_size() != 1 || pn.args_size() == 0 ||
-              pn.args(0).kind_case() != Argument::kValue) {
-            break;
-          }
+          if (!FoldableView(pn, meta)) break;
           base = pn.args(0).value();
         }
         const TensorMeta& vm = *meta[id];
         KernelOperand operand;
         operand.base = base;
+        if (auto c = constants.find(base); c != constants.end()) {
+          operand.literal = ConstantLiteral(*c->second);
+        }
         operand.offset = vm.storage_offset() - meta[base]->storage_offset();
         operand.strides.assign(rank, 0);
         const int vr = vm.sizes_size();
@@ -221,7 +305,9 @@ FusedProgram FuseGraph(const Graph& graph) {
       }
       group.outputs = outs;
       if (group.outputs.empty()) continue;
-      for (const KernelOperand& in : group.inputs) live.insert(in.base);
+      for (const KernelOperand& in : group.inputs) {
+        if (!in.literal) live.insert(in.base);
+      }
       kept.push_back(*it);
       continue;
     }

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -17,14 +19,17 @@ struct KernelOperand {
   uint32_t base = 0;
   int64_t offset = 0;
   std::vector<int64_t> strides;
+  // Set when the base is a one-element constant: the kernel uses this C++ expression (in the
+  // base's compute type) and does not take the base as an argument.
+  std::optional<std::string> literal;
 };
 
 struct FusedGroup {
-  std::vector<int> nodes;              // indices into Graph.nodes, in order
-  std::vector<int64_t> sizes;          // the iteration space (every node's output sizes)
-  std::vector<uint32_t> input_ids;     // distinct values read from outside the group
-  std::vector<KernelOperand> inputs;   // one per input_ids entry, views folded
-  std::vector<uint32_t> outputs;       // values materialized (read later or returned)
+  std::vector<int> nodes;             // indices into Graph.nodes, in order
+  std::vector<int64_t> sizes;         // the iteration space (every node's output sizes)
+  std::vector<uint32_t> input_ids;    // distinct values read from outside the group
+  std::vector<KernelOperand> inputs;  // one per input_ids entry, views folded
+  std::vector<uint32_t> outputs;      // values materialized (read later or returned)
 };
 
 struct FusedStep {
@@ -42,7 +47,8 @@ struct FusedProgram {
 // Plans `graph` (validated). Never fails: what cannot be fused is a library step.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph);
 
-// The C++ compute type a fusable node computes in, or "" when the node is not fusable.
+// True when `node` can be computed inside a generated kernel (a pointwise op of the table over
+// dtypes the generator handles, whose operands broadcast to its output).
 bool IsFusable(const kiln::v1::Node& node,
                const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
 

@@ -3,22 +3,25 @@
 #include "compiler/memory_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "compiler/cpp_codegen.h"
 #include "compiler/ir_validator.h"
-#include "compiler/pointwise_ops.h"
+#include "compiler/op_classes.h"
 
 namespace kiln::compiler {
 namespace {
 
 using kiln::v1::Argument;
 
+// Bytes from the start of the buffer's storage to the end of its last element, as the runtime
+// lays it out in the arena (storage offset included).
 int64_t SpanBytes(const kiln::v1::TensorMeta& m) {
-  int64_t last = 0;
+  int64_t last = m.storage_offset();
   for (int d = 0; d < m.sizes_size(); ++d) {
-    if (m.sizes(d) == 0) return 0;
+    if (m.sizes(d) == 0) return m.storage_offset() * ElementSize(m.dtype());
     last += (m.sizes(d) - 1) * m.strides(d);
   }
   return (last + 1) * ElementSize(m.dtype());
@@ -30,7 +33,6 @@ int64_t Align64(int64_t n) { return (n + 63) / 64 * 64; }
 
 kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgram& program) {
   kiln::v1::ExecutionPlan plan;
-  std::unordered_set<uint32_t> used;
   std::vector<std::vector<uint32_t>> step_reads(program.steps.size());
   std::unordered_map<uint32_t, int> def_step;
   std::unordered_set<uint32_t> viewed;  // values a view op reads: never in the arena
@@ -42,6 +44,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       kiln::v1::KernelLaunch* k = ps->mutable_kernel();
       k->set_symbol(KernelSymbol(step.group));
       for (const KernelOperand& in : g.inputs) {
+        if (in.literal) continue;  // folded into the code
         k->add_args(in.base);
         step_reads[s].push_back(in.base);
       }
@@ -61,7 +64,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
           for (uint32_t id : a.value_list().ids()) step_reads[s].push_back(id);
         }
       }
-      if (IsViewOp(n.op())) viewed.insert(step_reads[s].begin(), step_reads[s].end());
+      if (MayAliasInput(n.op())) viewed.insert(step_reads[s].begin(), step_reads[s].end());
       for (const auto& out : n.outputs()) {
         call->add_outputs(out.id());
         def_step[out.id()] = static_cast<int>(s);
@@ -69,9 +72,14 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     }
   }
   for (const auto& v : graph.inputs()) plan.add_inputs(v.id());
-  *plan.mutable_constants() = graph.constants();
   *plan.mutable_outputs() = graph.outputs();
   std::unordered_set<uint32_t> outputs(graph.outputs().begin(), graph.outputs().end());
+  std::unordered_set<uint32_t> read;
+  for (const auto& ids : step_reads) read.insert(ids.begin(), ids.end());
+  for (const auto& c : graph.constants()) {
+    // A constant only kernels used as a literal, or nobody used, is not shipped.
+    if (read.count(c.value().id()) || outputs.count(c.value().id())) *plan.add_constants() = c;
+  }
 
   // Last use of every value.
   std::unordered_map<uint32_t, int> last_use;
@@ -82,22 +90,26 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     if (!last_use.count(id)) last_use[id] = s;
   }
 
-  // Metadata of every value the plan names.
+  // Metadata of every value the plan names (inputs even when unused), in id order.
+  std::map<uint32_t, const kiln::v1::TensorMeta*> named;
   for (const auto& [id, meta] : program.meta) {
-    bool named = def_step.count(id) || last_use.count(id) || outputs.count(id);
-    if (!named) continue;
+    if (def_step.count(id) || last_use.count(id) || outputs.count(id)) named[id] = meta;
+  }
+  for (const auto& v : graph.inputs()) named[v.id()] = &v.meta();
+  for (const auto& c : plan.constants()) named[c.value().id()] = &c.value().meta();
+  for (const auto& [id, meta] : named) {
     auto* v = plan.add_values();
     v->set_id(id);
     *v->mutable_meta() = *meta;
   }
-  for (const auto& v : graph.inputs()) {
-    if (!def_step.count(v.id()) && !last_use.count(v.id()) && !outputs.count(v.id())) {
-      *plan.add_values() = v;  // unused inputs still have metadata
-    }
-  }
 
-  // Buffers and the arena: first fit among buffers whose lifetimes overlap.
-  struct Placed { int64_t offset, size; int first, last; };
+  // Buffers and the arena: each buffer goes at the lowest 64-byte aligned offset where it
+  // overlaps no buffer placed before it whose lifetime (first write .. last read, in steps)
+  // overlaps its own.
+  struct Placed {
+    int64_t offset, size;
+    int first, last;
+  };
   std::vector<Placed> placed;
   int64_t arena = 0;
   std::unordered_set<uint32_t> in_arena;
@@ -109,17 +121,15 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       if (outputs.count(id) || viewed.count(id)) continue;
       const int64_t size = Align64(std::max<int64_t>(SpanBytes(*program.meta.at(id)), 1));
       const int first = static_cast<int>(s), last = last_use[id];
+      std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of live-together buffers
+      for (const Placed& p : placed) {
+        if (p.first <= last && first <= p.last) busy.emplace_back(p.offset, p.offset + p.size);
+      }
+      std::sort(busy.begin(), busy.end());
       int64_t offset = 0;
-      for (bool moved = true; moved;) {
-        moved = false;
-        for (const Placed& p : placed) {
-          bool live_together = !(p.last < first || last < p.first);
-          bool overlap = offset < p.offset + p.size && p.offset < offset + size;
-          if (live_together && overlap) {
-            offset = p.offset + p.size;
-            moved = true;
-          }
-        }
+      for (const auto& [begin, end] : busy) {
+        if (offset + size <= begin) break;
+        offset = std::max(offset, end);
       }
       placed.push_back({offset, size, first, last});
       arena = std::max(arena, offset + size);
@@ -131,7 +141,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
   plan.set_arena_bytes(static_cast<uint64_t>(arena));
 
   // Release: values the plan itself made (library results, buffers outside the arena).
-  for (const auto& [id, s] : def_step) {
+  for (const auto& [id, s] : std::map<uint32_t, int>(def_step.begin(), def_step.end())) {
     if (outputs.count(id) || in_arena.count(id)) continue;
     plan.mutable_steps(last_use[id])->add_release(id);
   }

@@ -47,11 +47,21 @@ absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, const std::s
                                    0600);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // The daemon's sockets and database files are none of the compiler's business.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+#endif
+  // Its own process group, so that a timeout kills cc1plus, as and ld along with the driver.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid;
-  int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  int rc = posix_spawnp(&pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("cannot run ", argv[0], ": ", std::strerror(rc)));
@@ -64,7 +74,7 @@ absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv, const std::s
     if (done == pid) break;
     if (done < 0 && errno != EINTR) return absl::InternalError("waitpid failed");
     if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
+      ::kill(-pid, SIGKILL);
       ::waitpid(pid, &status, 0);
       result.timed_out = true;
       break;
@@ -106,19 +116,44 @@ class TempDir {
 
 Toolchain::Toolchain(std::string cxx, std::chrono::seconds timeout)
     : cxx_(std::move(cxx)), timeout_(timeout) {
+  // Queried once: a daemon whose compiler is upgraded under it keeps its version until restart.
   TempDir dir;
-  std::string first = "unknown";
-  if (!dir.path().empty()) {
-    auto r = Run({cxx_, "--version"}, dir.path() + "/version.txt", std::chrono::seconds(30));
-    if (r.ok() && r->exit_code == 0) first = FirstLines(r->output, 1);
-  }
-  while (!first.empty() && first.back() == '\n') first.pop_back();
-  version_ = absl::StrCat(first, "|", absl::StrJoin(Flags("<isa>"), " "));
+  auto query = [&](const std::string& flag) -> std::string {
+    if (dir.path().empty()) return "unknown";
+    auto r = Run({cxx_, flag}, dir.path() + "/version.txt", std::chrono::seconds(30));
+    if (!r.ok() || r->exit_code != 0) return "unknown";
+    std::string line = FirstLines(r->output, 1);
+    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+    return line;
+  };
+  const std::string full = query("-dumpfullversion");
+  const std::string banner = query("--version");
+  version_ = absl::StrCat(full, "|", banner, "|", absl::StrJoin(Flags("<isa>"), " "), "|",
+                          absl::StrJoin(Libraries(BaselineIsa()), " "));
+}
+
+std::string Toolchain::BaselineIsa() {
+#if defined(__aarch64__)
+  return "armv8-a";
+#else
+  return "x86-64";
+#endif
+}
+
+bool Toolchain::HostBuildsFor(const std::string& isa) {
+  const bool arm = isa.rfind("armv8", 0) == 0;
+#if defined(__aarch64__)
+  return arm;
+#elif defined(__x86_64__)
+  return !arm;
+#else
+  return false;
+#endif
 }
 
 bool Toolchain::KnownIsa(const std::string& isa) {
-  static const char* kKnown[] = {"x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "armv8-a",
-                                 "armv8.2-a"};
+  static const char* kKnown[] = {"x86-64",    "x86-64-v2", "x86-64-v3",
+                                 "x86-64-v4", "armv8-a",   "armv8.2-a"};
   for (const char* k : kKnown) {
     if (isa == k) return true;
   }
@@ -126,8 +161,20 @@ bool Toolchain::KnownIsa(const std::string& isa) {
 }
 
 std::vector<std::string> Toolchain::Flags(const std::string& isa) {
-  return {"-O3", "-march=" + isa, "-mtune=generic", "-fopenmp", "-fPIC", "-shared",
-          "-fno-math-errno", "-fno-trapping-math", "-std=c++17", "-w"};
+  // -z nodelete: dlclose must not unload the kernels, or with them the libgomp they brought into
+  // a process that had none of its own (torch wheels bundle a differently named copy), while
+  // that libgomp's worker threads still run: the process would crash in them.
+  return {"-O3",
+          "-march=" + isa,
+          "-mtune=generic",
+          "-fopenmp",
+          "-fPIC",
+          "-shared",
+          "-fno-math-errno",
+          "-fno-trapping-math",
+          "-std=c++17",
+          "-w",
+          "-Wl,-z,nodelete"};
 }
 
 std::vector<std::string> Toolchain::Libraries(const std::string& isa) {
@@ -137,9 +184,9 @@ std::vector<std::string> Toolchain::Libraries(const std::string& isa) {
 }
 
 absl::StatusOr<std::string> Toolchain::BuildSharedObject(const std::string& source,
-                                                          const std::string& isa) const {
-  if (!KnownIsa(isa)) return absl::InvalidArgumentError(absl::StrCat("unknown cpu_isa '", isa,
-                                                                     "'"));
+                                                         const std::string& isa) const {
+  if (!KnownIsa(isa))
+    return absl::InvalidArgumentError(absl::StrCat("unknown cpu_isa '", isa, "'"));
   TempDir dir;
   if (dir.path().empty()) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
@@ -160,8 +207,8 @@ absl::StatusOr<std::string> Toolchain::BuildSharedObject(const std::string& sour
     return absl::DeadlineExceededError(absl::StrCat(cxx_, " ran past ", timeout_.count(), " s"));
   }
   if (r->exit_code != 0) {
-    return absl::InternalError(absl::StrCat(cxx_, " failed (exit ", r->exit_code, "): ",
-                                            FirstLines(r->output, 20)));
+    return absl::InternalError(
+        absl::StrCat(cxx_, " failed (exit ", r->exit_code, "): ", FirstLines(r->output, 20)));
   }
   std::string so = ReadFile(out);
   if (so.empty()) return absl::InternalError(absl::StrCat(cxx_, " produced no shared object"));

@@ -20,10 +20,15 @@ class Toolchain {
   absl::StatusOr<std::string> BuildSharedObject(const std::string& source,
                                                 const std::string& isa) const;
 
-  // "<cxx --version first line>|<flags>": part of every cache key.
+  // "<cxx -dumpfullversion>|<cxx --version first line>|<flags>": part of every cache key.
   const std::string& Version() const { return version_; }
 
+  // The ISAs a Target may name; anything else never reaches a command line.
   static bool KnownIsa(const std::string& isa);
+  // The ISA an empty Target.cpu_isa means on this host ("x86-64" or "armv8-a").
+  static std::string BaselineIsa();
+  // True when `isa` belongs to this host's architecture (kilnd does not cross-compile).
+  static bool HostBuildsFor(const std::string& isa);
   static std::vector<std::string> Flags(const std::string& isa);
   static std::vector<std::string> Libraries(const std::string& isa);
 

@@ -1,0 +1,191 @@
+// The graph passes. Each walks the nodes once in topological order with a map from removed
+// values to the equal values that replace them, rewriting later arguments as it goes.
+#include "compiler/graph_passes.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "compiler/op_classes.h"
+
+namespace kiln::compiler {
+namespace {
+
+using kiln::v1::Argument;
+using kiln::v1::Graph;
+using kiln::v1::Node;
+using kiln::v1::TensorMeta;
+using Replacements = std::unordered_map<uint32_t, uint32_t>;
+
+void Rewrite(Node* node, const Replacements& replace) {
+  if (replace.empty()) return;
+  auto map = [&](uint32_t id) {
+    auto it = replace.find(id);
+    return it == replace.end() ? id : it->second;
+  };
+  for (Argument& a : *node->mutable_args()) {
+    if (a.kind_case() == Argument::kValue) a.set_value(map(a.value()));
+    if (a.kind_case() == Argument::kValueList) {
+      for (uint32_t& id : *a.mutable_value_list()->mutable_ids()) id = map(id);
+    }
+  }
+}
+
+std::unordered_set<uint32_t> GraphOutputs(const Graph& graph) {
+  return {graph.outputs().begin(), graph.outputs().end()};
+}
+
+bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
+  return a.SerializeAsString() == b.SerializeAsString();
+}
+
+// Ops whose single result holds the same elements as their first input whenever the two have
+// the same metadata: views, and copies that changed nothing.
+bool IsIdentityWhenMetaMatches(const std::string& op) {
+  return MayAliasInput(op) || op == "aten::clone" || op == "aten::_to_copy" ||
+         op == "aten::lift_fresh_copy";
+}
+
+bool IsReshapeLike(const std::string& op) {
+  return op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape";
+}
+
+// The graph with `graph`'s inputs, constants and outputs and no nodes yet.
+Graph EmptyLike(const Graph& graph) {
+  Graph out;
+  *out.mutable_inputs() = graph.inputs();
+  *out.mutable_constants() = graph.constants();
+  *out.mutable_outputs() = graph.outputs();
+  return out;
+}
+
+}  // namespace
+
+Graph EliminateDeadCode(const Graph& graph, PassStats* stats) {
+  std::unordered_set<uint32_t> live = GraphOutputs(graph);
+  std::vector<bool> keep(graph.nodes_size(), false);
+  for (int i = graph.nodes_size() - 1; i >= 0; --i) {
+    const Node& node = graph.nodes(i);
+    // A node without outputs can only be there for an effect: kept.
+    bool used = node.outputs_size() == 0;
+    for (const auto& out : node.outputs()) used = used || live.count(out.id()) != 0;
+    if (!used) {
+      if (stats) ++stats->dead_nodes;
+      continue;
+    }
+    keep[i] = true;
+    for (const Argument& a : node.args()) {
+      if (a.kind_case() == Argument::kValue) live.insert(a.value());
+      if (a.kind_case() == Argument::kValueList) {
+        live.insert(a.value_list().ids().begin(), a.value_list().ids().end());
+      }
+    }
+  }
+  Graph out = EmptyLike(graph);
+  out.clear_constants();
+  for (const auto& c : graph.constants()) {
+    if (live.count(c.value().id())) {
+      *out.add_constants() = c;
+    } else if (stats) {
+      ++stats->dead_constants;
+    }
+  }
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    if (keep[i]) *out.add_nodes() = graph.nodes(i);
+  }
+  return out;
+}
+
+Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
+  const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
+  Graph out = EmptyLike(graph);
+  Replacements replace;
+  // Key: op, arguments (already rewritten) and output metadata -> the first node's outputs.
+  std::unordered_map<std::string, std::vector<uint32_t>> seen;
+  for (const Node& original : graph.nodes()) {
+    Node node = original;
+    Rewrite(&node, replace);
+    std::string key = node.op();
+    key.push_back('\0');
+    for (const Argument& a : node.args()) {
+      std::string bytes = a.SerializeAsString();
+      key += std::to_string(bytes.size()) + ":" + bytes;
+    }
+    bool defines_output = false;
+    for (const auto& v : node.outputs()) {
+      std::string bytes = v.meta().SerializeAsString();
+      key += "|" + std::to_string(bytes.size()) + ":" + bytes;
+      defines_output = defines_output || outputs.count(v.id()) != 0;
+    }
+    if (!IsNondeterministic(node.op()) && node.outputs_size() > 0) {
+      auto [it, inserted] = seen.try_emplace(key);
+      if (inserted) {
+        for (const auto& v : node.outputs()) it->second.push_back(v.id());
+      } else if (!defines_output) {
+        for (int i = 0; i < node.outputs_size(); ++i) {
+          replace[node.outputs(i).id()] = it->second[i];
+        }
+        if (stats) ++stats->common_nodes;
+        continue;
+      }
+    }
+    *out.add_nodes() = std::move(node);
+  }
+  return out;
+}
+
+Graph SimplifyViews(const Graph& graph, PassStats* stats) {
+  const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
+  std::unordered_map<uint32_t, const TensorMeta*> meta;
+  for (const auto& v : graph.inputs()) meta[v.id()] = &v.meta();
+  for (const auto& c : graph.constants()) meta[c.value().id()] = &c.value().meta();
+  for (const Node& n : graph.nodes()) {
+    for (const auto& v : n.outputs()) meta[v.id()] = &v.meta();
+  }
+  // value -> the input of the reshape-like node (kept, after rewriting) that defines it.
+  std::unordered_map<uint32_t, uint32_t> reshape_input;
+  Graph out = EmptyLike(graph);
+  Replacements replace;
+  for (const Node& original : graph.nodes()) {
+    Node node = original;
+    Rewrite(&node, replace);
+    const bool single = node.outputs_size() == 1 && node.args_size() > 0 &&
+                        node.args(0).kind_case() == Argument::kValue;
+    if (single) {
+      const uint32_t in = node.args(0).value(), id = node.outputs(0).id();
+      const TensorMeta& out_meta = node.outputs(0).meta();
+      if (IsIdentityWhenMetaMatches(node.op()) && outputs.count(id) == 0 &&
+          SameMeta(*meta.at(in), out_meta)) {
+        replace[id] = in;
+        if (stats) ++stats->identity_nodes;
+        continue;
+      }
+      if (IsReshapeLike(node.op())) {
+        // reshape(reshape(x)) of a row-major x: both are views of x's storage at x's offset, so
+        // the outer one reads x directly and the inner one may die.
+        auto inner = reshape_input.find(in);
+        if (inner != reshape_input.end()) {
+          const TensorMeta& base = *meta.at(inner->second);
+          const TensorMeta& mid = *meta.at(in);
+          if (IsRowMajor(base) && IsRowMajor(mid) && IsRowMajor(out_meta) &&
+              mid.storage_offset() == base.storage_offset() &&
+              out_meta.storage_offset() == base.storage_offset() && mid.dtype() == base.dtype()) {
+            node.mutable_args(0)->set_value(inner->second);
+            if (stats) ++stats->folded_views;
+          }
+        }
+        reshape_input[id] = node.args(0).value();
+      }
+    }
+    *out.add_nodes() = std::move(node);
+  }
+  return out;
+}
+
+Graph RunGraphPasses(const Graph& graph, PassStats* stats) {
+  return EliminateDeadCode(EliminateCommonSubexpressions(SimplifyViews(graph, stats), stats),
+                           stats);
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,33 @@
+// Graph-to-graph rewrites run before fusion: dead-code elimination, common-subexpression
+// elimination and view simplification. Each keeps value ids and the graph's inputs and outputs.
+#pragma once
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+struct PassStats {
+  int dead_nodes = 0;      // nodes removed because nothing reads their outputs
+  int dead_constants = 0;  // constants nothing reads
+  int common_nodes = 0;    // nodes replaced by an identical earlier node
+  int identity_nodes = 0;  // views and copies whose result equals their input
+  int folded_views = 0;    // view(view(x)) rewritten to view(x)
+};
+
+// Removes nodes none of whose outputs is read by a live node or returned, and unread constants.
+kiln::v1::Graph EliminateDeadCode(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+// Replaces a node by an earlier one with the same op, arguments and output metadata. A node that
+// defines a graph output stays, so that outputs never become aliases of one another.
+kiln::v1::Graph EliminateCommonSubexpressions(const kiln::v1::Graph& graph,
+                                              PassStats* stats = nullptr);
+
+// Drops views and copies whose output metadata equals their input's (view to the same sizes of a
+// contiguous tensor, identity permute, clone of a tensor already in that layout), and reads
+// view(view(x)) of a row-major x as view(x). Graph outputs are never replaced.
+kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+// All of the above: views, then CSE, then DCE.
+kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+}  // namespace kiln::compiler

@@ -1,0 +1,63 @@
+// The op classes. Pointwise membership comes from the expression table so that the two can never
+// disagree; views are listed by name because their aliasing, not their math, is what matters.
+#include "compiler/op_classes.h"
+
+#include <string>
+#include <unordered_set>
+
+#include "compiler/pointwise_ops.h"
+
+namespace kiln::compiler {
+namespace {
+
+const std::unordered_set<std::string_view>& AlwaysViews() {
+  static const auto* views = new std::unordered_set<std::string_view>{
+      "aten::view",        "aten::_unsafe_view", "aten::permute",          "aten::transpose.int",
+      "aten::t",           "aten::expand",       "aten::unsqueeze",        "aten::squeeze",
+      "aten::squeeze.dim", "aten::squeeze.dims", "aten::select.int",       "aten::slice.Tensor",
+      "aten::alias",       "aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int",
+      "aten::chunk",       "aten::narrow",       "aten::as_strided",       "aten::detach",
+      "aten::view_as",     "aten::expand_as",    "aten::unfold",           "aten::diagonal",
+      "aten::movedim.int"};
+  return *views;
+}
+
+// Views when the input's layout allows, copies otherwise.
+const std::unordered_set<std::string_view>& MaybeViews() {
+  static const auto* views = new std::unordered_set<std::string_view>{
+      "aten::reshape", "aten::contiguous", "aten::flatten.using_ints"};
+  return *views;
+}
+
+}  // namespace
+
+OpClass ClassifyOp(std::string_view op) {
+  if (FindPointwise(std::string(op)) != nullptr) return OpClass::kPointwise;
+  if (MayAliasInput(op)) return OpClass::kView;
+  return OpClass::kLibrary;
+}
+
+bool MayAliasInput(std::string_view op) {
+  return AlwaysViews().count(op) != 0 || MaybeViews().count(op) != 0;
+}
+
+bool IsAlwaysView(std::string_view op) { return AlwaysViews().count(op) != 0; }
+
+bool IsNondeterministic(std::string_view op) {
+  for (std::string_view word : {"rand", "dropout", "bernoulli", "normal", "uniform", "empty",
+                                "multinomial", "poisson", "exponential"}) {
+    if (op.find(word) != std::string_view::npos) return true;
+  }
+  return false;
+}
+
+bool IsRowMajor(const kiln::v1::TensorMeta& meta) {
+  int64_t expected = 1;
+  for (int d = meta.sizes_size() - 1; d >= 0; --d) {
+    if (meta.sizes(d) != 1 && meta.strides(d) != expected) return false;
+    expected *= meta.sizes(d);
+  }
+  return true;
+}
+
+}  // namespace kiln::compiler

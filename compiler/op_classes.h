@@ -1,0 +1,37 @@
+// Which ATen ops the CPU compiler generates code for (pointwise), which only re-describe their
+// input's storage (views), and which it leaves to ATen (library calls).
+#pragma once
+
+#include <string_view>
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+enum class OpClass {
+  kPointwise,  // in the pointwise table (pointwise_ops.h): fusable into a generated kernel
+  kView,       // the result may share storage with the first input
+  kLibrary,    // everything else: a LibraryCall step
+};
+
+OpClass ClassifyOp(std::string_view op);
+
+// True for ops whose result may alias an input: the result's TensorMeta then describes the
+// input's storage only when the op did not copy (see IsAlwaysView). Values such ops read must
+// not live in the per-call arena.
+bool MayAliasInput(std::string_view op);
+
+// True for the views that never copy (view, permute, expand, select, ...): their result's
+// strides and storage offset address their first input's storage. reshape and contiguous copy
+// when the input's layout does not allow a view, so they are not among them.
+bool IsAlwaysView(std::string_view op);
+
+// True for ops whose two calls with equal arguments may differ (random, uninitialized memory):
+// common-subexpression elimination leaves them alone.
+bool IsNondeterministic(std::string_view op);
+
+// True when `meta` is row-major contiguous (size-1 dims may have any stride); storage offset
+// not considered.
+bool IsRowMajor(const kiln::v1::TensorMeta& meta);
+
+}  // namespace kiln::compiler

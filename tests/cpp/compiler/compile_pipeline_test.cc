@@ -1,0 +1,622 @@
+// The CPU compile pipeline stage by stage: graph passes on hand-built graphs, fusion and buffer
+// plans, and generated kernels run through dlopen on buffers laid out as the plan says.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "compiler/cpu_compiler.h"
+#include "compiler/fusion.h"
+#include "compiler/graph_passes.h"
+#include "compiler/ir_validator.h"
+#include "compiler/memory_plan.h"
+#include "tests/cpp/support/temp_dir.h"
+
+namespace kiln::compiler {
+namespace {
+
+using kiln::v1::Argument;
+using kiln::v1::DType;
+using kiln::v1::Graph;
+
+constexpr DType kF32 = kiln::v1::DTYPE_FLOAT32;
+
+Argument V(uint32_t id) {
+  Argument a;
+  a.set_value(id);
+  return a;
+}
+Argument I(int64_t v) {
+  Argument a;
+  a.set_int_value(v);
+  return a;
+}
+Argument F(double v) {
+  Argument a;
+  a.set_float_value(v);
+  return a;
+}
+Argument Ints(std::vector<int64_t> v) {
+  Argument a;
+  for (int64_t x : v) a.mutable_int_list()->add_values(x);
+  return a;
+}
+Argument Named(const std::string& name, Argument a) {
+  a.set_name(name);
+  return a;
+}
+
+std::vector<int64_t> RowMajor(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= sizes[d];
+  }
+  return strides;
+}
+
+// Builds a graph in topological order; ids are handed out in order of definition.
+class GraphBuilder {
+ public:
+  uint32_t Input(std::vector<int64_t> sizes, DType dtype = kF32, std::vector<int64_t> strides = {},
+                 int64_t offset = 0) {
+    kiln::v1::Value* v = graph_.add_inputs();
+    v->set_id(next_);
+    SetMeta(v->mutable_meta(), sizes, dtype, strides, offset);
+    return next_++;
+  }
+  uint32_t Constant(std::vector<int64_t> sizes, DType dtype, std::string bytes) {
+    kiln::v1::Constant* c = graph_.add_constants();
+    c->mutable_value()->set_id(next_);
+    SetMeta(c->mutable_value()->mutable_meta(), sizes, dtype, {}, 0);
+    c->set_data(std::move(bytes));
+    return next_++;
+  }
+  uint32_t Op(const std::string& op, std::vector<Argument> args, std::vector<int64_t> sizes,
+              DType dtype = kF32, std::vector<int64_t> strides = {}, int64_t offset = 0) {
+    kiln::v1::Node* n = graph_.add_nodes();
+    n->set_op(op);
+    for (Argument& a : args) *n->add_args() = std::move(a);
+    kiln::v1::Value* v = n->add_outputs();
+    v->set_id(next_);
+    SetMeta(v->mutable_meta(), sizes, dtype, strides, offset);
+    return next_++;
+  }
+  void Output(uint32_t id) { graph_.add_outputs(id); }
+  const Graph& graph() const { return graph_; }
+
+  kiln::v1::CompileRequest Request() const {
+    kiln::v1::CompileRequest request;
+    request.mutable_target()->set_device_kind(kiln::v1::DEVICE_KIND_CPU);
+    *request.mutable_graph() = graph_;
+    return request;
+  }
+
+ private:
+  static void SetMeta(kiln::v1::TensorMeta* m, const std::vector<int64_t>& sizes, DType dtype,
+                      std::vector<int64_t> strides, int64_t offset) {
+    m->set_dtype(dtype);
+    m->mutable_device()->set_kind(kiln::v1::DEVICE_KIND_CPU);
+    if (strides.empty()) strides = RowMajor(sizes);
+    for (int64_t s : sizes) m->add_sizes(s);
+    for (int64_t s : strides) m->add_strides(s);
+    m->set_storage_offset(offset);
+  }
+
+  Graph graph_;
+  uint32_t next_ = 0;
+};
+
+std::vector<std::string> Ops(const Graph& g) {
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back(n.op());
+  return ops;
+}
+
+int64_t StorageBytes(const kiln::v1::TensorMeta& m) {
+  int64_t last = m.storage_offset();
+  for (int d = 0; d < m.sizes_size(); ++d) last += (m.sizes(d) - 1) * m.strides(d);
+  return (last + 1) * ElementSize(m.dtype());
+}
+
+// Runs the kernel steps of a compiled artifact the way the client runtime does: buffers
+// allocated from their metadata (arena buffers at their offsets), constants bound from the plan,
+// and a check that no step reads a released value. Library steps fail the test.
+class PlanRunner {
+ public:
+  explicit PlanRunner(const kiln::v1::ArtifactBody& body) : plan_(body.plan()) {
+    const std::string path = dir_.Sub("kernels.so");
+    std::ofstream(path, std::ios::binary) << body.kernel_binary();
+    handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    EXPECT_NE(handle_, nullptr) << dlerror();
+    for (const auto& v : plan_.values()) meta_[v.id()] = v.meta();
+    // Garbage in the arena: a kernel that reads a buffer before writing it shows up.
+    arena_.assign(plan_.arena_bytes() + 64, 0xA5);
+    for (const auto& c : plan_.constants()) {
+      storage_[c.value().id()].assign(c.data().begin(), c.data().end());
+      data_[c.value().id()] = storage_[c.value().id()].data();
+    }
+  }
+  ~PlanRunner() {
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+
+  void Bind(uint32_t id, const void* data) { data_[id] = const_cast<void*>(data); }
+
+  void Run() {
+    ASSERT_NE(handle_, nullptr);
+    std::map<uint32_t, const kiln::v1::Buffer*> buffers;
+    for (const auto& b : plan_.buffers()) buffers[b.id()] = &b;
+    auto* arena = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<uintptr_t>(arena_.data()) + 63) / 64 * 64);
+    std::set<uint32_t> released;
+    for (const auto& step : plan_.steps()) {
+      ASSERT_TRUE(step.has_kernel()) << "library step " << step.library().op();
+      const auto& k = step.kernel();
+      std::vector<void*> args;
+      for (uint32_t id : k.args()) {
+        EXPECT_EQ(released.count(id), 0u) << "value " << id << " read after its release";
+        if (!data_.count(id)) {
+          auto b = buffers.find(id);
+          ASSERT_NE(b, buffers.end()) << "value " << id << " is neither bound nor a buffer";
+          const auto& m = meta_.at(id);
+          const int64_t skip = m.storage_offset() * ElementSize(m.dtype());
+          if (b->second->in_arena()) {
+            data_[id] = arena + b->second->arena_offset() + skip;
+          } else {
+            storage_[id].assign(StorageBytes(m), 0xA5);
+            data_[id] = storage_[id].data() + skip;
+          }
+        }
+        args.push_back(data_[id]);
+      }
+      auto fn = reinterpret_cast<void (*)(void* const*)>(dlsym(handle_, k.symbol().c_str()));
+      ASSERT_NE(fn, nullptr) << k.symbol();
+      fn(args.data());
+      released.insert(step.release().begin(), step.release().end());
+    }
+  }
+
+  template <typename T>
+  const T* Data(uint32_t id) const {
+    return static_cast<const T*>(data_.at(id));
+  }
+
+ private:
+  kiln::testing::TempDir dir_;
+  kiln::v1::ExecutionPlan plan_;
+  void* handle_ = nullptr;
+  std::map<uint32_t, kiln::v1::TensorMeta> meta_;
+  std::vector<unsigned char> arena_;
+  std::map<uint32_t, std::vector<unsigned char>> storage_;
+  std::map<uint32_t, void*> data_;
+};
+
+int KernelSteps(const kiln::v1::ExecutionPlan& plan) {
+  int n = 0;
+  for (const auto& s : plan.steps()) n += s.has_kernel();
+  return n;
+}
+
+std::vector<float> Iota(int n, float start, float step) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graph passes.
+
+TEST(GraphPassesTest, DeadCodeEliminationKeepsOnlyWhatOutputsNeed) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4});
+  uint32_t unused_input = b.Input({4});
+  uint32_t c = b.Constant({1}, kF32, std::string(4, '\0'));
+  uint32_t live = b.Op("aten::exp", {V(x)}, {4});
+  uint32_t dead = b.Op("aten::mul.Tensor", {V(live), V(c)}, {4});
+  b.Op("aten::relu", {V(dead)}, {4});
+  b.Output(live);
+  PassStats stats;
+  Graph g = EliminateDeadCode(b.graph(), &stats);
+  EXPECT_EQ(Ops(g), std::vector<std::string>{"aten::exp"});
+  EXPECT_EQ(g.constants_size(), 0);
+  ASSERT_EQ(g.inputs_size(), 2);  // the call signature never changes
+  EXPECT_EQ(g.inputs(1).id(), unused_input);
+  EXPECT_EQ(stats.dead_nodes, 2);
+  EXPECT_EQ(stats.dead_constants, 1);
+}
+
+TEST(GraphPassesTest, CommonSubexpressionsAreComputedOnce) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4});
+  uint32_t y = b.Input({4});
+  uint32_t e1 = b.Op("aten::exp", {V(x)}, {4});
+  uint32_t e2 = b.Op("aten::exp", {V(x)}, {4});
+  uint32_t a1 = b.Op("aten::add.Tensor", {V(e1), V(y)}, {4});
+  uint32_t a2 = b.Op("aten::add.Tensor", {V(e2), V(y)}, {4});  // same once e2 is e1
+  uint32_t a3 = b.Op("aten::add.Tensor", {V(y), V(e1)}, {4});  // other argument order
+  uint32_t a4 = b.Op("aten::add.Tensor", {V(e1), V(y), Named("alpha", I(2))}, {4});
+  uint32_t sum = b.Op("aten::add.Tensor", {V(a1), V(a2)}, {4});
+  b.Output(sum);
+  b.Output(a3);
+  b.Output(a4);
+  PassStats stats;
+  Graph g = EliminateDeadCode(EliminateCommonSubexpressions(b.graph(), &stats));
+  EXPECT_EQ(stats.common_nodes, 2);
+  ASSERT_EQ(g.nodes_size(), 5);  // exp, a1, a3, a4, sum
+  const auto& last = g.nodes(4);
+  EXPECT_EQ(last.args(0).value(), a1);
+  EXPECT_EQ(last.args(1).value(), a1);
+}
+
+TEST(GraphPassesTest, NodesDefiningGraphOutputsAreNeverMerged) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4});
+  uint32_t e1 = b.Op("aten::exp", {V(x)}, {4});
+  uint32_t e2 = b.Op("aten::exp", {V(x)}, {4});
+  b.Output(e1);
+  b.Output(e2);
+  Graph g = RunGraphPasses(b.graph());
+  EXPECT_EQ(g.nodes_size(), 2);
+}
+
+TEST(GraphPassesTest, IdentityViewsAndCopiesAreRemoved) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 4});
+  uint32_t same = b.Op("aten::view", {V(x), Ints({4, 4})}, {4, 4});
+  uint32_t perm = b.Op("aten::permute", {V(same), Ints({0, 1})}, {4, 4});
+  uint32_t copy = b.Op("aten::clone", {V(perm)}, {4, 4});
+  uint32_t swapped = b.Op("aten::permute", {V(copy), Ints({1, 0})}, {4, 4}, kF32, {1, 4});
+  uint32_t out = b.Op("aten::relu", {V(swapped)}, {4, 4});
+  uint32_t returned_view = b.Op("aten::view", {V(x), Ints({4, 4})}, {4, 4});
+  b.Output(out);
+  b.Output(returned_view);
+  PassStats stats;
+  Graph g = RunGraphPasses(b.graph(), &stats);
+  EXPECT_EQ(stats.identity_nodes, 3);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::permute", "aten::relu", "aten::view"}));
+  EXPECT_EQ(g.nodes(0).args(0).value(), x);  // the real transpose now reads x
+}
+
+TEST(GraphPassesTest, ViewOfViewOfRowMajorTensorReadsTheBase) {
+  GraphBuilder b;
+  uint32_t x = b.Input({2, 8});
+  uint32_t flat = b.Op("aten::view", {V(x), Ints({16})}, {16});
+  uint32_t square = b.Op("aten::_unsafe_view", {V(flat), Ints({4, 4})}, {4, 4});
+  b.Output(square);
+  // Not foldable: the inner view's base is a transposed (non-row-major) tensor.
+  uint32_t t = b.Input({8, 2}, kF32, {1, 8});
+  uint32_t tv = b.Op("aten::view", {V(t), Ints({8, 2})}, {8, 2}, kF32, {1, 8});
+  uint32_t tv2 = b.Op("aten::view", {V(tv), Ints({8, 2, 1})}, {8, 2, 1}, kF32, {1, 8, 1});
+  b.Output(tv2);
+  PassStats stats;
+  Graph g = RunGraphPasses(b.graph(), &stats);
+  EXPECT_EQ(stats.folded_views, 1);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::_unsafe_view", "aten::view"}));
+  EXPECT_EQ(g.nodes(0).args(0).value(), x);
+  EXPECT_EQ(g.nodes(1).args(0).value(), t);  // tv was an identity view
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fusion and plans (no toolchain).
+
+TEST(FusionTest, IndependentLibraryCallMovesBeforeTheOpenGroup) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 4});
+  uint32_t y = b.Input({4, 4});
+  uint32_t e = b.Op("aten::exp", {V(x)}, {4, 4});
+  uint32_t m = b.Op("aten::mm", {V(y), V(y)}, {4, 4});
+  uint32_t out = b.Op("aten::add.Tensor", {V(e), V(m)}, {4, 4});
+  b.Output(out);
+  FusedProgram program = FuseGraph(b.graph());
+  ASSERT_EQ(program.steps.size(), 2u);
+  EXPECT_FALSE(program.steps[0].is_kernel);
+  EXPECT_TRUE(program.steps[1].is_kernel);
+  EXPECT_EQ(program.groups[program.steps[1].group].nodes.size(), 2u);
+}
+
+TEST(FusionTest, UnsupportedDtypeBecomesALibraryCall) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4}, kiln::v1::DTYPE_COMPLEX64);
+  uint32_t y = b.Op("aten::mul.Tensor", {V(x), V(x)}, {4}, kiln::v1::DTYPE_COMPLEX64);
+  b.Output(y);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(body->format(), kiln::v1::BINARY_FORMAT_UNSPECIFIED);
+  EXPECT_TRUE(body->kernel_binary().empty());
+  ASSERT_EQ(body->plan().steps_size(), 1);
+  EXPECT_EQ(body->plan().steps(0).library().op(), "aten::mul.Tensor");
+}
+
+TEST(MemoryPlanTest, ArenaReusesBytesOfDeadBuffersAndReleasesLibraryResults) {
+  // exp -> mm -> exp -> mm -> exp -> mm: each exp result lives from its kernel to the next mm
+  // only, so all three share offset 0; each mm result is released after the kernel reading it.
+  GraphBuilder b;
+  uint32_t v = b.Input({8, 8});
+  std::vector<uint32_t> exps, mms;
+  for (int i = 0; i < 3; ++i) {
+    exps.push_back(b.Op("aten::exp", {V(v)}, {8, 8}));
+    mms.push_back(v = b.Op("aten::mm", {V(exps.back()), V(exps.back())}, {8, 8}));
+  }
+  b.Output(v);
+  kiln::v1::ExecutionPlan plan = BuildPlan(b.graph(), FuseGraph(b.graph()));
+  ASSERT_EQ(plan.steps_size(), 6);
+  ASSERT_EQ(plan.buffers_size(), 3);
+  for (const auto& buffer : plan.buffers()) {
+    EXPECT_TRUE(buffer.in_arena());
+    EXPECT_EQ(buffer.arena_offset(), 0u);
+  }
+  EXPECT_EQ(plan.arena_bytes(), 256u);
+  EXPECT_EQ(plan.steps(2).release(0), mms[0]);
+  EXPECT_EQ(plan.steps(4).release(0), mms[1]);
+  for (int s : {0, 1, 3, 5}) EXPECT_EQ(plan.steps(s).release_size(), 0) << s;
+  // Every value the plan names has metadata.
+  std::set<uint32_t> described;
+  for (const auto& value : plan.values()) described.insert(value.id());
+  for (uint32_t id = 0; id <= v; ++id) EXPECT_EQ(described.count(id), 1u) << id;
+}
+
+TEST(MemoryPlanTest, BuffersReadByViewsOrReturnedStayOutOfTheArena) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 4});
+  uint32_t e = b.Op("aten::exp", {V(x)}, {4, 4});
+  uint32_t t = b.Op("aten::t", {V(e)}, {4, 4}, kF32, {1, 4});
+  uint32_t m = b.Op("aten::mm", {V(t), V(x)}, {4, 4});  // reads the view, not the buffer
+  uint32_t r = b.Op("aten::relu", {V(m)}, {4, 4});
+  b.Output(r);
+  kiln::v1::ExecutionPlan plan = BuildPlan(b.graph(), FuseGraph(b.graph()));
+  ASSERT_EQ(plan.buffers_size(), 2);
+  EXPECT_EQ(plan.buffers(0).id(), e);
+  EXPECT_FALSE(plan.buffers(0).in_arena());
+  EXPECT_FALSE(plan.buffers(1).in_arena());  // r: a plan output
+  EXPECT_EQ(plan.arena_bytes(), 0u);
+  // e is dropped once the view holds it; the view and m after their last readers.
+  ASSERT_EQ(plan.steps_size(), 4);
+  EXPECT_EQ(std::vector<uint32_t>(plan.steps(1).release().begin(), plan.steps(1).release().end()),
+            std::vector<uint32_t>{e});
+  EXPECT_EQ(std::vector<uint32_t>(plan.steps(2).release().begin(), plan.steps(2).release().end()),
+            std::vector<uint32_t>{t});
+  EXPECT_EQ(std::vector<uint32_t>(plan.steps(3).release().begin(), plan.steps(3).release().end()),
+            std::vector<uint32_t>{m});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated kernels, compiled with the host g++ and run.
+
+TEST(CpuKernelTest, AddMulReluChainIsOneKernelWithIntermediatesInRegisters) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 8});
+  uint32_t y = b.Input({4, 8});
+  uint32_t a = b.Op("aten::add.Tensor", {V(x), V(y), Named("alpha", I(2))}, {4, 8});
+  uint32_t m = b.Op("aten::mul.Tensor", {V(a), V(y)}, {4, 8});
+  uint32_t out = b.Op("aten::relu", {V(m)}, {4, 8});
+  b.Output(out);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(body->plan().steps_size(), 1);
+  const auto& k = body->plan().steps(0).kernel();
+  EXPECT_EQ(std::vector<uint32_t>(k.args().begin(), k.args().end()),
+            (std::vector<uint32_t>{x, y, out}));
+  EXPECT_EQ(std::vector<uint32_t>(k.writes().begin(), k.writes().end()),
+            std::vector<uint32_t>{out});
+  std::vector<float> xs = Iota(32, -4.f, 0.25f), ys = Iota(32, 1.f, -0.125f);
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Bind(y, ys.data());
+  run.Run();
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_FLOAT_EQ(run.Data<float>(out)[i], std::max(0.f, (xs[i] + 2 * ys[i]) * ys[i])) << i;
+  }
+}
+
+TEST(CpuKernelTest, BiasAndPerChannelOperandsBroadcast) {
+  // out[n,c,h,w] = x * scale[1,c,1,1] + bias[w]
+  GraphBuilder b;
+  uint32_t x = b.Input({2, 3, 4, 5});
+  uint32_t scale = b.Input({1, 3, 1, 1});
+  uint32_t bias = b.Input({5});
+  uint32_t m = b.Op("aten::mul.Tensor", {V(x), V(scale)}, {2, 3, 4, 5});
+  uint32_t out = b.Op("aten::add.Tensor", {V(m), V(bias)}, {2, 3, 4, 5});
+  b.Output(out);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(KernelSteps(body->plan()), 1);
+  std::vector<float> xs = Iota(120, -3.f, 0.05f), ss = {2.f, -1.f, 0.5f}, bs = Iota(5, 10.f, 1.f);
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Bind(scale, ss.data());
+  run.Bind(bias, bs.data());
+  run.Run();
+  for (int i = 0; i < 120; ++i) {
+    const int c = i / 20 % 3, w = i % 5;
+    EXPECT_FLOAT_EQ(run.Data<float>(out)[i], xs[i] * ss[c] + bs[w]) << i;
+  }
+}
+
+TEST(CpuKernelTest, TransposedInputsAndFoldedViewsReadThroughTheirStrides) {
+  // Large enough for the parallel loop nest: [256, 160] = 40960 elements.
+  constexpr int R = 256, C = 160;
+  GraphBuilder b;
+  uint32_t xt = b.Input({R, C}, kF32, {1, R});  // a transposed tensor from the caller
+  uint32_t base = b.Input({C, R});
+  uint32_t t = b.Op("aten::transpose.int", {V(base), I(0), I(1)}, {R, C}, kF32, {1, R});
+  uint32_t out = b.Op("aten::sub.Tensor", {V(xt), V(t)}, {R, C});
+  uint32_t sq = b.Op("aten::pow.Tensor_Scalar", {V(out), F(2.0)}, {R, C});
+  b.Output(sq);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(body->plan().steps_size(), 1);  // the transpose is folded into the kernel
+  EXPECT_NE(body->kernel_source().find("omp parallel"), std::string::npos);
+  std::vector<float> xs = Iota(R * C, -1.f, 1e-4f), bs = Iota(R * C, 2.f, -3e-5f);
+  PlanRunner run(*body);
+  run.Bind(xt, xs.data());
+  run.Bind(base, bs.data());
+  run.Run();
+  for (int r = 0; r < R; r += 7) {
+    for (int c = 0; c < C; c += 3) {
+      const float d = xs[c * R + r] - bs[c * R + r];
+      ASSERT_FLOAT_EQ(run.Data<float>(sq)[r * C + c], d * d) << r << "," << c;
+    }
+  }
+}
+
+uint16_t ToBf16(float f) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float FromBf16(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+TEST(CpuKernelTest, Bfloat16RoundsEveryOpToItsStorageType) {
+  constexpr DType kBf16 = kiln::v1::DTYPE_BFLOAT16;
+  GraphBuilder b;
+  uint32_t x = b.Input({64}, kBf16);
+  uint32_t y = b.Input({64}, kBf16);
+  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(y)}, {64}, kBf16);
+  uint32_t out = b.Op("aten::mul.Tensor", {V(s), V(x)}, {64}, kBf16);
+  uint32_t wide = b.Op("aten::_to_copy", {V(out), Named("dtype", I(6))}, {64}, kF32);
+  b.Output(out);
+  b.Output(wide);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(KernelSteps(body->plan()), 1);
+  std::vector<uint16_t> xs(64), ys(64);
+  for (int i = 0; i < 64; ++i) {
+    xs[i] = ToBf16(1.f + static_cast<float>(i) / 3.f);
+    ys[i] = ToBf16(-0.7f + static_cast<float>(i) / 7.f);
+  }
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Bind(y, ys.data());
+  run.Run();
+  for (int i = 0; i < 64; ++i) {
+    const uint16_t sum = ToBf16(FromBf16(xs[i]) + FromBf16(ys[i]));
+    const uint16_t expect = ToBf16(FromBf16(sum) * FromBf16(xs[i]));
+    EXPECT_EQ(run.Data<uint16_t>(out)[i], expect) << i;
+    EXPECT_EQ(run.Data<float>(wide)[i], FromBf16(expect)) << i;
+  }
+}
+
+TEST(CpuKernelTest, Int64AndBoolComputeExactly) {
+  constexpr DType kI64 = kiln::v1::DTYPE_INT64, kBool = kiln::v1::DTYPE_BOOL;
+  GraphBuilder b;
+  uint32_t a = b.Input({10}, kI64);
+  uint32_t c = b.Input({10}, kI64);
+  uint32_t mask = b.Input({10}, kBool);
+  uint32_t s = b.Op("aten::add.Tensor", {V(a), V(c), Named("alpha", I(3))}, {10}, kI64);
+  uint32_t gt = b.Op("aten::gt.Scalar", {V(s), I(5)}, {10}, kBool);
+  uint32_t w = b.Op("aten::where.self", {V(gt), V(s), V(a)}, {10}, kI64);
+  uint32_t both = b.Op("aten::logical_and", {V(gt), V(mask)}, {10}, kBool);
+  b.Output(w);
+  b.Output(both);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(body->plan().steps_size(), 1);
+  EXPECT_EQ(body->plan().steps(0).kernel().args_size(), 5);  // a, c, mask, w, both
+  std::vector<int64_t> as(10), cs(10);
+  bool ms[10];
+  for (int i = 0; i < 10; ++i) {
+    as[i] = (int64_t{1} << 40) * (i % 2) + i - 5;
+    cs[i] = 2 - i;
+    ms[i] = i % 3 != 0;
+  }
+  PlanRunner run(*body);
+  run.Bind(a, as.data());
+  run.Bind(c, cs.data());
+  run.Bind(mask, ms);
+  run.Run();
+  for (int i = 0; i < 10; ++i) {
+    const int64_t sum = as[i] + 3 * cs[i];
+    EXPECT_EQ(run.Data<int64_t>(w)[i], sum > 5 ? sum : as[i]) << i;
+    EXPECT_EQ(run.Data<bool>(both)[i], sum > 5 && ms[i]) << i;
+  }
+}
+
+TEST(CpuKernelTest, IntermediateReadByALaterGroupBecomesAnArenaBuffer) {
+  // Group 1 over [4, 8]: a = x + y, p = a * a (returned). Group 2 over [2, 4, 8]: q = z - a.
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 8});
+  uint32_t y = b.Input({4, 8});
+  uint32_t z = b.Input({2, 4, 8});
+  uint32_t a = b.Op("aten::add.Tensor", {V(x), V(y)}, {4, 8});
+  uint32_t p = b.Op("aten::mul.Tensor", {V(a), V(a)}, {4, 8});
+  uint32_t q = b.Op("aten::sub.Tensor", {V(z), V(a)}, {2, 4, 8});
+  b.Output(p);
+  b.Output(q);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  const auto& plan = body->plan();
+  ASSERT_EQ(KernelSteps(plan), 2);
+  std::map<uint32_t, bool> arena;
+  for (const auto& buffer : plan.buffers()) arena[buffer.id()] = buffer.in_arena();
+  EXPECT_EQ(arena, (std::map<uint32_t, bool>{{a, true}, {p, false}, {q, false}}));
+  std::vector<float> xs = Iota(32, 0.5f, 0.5f), ys = Iota(32, -2.f, 0.1f),
+                     zs = Iota(64, 3.f, -0.2f);
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Bind(y, ys.data());
+  run.Bind(z, zs.data());
+  run.Run();
+  for (int i = 0; i < 64; ++i) {
+    const float ai = xs[i % 32] + ys[i % 32];
+    if (i < 32) {
+      EXPECT_FLOAT_EQ(run.Data<float>(p)[i], ai * ai) << i;
+    }
+    EXPECT_FLOAT_EQ(run.Data<float>(q)[i], zs[i] - ai) << i;
+  }
+}
+
+TEST(CpuKernelTest, OneElementConstantsAreFoldedIntoTheCode) {
+  GraphBuilder b;
+  float half = 0.5f;
+  uint32_t x = b.Input({16});
+  uint32_t c = b.Constant({}, kF32, std::string(reinterpret_cast<char*>(&half), 4));
+  uint32_t out = b.Op("aten::mul.Tensor", {V(x), V(c)}, {16});
+  b.Output(out);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(body->plan().constants_size(), 0);
+  EXPECT_EQ(body->plan().steps(0).kernel().args_size(), 2);
+  std::vector<float> xs = Iota(16, -1.f, 0.3f);
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Run();
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(run.Data<float>(out)[i], xs[i] * 0.5f) << i;
+}
+
+TEST(CpuKernelTest, InvalidIsaIsRefusedWithoutRunningTheToolchain) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4});
+  b.Output(b.Op("aten::neg", {V(x)}, {4}));
+  kiln::v1::CompileRequest request = b.Request();
+  request.mutable_target()->set_cpu_isa("native");
+  CpuCompiler compiler(CpuCompilerOptions{"/nonexistent/g++"});
+  auto body = compiler.Compile(request);
+  ASSERT_FALSE(body.ok());
+  EXPECT_EQ(CompileErrorFromStatus(body.status()).code(),
+            kiln::v1::CompileError::CODE_UNIMPLEMENTED);
+}
+
+}  // namespace
+}  // namespace kiln::compiler
