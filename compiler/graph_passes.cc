@@ -36,6 +36,24 @@ std::unordered_set<uint32_t> GraphOutputs(const Graph& graph) {
   return {graph.outputs().begin(), graph.outputs().end()};
 }
 
+// Values a graph output may alias: the outputs, and the inputs of views that lead to them.
+// Merging or dropping the node that makes one would change what the caller's outputs share
+// memory with (eager returns a fresh tensor for view(clone(x)), not a view of x).
+std::unordered_set<uint32_t> Escaping(const Graph& graph) {
+  std::unordered_set<uint32_t> escaping = GraphOutputs(graph);
+  for (int i = graph.nodes_size() - 1; i >= 0; --i) {
+    const Node& node = graph.nodes(i);
+    if (!MayAliasInput(node.op()) || node.args_size() == 0 ||
+        node.args(0).kind_case() != Argument::kValue) {
+      continue;
+    }
+    for (const auto& out : node.outputs()) {
+      if (escaping.count(out.id())) escaping.insert(node.args(0).value());
+    }
+  }
+  return escaping;
+}
+
 bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
   return a.SerializeAsString() == b.SerializeAsString();
 }
@@ -99,6 +117,7 @@ Graph EliminateDeadCode(const Graph& graph, PassStats* stats) {
 
 Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
   const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
+  const std::unordered_set<uint32_t> escaping = Escaping(graph);
   Graph out = EmptyLike(graph);
   Replacements replace;
   // Key: op, arguments (already rewritten) and output metadata -> the first node's outputs.
@@ -112,17 +131,20 @@ Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
       std::string bytes = a.SerializeAsString();
       key += std::to_string(bytes.size()) + ":" + bytes;
     }
-    bool defines_output = false;
+    // Two views of one tensor alias it either way; two copies are distinct tensors, which a
+    // caller can tell apart once they escape.
+    bool keep_distinct = false;
     for (const auto& v : node.outputs()) {
       std::string bytes = v.meta().SerializeAsString();
       key += "|" + std::to_string(bytes.size()) + ":" + bytes;
-      defines_output = defines_output || outputs.count(v.id()) != 0;
+      keep_distinct = keep_distinct || outputs.count(v.id()) != 0 ||
+                      (!MayAliasInput(node.op()) && escaping.count(v.id()) != 0);
     }
     if (!IsNondeterministic(node.op()) && node.outputs_size() > 0) {
       auto [it, inserted] = seen.try_emplace(key);
       if (inserted) {
         for (const auto& v : node.outputs()) it->second.push_back(v.id());
-      } else if (!defines_output) {
+      } else if (!keep_distinct) {
         for (int i = 0; i < node.outputs_size(); ++i) {
           replace[node.outputs(i).id()] = it->second[i];
         }
@@ -137,6 +159,7 @@ Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
 
 Graph SimplifyViews(const Graph& graph, PassStats* stats) {
   const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
+  const std::unordered_set<uint32_t> escaping = Escaping(graph);
   std::unordered_map<uint32_t, const TensorMeta*> meta;
   for (const auto& v : graph.inputs()) meta[v.id()] = &v.meta();
   for (const auto& c : graph.constants()) meta[c.value().id()] = &c.value().meta();
@@ -155,8 +178,9 @@ Graph SimplifyViews(const Graph& graph, PassStats* stats) {
     if (single) {
       const uint32_t in = node.args(0).value(), id = node.outputs(0).id();
       const TensorMeta& out_meta = node.outputs(0).meta();
+      const bool copy = !MayAliasInput(node.op());
       if (IsIdentityWhenMetaMatches(node.op()) && outputs.count(id) == 0 &&
-          SameMeta(*meta.at(in), out_meta)) {
+          !(copy && escaping.count(id)) && SameMeta(*meta.at(in), out_meta)) {
         replace[id] = in;
         if (stats) ++stats->identity_nodes;
         continue;

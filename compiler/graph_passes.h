@@ -18,13 +18,15 @@ struct PassStats {
 kiln::v1::Graph EliminateDeadCode(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 // Replaces a node by an earlier one with the same op, arguments and output metadata. A node that
-// defines a graph output stays, so that outputs never become aliases of one another.
+// defines a graph output stays, and so does a copy a graph output is a view of, so that outputs
+// never become aliases of one another.
 kiln::v1::Graph EliminateCommonSubexpressions(const kiln::v1::Graph& graph,
                                               PassStats* stats = nullptr);
 
 // Drops views and copies whose output metadata equals their input's (view to the same sizes of a
 // contiguous tensor, identity permute, clone of a tensor already in that layout), and reads
-// view(view(x)) of a row-major x as view(x). Graph outputs are never replaced.
+// view(view(x)) of a row-major x as view(x). Graph outputs are never replaced, nor copies that
+// a graph output is a view of.
 kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 // All of the above: views, then CSE, then DCE.

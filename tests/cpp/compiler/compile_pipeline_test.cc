@@ -2,7 +2,9 @@
 // plans, and generated kernels run through dlopen on buffers laid out as the plan says.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -283,6 +285,28 @@ TEST(GraphPassesTest, IdentityViewsAndCopiesAreRemoved) {
   EXPECT_EQ(stats.identity_nodes, 3);
   EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::permute", "aten::relu", "aten::view"}));
   EXPECT_EQ(g.nodes(0).args(0).value(), x);  // the real transpose now reads x
+}
+
+TEST(GraphPassesTest, CopiesThatOutputsAreViewsOfStayDistinct) {
+  // Eager returns two fresh tensors here; neither may become a view of x or of the other.
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 4});
+  uint32_t c1 = b.Op("aten::clone", {V(x)}, {4, 4});
+  uint32_t c2 = b.Op("aten::clone", {V(x)}, {4, 4});
+  b.Output(b.Op("aten::view", {V(c1), Ints({16})}, {16}));
+  b.Output(b.Op("aten::view", {V(c2), Ints({16})}, {16}));
+  // A copy only computations read is merged and then dropped.
+  uint32_t c3 = b.Op("aten::clone", {V(x)}, {4, 4});
+  uint32_t c4 = b.Op("aten::clone", {V(x)}, {4, 4});
+  b.Output(b.Op("aten::add.Tensor", {V(c3), V(c4)}, {4, 4}));
+  PassStats stats;
+  Graph g = RunGraphPasses(b.graph(), &stats);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::clone", "aten::clone", "aten::view",
+                                              "aten::view", "aten::add.Tensor"}));
+  EXPECT_EQ(g.nodes(2).args(0).value(), c1);
+  EXPECT_EQ(g.nodes(3).args(0).value(), c2);
+  EXPECT_EQ(g.nodes(4).args(0).value(), x);
+  EXPECT_EQ(g.nodes(4).args(1).value(), x);
 }
 
 TEST(GraphPassesTest, ViewOfViewOfRowMajorTensorReadsTheBase) {
@@ -590,19 +614,44 @@ TEST(CpuKernelTest, OneElementConstantsAreFoldedIntoTheCode) {
   GraphBuilder b;
   float half = 0.5f;
   uint32_t x = b.Input({16});
+  uint32_t scalar = b.Input({});
   uint32_t c = b.Constant({}, kF32, std::string(reinterpret_cast<char*>(&half), 4));
   uint32_t out = b.Op("aten::mul.Tensor", {V(x), V(c)}, {16});
+  uint32_t out0d = b.Op("aten::sub.Tensor", {V(scalar), V(c)}, {});  // a 0-d iteration space
   b.Output(out);
+  b.Output(out0d);
   CpuCompiler compiler;
   auto body = compiler.Compile(b.Request());
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_EQ(body->plan().constants_size(), 0);
-  EXPECT_EQ(body->plan().steps(0).kernel().args_size(), 2);
+  ASSERT_EQ(body->plan().steps_size(), 2);
+  EXPECT_EQ(body->plan().steps(0).kernel().args_size(), 2);  // x, out
+  EXPECT_EQ(body->plan().steps(1).kernel().args_size(), 2);  // scalar, out0d
   std::vector<float> xs = Iota(16, -1.f, 0.3f);
+  float s = 4.25f;
   PlanRunner run(*body);
   run.Bind(x, xs.data());
+  run.Bind(scalar, &s);
   run.Run();
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(run.Data<float>(out)[i], xs[i] * 0.5f) << i;
+  EXPECT_EQ(*run.Data<float>(out0d), 3.75f);
+}
+
+TEST(CpuKernelTest, ToolchainRunningPastItsTimeLimitIsKilled) {
+  kiln::testing::TempDir dir;
+  const std::string cxx = dir.Sub("slow-cxx");
+  std::ofstream(cxx) << "#!/bin/sh\ncase \"$1\" in -dump*|--version) echo 1; exit 0;; esac\n"
+                        "sleep 60\n";
+  ASSERT_EQ(::chmod(cxx.c_str(), 0700), 0);
+  CpuCompiler compiler(CpuCompilerOptions{cxx, std::chrono::seconds(1)});
+  GraphBuilder b;
+  uint32_t x = b.Input({4});
+  b.Output(b.Op("aten::neg", {V(x)}, {4}));
+  const auto start = std::chrono::steady_clock::now();
+  auto body = compiler.Compile(b.Request());
+  ASSERT_FALSE(body.ok());
+  EXPECT_EQ(CompileErrorFromStatus(body.status()).code(), kiln::v1::CompileError::CODE_TOOLCHAIN);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST(CpuKernelTest, InvalidIsaIsRefusedWithoutRunningTheToolchain) {
