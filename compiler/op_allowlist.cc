@@ -117,6 +117,8 @@ constexpr const char* kDefaultOps[] = {
     "aten::_unsafe_view",
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     "aten::scaled_dot_product_attention",
+    // nn.MultiheadAttention's inference fast path (torchvision's ViT under no_grad).
+    "aten::_native_multi_head_attention",
     "aten::split.Tensor",
     "aten::split_with_sizes",
     "aten::unbind.int",
