@@ -29,15 +29,24 @@ absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits
   if (meta.strides_size() != meta.sizes_size()) {
     return Invalid("tensor strides and sizes differ in length");
   }
+  // The limit bounds the product of the nonzero sizes, not just numel: an empty tensor such as
+  // [0, 2^62, 2^62] would otherwise pass, and every product of its sizes (IsContiguous, the
+  // contiguous strides a compiler computes) would overflow int64.
   int64_t n = 1;
+  bool empty = false;
   for (int i = 0; i < meta.sizes_size(); ++i) {
     int64_t size = meta.sizes(i);
     if (size < 0) return Invalid("tensor size is negative");
     if (meta.strides(i) < 0) return Invalid("tensor stride is negative");
-    if (size != 0 && n > limits.max_numel / size) return Invalid("tensor has too many elements");
+    if (size == 0) {
+      empty = true;
+      continue;
+    }
+    if (n > limits.max_numel / size) return Invalid("tensor has too many elements");
     n *= size;
   }
   if (n > limits.max_numel) return Invalid("tensor has too many elements");
+  if (empty) n = 0;
   if (meta.storage_offset() < 0) return Invalid("tensor storage offset is negative");
   if (!ValidDeviceKind(meta.device().kind())) return Invalid("tensor has no valid device kind");
   if (meta.device().index() < 0) return Invalid("tensor device index is negative");

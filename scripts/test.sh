@@ -7,5 +7,6 @@ status=0
 if [ -n "$(ctest --test-dir build -N 2>/dev/null | grep -E '^  Test +#')" ]; then
   ctest --test-dir build --output-on-failure -j"$(nproc)" || status=1
 fi
+scripts/fuzz.sh || status=1
 PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/python -m pytest -q -p no:cacheprovider tests/python || status=1
 exit $status
