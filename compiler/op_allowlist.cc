@@ -63,6 +63,7 @@ constexpr const char* kDefaultOps[] = {
     // Reductions.
     "aten::sum.dim_IntList",
     "aten::sum",
+    "aten::mean",
     "aten::mean.dim",
     "aten::amax",
     "aten::amin",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: the GoogleTest suites through ctest, then pytest. Exits non-zero if any fails.
+# Every test: the GoogleTest suites through ctest, the bounded fuzz run (scripts/fuzz.sh), then
+# pytest. Exits non-zero if any fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -100,3 +100,18 @@ TEST(IrValidator, GraphWithoutOutputsOrDuplicateOptionsIsRejected) {
 
 }  // namespace
 }  // namespace kiln::compiler
+
+TEST(IrValidator, EmptyTensorWithHugeOtherSizesIsRejectedWithoutOverflow) {
+  // [0, 2^62, 2^62]: numel 0, but the product of the other sizes overflows int64 in any code
+  // that computes contiguous strides; validation bounds the nonzero sizes.
+  auto request = kiln::testing::MakeRequest();
+  auto* c = request.mutable_graph()->add_constants();
+  c->mutable_value()->set_id(50);
+  auto* meta = c->mutable_value()->mutable_meta();
+  meta->set_dtype(kiln::v1::DTYPE_FLOAT32);
+  meta->mutable_device()->set_kind(kiln::v1::DEVICE_KIND_CPU);
+  for (int64_t s : {int64_t{0}, int64_t{1} << 62, int64_t{1} << 62}) meta->add_sizes(s);
+  for (int64_t s : {int64_t{1}, int64_t{1}, int64_t{1}}) meta->add_strides(s);
+  EXPECT_EQ(kiln::compiler::ValidateRequest(request, kiln::compiler::OpAllowlist::Default()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
