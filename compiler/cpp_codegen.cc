@@ -200,33 +200,23 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       const auto& out = node.outputs(0);
       const std::string type = ComputeType(out.meta().dtype());
       std::vector<std::optional<Operand>> operands(op.formals.size());
-      size_t next = 0;
-      for (const Argument& a : node.args()) {
-        size_t pos = next;
-        if (a.name().empty()) {
-          ++next;
-        } else {
-          for (size_t f = 0; f < op.formals.size(); ++f) {
-            if (op.formals[f] == a.name()) pos = f;
-          }
+      const auto bound = *BindArguments(node, op);  // IsFusable bound them already
+      for (size_t pos = 0; pos < bound.size(); ++pos) {
+        const Argument* a = bound[pos];
+        if (a == nullptr || a->kind_case() == Argument::kNone ||
+            op.IsStorageFormal(op.formals[pos])) {
+          continue;
         }
-        if (a.kind_case() == Argument::kValue) {
-          const std::string& v = var.at(a.value());
+        if (a->kind_case() == Argument::kValue) {
+          const std::string& v = var.at(a->value());
           operands[pos] = Operand{op.keeps_operand_types ? v : "(" + type + ")" + v, true, 0};
-        } else if (a.kind_case() != Argument::kNone && op.formals[pos] != "dtype" &&
-                   op.formals[pos] != "layout" && op.formals[pos] != "device" &&
-                   op.formals[pos] != "pin_memory" && op.formals[pos] != "non_blocking" &&
-                   op.formals[pos] != "memory_format") {
-          double v = a.kind_case() == Argument::kFloatValue  ? a.float_value()
-                     : a.kind_case() == Argument::kIntValue  ? static_cast<double>(a.int_value())
-                     : a.kind_case() == Argument::kBoolValue ? (a.bool_value() ? 1.0 : 0.0)
-                                                             : 0.0;
-          std::string lit = *ScalarLiteral(a);
-          if (a.kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
-            lit = "(" + type + ")" + lit;
-          }
-          operands[pos] = Operand{lit, false, v};
+          continue;
         }
+        std::string lit = *ScalarLiteral(*a);
+        if (a->kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
+          lit = "(" + type + ")" + lit;
+        }
+        operands[pos] = Operand{lit, false, ScalarValue(*a)};
       }
       std::string name = "v" + std::to_string(out.id());
       body << indent << "const " << type << " " << name << " = "

@@ -24,30 +24,6 @@ using MetaMap = std::unordered_map<uint32_t, const TensorMeta*>;
 
 std::vector<int64_t> Sizes(const TensorMeta& m) { return {m.sizes().begin(), m.sizes().end()}; }
 
-// Binds a node's arguments to the op's formals; nullopt when an argument is unknown.
-std::optional<std::vector<const Argument*>> Bind(const Node& node, const PointwiseOp& op) {
-  std::vector<const Argument*> bound(op.formals.size(), nullptr);
-  size_t next = 0;
-  for (const Argument& a : node.args()) {
-    size_t pos;
-    if (a.name().empty()) {
-      pos = next++;
-    } else {
-      auto it = std::find(op.formals.begin(), op.formals.end(), a.name());
-      if (it == op.formals.end()) return std::nullopt;
-      pos = static_cast<size_t>(it - op.formals.begin());
-    }
-    if (pos >= bound.size() || bound[pos] != nullptr) return std::nullopt;
-    bound[pos] = &a;
-  }
-  return bound;
-}
-
-bool IsTensorFormal(const PointwiseOp& op, const std::string& formal) {
-  return std::find(op.tensor_formals.begin(), op.tensor_formals.end(), formal) !=
-         op.tensor_formals.end();
-}
-
 // True when `node`'s single result addresses its first input's storage with the result's own
 // strides and storage offset, so a kernel may read the input in its place.
 bool FoldableView(const Node& node, const MetaMap& meta) {
@@ -133,14 +109,14 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
   if (out.device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
   const std::string type = ComputeType(out.dtype());
   if (type.empty()) return false;
-  auto bound = Bind(node, *op);
+  auto bound = BindArguments(node, *op);
   if (!bound) return false;
   std::vector<std::optional<Operand>> operands(op->formals.size());
   for (size_t i = 0; i < op->formals.size(); ++i) {
     const Argument* a = (*bound)[i];
     if (a == nullptr || a->kind_case() == Argument::kNone) continue;
     if (a->kind_case() == Argument::kValue) {
-      if (!IsTensorFormal(*op, op->formals[i])) return false;
+      if (!op->IsTensorFormal(op->formals[i])) return false;
       auto it = meta.find(a->value());
       if (it == meta.end() || ComputeType(it->second->dtype()).empty()) return false;
       if (it->second->device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
@@ -154,34 +130,19 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
       operands[i] = Operand{"x", true, 0};
       continue;
     }
-    // dtype/layout/memory-format/device arguments of _to_copy and clone: only defaults fuse.
-    if (node.op() == "aten::_to_copy" || node.op() == "aten::clone") {
-      if (op->formals[i] == "dtype" || op->formals[i] == "layout" ||
-          op->formals[i] == "pin_memory" || op->formals[i] == "non_blocking") {
-        continue;
-      }
-      if (op->formals[i] == "memory_format") continue;  // output strides come from its meta
-      return false;
-    }
+    // How the result is stored (dtype, device, memory format, ...) is its TensorMeta: every
+    // operand and the output are checked to be CPU tensors of handled dtypes above and below.
+    if (op->IsStorageFormal(op->formals[i])) continue;
     if (a->kind_case() == Argument::kStringValue && op->formals[i] != "rounding_mode" &&
         op->formals[i] != "approximate") {
       return false;
     }
     auto literal = ScalarLiteral(*a);
     if (!literal) return false;
-    double v = a->kind_case() == Argument::kFloatValue  ? a->float_value()
-               : a->kind_case() == Argument::kIntValue  ? static_cast<double>(a->int_value())
-               : a->kind_case() == Argument::kBoolValue ? (a->bool_value() ? 1.0 : 0.0)
-                                                        : 0.0;
-    operands[i] = Operand{*literal, false, v};
-  }
-  if (node.op() == "aten::_to_copy") {
-    // A device argument other than None moves data: a library call.
-    auto b = *bound;
-    if (b.size() > 3 && b[3] != nullptr && b[3]->kind_case() != Argument::kNone) return false;
+    operands[i] = Operand{*literal, false, ScalarValue(*a)};
   }
   for (size_t i = 0; i < op->formals.size(); ++i) {
-    if (!operands[i] && IsTensorFormal(*op, op->formals[i]) && i == 0) return false;
+    if (!operands[i] && op->IsTensorFormal(op->formals[i]) && i == 0) return false;
   }
   return op->emit(operands, type).has_value();
 }
@@ -200,15 +161,7 @@ FusedProgram FuseGraph(const Graph& graph) {
   }
   std::unordered_map<uint32_t, const kiln::v1::Constant*> constants;
   for (const auto& c : graph.constants()) constants[c.value().id()] = &c;
-  auto reads = [](const Node& n) {
-    std::vector<uint32_t> ids;
-    for (const Argument& a : n.args()) {
-      if (a.kind_case() == Argument::kValue) ids.push_back(a.value());
-      if (a.kind_case() == Argument::kValueList)
-        ids.insert(ids.end(), a.value_list().ids().begin(), a.value_list().ids().end());
-    }
-    return ids;
-  };
+  const auto& reads = ValuesRead;
 
   // 1. Greedy grouping in topological order. A library node that does not read the open group
   // is placed before it (its inputs all exist already), so groups grow across unrelated calls.

@@ -93,12 +93,7 @@ Graph EliminateDeadCode(const Graph& graph, PassStats* stats) {
       continue;
     }
     keep[i] = true;
-    for (const Argument& a : node.args()) {
-      if (a.kind_case() == Argument::kValue) live.insert(a.value());
-      if (a.kind_case() == Argument::kValueList) {
-        live.insert(a.value_list().ids().begin(), a.value_list().ids().end());
-      }
-    }
+    for (uint32_t id : ValuesRead(node)) live.insert(id);
   }
   Graph out = EmptyLike(graph);
   out.clear_constants();

@@ -58,12 +58,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       kiln::v1::LibraryCall* call = ps->mutable_library();
       call->set_op(n.op());
       *call->mutable_args() = n.args();
-      for (const Argument& a : n.args()) {
-        if (a.kind_case() == Argument::kValue) step_reads[s].push_back(a.value());
-        if (a.kind_case() == Argument::kValueList) {
-          for (uint32_t id : a.value_list().ids()) step_reads[s].push_back(id);
-        }
-      }
+      step_reads[s] = ValuesRead(n);
       if (MayAliasInput(n.op())) viewed.insert(step_reads[s].begin(), step_reads[s].end());
       for (const auto& out : n.outputs()) {
         call->add_outputs(out.id());

@@ -51,6 +51,17 @@ bool IsNondeterministic(std::string_view op) {
   return false;
 }
 
+std::vector<uint32_t> ValuesRead(const kiln::v1::Node& node) {
+  std::vector<uint32_t> ids;
+  for (const kiln::v1::Argument& a : node.args()) {
+    if (a.kind_case() == kiln::v1::Argument::kValue) ids.push_back(a.value());
+    if (a.kind_case() == kiln::v1::Argument::kValueList) {
+      ids.insert(ids.end(), a.value_list().ids().begin(), a.value_list().ids().end());
+    }
+  }
+  return ids;
+}
+
 bool IsRowMajor(const kiln::v1::TensorMeta& meta) {
   int64_t expected = 1;
   for (int d = meta.sizes_size() - 1; d >= 0; --d) {

@@ -2,7 +2,9 @@
 // input's storage (views), and which it leaves to ATen (library calls).
 #pragma once
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "kiln/v1/graph.pb.h"
 
@@ -29,6 +31,9 @@ bool IsAlwaysView(std::string_view op);
 // True for ops whose two calls with equal arguments may differ (random, uninitialized memory):
 // common-subexpression elimination leaves them alone.
 bool IsNondeterministic(std::string_view op);
+
+// The ids of the values `node` reads, in argument order (Tensor and Tensor[] arguments).
+std::vector<uint32_t> ValuesRead(const kiln::v1::Node& node);
 
 // True when `meta` is row-major contiguous (size-1 dims may have any stride); storage offset
 // not considered.

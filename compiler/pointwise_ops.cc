@@ -2,10 +2,10 @@
 // NaN propagates through relu/clamp/maximum, round is half-to-even, division is true division.
 #include "compiler/pointwise_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace kiln::compiler {
 namespace {
@@ -220,11 +220,6 @@ Out BitNot(const Args& a, const std::string& t) {
   return "(~" + A(a, 0) + ")";
 }
 Out Identity(const Args& a, const std::string&) { return A(a, 0); }
-Out ToCopy(const Args& a, const std::string&) {
-  // Only dtype conversions on the same device fuse; anything with a device is a library call.
-  if (Has(a, 3)) return std::nullopt;  // device
-  return A(a, 0);
-}
 
 const std::unordered_map<std::string, PointwiseOp>& Table() {
   using V = std::vector<std::string>;
@@ -296,10 +291,11 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
       {"aten::bitwise_or.Tensor", {V{"self", "other"}, V{"self", "other"}, false, BitOr}},
       {"aten::bitwise_xor.Tensor", {V{"self", "other"}, V{"self", "other"}, false, BitXor}},
       {"aten::bitwise_not", {V{"self"}, V{"self"}, false, BitNot}},
-      {"aten::clone", {V{"self", "memory_format"}, V{"self"}, false, Identity}},
+      {"aten::clone", {V{"self", "memory_format"}, V{"self"}, false, Identity, V{"memory_format"}}},
       {"aten::_to_copy",
        {V{"self", "dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"},
-        V{"self"}, false, ToCopy}},
+        V{"self"}, false, Identity,
+        V{"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"}}},
   };
   return *table;
 }
@@ -311,15 +307,41 @@ const PointwiseOp* FindPointwise(const std::string& op) {
   return it == Table().end() ? nullptr : &it->second;
 }
 
-bool IsViewOp(const std::string& op) {
-  static const auto* views = new std::unordered_set<std::string>{
-      "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::permute", "aten::transpose.int",
-      "aten::t", "aten::expand", "aten::unsqueeze", "aten::squeeze.dim", "aten::squeeze",
-      "aten::squeeze.dims", "aten::select.int", "aten::slice.Tensor", "aten::alias",
-      "aten::contiguous", "aten::split.Tensor", "aten::split_with_sizes", "aten::unbind.int",
-      "aten::chunk", "aten::narrow", "aten::as_strided", "aten::detach", "aten::view_as",
-      "aten::expand_as", "aten::unfold", "aten::diagonal", "aten::movedim.int"};
-  return views->count(op) != 0;
+bool PointwiseOp::IsTensorFormal(const std::string& formal) const {
+  return std::find(tensor_formals.begin(), tensor_formals.end(), formal) != tensor_formals.end();
+}
+
+bool PointwiseOp::IsStorageFormal(const std::string& formal) const {
+  return std::find(storage_formals.begin(), storage_formals.end(), formal) !=
+         storage_formals.end();
+}
+
+std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(const kiln::v1::Node& node,
+                                                                    const PointwiseOp& op) {
+  std::vector<const kiln::v1::Argument*> bound(op.formals.size(), nullptr);
+  size_t next = 0;
+  for (const kiln::v1::Argument& a : node.args()) {
+    size_t pos;
+    if (a.name().empty()) {
+      pos = next++;
+    } else {
+      auto it = std::find(op.formals.begin(), op.formals.end(), a.name());
+      if (it == op.formals.end()) return std::nullopt;
+      pos = static_cast<size_t>(it - op.formals.begin());
+    }
+    if (pos >= bound.size() || bound[pos] != nullptr) return std::nullopt;
+    bound[pos] = &a;
+  }
+  return bound;
+}
+
+double ScalarValue(const kiln::v1::Argument& arg) {
+  switch (arg.kind_case()) {
+    case kiln::v1::Argument::kFloatValue: return arg.float_value();
+    case kiln::v1::Argument::kIntValue: return static_cast<double>(arg.int_value());
+    case kiln::v1::Argument::kBoolValue: return arg.bool_value() ? 1.0 : 0.0;
+    default: return 0.0;
+  }
 }
 
 std::string StorageType(kiln::v1::DType dtype) {

@@ -29,13 +29,25 @@ struct PointwiseOp {
   bool keeps_operand_types = false;
   std::optional<std::string> (*emit)(const std::vector<std::optional<Operand>>& args,
                                      const std::string& type);
+  // Formals that only say how the result is stored (dtype, layout, device, memory format of
+  // _to_copy and clone): the output's TensorMeta already carries them, so they never reach
+  // `emit`.
+  std::vector<std::string> storage_formals = {};
+
+  bool IsTensorFormal(const std::string& formal) const;
+  bool IsStorageFormal(const std::string& formal) const;
 };
+
+// Binds a node's arguments to the op's formals (positional first, then by name); nullopt when
+// an argument is unknown or given twice. Unbound formals are nullptr.
+std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(const kiln::v1::Node& node,
+                                                                    const PointwiseOp& op);
+
+// The number a scalar argument holds (int, float or bool; 0 for other kinds).
+double ScalarValue(const kiln::v1::Argument& arg);
 
 // The pointwise op named `op` (schema name with overload), or nullptr.
 const PointwiseOp* FindPointwise(const std::string& op);
-
-// True for ops whose result may alias their first input (view, permute, expand, reshape, ...).
-bool IsViewOp(const std::string& op);
 
 // C++ storage and compute types of a dtype ("" when the generator does not handle it).
 std::string StorageType(kiln::v1::DType dtype);
