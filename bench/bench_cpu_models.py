@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import command_line, emit  # noqa: E402
+from common import command_line, emit, stop_kilnd  # noqa: E402
 
 MODELS = ["toy_add", "toy_sin_cos", "mlp", "resnet18", "resnet50", "mobilenet_v3_small",
           "vit_b_16", "bert", "gpt2"]
@@ -94,13 +94,6 @@ def run_child(model: str, compiler: str, cache_root: str) -> dict:
             "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
 
 
-def _stop_kilnd(cache_root: str) -> None:
-    kilnd = os.path.join(os.path.dirname(__file__), "..", "build", "daemon", "kilnd")
-    sock = os.path.join(cache_root, "kiln", "kilnd.sock")
-    if os.path.exists(kilnd) and os.path.exists(sock):
-        subprocess.run([kilnd, "--stop", "--socket", sock], capture_output=True)
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--models", nargs="+", default=MODELS)
@@ -122,7 +115,7 @@ def main():
         try:
             by = {c: run_child(model, c, cache_root) for c in a.compilers}
         finally:
-            _stop_kilnd(cache_root)
+            stop_kilnd(os.path.join(cache_root, "kiln"))
             shutil.rmtree(cache_root, ignore_errors=True)
         eager_ms = by.get("eager", {}).get("ms")
         row = {"model": model, "eager_ms": eager_ms}

@@ -18,9 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import command_line, emit  # noqa: E402
-
-KILND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "daemon", "kilnd")
+from common import command_line, emit, stop_kilnd  # noqa: E402
 
 
 def child(model: str, compiler: str):
@@ -80,16 +78,15 @@ def main():
     env = dict(os.environ, KILN_CACHE_DIR=os.path.join(root, "kiln"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
     env.pop("XDG_RUNTIME_DIR", None)
-    sock = os.path.join(root, "kiln", "kilnd.sock")
     try:
         kiln_cold = run(a.model, "kiln", env)
         kiln_warm = run(a.model, "kiln", env)
-        subprocess.run([KILND, "--stop", "--socket", sock], capture_output=True)
+        stop_kilnd(env["KILN_CACHE_DIR"])
         kiln_restart = run(a.model, "kiln", env)  # the client starts a new kilnd
         tc_cold = run(a.model, "torch.compile", env)
         tc_warm = run(a.model, "torch.compile", env)
     finally:
-        subprocess.run([KILND, "--stop", "--socket", sock], capture_output=True)
+        stop_kilnd(env["KILN_CACHE_DIR"])
         shutil.rmtree(root, ignore_errors=True)
     ratio = kiln_warm["first_call_s"] / tc_warm["first_call_s"]
     print(f"{a.model}: first call of a fresh process")

@@ -97,6 +97,18 @@ def first_tensor(out):
     return out[0]
 
 
+def stop_kilnd(cache_dir: str) -> None:
+    """Stops the kilnd a benchmark's children started in `cache_dir` (KILN_CACHE_DIR)."""
+    import subprocess
+
+    from kiln.daemon.client import kilnd_binary
+
+    kilnd = kilnd_binary()
+    sock = os.path.join(cache_dir, "kilnd.sock")
+    if kilnd and os.path.exists(sock):
+        subprocess.run([kilnd, "--stop", "--socket", sock], capture_output=True)
+
+
 def emit(record: dict, out_path: str = None):
     line = json.dumps(record)
     print(line, flush=True)

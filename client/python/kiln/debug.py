@@ -66,7 +66,8 @@ def artifact(fn):
 
 
 def format_artifact(a) -> str:
-    """The plan of an artifact, step by step, with its key and where it came from."""
+    """The plan of an artifact, step by step, with its key, where it came from and the
+    generated C++."""
     from kiln.daemon import protocol
 
     pb = protocol.messages()
@@ -90,8 +91,7 @@ def format_artifact(a) -> str:
         if step.release:
             text += f"   release {list(step.release)}"
         lines.append(f"  {i:3d} {text}")
-    for name in ("source",):
-        text = getattr(body, name, "") if hasattr(body, name) else ""
-        if text:
-            lines.append(text)
+    if body.kernel_source:
+        lines.append("  generated C++:")
+        lines.extend("    " + line for line in body.kernel_source.splitlines())
     return "\n".join(lines)

@@ -8,8 +8,8 @@ load failure) runs the graph eagerly with one warning per kind of failure.
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, List, Optional
 
 import torch
 
@@ -41,7 +41,6 @@ class CompiledArtifact:
     body: Any                # the verified kiln.v1.ArtifactBody
     plan: Any                # kiln._C.Plan
     aten_graph: Optional[torch.fx.GraphModule] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 # Every artifact the backend loaded, newest last (kiln.debug.artifacts reads it).
@@ -53,7 +52,7 @@ def _fallback_reasons(gm, example_inputs) -> Optional[str]:
 
     if lowering.needs_autograd(gm, example_inputs):
         return "autograd"
-    for t in list(example_inputs) + list(lowering._attr_tensors(gm).values()):
+    for t in list(example_inputs) + list(lowering.attr_tensors(gm).values()):
         if isinstance(t, torch.Tensor) and t.device.type != "cpu":
             return "device"
     if not any(n.op == "call_function" or n.op == "call_method" for n in gm.graph.nodes):
@@ -128,12 +127,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     client.ensure_running()
     mac_key = read_mac_key()
     target = art.cpu_target()
-    params = list(lowering._attr_tensors(gm).values())
+    params = list(lowering.attr_tensors(gm).values())
     index = GraphIndex(cache_dir() / "graphs")
-    skey = lowering.structure_key(gm, example_inputs) + ":" + target.SerializeToString().hex()
-    import hashlib
-
-    skey = hashlib.sha256(skey.encode()).hexdigest()
+    skey = lowering.structure_key(gm, example_inputs, target.SerializeToString())
     inputs = params + list(example_inputs)
 
     known = index.get(skey)

@@ -63,16 +63,11 @@ def cpu_target():
     return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CPU, cpu_isa=cpu_isa())
 
 
-def _meta_tuple(meta):
-    from kiln.graph.lowering import dtype_from_pb
-
-    return (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides),
-            meta.storage_offset)
-
-
 def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
     """Refuses a plan whose inputs do not describe `tensors` exactly (a wrong hit must never
     run: this also catches a stale client-side index)."""
+    from kiln.graph.lowering import dtype_from_pb
+
     plan = body.plan
     metas = {v.id: v.meta for v in plan.values}
     if len(plan.inputs) != len(tensors):
@@ -81,83 +76,56 @@ def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
         meta = metas.get(vid)
         if meta is None:
             raise ArtifactRejected(f"plan input {i} has no metadata")
-        want = _meta_tuple(meta)
-        have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset())
-        if want[:3] != have[:3]:
-            raise ArtifactRejected(f"plan input {i} is {want[:3]}, the graph's is {have[:3]}")
+        want = (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides))
+        have = (t.dtype, tuple(t.shape), tuple(t.stride()))
+        if want != have:
+            raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")
 
 
 def _arg(arg) -> tuple:
-    from kiln.graph.lowering import dtype_from_pb, _MEMORY_FORMATS
-    from kiln.daemon import protocol
+    """A plan argument as kiln._C.Plan takes it: (name, kind, payload), torch objects for
+    dtypes, devices, memory formats and layouts."""
+    from kiln.graph import lowering
 
-    pb = protocol.messages()
     kind = arg.WhichOneof("kind")
-    if kind == "value":
-        return (arg.name, "value", arg.value)
-    if kind == "int_value":
-        return (arg.name, "int", arg.int_value)
-    if kind == "float_value":
-        return (arg.name, "float", arg.float_value)
-    if kind == "bool_value":
-        return (arg.name, "bool", arg.bool_value)
+    simple = {"value": "value", "int_value": "int", "float_value": "float",
+              "bool_value": "bool", "string_value": "str"}
+    if kind in simple:
+        return (arg.name, simple[kind], getattr(arg, kind))
     if kind == "int_list":
         return (arg.name, "ints", list(arg.int_list.values))
     if kind == "value_list":
         return (arg.name, "values", list(arg.value_list.ids))
     if kind == "dtype_value":
-        return (arg.name, "dtype", _scalar_type(dtype_from_pb(arg.dtype_value)))
+        return (arg.name, "dtype", lowering.dtype_from_pb(arg.dtype_value))
     if kind == "none":
         return (arg.name, "none", None)
-    if kind == "string_value":
-        return (arg.name, "str", arg.string_value)
     if kind == "device_value":
-        dev = "cpu" if arg.device_value.kind == pb.graph.DEVICE_KIND_CPU \
-            else f"cuda:{arg.device_value.index}"
-        return (arg.name, "device", dev)
+        return (arg.name, "device", lowering.device_from_pb(arg.device_value))
     if kind == "memory_format_value":
-        name = pb.graph.MemoryFormat.Name(arg.memory_format_value)
-        fmt = {v: k for k, v in _MEMORY_FORMATS.items()}[name]
-        return (arg.name, "memory_format", _memory_format_int(fmt))
+        return (arg.name, "memory_format", lowering.memory_format_from_pb(arg.memory_format_value))
     if kind == "layout_value":
-        return (arg.name, "layout", 0)  # c10::Layout::Strided
+        return (arg.name, "layout", torch.strided)
     raise ArtifactRejected(f"plan argument of unknown kind {kind}")
-
-
-# c10::ScalarType numbering (stable across torch 2.x), which the runtime's Plan takes.
-_SCALAR_TYPES = {
-    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
-    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex64: 9,
-    torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15,
-}
-
-
-def _scalar_type(dtype: torch.dtype) -> int:
-    return _SCALAR_TYPES[dtype]
-
-
-def _memory_format_int(fmt) -> int:
-    return {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
-            torch.channels_last_3d: 3}[fmt]
 
 
 def _constant_tensor(const) -> torch.Tensor:
     from kiln.graph.lowering import dtype_from_pb
 
     meta = const.value.meta
-    dtype = dtype_from_pb(meta.dtype)
     raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8) if const.data else \
         torch.empty(0, dtype=torch.uint8)
-    return raw.view(dtype).reshape(tuple(meta.sizes)).clone()
+    return raw.view(dtype_from_pb(meta.dtype)).reshape(tuple(meta.sizes)).clone()
 
 
 def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
     """The runtime's Plan for a verified body. `bound` (parameters) are fixed at load and take
     the plan's first inputs; the call passes the remaining `num_user_inputs` tensors."""
     from kiln import _C
+    from kiln.graph.lowering import dtype_from_pb
 
     plan = body.plan
-    values = [(v.id, _scalar_type(_dtype_of(v.meta)), list(v.meta.sizes), list(v.meta.strides),
+    values = [(v.id, dtype_from_pb(v.meta.dtype), list(v.meta.sizes), list(v.meta.strides),
                v.meta.storage_offset) for v in plan.values]
     constants = [(c.value.id, _constant_tensor(c)) for c in plan.constants]
     n_bound = len(plan.inputs) - num_user_inputs
@@ -179,9 +147,3 @@ def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
     buffers = [(b.id, b.in_arena, b.arena_offset) for b in plan.buffers]
     return _C.Plan(bytes(body.kernel_binary), values, list(plan.inputs[n_bound:]), constants,
                    buffers, plan.arena_bytes, steps, list(plan.outputs), "cpu")
-
-
-def _dtype_of(meta) -> torch.dtype:
-    from kiln.graph.lowering import dtype_from_pb
-
-    return dtype_from_pb(meta.dtype)

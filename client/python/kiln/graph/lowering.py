@@ -4,6 +4,7 @@ functionalization and decompositions) -> the kiln.v1 graph IR the daemon compile
 The captured graph's parameters and buffers (get_attr nodes) become leading IR inputs, so the
 IR, and with it the cache key, never holds weights: the runtime binds them at load time.
 """
+import functools
 import hashlib
 import operator
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class LoweredGraph:
     aten_graph: torch.fx.GraphModule
 
 
+@functools.lru_cache(maxsize=1)
 def decompositions():
     return get_decompositions(_DECOMPOSED)
 
@@ -46,11 +48,13 @@ def needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
     if not torch.is_grad_enabled():
         return False
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    tensors += list(_attr_tensors(gm).values())
+    tensors += list(attr_tensors(gm).values())
     return any(t.requires_grad for t in tensors)
 
 
-def _attr_tensors(gm: torch.fx.GraphModule) -> Dict[str, torch.Tensor]:
+def attr_tensors(gm: torch.fx.GraphModule) -> Dict[str, torch.Tensor]:
+    """The graph module's tensor attributes (parameters, buffers) by get_attr target, in graph
+    order: the order lowering makes them leading inputs."""
     out = {}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
@@ -62,7 +66,7 @@ def _attr_tensors(gm: torch.fx.GraphModule) -> Dict[str, torch.Tensor]:
 
 def _with_attrs_as_inputs(gm: torch.fx.GraphModule) -> Tuple[torch.fx.GraphModule, List]:
     """A copy of `gm` whose tensor get_attr nodes are leading placeholders."""
-    attrs = _attr_tensors(gm)
+    attrs = attr_tensors(gm)
     graph = torch.fx.Graph()
     env = {}
     order = list(attrs)
@@ -125,6 +129,16 @@ def dtype_to_pb(dtype: torch.dtype) -> int:
 
 def dtype_from_pb(value: int) -> torch.dtype:
     return _DTYPE_BY_NAME[_pb().graph.DType.Name(value)]
+
+
+def device_from_pb(device) -> torch.device:
+    kind = "cpu" if device.kind == _pb().graph.DEVICE_KIND_CPU else "cuda"
+    return torch.device(kind) if kind == "cpu" else torch.device(kind, device.index)
+
+
+def memory_format_from_pb(value: int) -> torch.memory_format:
+    name = _pb().graph.MemoryFormat.Name(value)
+    return next(fmt for fmt, n in _MEMORY_FORMATS.items() if n == name)
 
 
 def _device_to_pb(device: torch.device, out) -> None:
@@ -268,9 +282,6 @@ def to_ir(aten_gm: torch.fx.GraphModule):
                 b.graph.outputs.append(b.ids[out])
         else:
             raise LoweringError(f"unexpected node kind {n.op}")
-    for n in aten_gm.graph.nodes:
-        if n.op == "call_function" and n.target in (aten.copy_.default,):
-            raise LoweringError("the graph mutates an input")
     return b.graph
 
 
@@ -279,19 +290,20 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence) -> LoweredGraph:
     return LoweredGraph(to_ir(aten_gm), params, len(example_inputs), aten_gm)
 
 
-def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
+def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence, extra: bytes = b"") -> str:
     """A digest of everything the lowering depends on, taken before lowering: the captured
     graph's code, every input's and parameter's metadata, torch's version. Two processes with
     equal digests lower to the same IR, so a warm process may skip the lowering."""
     h = hashlib.sha256()
     h.update(torch.__version__.encode())
     h.update(gm.code.encode())
-    for name, t in sorted(_attr_tensors(gm).items()):
+    for name, t in sorted(attr_tensors(gm).items()):
         h.update(name.encode())
         h.update(_meta_text(t).encode())
     for t in example_inputs:
         h.update(_meta_text(t).encode() if isinstance(t, torch.Tensor) else repr(t).encode())
     h.update(str(torch.is_grad_enabled()).encode())
+    h.update(extra)  # what else the caller's key depends on (the target)
     return h.hexdigest()
 
 
