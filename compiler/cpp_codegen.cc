@@ -2,6 +2,7 @@
 // dimensions collapsed; loads convert to the compute type, stores convert back.
 #include "compiler/cpp_codegen.h"
 
+#include <algorithm>
 #include <sstream>
 #include <unordered_map>
 
@@ -136,6 +137,23 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       }
       sizes = kept_sizes;
       for (size_t a = 0; a < accesses.size(); ++a) accesses[a].strides = kept_strides[a];
+    }
+    // Loop order follows the first output's memory order (largest stride outermost), so a
+    // channels-last or transposed result is written sequentially and the inner loop vectorizes.
+    if (!g.outputs.empty()) {
+      const std::vector<int64_t>& key = accesses[g.inputs.size()].strides;
+      std::vector<int> order(sizes.size());
+      for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int>(d);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return key[a] > key[b]; });
+      std::vector<int64_t> permuted_sizes;
+      for (int d : order) permuted_sizes.push_back(sizes[d]);
+      sizes = permuted_sizes;
+      for (Access& a : accesses) {
+        std::vector<int64_t> permuted;
+        for (int d : order) permuted.push_back(a.strides[d]);
+        a.strides = permuted;
+      }
     }
     const int krank = static_cast<int>(sizes.size());
     std::vector<int64_t> csizes{sizes[0]};

@@ -143,6 +143,7 @@ class Plan {
  private:
   struct KernelStep {
     KernelFn fn;  // No initializer: it would make Step's variant not default-constructible.
+    std::string symbol;  // For profilers: "kiln_kernel_3".
     std::vector<int> slots;     // Argument slots, in parameter order.
     std::vector<char> checked;  // Per argument: not a buffer, so its layout may differ.
   };

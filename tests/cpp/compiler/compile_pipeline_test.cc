@@ -575,6 +575,39 @@ TEST(CpuKernelTest, Int64AndBoolComputeExactly) {
   }
 }
 
+TEST(CpuKernelTest, LoopsFollowTheOutputsMemoryOrder) {
+  // A channels-last [N, C, H, W] activation plus a per-channel bias: walked in memory order, N, H
+  // and W collapse into one outer loop and the inner loop runs over C with stride 1 (in the
+  // order of the sizes it would walk W with stride C).
+  constexpr int N = 2, C = 8, H = 4, W = 4;
+  const std::vector<int64_t> cl{H * W * C, 1, W * C, C};
+  GraphBuilder b;
+  uint32_t x = b.Input({N, C, H, W}, kF32, cl);
+  uint32_t bias = b.Input({C, 1, 1});
+  uint32_t y = b.Op("aten::add.Tensor", {V(x), V(bias)}, {N, C, H, W}, kF32, cl);
+  uint32_t r = b.Op("aten::relu", {V(y)}, {N, C, H, W}, kF32, cl);
+  b.Output(r);
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  const std::string& src = body->kernel_source();
+  EXPECT_NE(src.find("i0 < 32"), std::string::npos) << src;
+  EXPECT_NE(src.find("i1 < 8"), std::string::npos) << src;
+  EXPECT_NE(src.find("out0[0 + i0 * 8 + i1 * 1]"), std::string::npos) << src;
+  std::vector<float> xs = Iota(N * C * H * W, -3.f, 0.05f), bs = Iota(C, -0.5f, 0.125f);
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Bind(bias, bs.data());
+  run.Run();
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < H; ++h)
+        for (int w = 0; w < W; ++w) {
+          const int64_t at = n * cl[0] + c * cl[1] + h * cl[2] + w * cl[3];
+          ASSERT_FLOAT_EQ(run.Data<float>(r)[at], std::max(0.f, xs[at] + bs[c]));
+        }
+}
+
 TEST(CpuKernelTest, IntermediateReadByALaterGroupBecomesAnArenaBuffer) {
   // Group 1 over [4, 8]: a = x + y, p = a * a (returned). Group 2 over [2, 4, 8]: q = z - a.
   GraphBuilder b;

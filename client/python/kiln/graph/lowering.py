@@ -26,6 +26,11 @@ _DECOMPOSED = [
 ]
 
 
+# Changes whenever the same captured graph would lower to a different IR (a new pass, a new
+# decomposition): it is part of the structure key, so warm indexes never map to stale IR.
+LOWERING_VERSION = b"kiln-lowering-2"
+
+
 class LoweringError(Exception):
     """The graph uses something the kiln.v1 IR cannot express (the graph then runs eagerly)."""
 
@@ -92,7 +97,10 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
     traced.graph.eliminate_dead_code()
     traced.recompile()
-    return traced, params
+    from kiln.graph import layout
+
+    relaid = layout.channels_last(traced, [*params, *example_inputs])
+    return (relaid if relaid is not None else traced), params
 
 
 # -- the IR ------------------------------------------------------------------------------------
@@ -295,6 +303,7 @@ def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence, extra: byt
     graph's code, every input's and parameter's metadata, torch's version. Two processes with
     equal digests lower to the same IR, so a warm process may skip the lowering."""
     h = hashlib.sha256()
+    h.update(LOWERING_VERSION)
     h.update(torch.__version__.encode())
     h.update(gm.code.encode())
     for name, t in sorted(attr_tensors(gm).items()):

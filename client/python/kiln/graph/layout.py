@@ -1,0 +1,100 @@
+"""Layout choice for the "kiln" backend's ATen graphs: convolutions on the CPU run channels-last.
+
+oneDNN convolves NHWC activations without the per-call reorders that NCHW needs, and every op
+between two convolutions (batch norm, ReLU, residual adds, pooling) keeps the channels-last
+layout of its input, so one conversion at the first convolution carries through the network.
+The pass works on the traced ATen graph because the strides of every later value must be known
+again afterwards: it inserts the conversions and traces the graph once more, so the IR's
+metadata is what the ops really produce. Outputs keep the layout eager PyTorch gives them.
+"""
+from typing import List, Optional, Sequence
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+# Fewer convolutions than this: the conversions cost more than the faster convolutions save
+# (a ViT's single patch embedding).
+MIN_CONVOLUTIONS = 2
+
+
+def _to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _to_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous()
+
+
+def _wants_channels_last(node: torch.fx.Node) -> bool:
+    if node.target is not aten.convolution.default:
+        return False
+    x, w = node.args[0].meta.get("val"), node.args[1].meta.get("val")
+    transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4
+            and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+            and not transposed)
+
+
+def channels_last(aten_gm: torch.fx.GraphModule,
+                  example_inputs: Sequence) -> Optional[torch.fx.GraphModule]:
+    """`aten_gm` retraced with its 2-D convolutions' activations and weights channels-last, or
+    None when that does not apply (too few convolutions, an output whose eager layout it could
+    not restore)."""
+    convs = [n for n in aten_gm.graph.nodes if _wants_channels_last(n)]
+    if len(convs) < MIN_CONVOLUTIONS:
+        return None
+    graph = torch.fx.Graph()
+    env = {}
+    conv_set = set(convs)
+    for node in aten_gm.graph.nodes:
+        if node.op == "output":
+            outs: List = []
+            leaves, spec = torch.utils._pytree.tree_flatten(node.args[0])
+            for out in leaves:
+                val = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
+                if not isinstance(val, torch.Tensor):
+                    return None
+                if not val.is_contiguous():
+                    # Only a contiguous eager layout is restored by a plain copy.
+                    if _depends_on(out, conv_set):
+                        return None
+                    outs.append(env[out])
+                else:
+                    outs.append(graph.call_function(_to_contiguous, (env[out],)))
+            graph.output(torch.utils._pytree.tree_unflatten(outs, spec))
+            continue
+        if node in conv_set:
+            x = graph.call_function(_to_channels_last, (env[node.args[0]],))
+            # Weights too (a copy per call for k x k kernels; 1 x 1 ones are both layouts):
+            # depthwise convolutions are much slower with an NCHW weight and NHWC activations.
+            w = graph.call_function(_to_channels_last, (env[node.args[1]],))
+            rest = _map(tuple(node.args[2:]), env)
+            env[node] = graph.call_function(node.target, (x, w) + rest, _map(dict(node.kwargs), env))
+            continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    rewritten = torch.fx.GraphModule(aten_gm, graph)
+    with torch.no_grad():
+        retraced = make_fx(rewritten, tracing_mode="fake",
+                           _allow_non_fake_inputs=True)(*example_inputs)
+    retraced.graph.eliminate_dead_code()
+    retraced.recompile()
+    return retraced
+
+
+def _map(value, env):
+    return torch.fx.node.map_arg(value, lambda n: env[n])
+
+
+def _depends_on(out: torch.fx.Node, nodes) -> bool:
+    """Whether `out` is computed from any of `nodes`."""
+    seen, stack = set(), [out]
+    while stack:
+        n = stack.pop()
+        if n in nodes:
+            return True
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return False
