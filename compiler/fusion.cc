@@ -12,6 +12,7 @@
 #include "compiler/ir_validator.h"
 #include "compiler/op_classes.h"
 #include "compiler/pointwise_ops.h"
+#include "compiler/reduction_ops.h"
 
 namespace kiln::compiler {
 namespace {
@@ -102,6 +103,12 @@ std::optional<std::string> ConstantLiteral(const kiln::v1::Constant& c) {
 
 }  // namespace
 
+std::vector<int64_t> RowShape(const FusedGroup& group) {
+  std::vector<int64_t> shape(group.sizes.begin(), group.sizes.begin() + group.outer_rank);
+  shape.resize(group.sizes.size(), 1);
+  return shape;
+}
+
 bool IsFusable(const Node& node, const MetaMap& meta) {
   const PointwiseOp* op = FindPointwise(node.op());
   if (op == nullptr || node.outputs_size() != 1) return false;
@@ -109,7 +116,7 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
   if (out.device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
   const std::string type = ComputeType(out.dtype());
   if (type.empty()) return false;
-  auto bound = BindArguments(node, *op);
+  auto bound = BindArguments(node, op->formals);
   if (!bound) return false;
   std::vector<std::optional<Operand>> operands(op->formals.size());
   for (size_t i = 0; i < op->formals.size(); ++i) {
@@ -165,27 +172,76 @@ FusedProgram FuseGraph(const Graph& graph) {
 
   // 1. Greedy grouping in topological order. A library node that does not read the open group
   // is placed before it (its inputs all exist already), so groups grow across unrelated calls.
+  // A reduction of the open group's space joins it (the group becomes row-wise), and so do
+  // pointwise nodes over its rows.
   std::vector<int> node_group(graph.nodes_size(), -1);
   int open = -1;
-  std::unordered_set<uint32_t> open_defs;
+  std::unordered_set<uint32_t> open_defs, open_rows;  // values of the open group; row values
   auto close = [&] {
     if (open >= 0) program.steps.push_back({true, -1, open});
     open = -1;
     open_defs.clear();
+    open_rows.clear();
+  };
+  auto start = [&](std::vector<int64_t> sizes, int outer_rank) {
+    close();
+    program.groups.push_back(FusedGroup{{}, std::move(sizes), {}, {}, {}, outer_rank});
+    open = static_cast<int>(program.groups.size()) - 1;
+  };
+  // Whether node `n` may join the open group as a full node (`row` false) or a row node: the
+  // open group's values it reads are full values or keepdim rows (full nodes), or rows of its
+  // own shape (row nodes).
+  auto reads_fit = [&](const Node& n, bool row) {
+    const FusedGroup& g = program.groups[open];
+    for (uint32_t id : reads(n)) {
+      if (!open_defs.count(id)) continue;
+      const bool is_row = open_rows.count(id) != 0;
+      if (row && !is_row) return false;
+      if (is_row && Sizes(*meta[id]) != RowShape(g)) return false;
+    }
+    return true;
+  };
+  auto add = [&](int i, bool row) {
+    program.groups[open].nodes.push_back(i);
+    node_group[i] = open;
+    for (const auto& out : graph.nodes(i).outputs()) {
+      open_defs.insert(out.id());
+      if (row) open_rows.insert(out.id());
+    }
   };
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const Node& n = graph.nodes(i);
     if (IsFusable(n, meta)) {
       std::vector<int64_t> sizes = Sizes(n.outputs(0).meta());
-      if (open < 0 || program.groups[open].sizes != sizes) {
-        close();
-        program.groups.push_back(FusedGroup{{}, sizes, {}, {}, {}});
-        open = static_cast<int>(program.groups.size()) - 1;
+      if (open >= 0 && program.groups[open].sizes == sizes && reads_fit(n, false)) {
+        add(i, false);
+      } else if (open >= 0 && program.groups[open].outer_rank >= 0 &&
+                 sizes == RowShape(program.groups[open]) && reads_fit(n, true)) {
+        add(i, true);
+      } else {
+        start(sizes, -1);
+        add(i, false);
       }
-      program.groups[open].nodes.push_back(i);
-      node_group[i] = open;
-      open_defs.insert(n.outputs(0).id());
       continue;
+    }
+    if (auto r = MatchReduction(n, meta)) {
+      std::vector<int64_t> sizes = Sizes(*meta[r->input]);
+      int64_t outer = 1, total = 1;
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        total *= sizes[d];
+        if (static_cast<int>(d) < r->outer_rank) outer *= sizes[d];
+      }
+      // Rows are reduced by one thread each: few long rows stay with ATen's parallel reductions.
+      if (outer >= 64 || total <= (1 << 16)) {
+        const bool joins = open >= 0 && program.groups[open].sizes == sizes &&
+                           (program.groups[open].outer_rank < 0 ||
+                            program.groups[open].outer_rank == r->outer_rank) &&
+                           reads_fit(n, false);
+        if (!joins) start(sizes, r->outer_rank);
+        program.groups[open].outer_rank = r->outer_rank;
+        add(i, true);
+        continue;
+      }
     }
     for (uint32_t id : reads(n)) {
       if (open_defs.count(id)) {
@@ -206,7 +262,9 @@ FusedProgram FuseGraph(const Graph& graph) {
   for (size_t g = 0; g < program.groups.size(); ++g) {
     FusedGroup& group = program.groups[g];
     std::unordered_set<uint32_t> defs, seen;
-    for (int i : group.nodes) defs.insert(graph.nodes(i).outputs(0).id());
+    for (int i : group.nodes) {
+      for (const auto& out : graph.nodes(i).outputs()) defs.insert(out.id());
+    }
     const int rank = static_cast<int>(group.sizes.size());
     for (int i : group.nodes) {
       for (uint32_t id : reads(graph.nodes(i))) {
@@ -237,10 +295,12 @@ FusedProgram FuseGraph(const Graph& graph) {
       }
     }
     for (int i : group.nodes) {
-      uint32_t id = graph.nodes(i).outputs(0).id();
-      bool outside = graph_outputs.count(id) != 0;
-      for (int c : consumers[id]) outside = outside || node_group[c] != static_cast<int>(g);
-      if (outside) group.outputs.push_back(id);
+      for (const auto& out : graph.nodes(i).outputs()) {
+        const uint32_t id = out.id();
+        bool outside = graph_outputs.count(id) != 0;
+        for (int c : consumers[id]) outside = outside || node_group[c] != static_cast<int>(g);
+        if (outside) group.outputs.push_back(id);
+      }
     }
   }
 

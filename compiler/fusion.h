@@ -24,12 +24,17 @@ struct KernelOperand {
   std::optional<std::string> literal;
 };
 
+// A kernel: pointwise nodes over one iteration space, or (outer_rank >= 0) a row-wise group:
+// reductions of the space's trailing dims, the pointwise nodes over the full space that feed or
+// follow them, and pointwise nodes over the reduced rows (keepdim shape: the space's leading
+// outer_rank sizes, then ones).
 struct FusedGroup {
   std::vector<int> nodes;             // indices into Graph.nodes, in order
-  std::vector<int64_t> sizes;         // the iteration space (every node's output sizes)
+  std::vector<int64_t> sizes;         // the iteration space (full nodes' output sizes)
   std::vector<uint32_t> input_ids;    // distinct values read from outside the group
   std::vector<KernelOperand> inputs;  // one per input_ids entry, views folded
   std::vector<uint32_t> outputs;      // values materialized (read later or returned)
+  int outer_rank = -1;                // row-wise groups: the dims kept by the reductions
 };
 
 struct FusedStep {
@@ -46,6 +51,9 @@ struct FusedProgram {
 
 // Plans `graph` (validated). Never fails: what cannot be fused is a library step.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph);
+
+// The shape of a row value of a row-wise group: sizes[:outer_rank] then ones.
+std::vector<int64_t> RowShape(const FusedGroup& group);
 
 // True when `node` can be computed inside a generated kernel (a pointwise op of the table over
 // dtypes the generator handles, whose operands broadcast to its output).

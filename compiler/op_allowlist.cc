@@ -73,6 +73,7 @@ constexpr const char* kDefaultOps[] = {
     "aten::argmin",
     "aten::prod.dim_int",
     "aten::var.correction",
+    "aten::std.correction",
     "aten::_softmax",
     "aten::_log_softmax",
     // Views and layout.

@@ -316,18 +316,18 @@ bool PointwiseOp::IsStorageFormal(const std::string& formal) const {
          storage_formals.end();
 }
 
-std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(const kiln::v1::Node& node,
-                                                                    const PointwiseOp& op) {
-  std::vector<const kiln::v1::Argument*> bound(op.formals.size(), nullptr);
+std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(
+    const kiln::v1::Node& node, const std::vector<std::string>& formals) {
+  std::vector<const kiln::v1::Argument*> bound(formals.size(), nullptr);
   size_t next = 0;
   for (const kiln::v1::Argument& a : node.args()) {
     size_t pos;
     if (a.name().empty()) {
       pos = next++;
     } else {
-      auto it = std::find(op.formals.begin(), op.formals.end(), a.name());
-      if (it == op.formals.end()) return std::nullopt;
-      pos = static_cast<size_t>(it - op.formals.begin());
+      auto it = std::find(formals.begin(), formals.end(), a.name());
+      if (it == formals.end()) return std::nullopt;
+      pos = static_cast<size_t>(it - formals.begin());
     }
     if (pos >= bound.size() || bound[pos] != nullptr) return std::nullopt;
     bound[pos] = &a;

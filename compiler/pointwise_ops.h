@@ -38,10 +38,10 @@ struct PointwiseOp {
   bool IsStorageFormal(const std::string& formal) const;
 };
 
-// Binds a node's arguments to the op's formals (positional first, then by name); nullopt when
-// an argument is unknown or given twice. Unbound formals are nullptr.
-std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(const kiln::v1::Node& node,
-                                                                    const PointwiseOp& op);
+// Binds a node's arguments to `formals` (positional first, then by name); nullopt when an
+// argument is unknown or given twice. Unbound formals are nullptr.
+std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(
+    const kiln::v1::Node& node, const std::vector<std::string>& formals);
 
 // The number a scalar argument holds (int, float or bool; 0 for other kinds).
 double ScalarValue(const kiln::v1::Argument& arg);

@@ -178,11 +178,106 @@ def test_intermediate_used_twice_is_materialised_once():
     check(fn, randn(16, 16))
 
 
-def test_softmax_and_reductions_run_as_library_calls_and_match_eager():
+def library_ops(art):
+    return [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
+
+
+def test_softmax_over_rows_and_mean_over_columns_match_eager():
     def fn(x):
         return torch.softmax(x * 2, dim=-1) + x.mean(dim=0, keepdim=True)
 
-    check(fn, randn(6, 10), rtol=1e-5, atol=1e-5)
+    # The row softmax is one kernel with its prologue; mean over the leading dim is not a
+    # trailing reduction, so it stays a library call.
+    art = check(fn, randn(6, 10), rtol=1e-5, atol=1e-5)
+    assert library_ops(art) == ["aten::mean.dim"]
+
+
+REDUCTIONS = {
+    "sum": lambda x: (x * 3).sum(dim=-1),
+    "sum_keepdim": lambda x: torch.sum(x.exp(), dim=-1, keepdim=True) - x,
+    "mean_two_dims": lambda x: x.mean(dim=(-2, -1), keepdim=True) + x,
+    "amax": lambda x: x.amax(dim=-1, keepdim=True),
+    "amin": lambda x: x.amin(dim=-1) * 2,
+    "var": lambda x: x.var(dim=-1, keepdim=True),
+    "var_unbiased_0": lambda x: torch.var(x + 1, dim=-1, correction=0),
+    "var_mean": lambda x: torch.var_mean(x, dim=-1, keepdim=True),
+    "std": lambda x: x.std(dim=-1),
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+    "log_softmax": lambda x: torch.log_softmax(x - 1, dim=-1),
+    "all_dims": lambda x: x.sum() + 0,
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+@pytest.mark.parametrize("shape", [(4, 5, 33), (1, 1, 7), (3, 2, 2)])
+def test_fused_reduction_matches_eager(name, shape):
+    art = check(REDUCTIONS[name], randn(*shape), rtol=1e-5, atol=1e-5)
+    assert not [op for op in library_ops(art) if "sum" in op or "amax" in op or "amin" in op
+                or "var" in op or "mean" in op or "softmax" in op], library_ops(art)
+
+
+@pytest.mark.parametrize("name", ["sum", "amax", "var_mean", "softmax"])
+def test_fused_reduction_of_transposed_and_sliced_inputs_matches_eager(name):
+    base = randn(40, 24)
+    check(REDUCTIONS[name], base.t(), rtol=1e-5, atol=1e-5)
+    check(REDUCTIONS[name], base[3:, 5:17], rtol=1e-5, atol=1e-5)
+    check(REDUCTIONS[name], randn(6, 1, 9).expand(6, 4, 9), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean_two_dims", "var", "softmax", "amax"])
+def test_fused_reduction_in_bfloat16_matches_eager(name):
+    check(REDUCTIONS[name], randn(8, 3, 40, dtype=torch.bfloat16), rtol=2e-2, atol=2e-2)
+
+
+def test_reductions_propagate_nan_and_inf_like_eager():
+    x = randn(4, 8)
+    x[0, 3] = float("nan")
+    x[1, 0] = float("inf")
+    x[2, 5] = -float("inf")
+    for name in ("amax", "amin", "sum", "softmax", "var"):
+        check(REDUCTIONS[name], x.clone())
+
+
+def test_reductions_over_empty_or_size_one_dims_run_as_library_calls():
+    check(REDUCTIONS["sum"], randn(3, 0))
+    check(REDUCTIONS["amax"], randn(0, 4))
+    check(REDUCTIONS["sum_keepdim"], randn(5, 1))
+
+
+def test_layer_norm_with_residual_prologue_is_one_kernel():
+    ln = torch.nn.LayerNorm(96).eval()
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-1, 1)
+
+    def fn(x, r):
+        h = x + r
+        return ln(h), h
+
+    art = check(fn, randn(2, 16, 96), randn(2, 16, 96), rtol=1e-5, atol=1e-5, kernels=1)
+    assert library_ops(art) == []
+
+
+def test_layer_norm_bfloat16_matches_eager():
+    ln = torch.nn.LayerNorm(64).eval().to(torch.bfloat16)
+    check(lambda x: ln(x * 2), randn(4, 10, 64, dtype=torch.bfloat16), rtol=2e-2, atol=2e-2)
+
+
+def test_attention_scores_softmax_fuses_scale_and_mask():
+    mask = torch.zeros(1, 1, 1, 16)
+    mask[..., 12:] = -1e9
+
+    def fn(q, k):
+        scores = q @ k.transpose(-1, -2) / 8.0 + mask
+        return torch.softmax(scores, dim=-1)
+
+    art = check(fn, randn(2, 4, 16, 8), randn(2, 4, 16, 8), rtol=1e-5, atol=1e-5)
+    assert art.plan.num_kernels == 1
+
+
+def test_large_rows_run_in_parallel_and_match_eager():
+    check(lambda x: torch.softmax(x, dim=-1) * torch.var(x, dim=-1, keepdim=True),
+          randn(512, 300), rtol=1e-5, atol=1e-5, kernels=1)
 
 
 def test_large_tensor_runs_in_parallel_and_matches_eager():

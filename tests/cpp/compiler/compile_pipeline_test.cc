@@ -346,6 +346,70 @@ TEST(FusionTest, IndependentLibraryCallMovesBeforeTheOpenGroup) {
   EXPECT_EQ(program.groups[program.steps[1].group].nodes.size(), 2u);
 }
 
+Argument B(bool v) {
+  Argument a;
+  a.set_bool_value(v);
+  return a;
+}
+
+TEST(FusionTest, SoftmaxIsOneRowWiseKernel) {
+  constexpr int R = 64, C = 37;
+  GraphBuilder b;
+  uint32_t x = b.Input({R, C});
+  uint32_t m = b.Op("aten::amax", {V(x), Ints({1}), B(true)}, {R, 1});
+  uint32_t d = b.Op("aten::sub.Tensor", {V(x), V(m)}, {R, C});
+  uint32_t e = b.Op("aten::exp", {V(d)}, {R, C});
+  uint32_t z = b.Op("aten::sum.dim_IntList", {V(e), Ints({-1}), B(true)}, {R, 1});
+  uint32_t o = b.Op("aten::div.Tensor", {V(e), V(z)}, {R, C});
+  b.Output(o);
+  FusedProgram program = FuseGraph(b.graph());
+  ASSERT_EQ(program.groups.size(), 1u);
+  EXPECT_EQ(program.groups[0].outer_rank, 1);
+  EXPECT_EQ(program.groups[0].nodes.size(), 5u);
+  EXPECT_EQ(program.groups[0].outputs, std::vector<uint32_t>{o});
+
+  CpuCompiler compiler;
+  auto body = compiler.Compile(b.Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  ASSERT_EQ(body->plan().steps_size(), 1);
+  std::vector<float> xs = Iota(R * C, -20.f, 0.017f);
+  xs[5] = NAN;  // row 0 is all NaN in eager
+  PlanRunner run(*body);
+  run.Bind(x, xs.data());
+  run.Run();
+  for (int r = 0; r < R; ++r) {
+    float mx = -INFINITY, sum = 0;
+    for (int c = 0; c < C; ++c) mx = std::max(mx, xs[r * C + c]);
+    for (int c = 0; c < C; ++c) sum += std::exp(xs[r * C + c] - mx);
+    for (int c = 0; c < C; ++c) {
+      const float got = run.Data<float>(o)[r * C + c];
+      if (r == 0) {
+        ASSERT_TRUE(std::isnan(got)) << c;
+      } else {
+        ASSERT_NEAR(got, std::exp(xs[r * C + c] - mx) / sum, 1e-6) << r << "," << c;
+      }
+    }
+  }
+}
+
+TEST(FusionTest, RowsWithoutKeepdimAndLeadingReductionsDoNotJoinTheGroup) {
+  GraphBuilder b;
+  uint32_t x = b.Input({8, 16});
+  uint32_t s = b.Op("aten::sum.dim_IntList", {V(x), Ints({1}), B(false)}, {8});
+  uint32_t sq = b.Op("aten::mul.Tensor", {V(s), V(s)}, {8});
+  uint32_t lead = b.Op("aten::mean.dim", {V(x), Ints({0}), B(true)}, {1, 16});
+  b.Output(sq);
+  b.Output(lead);
+  FusedProgram program = FuseGraph(b.graph());
+  ASSERT_EQ(program.groups.size(), 2u);
+  EXPECT_EQ(program.groups[0].outer_rank, 1);
+  EXPECT_EQ(program.groups[0].outputs, std::vector<uint32_t>{s});
+  EXPECT_EQ(program.groups[1].outer_rank, -1);
+  int library = 0;
+  for (const FusedStep& step : program.steps) library += !step.is_kernel;
+  EXPECT_EQ(library, 1);  // the mean over the leading dim
+}
+
 TEST(FusionTest, UnsupportedDtypeBecomesALibraryCall) {
   GraphBuilder b;
   uint32_t x = b.Input({4}, kiln::v1::DTYPE_COMPLEX64);

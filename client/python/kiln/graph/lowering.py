@@ -23,12 +23,13 @@ _DECOMPOSED = [
     aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
     aten.addcdiv, aten.lerp, aten.masked_fill, aten.squeeze, aten.unbind, aten.split,
+    aten._softmax, aten._log_softmax,
 ]
 
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-2"
+LOWERING_VERSION = b"kiln-lowering-3"
 
 
 class LoweringError(Exception):

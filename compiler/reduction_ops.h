@@ -1,0 +1,31 @@
+// The reductions the CPU code generator fuses with their pointwise prologues and epilogues:
+// sum, mean, amax, amin, var, std and var_mean over the trailing dimensions of their input.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+enum class ReductionKind { kSum, kMean, kAmax, kAmin, kVar, kStd, kVarMean };
+
+struct Reduction {
+  ReductionKind kind;
+  uint32_t input = 0;
+  int outer_rank = 0;       // The input's leading dims that are kept; the rest are reduced.
+  bool keepdim = false;
+  double correction = 1;    // var, var_mean: the divisor is n - correction.
+};
+
+// The reduction `node` computes when the generator can fuse it: a float (f32, f64, bf16, f16)
+// CPU input, a result of the input's dtype, a non-empty set of reduced dims that are exactly the
+// input's trailing ones with at least two elements between them, and at least one kept row.
+std::optional<Reduction> MatchReduction(
+    const kiln::v1::Node& node,
+    const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
+
+}  // namespace kiln::compiler
