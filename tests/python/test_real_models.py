@@ -58,15 +58,89 @@ def test_default_bert_matches_eager():
     torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
 
 
-@pytest.mark.xfail(raises=kiln.exc.Unsupported, strict=True,
-                   reason="GPT2Model builds a DynamicCache (use_cache=True): objects built in "
-                          "the frame are not modelled")
-def test_small_gpt2_matches_eager():
-    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=2, vocab_size=1000)
+def _gpt2(config, model_class=None):
     torch.manual_seed(0)
-    model = transformers.GPT2Model(config)
-    out, ref = _compile_and_compare(model, torch.randint(0, 1000, (2, 16)))
+    model = (model_class or transformers.GPT2Model)(config).eval()
+    return model, torch.randint(0, config.vocab_size, (2, 16))
+
+
+def _compile_counting(model):
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return kiln.compile(model, backend=counting, fullgraph=True), graphs
+
+
+def _assert_same_cache(got, want):
+    """Two DynamicCaches hold layers of the same types, attributes and key/value tensors."""
+    assert type(got) is type(want)
+    assert list(vars(got)) == list(vars(want))
+    assert len(got.layers) == len(want.layers) > 0
+    for g, w in zip(got.layers, want.layers):
+        assert type(g) is type(w) and list(vars(g)) == list(vars(w))
+        torch.testing.assert_close(g.keys, w.keys)
+        torch.testing.assert_close(g.values, w.values)
+    assert got.get_seq_length() == want.get_seq_length()
+
+
+_SMALL_GPT2 = dict(n_layer=2, n_embd=128, n_head=2, vocab_size=1000)
+
+
+def test_small_gpt2_matches_eager():
+    # use_cache=True: forward builds a DynamicCache and its DynamicLayers, fills them through
+    # update() and returns the cache; kiln rebuilds it after the graph from the graph outputs.
+    model, x = _gpt2(transformers.GPT2Config(**_SMALL_GPT2))
+    compiled, graphs = _compile_counting(model)
+    with torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    assert len(graphs) == 1
+    assert kiln.explain(model)(x).graph_break_count == 0
+    assert type(out) is type(ref) and list(out.keys()) == list(ref.keys())
     torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+    _assert_same_cache(out.past_key_values, ref.past_key_values)
+
+
+def test_small_gpt2_second_call_reuses_the_graph_and_builds_a_new_cache():
+    model, x = _gpt2(transformers.GPT2Config(**_SMALL_GPT2))
+    compiled, graphs = _compile_counting(model)
+    y = torch.randint(0, 1000, x.shape)
+    with torch.no_grad():
+        first = compiled(x)
+        second = compiled(y)
+        ref = model(y)
+    assert len(graphs) == 1
+    torch.testing.assert_close(second.last_hidden_state, ref.last_hidden_state)
+    _assert_same_cache(second.past_key_values, ref.past_key_values)
+    # Each call returns caches of its own, as eager does.
+    assert second.past_key_values is not first.past_key_values
+    assert second.past_key_values.layers[0] is not first.past_key_values.layers[0]
+
+
+def test_default_gpt2_matches_eager():
+    model, x = _gpt2(transformers.GPT2Config())
+    compiled, graphs = _compile_counting(model)
+    with torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    assert len(graphs) == 1
+    torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state)
+    _assert_same_cache(out.past_key_values, ref.past_key_values)
+
+
+def test_small_gpt2_lm_head_matches_eager():
+    model, x = _gpt2(transformers.GPT2Config(**_SMALL_GPT2), transformers.GPT2LMHeadModel)
+    compiled, graphs = _compile_counting(model)
+    with torch.no_grad():
+        out = compiled(x)
+        ref = model(x)
+    assert len(graphs) == 1
+    assert type(out) is type(ref) and list(out.keys()) == list(ref.keys())
+    torch.testing.assert_close(out.logits, ref.logits)
+    _assert_same_cache(out.past_key_values, ref.past_key_values)
 
 
 def test_small_gpt2_without_cache_is_one_graph_and_matches_eager():

@@ -21,7 +21,8 @@ from kiln.variables.builtins import apply_operator, getitem
 from kiln.variables.constant import ConstantVariable
 from kiln.transform.resume import can_split, offset_in_exception_table
 from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, ListVariable,
-                                       SetVariable, SliceVariable, TupleVariable, mutation_count)
+                                       SetVariable, SliceVariable, TupleVariable, mark_checkpoint,
+                                       mutation_count)
 from kiln.variables.functions import CellVariable, NestedFunctionVariable
 from kiln.variables.objects import SuperVariable
 from kiln.variables.side_effects import mutations_of
@@ -78,6 +79,7 @@ class Checkpoint:
         self.graph = (tx.output.checkpoint(), mutations_of(tx.output).checkpoint())
         self.mutations = mutation_count[0]
         self.lineno = tx.lineno
+        mark_checkpoint()
 
 
 class GraphBreak(Exception):
@@ -174,9 +176,12 @@ class InstructionTranslatorBase:
     def call_function(self, fn: VariableTracker, args, kwargs):
         return fn.call_function(self, list(args), dict(kwargs))
 
-    def inline_call(self, fn, args, kwargs, fn_source=None):
-        if fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE
-                                   | inspect.CO_ASYNC_GENERATOR):
+    def inline_call(self, fn, args, kwargs, fn_source=None, generator=False):
+        """Inlines `fn(*args, **kwargs)`. With `generator`, `fn` is a generator function run to
+        exhaustion: the result is an iterator over what it yielded."""
+        flags = fn.__code__.co_flags
+        if flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or (
+                bool(flags & inspect.CO_GENERATOR) != generator):
             raise Unsupported(f"call of generator function {fn.__qualname__}")
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported("inlining too deep (recursion?)")
@@ -194,7 +199,16 @@ class InstructionTranslatorBase:
         tx = InliningInstructionTranslator(fn.__code__, fn.__globals__, bound, self.output,
                                            globals_source, self.depth + 1, cells=cells,
                                            fn=fn)
+        if generator:
+            tx.generator_items = []
+            tx.run()
+            return ListIteratorVariable(tx.generator_items)
         return tx.run()
+
+    def inline_generator(self, fn, args, kwargs):
+        """The items a generator function (a class's __iter__) yields, run at trace time. As
+        for generator expressions, only bodies without effects of their own get through."""
+        return self.inline_call(fn, args, kwargs, generator=True).unpack(self)
 
     def inline_nested(self, nested: NestedFunctionVariable, args, kwargs):
         code = nested.code
@@ -340,6 +354,12 @@ class InstructionTranslatorBase:
         if not hasattr(obj, "store_attr"):
             raise Unsupported(f"assignment to attribute {inst.argval!r} of {obj}")
         obj.store_attr(self, inst.argval, value)
+
+    def DELETE_ATTR(self, inst):
+        obj = self.pop()
+        if not hasattr(obj, "del_attr"):
+            raise Unsupported(f"del of attribute {inst.argval!r} of {obj}")
+        obj.del_attr(self, inst.argval)
 
     def IMPORT_NAME(self, inst):
         fromlist = self.pop().as_python_constant()

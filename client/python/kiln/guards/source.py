@@ -225,6 +225,26 @@ class InstanceAttrSource(Source):
         return (self.base, self.attr)
 
 
+class InstanceDictSource(Source):
+    """base.__dict__, read from the object without descriptors."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Source):
+        self.base = base
+
+    name = property(lambda self: f"{self.base.name}.__dict__")
+
+    def guard_path(self):
+        return ("instance_dict", self.base.guard_path())
+
+    def expr(self, consts):
+        return f"{consts.ref(object.__getattribute__)}({self.base.expr(consts)}, '__dict__')"
+
+    def _key(self):
+        return self.base
+
+
 class TypeSource(Source):
     """type(base): where class attributes of an instance are read."""
 

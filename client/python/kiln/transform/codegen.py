@@ -124,6 +124,21 @@ class Reconstructor:
             self.prelude.append(f"{name} = {expr if expr is not None else self._build(vt)}")
         return name
 
+    def fresh_object(self, vt, cls, attrs: Dict[str, VariableTracker]) -> str:
+        """An object the frame made, built once: object.__new__(cls) into a temporary first (so
+        attributes that lead back to it, or to each other, see the one object), then its
+        instance __dict__ in the order the frame wrote it."""
+        name = self._memo.get(id(vt))
+        if name is None:
+            name = f"__kiln_t{len(self._memo)}"
+            self._memo[id(vt)] = name
+            self.prelude.append(f"{name} = {self.consts.ref(object.__new__)}"
+                                f"({self.consts.ref(cls)})")
+            values = [f"{k!r}: {self(v)}" for k, v in attrs.items()]
+            if values:
+                self.prelude.append(f"{name}.__dict__.update({{{', '.join(values)}}})")
+        return name
+
     def _build(self, vt) -> str:
         if isinstance(vt, ConstDictVariable):
             if vt.user_type is not dict:

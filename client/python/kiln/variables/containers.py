@@ -8,6 +8,27 @@ from kiln.variables.constant import ConstantVariable
 # Counts mutations of containers made in the frame; a graph break cannot resume after an
 # instruction that mutated one (the rolled-back trace would disagree with the object).
 mutation_count = [0]
+# Every mutable tracker the frame makes takes the next serial. The root frame's checkpoint
+# before a breakable instruction records the next serial to come: a tracker made after it is
+# unreachable from the checkpoint's state (reaching it would have mutated an older one), so a
+# rollback drops it whole and mutating it needs no count.
+_next_serial = [0]
+checkpoint_serial = [0]
+
+
+def new_serial() -> int:
+    _next_serial[0] += 1
+    return _next_serial[0]
+
+
+def mark_checkpoint():
+    checkpoint_serial[0] = _next_serial[0] + 1
+
+
+def note_mutation(serial: int):
+    """Counts a mutation of the tracker with `serial`, unless it postdates the checkpoint."""
+    if serial < checkpoint_serial[0]:
+        mutation_count[0] += 1
 
 
 class BaseListVariable(VariableTracker):
@@ -17,6 +38,7 @@ class BaseListVariable(VariableTracker):
         # Containers from outside the frame are read-only to the executor, except the ones
         # CPython makes fresh for each call (*args, **kwargs).
         self.mutable = source is None
+        self.serial = new_serial()
 
     def as_python_constant(self):
         return self.python_type()(v.as_python_constant() for v in self.items)
@@ -119,7 +141,7 @@ class ListVariable(BaseListVariable):
         if not self.mutable:
             # Mutating a list the caller can see needs replaying the mutation after the graph.
             raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame")
-        mutation_count[0] += 1
+        note_mutation(self.serial)
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("append", "extend", "insert", "pop", "clear", "reverse"):
@@ -171,11 +193,12 @@ class ConstDictVariable(VariableTracker):
         self.items = dict(items)
         self.user_type = user_type
         self.mutable = source is None
+        self.serial = new_serial()
 
     def _check_mutable(self):
         if not self.mutable:
             raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
-        mutation_count[0] += 1
+        note_mutation(self.serial)
 
     def python_type(self):
         return self.user_type

@@ -17,7 +17,7 @@ from typing import Dict, List
 from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListVariable, TupleVariable
+from kiln.variables.containers import ListVariable, TupleVariable, new_serial, note_mutation
 
 # What @dataclass (with its default options) writes into a class's namespace.
 _DATACLASS_WRITTEN = {"__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
@@ -61,6 +61,7 @@ class ModelOutputVariable(VariableTracker):
         self.fresh_object = True  # made in the frame: the tracker is its identity
         self.items = items  # the OrderedDict's items, in order
         self.attrs = attrs  # instance __dict__
+        self.serial = new_serial()
 
     @classmethod
     def construct(cls_, tx, cls, args: List[VariableTracker], kwargs: Dict[str, VariableTracker]):
@@ -104,7 +105,7 @@ class ModelOutputVariable(VariableTracker):
     def unpack(self, tx):
         return [ConstantVariable(k) for k in self.items]
 
-    def length(self):
+    def length(self, tx):
         return len(self.items)
 
     def var_getattr(self, tx, name):
@@ -144,11 +145,13 @@ class ModelOutputVariable(VariableTracker):
     def setitem(self, tx, index, value):
         # ModelOutput.__setitem__: the dict item, then the attribute.
         key = index.as_python_constant()
+        note_mutation(self.serial)
         self.items[key] = value
         self.attrs[key] = value
 
     def store_attr(self, tx, name, value):
         # ModelOutput.__setattr__: a non-None value of a field is also stored as an item.
+        note_mutation(self.serial)
         if name in {f.name for f in dataclasses.fields(self.output_cls)} and not _is_none(value):
             self.items[name] = value
         self.attrs[name] = value

@@ -5,7 +5,7 @@ import types
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import AttrSource, InstanceAttrSource
+from kiln.guards.source import AttrSource, InstanceAttrSource, InstanceDictSource, TypeSource
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
@@ -37,10 +37,11 @@ class PythonModuleVariable(VariableTracker):
         return wrap(tx, value, source, guard=False)
 
 
-def _class_attr(tx, cls, name, self_vt, source=None):
+def _class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False):
     """Looks `name` up on the class (no instance dict), binding functions to `self_vt`.
     `source` reads the same attribute through the object the lookup started from: plain
-    data found on the class (a dict, a list) is guarded through it."""
+    data found on the class (a dict, a list) is guarded through it, where that read is a plain
+    lookup (`source_is_plain`, or the class's instances have no getattr of their own)."""
     from kiln.variables.builder import wrap
 
     try:
@@ -69,7 +70,8 @@ def _class_attr(tx, cls, name, self_vt, source=None):
         return ConstantVariable(static)
     if isinstance(static, type):
         return wrap(tx, static, None)
-    if source is not None and not hasattr(type(static), "__get__") and _plain_getattr(cls):
+    if source is not None and not hasattr(type(static), "__get__") and (
+            source_is_plain or _plain_getattr(cls)):
         # Class-level data is as mutable as any other object: guarded like one.
         return wrap(tx, static, source)
     raise Unsupported(f"attribute {cls.__name__}.{name} of kind {type(static).__name__}")
@@ -96,6 +98,10 @@ class UserDefinedClassVariable(VariableTracker):
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.cls, name))
+        if self.cls is object and name == "__setattr__":
+            from kiln.variables.fresh_object import ObjectSetattrVariable
+
+            return ObjectSetattrVariable()
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
@@ -104,8 +110,12 @@ class UserDefinedClassVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
 
+        from kiln.variables.fresh_object import can_construct, construct
+
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
+        if can_construct(self.cls):
+            return construct(tx, self.cls, self.source, args, kwargs)
         raise Unsupported(f"constructing {self.cls.__qualname__} inside a compiled frame")
 
     def __repr__(self):
@@ -129,16 +139,41 @@ class UserDefinedObjectVariable(VariableTracker):
         if name == "__class__":
             # type(value) is pinned by the TYPE_MATCH guard installed when it was read.
             return wrap(tx, type(self.value), None)
-        if not _is_data_descriptor(type(self.value), name):
+        getattribute = inspect.getattr_static(type(self.value), "__getattribute__")
+        if isinstance(getattribute, types.FunctionType):
+            # A Python __getattribute__ (transformers' configs map attribute names): inlined;
+            # its super().__getattribute__ ends in generic_getattr.
+            return tx.inline_call(getattribute, [self, ConstantVariable(name)], {})
+        return self.generic_getattr(tx, name)
+
+    def generic_getattr(self, tx, name):
+        """object.__getattribute__(value, name): pending stores, the instance dict, then the
+        class."""
+        from kiln.variables.builder import wrap
+
+        cls = type(self.value)
+        if name == "__dict__" and self.source is not None and \
+                isinstance(object.__getattribute__(self.value, "__dict__"), dict):
+            return InstanceDictVariable(self)
+        if not _is_data_descriptor(cls, name):
             pending = mutations_of(tx.output).load(self.value, name)
             if pending is not None:
                 return pending
-        d = getattr(self.value, "__dict__", None)
-        if d is not None and name in d and not _is_data_descriptor(type(self.value), name):
+        try:
+            d = object.__getattribute__(self.value, "__dict__")
+        except AttributeError:
+            d = None
+        if d is not None and name in d and not _is_data_descriptor(cls, name):
             source = InstanceAttrSource(self.source, name) if self.source is not None else None
             return wrap(tx, d[name], source)
-        source = AttrSource(self.source, name) if self.source is not None else None
-        return _class_attr(tx, type(self.value), name, self, source)
+        if self.source is None:
+            return _class_attr(tx, cls, name, self, None)
+        if _plain_getattr(cls):
+            return _class_attr(tx, cls, name, self, AttrSource(self.source, name))
+        # Guards read class-level data through the type: getattr on the instance would run
+        # the class's own lookup.
+        return _class_attr(tx, cls, name, self, AttrSource(TypeSource(self.source), name),
+                           source_is_plain=True)
 
     def _dunder(self, name):
         """The class's Python implementation of a special method, or None."""
@@ -209,10 +244,89 @@ class SuperVariable(VariableTracker):
                     return tx.inline_call(attr.fget, [self.obj], {}, fn_source=None)
                 if attr is object.__init__:
                     return _NoOpMethod()
+                if attr is object.__getattribute__ and hasattr(self.obj, "generic_getattr"):
+                    return _GenericGetattr(self.obj)
+                if attr is object.__setattr__:
+                    from kiln.variables.fresh_object import ObjectSetattrVariable
+
+                    return ObjectSetattrVariable(self.obj)
                 if klass in _MODELLED_BASES:
                     return BuiltinBaseMethodVariable(klass, name, self.obj)
                 raise Unsupported(f"super().{name} of kind {type(attr).__name__}")
         raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class _GenericGetattr(VariableTracker):
+    """object.__getattribute__ bound to a user object (reached through super())."""
+
+    def __init__(self, obj):
+        super().__init__(None)
+        self.obj = obj
+
+    def call_function(self, tx, args, kwargs):
+        if kwargs or len(args) != 1:
+            raise Unsupported("object.__getattribute__ with other than one argument")
+        return self.obj.generic_getattr(tx, args[0].as_python_constant())
+
+
+class InstanceDictVariable(VariableTracker):
+    """`obj.__dict__` of a user object from outside the frame, for reads: a present key is
+    guarded as the attribute it holds, an absent one by pinning the dict's key set."""
+
+    def __init__(self, obj: UserDefinedObjectVariable):
+        super().__init__(InstanceDictSource(obj.source))
+        self.obj = obj
+
+    def python_type(self):
+        return dict
+
+    def _dict(self):
+        return object.__getattribute__(self.obj.value, "__dict__")
+
+    def _lookup(self, tx, key):
+        """The tracker of `key`'s value, or None where it is absent."""
+        from kiln.variables.builder import wrap
+
+        if not isinstance(key, str):
+            raise Unsupported(f"instance __dict__ lookup with a {type(key).__name__} key")
+        pending = mutations_of(tx.output).load(self.obj.value, key)
+        if pending is not None:
+            return pending
+        d = self._dict()
+        if key in d:
+            return wrap(tx, d[key], InstanceAttrSource(self.obj.source, key))
+        if not all(isinstance(k, str) for k in d):
+            raise Unsupported("an instance __dict__ with non-string keys")
+        tx.output.guards.add(self.source, "DICT_KEYS", tuple(d))
+        return None
+
+    def var_getattr(self, tx, name):
+        from kiln.variables.functions import BoundContainerMethod
+
+        if name not in ("get", "__getitem__", "__contains__"):
+            raise Unsupported(f"__dict__.{name} of a {self.obj.python_type().__qualname__}")
+        return BoundContainerMethod(self, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if kwargs or not args:
+            raise Unsupported(f"__dict__.{name} with these arguments")
+        found = self._lookup(tx, args[0].as_python_constant())
+        if name == "__contains__":
+            return ConstantVariable(found is not None)
+        if found is not None:
+            return found
+        if name == "get":
+            return args[1] if len(args) > 1 else ConstantVariable(None)
+        raise Unsupported(f"KeyError {args[0].as_python_constant()!r} while tracing")
+
+    def getitem(self, tx, index):
+        return self.call_method(tx, "__getitem__", [index], {})
+
+    def contains(self, tx, item):
+        return self.call_method(tx, "__contains__", [item], {})
+
+    def __repr__(self):
+        return f"InstanceDictVariable({self.obj.source.name})"
 
 
 class _NoOpMethod(VariableTracker):
