@@ -39,6 +39,11 @@ KILN_SIMD float powf(float, float); KILN_SIMD double pow(double, double);
 #undef KILN_SIMD
 }
 #endif
+// The runtime's thread pool (artifact.proto, KernelLaunch): runs fn over [begin, end) in chunks
+// of at least `grain` iterations, on torch's intra-op threads.
+typedef void (*kiln_range_fn)(int64_t begin, int64_t end, void* const* args);
+typedef void (*kiln_parallel_for_fn)(int64_t begin, int64_t end, int64_t grain, kiln_range_fn fn,
+                                     void* const* args);
 static inline float kiln_bf16_load(uint16_t v) {
   uint32_t bits = (uint32_t)v << 16; float f; std::memcpy(&f, &bits, 4); return f;
 }
@@ -117,6 +122,45 @@ std::string KernelSymbol(int index) { return "kiln_kernel_" + std::to_string(ind
 
 namespace {
 
+// Work below this many elements runs on the calling thread; parallel chunks are at least this big.
+constexpr int64_t kParallelElements = 32768;
+constexpr int64_t kChunkElements = 16384;
+
+// Opens a loop over the flat range [kiln_begin, kiln_end) of the row-major product of `sizes`
+// and defines i<first>, i<first+1>, ... from the flat index.
+std::string FlatLoop(const std::vector<int64_t>& sizes, const std::string& indent) {
+  std::ostringstream o;
+  o << indent << "for (int64_t kiln_p = kiln_begin; kiln_p < kiln_end; ++kiln_p) {\n";
+  int64_t inner = 1;
+  std::vector<std::string> defs(sizes.size());
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    defs[d] = indent + "  const int64_t i" + std::to_string(d) + " = kiln_p" +
+              (inner > 1 ? " / " + std::to_string(inner) : "") +
+              (d > 0 ? " % " + std::to_string(sizes[d]) : "") + ";\n";
+    inner *= sizes[d];
+  }
+  for (const auto& def : defs) o << def;
+  return o.str();
+}
+
+// The kernel's functions: with range 0 the exported entry runs `body` itself; otherwise `body`
+// runs over [kiln_begin, kiln_end) in a range function the entry hands to the runtime's
+// parallel_for with the whole range [0, range).
+std::string KernelFunctions(int index, const std::string& decls, const std::string& body,
+                            int64_t range, int64_t grain) {
+  const std::string symbol = KernelSymbol(index);
+  if (range == 0) {
+    return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" +
+           decls + body + "}\n";
+  }
+  const std::string fn = "kiln_range_" + std::to_string(index);
+  return "static void " + fn + "(int64_t kiln_begin, int64_t kiln_end, void* const* args) {\n" +
+         decls + body + "}\n\nextern \"C\" void " + symbol +
+         "(void* const* args, kiln_parallel_for_fn kiln_parallel_for) {\n  kiln_parallel_for(0, " +
+         std::to_string(range) + ", " + std::to_string(std::max<int64_t>(grain, 1)) + ", " + fn +
+         ", args);\n}\n";
+}
+
 // A row-wise group (FusedGroup::outer_rank >= 0): loops over the kept rows (OpenMP across
 // them); per row, one inner loop per reduction (two for var), each recomputing the full-space
 // nodes it needs from the inputs and the row values before it; scalar code for row nodes; then
@@ -134,7 +178,6 @@ class RowKernel {
 
   std::string Source() {
     std::ostringstream head;
-    head << "extern \"C\" void " << KernelSymbol(index_) << "(void* const* args) {\n";
     int arg = 0;
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       const KernelOperand& in = g_.inputs[i];
@@ -159,14 +202,18 @@ class RowKernel {
       if (d < outer_) rows *= g_.sizes[d];
     }
     std::string indent = "  ";
-    if (rows > 1 && total >= 32768 && outer_ > 0) {
-      body_ << indent << "#pragma omp parallel for schedule(static)"
-            << (outer_ > 1 ? " collapse(" + std::to_string(outer_) + ")" : "") << "\n";
-    }
-    for (int d = 0; d < outer_; ++d) {
-      body_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << g_.sizes[d]
-            << "; ++i" << d << ") {\n";
+    const bool parallel = rows > 1 && total >= kParallelElements;
+    int opened = 0;
+    if (parallel) {
+      body_ << FlatLoop({g_.sizes.begin(), g_.sizes.begin() + outer_}, indent);
       indent += "  ";
+      opened = 1;
+    } else {
+      for (int d = 0; d < outer_; ++d, ++opened) {
+        body_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << g_.sizes[d]
+              << "; ++i" << d << ") {\n";
+        indent += "  ";
+      }
     }
     std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
     for (int ni : g_.nodes) {
@@ -198,11 +245,12 @@ class RowKernel {
       for (uint32_t id : full_outputs) StoreIfOutput(id, indent, true, vars);
       CloseInner(indent);
     }
-    for (int d = outer_ - 1; d >= 0; --d) {
+    for (; opened > 0; --opened) {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
     }
-    return head.str() + body_.str() + "}\n";
+    return KernelFunctions(index_, head.str(), body_.str(), parallel ? rows : 0,
+                           kChunkElements / std::max<int64_t>(total / rows, 1));
   }
 
  private:
@@ -398,7 +446,6 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
 
     std::vector<Access> accesses;
     std::ostringstream head, body;
-    head << "extern \"C\" void " << KernelSymbol(step.group) << "(void* const* args) {\n";
     int arg = 0;
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       const KernelOperand& in = g.inputs[i];
@@ -488,16 +535,29 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
 
     int64_t numel = 1;
     for (int64_t s : csizes) numel *= s;
-    const bool parallel = numel >= 32768;
+    const bool parallel = numel >= kParallelElements;
     std::string indent = "  ";
+    // Parallel: over chunks of a flat loop (one dim), or over the flattened outer dims.
+    int64_t range = 0, grain = 0;
+    int first = 0, opened = 0;
     if (parallel && crank == 1) {
-      body << indent << "#pragma omp parallel for simd schedule(static)\n";
+      body << indent << "#pragma omp simd\n"
+           << indent << "for (int64_t i0 = kiln_begin; i0 < kiln_end; ++i0) {\n";
+      indent += "  ";
+      range = csizes[0];
+      grain = kChunkElements;
+      first = crank;
+      opened = 1;
     } else if (parallel) {
-      body << indent << "#pragma omp parallel for schedule(static)"
-           << (crank > 2 ? " collapse(" + std::to_string(crank - 1) + ")" : "") << "\n";
+      range = numel / csizes.back();
+      grain = kChunkElements / csizes.back();
+      body << FlatLoop({csizes.begin(), csizes.end() - 1}, indent);
+      indent += "  ";
+      first = crank - 1;
+      opened = 1;
     }
-    for (int d = 0; d < crank; ++d) {
-      if (d == crank - 1 && !(parallel && crank == 1)) body << indent << "#pragma omp simd\n";
+    for (int d = first; d < crank; ++d, ++opened) {
+      if (d == crank - 1) body << indent << "#pragma omp simd\n";
       body << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << csizes[d] << "; ++i"
            << d << ") {\n";
       indent += "  ";
@@ -529,11 +589,11 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       body << indent << "out" << i << "[" << index(g.inputs.size() + i)
            << "] = " << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
     }
-    for (int d = crank - 1; d >= 0; --d) {
+    for (; opened > 0; --opened) {
       indent.resize(indent.size() - 2);
       body << indent << "}\n";
     }
-    src << "\n" << head.str() << body.str() << "}\n";
+    src << "\n" << KernelFunctions(step.group, head.str(), body.str(), range, grain);
   }
   return src.str();
 }

@@ -161,20 +161,18 @@ bool Toolchain::KnownIsa(const std::string& isa) {
 }
 
 std::vector<std::string> Toolchain::Flags(const std::string& isa) {
-  // -z nodelete: dlclose must not unload the kernels, or with them the libgomp they brought into
-  // a process that had none of its own (torch wheels bundle a differently named copy), while
-  // that libgomp's worker threads still run: the process would crash in them.
+  // -fopenmp-simd: the `omp simd` pragmas only. Kernels bring no OpenMP runtime of their own:
+  // they run in parallel through the parallel_for the runtime passes them (torch's threads).
   return {"-O3",
           "-march=" + isa,
           "-mtune=generic",
-          "-fopenmp",
+          "-fopenmp-simd",
           "-fPIC",
           "-shared",
           "-fno-math-errno",
           "-fno-trapping-math",
           "-std=c++17",
-          "-w",
-          "-Wl,-z,nodelete"};
+          "-w"};
 }
 
 std::vector<std::string> Toolchain::Libraries(const std::string& isa) {

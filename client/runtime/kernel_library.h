@@ -3,14 +3,19 @@
 #ifndef KILN_RUNTIME_KERNEL_LIBRARY_H_
 #define KILN_RUNTIME_KERNEL_LIBRARY_H_
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace kiln::runtime {
 
 // The CPU kernel ABI (artifact.proto, KernelLaunch): args[i] is the data_ptr() (storage offset
-// applied) of the kernel's i-th argument value.
-using KernelFn = void (*)(void* const* args);
+// applied) of the kernel's i-th argument value; parallel_for runs a range function on the
+// caller's intra-op threads.
+using KernelRangeFn = void (*)(int64_t begin, int64_t end, void* const* args);
+using KernelParallelFor = void (*)(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn,
+                                   void* const* args);
+using KernelFn = void (*)(void* const* args, KernelParallelFor parallel_for);
 
 // Loading never puts the bytes where another process could swap them before dlopen reads them:
 // they go to an anonymous memfd opened as /proc/self/fd/N, and only where that fails (no

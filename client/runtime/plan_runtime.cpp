@@ -3,6 +3,7 @@
 #include "runtime/plan_runtime.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
 #include <c10/core/Layout.h>
@@ -485,6 +486,16 @@ at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena) const {
       .set_(arena.storage(), buffers_[slot].arena_element_offset, m.sizes, m.strides);
 }
 
+namespace {
+
+// The parallel_for of the kernel ABI: torch's intra-op thread pool (at::parallel_for), so
+// kernels share torch's threads and its set_num_threads.
+void ParallelFor(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn, void* const* args) {
+  at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { fn(b, e, args); });
+}
+
+}  // namespace
+
 void Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
   constexpr size_t kInline = 16;
   std::array<void*, kInline> inline_pointers;
@@ -526,7 +537,7 @@ void Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
   }
   // Visible to torch.profiler beside the library ops; costs a flag test when nothing records.
   RECORD_FUNCTION(k.symbol, c10::ArrayRef<const c10::IValue>{});
-  k.fn(pointers);
+  k.fn(pointers, &ParallelFor);
 }
 
 void Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const {

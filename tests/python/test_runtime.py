@@ -42,18 +42,18 @@ def plan(values, inputs, steps, outputs, *, binary=b"", constants=(), buffers=()
                    list(steps), list(outputs))
 
 
-# ---- kernels following the CPU ABI: extern "C" void sym(void* const* args) ----
+# ---- kernels following the CPU ABI: extern "C" void sym(void* const* args, parallel_for) ----
 
 KERNELS = r"""
-extern "C" void affine12(void* const* a) {  // y = 2x + 1 over a contiguous float[3, 4]
+extern "C" void affine12(void* const* a, void*) {  // y = 2x + 1 over a contiguous float[3, 4]
   const float* x = (const float*)a[0]; float* y = (float*)a[1];
   for (int i = 0; i < 12; i++) y[i] = x[i] * 2 + 1;
 }
-extern "C" void affine16(void* const* a) {  // y = 2x + 1 over float[16]
+extern "C" void affine16(void* const* a, void*) {  // y = 2x + 1 over float[16]
   const float* x = (const float*)a[0]; float* y = (float*)a[1];
   for (int i = 0; i < 16; i++) y[i] = x[i] * 2 + 1;
 }
-extern "C" void add16(void* const* a) {  // z = x + y over float[16]
+extern "C" void add16(void* const* a, void*) {  // z = x + y over float[16]
   const float* x = (const float*)a[0]; const float* y = (const float*)a[1]; float* z = (float*)a[2];
   for (int i = 0; i < 16; i++) z[i] = x[i] + y[i];
 }
@@ -289,7 +289,7 @@ def test_failed_run_warns_once_and_uses_the_fallback(kernels_so, caplog):
 def test_two_libraries_with_the_same_symbol_stay_apart(tmp_path_factory):
     # Both are loaded through /proc/self/fd/N with the same N; each plan must run its own k0.
     def so(expr):
-        return _build(tmp_path_factory, "k", 'extern "C" void k0(void* const* a) {'
+        return _build(tmp_path_factory, "k", 'extern "C" void k0(void* const* a, void*) {'
                       ' const float* x = (const float*)a[0]; float* y = (float*)a[1];'
                       f' for (int i = 0; i < 4; i++) y[i] = {expr}; }}')
     first, second = so("x[i] + 1"), so("x[i] * 10")

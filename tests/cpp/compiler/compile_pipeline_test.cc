@@ -18,6 +18,7 @@
 #include "compiler/graph_passes.h"
 #include "compiler/ir_validator.h"
 #include "compiler/memory_plan.h"
+#include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
 
 namespace kiln::compiler {
@@ -179,9 +180,9 @@ class PlanRunner {
         }
         args.push_back(data_[id]);
       }
-      auto fn = reinterpret_cast<void (*)(void* const*)>(dlsym(handle_, k.symbol().c_str()));
+      auto fn = reinterpret_cast<kiln::testing::KernelFn>(dlsym(handle_, k.symbol().c_str()));
       ASSERT_NE(fn, nullptr) << k.symbol();
-      fn(args.data());
+      fn(args.data(), &kiln::testing::ChunkedParallelFor);
       released.insert(step.release().begin(), step.release().end());
     }
   }
@@ -545,7 +546,7 @@ TEST(CpuKernelTest, TransposedInputsAndFoldedViewsReadThroughTheirStrides) {
   auto body = compiler.Compile(b.Request());
   ASSERT_TRUE(body.ok()) << body.status();
   ASSERT_EQ(body->plan().steps_size(), 1);  // the transpose is folded into the kernel
-  EXPECT_NE(body->kernel_source().find("omp parallel"), std::string::npos);
+  EXPECT_NE(body->kernel_source().find("kiln_parallel_for(0, "), std::string::npos);
   std::vector<float> xs = Iota(R * C, -1.f, 1e-4f), bs = Iota(R * C, 2.f, -3e-5f);
   PlanRunner run(*body);
   run.Bind(xt, xs.data());

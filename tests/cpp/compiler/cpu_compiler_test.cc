@@ -13,6 +13,7 @@
 #include "compiler/fusion.h"
 #include "compiler/memory_plan.h"
 #include "tests/cpp/support/graphs.h"
+#include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
 
 namespace kiln::compiler {
@@ -47,12 +48,12 @@ TEST(CpuCompilerTest, PointwiseChainIsOneKernelThatComputesTheGraph) {
   std::ofstream(path, std::ios::binary) << body->kernel_binary();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(handle, nullptr) << dlerror();
-  auto fn = reinterpret_cast<void (*)(void* const*)>(dlsym(handle, launch.symbol().c_str()));
+  auto fn = reinterpret_cast<kiln::testing::KernelFn>(dlsym(handle, launch.symbol().c_str()));
   ASSERT_NE(fn, nullptr);
   std::vector<float> x(16), out(16, -1.f);
   for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i) - 7.5f;
   void* args[] = {x.data(), out.data()};
-  fn(args);
+  fn(args, &kiln::testing::ChunkedParallelFor);
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(out[i], std::max(0.f, 2 * x[i])) << i;
   dlclose(handle);
 }
