@@ -3,6 +3,7 @@ import builtins
 import inspect
 import math
 import operator
+import types
 
 import torch
 
@@ -84,12 +85,37 @@ def apply_operator(tx, fn, args):
     if fn in (operator.mul, operator.imul) and isinstance(args[0], BaseListVariable):
         return type(args[0])(args[0].items * args[1].as_python_constant())
     if fn in (operator.eq, operator.ne) and any(not a.is_python_constant() for a in args):
+        for a in args:
+            if getattr(a, "fresh_object", False) and _compares_by_value(a.python_type()):
+                return _fresh_object_compare(tx, fn, args)
         try:
             same = _identity_of(args[0]) is _identity_of(args[1])
         except Unsupported:
             raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
         return ConstantVariable(same if fn is operator.eq else not same)
     raise Unsupported(f"{fn.__name__} of {', '.join(map(repr, args))}")
+
+
+def _compares_by_value(cls) -> bool:
+    return cls.__eq__ is not object.__eq__ or cls.__ne__ is not object.__ne__
+
+
+def _fresh_object_compare(tx, fn, args):
+    """`a == b` / `a != b` where an object the frame made has a comparison of its own (a
+    dataclass's __eq__): the left operand's Python method inlined, else Unsupported."""
+    a, b = args
+    cls = a.python_type() if getattr(a, "fresh_object", False) else None
+    name = "__eq__" if fn is operator.eq else "__ne__"
+    method = inspect.getattr_static(cls, name, None) if cls is not None else None
+    if fn is operator.ne and method is object.__ne__:
+        equal = _fresh_object_compare(tx, operator.eq, args).truth(tx)
+        return ConstantVariable(not equal)
+    if not isinstance(method, types.FunctionType):
+        raise Unsupported(f"{fn.__name__} of {a} and {b}")
+    result = tx.inline_call(method, [a, b], {})
+    if result.is_python_constant() and result.as_python_constant() is NotImplemented:
+        raise Unsupported(f"{cls.__qualname__}.{name} returned NotImplemented")
+    return result
 
 
 def getitem(tx, obj, index):

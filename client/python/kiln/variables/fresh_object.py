@@ -93,8 +93,10 @@ class FreshObjectVariable(VariableTracker):
                 return tx.inline_call(getattr_fn, [self, ConstantVariable(name)], {})
             raise Unsupported(f"AttributeError: {cls.__qualname__} object has no attribute "
                               f"{name!r}")
+        # Class-level data is guarded through the class, whose lookup (type's or ABCMeta's)
+        # is the plain one.
         source = AttrSource(self.cls_source, name) if self.cls_source is not None else None
-        return _class_attr(tx, cls, name, self, source)
+        return _class_attr(tx, cls, name, self, source, source_is_plain=True)
 
     def has_attr(self, name) -> bool:
         if name in self.attrs or hasattr(self.obj_cls, name):
