@@ -199,3 +199,133 @@ def test_fresh_process_gets_every_artifact_from_the_cache(kilnd_cache):
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert results[0]["n"] == 1
     assert results[1] == {"n": 1, "hits": 1, "index": 1}
+
+
+# -- the client's graph index (structure key -> cache key) ---------------------------------------
+
+def _compile_recording_index(monkeypatch, fn, *args):
+    """Compiles and runs `fn` through a fresh kiln; returns the index entries it wrote."""
+    from kiln.daemon.graph_index import GraphIndex
+
+    written = []
+    put = GraphIndex.put
+
+    def recording_put(self, skey, key):
+        written.append((self, skey, key))
+        put(self, skey, key)
+
+    monkeypatch.setattr(GraphIndex, "put", recording_put)
+    kiln.reset()
+    out, ref = run_kiln(fn, *args)
+    torch.testing.assert_close(out, ref)
+    monkeypatch.setattr(GraphIndex, "put", put)
+    return written
+
+
+def _forbid_lowering(monkeypatch):
+    from kiln.graph import lowering
+
+    def no_lowering(*args, **kwargs):
+        raise AssertionError("the graph was lowered")
+
+    monkeypatch.setattr(lowering, "lower", no_lowering)
+
+
+def test_index_hit_fetches_the_artifact_without_lowering(monkeypatch):
+    def f(x):
+        return torch.sigmoid(x) * 5 - x
+
+    x = torch.randn(9, 7)
+    assert len(_compile_recording_index(monkeypatch, f, x)) == 1
+    kiln.reset()
+    _forbid_lowering(monkeypatch)
+    out, ref = run_kiln(f, torch.randn(9, 7))
+    torch.testing.assert_close(out, ref)
+    (art,) = kiln.debug.artifacts()
+    assert art.index_hit and art.cache_hit and art.aten_graph is None
+
+
+def test_index_entry_copied_from_another_graph_is_not_used(monkeypatch):
+    """Two graphs with identical inputs: an entry that maps one to the other's artifact would
+    pass every input check, so the entry itself must not verify."""
+    def add_one(x):
+        return x + 1
+
+    def double(x):
+        return x * 2
+
+    x = torch.randn(5, 3)
+    (entry_add,) = _compile_recording_index(monkeypatch, add_one, x)
+    (entry_double,) = _compile_recording_index(monkeypatch, double, x)
+    index, skey_add, key_add = entry_add
+    _, skey_double, key_double = entry_double
+    path = index._path(skey_add)
+    for forged in (index._path(skey_double).read_text(),  # the other graph's whole entry
+                   key_double,                             # a bare key, no tag
+                   f"{key_double} {'0' * 64}",             # a made-up tag
+                   "garbage"):
+        path.write_text(forged)
+        kiln.reset()
+        out, ref = run_kiln(add_one, x)
+        torch.testing.assert_close(out, ref)
+        (art,) = kiln.debug.artifacts()
+        assert not art.index_hit and art.key == key_add, forged
+
+
+def test_index_entry_whose_artifact_does_not_fit_is_lowered_again(monkeypatch):
+    """Even a verified entry (written with the MAC key) for an artifact of other input metadata
+    is refused by the input check, and the graph is lowered and compiled as if new."""
+    def f(x):
+        return torch.cos(x) + x
+
+    (entry_small,) = _compile_recording_index(monkeypatch, f, torch.randn(4, 4))
+    (entry_big,) = _compile_recording_index(monkeypatch, f, torch.randn(6, 2))
+    index, skey_small, key_small = entry_small
+    index.put(skey_small, entry_big[2])
+    assert index.get(skey_small) == entry_big[2]
+    kiln.reset()
+    x = torch.randn(4, 4)
+    out, ref = run_kiln(f, x)
+    torch.testing.assert_close(out, ref)
+    (art,) = kiln.debug.artifacts()
+    assert not art.index_hit and art.key == key_small
+    assert index.get(skey_small) == key_small  # the entry is repaired
+
+
+def test_structure_key_is_withheld_where_graph_code_does_not_pin_the_computation():
+    from kiln.graph import lowering
+
+    class WithSubmodule(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) + 1
+
+    x = torch.randn(2, 4)
+    traced = torch.fx.symbolic_trace(WithSubmodule())  # leaves a call_module node
+    assert lowering.structure_key(traced, [x]) is None
+
+    def user_fn(t):
+        return t * 3
+
+    graph = torch.fx.Graph()
+    inp = graph.placeholder("x")
+    graph.output(graph.call_function(user_fn, (inp,)))
+    assert lowering.structure_key(torch.fx.GraphModule(torch.nn.Module(), graph), [x]) is None
+
+    def plain(t):
+        return torch.relu(t) + 1
+
+    keyed = torch.fx.symbolic_trace(plain)
+    key = lowering.structure_key(keyed, [x])
+    assert key is not None and key == lowering.structure_key(keyed, [torch.randn(2, 4)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # tracing would record other ops
+        assert lowering.structure_key(keyed, [x]) != key
+
+
+def test_daemon_compiler_version_is_known_after_health():
+    client = daemon_client.shared_client()
+    client.ensure_running()
+    assert client.compiler_version

@@ -115,6 +115,9 @@ class CompileFailed(RuntimeError):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:
+    """The loaded artifact for `gm`. A graph the client's index knows is fetched by key without
+    lowering; any doubt about that artifact (missing, another compiler's, rejected) lowers and
+    compiles as a graph seen for the first time would."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.daemon.client import cache_dir, read_mac_key, shared_client
@@ -128,19 +131,28 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     mac_key = read_mac_key()
     target = art.cpu_target()
     params = list(lowering.attr_tensors(gm).values())
-    index = GraphIndex(cache_dir() / "graphs")
-    skey = lowering.structure_key(gm, example_inputs, target.SerializeToString())
     inputs = params + list(example_inputs)
+    index = GraphIndex(cache_dir() / "graphs", mac_key)
+    # The daemon's compiler is part of the key: after an upgrade the index misses, and the
+    # graph is compiled by the new compiler instead of being served what the old one built.
+    skey = lowering.structure_key(
+        gm, example_inputs,
+        target.SerializeToString() + b"\0" + (client.compiler_version or "").encode())
 
-    known = index.get(skey)
+    known = index.get(skey) if skey is not None else None
     if known is not None:
-        found = client.lookup_key(known)
-        if found.found:
-            body = art.verify(found.artifact, mac_key, known)
-            art.check_inputs(body, inputs)
-            plan = art.build_plan(body, params, len(example_inputs))
-            return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start, body,
-                                    plan)
+        try:
+            found = client.lookup_key(known)
+            if found.found:
+                body = art.verify(found.artifact, mac_key, known)
+                if body.compiler_version != client.compiler_version or body.target != target:
+                    raise art.ArtifactRejected("artifact from another compiler or target")
+                art.check_inputs(body, inputs)
+                plan = art.build_plan(body, params, len(example_inputs))
+                return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
+                                        body, plan)
+        except art.ArtifactRejected as e:
+            log.debug("kiln: index entry %s… not used (%s); lowering the graph", skey[:16], e)
 
     lowered = lowering.lower(gm, example_inputs)
     request = pb.service.CompileRequest(graph=lowered.graph, target=target)
@@ -152,6 +164,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     body = art.verify(response.artifact, mac_key, response.key)
     art.check_inputs(body, inputs)
     plan = art.build_plan(body, params, len(example_inputs))
-    index.put(skey, response.key)
+    if skey is not None:
+        index.put(skey, response.key)
     return CompiledArtifact(response.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph)

@@ -89,14 +89,13 @@ class DaemonClient:
         self.autostart = autostart and self.local
         self.timeout = timeout
         self.metadata = ()
+        self._credentials = None
         if address is None:
             self.socket = default_socket()
             target = f"unix://{self.socket}"
-            channel = grpc.insecure_channel(target)
         elif address.startswith("unix://"):
             self.socket = Path(address[len("unix://"):])
             target = address
-            channel = grpc.insecure_channel(target)
         elif address.startswith("dns:///"):
             self.socket = None
             target = address
@@ -110,16 +109,24 @@ class DaemonClient:
                 token = Path(token_file).read_text().strip()
             except OSError as e:
                 raise DaemonUnavailable(f"{address}: {e}") from e
-            channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root))
+            self._credentials = grpc.ssl_channel_credentials(root)
             self.metadata = (("authorization", f"Bearer {token}"),)
         else:
             raise DaemonUnavailable(
                 f"KILN_DAEMON={address!r}: expected unix:///path or dns:///host:port")
         self.target = target
-        self._channel = channel
-        self._stub = self.pb.service_grpc.KilnServiceStub(channel)
+        self._open_channel()
         self._started = False
+        self.compiler_version: Optional[str] = None  # the daemon's, from its Health answer
         self._lock = threading.Lock()
+
+    def _open_channel(self) -> None:
+        grpc = self._grpc
+        if self._credentials is None:
+            self._channel = grpc.insecure_channel(self.target)
+        else:
+            self._channel = grpc.secure_channel(self.target, self._credentials)
+        self._stub = self.pb.service_grpc.KilnServiceStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -154,19 +161,21 @@ class DaemonClient:
     # -- the local daemon --------------------------------------------------------------------
 
     def ensure_running(self) -> None:
-        """Returns when the daemon answers Health; starts a local kilnd first if allowed."""
+        """Returns when the daemon answers Health (its compiler_version is then known); starts
+        a local kilnd first if allowed."""
         with self._lock:
             if self._started:
                 return
             try:
-                self.health(timeout=1.0)
+                health = self.health(timeout=1.0)
             except DaemonUnavailable:
                 if not self.autostart:
                     raise
-                self._start_local()
+                health = self._start_local()
+            self.compiler_version = health.compiler_version
             self._started = True
 
-    def _start_local(self) -> None:
+    def _start_local(self):
         binary = kilnd_binary()
         if binary is None:
             raise DaemonUnavailable("no daemon answers and no kilnd binary was found "
@@ -181,9 +190,12 @@ class DaemonClient:
             raise DaemonUnavailable(f"cannot start kilnd: {e}") from e
         deadline = time.monotonic() + 10
         while True:
+            # A channel whose connect failed waits out gRPC's reconnect backoff (about a
+            # second) before it tries again; a new channel connects at once.
+            self._channel.close()
+            self._open_channel()
             try:
-                self.health(timeout=1.0)
-                return
+                return self.health(timeout=1.0)
             except DaemonUnavailable:
                 if time.monotonic() > deadline:
                     # Another process may have won the race to start it: that is fine if it

@@ -8,7 +8,7 @@ import functools
 import hashlib
 import operator
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch._decomp import get_decompositions
@@ -299,22 +299,92 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence) -> LoweredGraph:
     return LoweredGraph(to_ir(aten_gm), params, len(example_inputs), aten_gm)
 
 
-def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence, extra: bytes = b"") -> str:
-    """A digest of everything the lowering depends on, taken before lowering: the captured
-    graph's code, every input's and parameter's metadata, torch's version. Two processes with
-    equal digests lower to the same IR, so a warm process may skip the lowering."""
+def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,
+                  extra: bytes = b"") -> Optional[str]:
+    """A digest of everything the lowering depends on, taken before lowering: the lowering's
+    own code, torch's version, the global state tracing sees, the captured graph's code, every
+    input's and parameter's metadata. Two processes with equal digests lower to the same IR, so
+    a warm process may skip the lowering. None when the graph's code does not pin what it
+    computes (a call of a user's function or submodule, a constant printed by a name): such a
+    graph is always lowered."""
+    attrs = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            return None
+        if node.op == "call_function" and not _named_by_torch(node.target):
+            return None
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)
+            if not isinstance(value, torch.Tensor):
+                return None
+            attrs.append((node.target, value))
+        if not all(_printed_exactly(a) for a in node.args) or \
+                not all(_printed_exactly(a) for a in node.kwargs.values()):
+            return None
     h = hashlib.sha256()
-    h.update(LOWERING_VERSION)
+    h.update(_lowering_digest())
     h.update(torch.__version__.encode())
+    h.update(_global_state().encode())
     h.update(gm.code.encode())
-    for name, t in sorted(attr_tensors(gm).items()):
+    for name, t in sorted(attrs, key=lambda a: a[0]):
         h.update(name.encode())
         h.update(_meta_text(t).encode())
     for t in example_inputs:
         h.update(_meta_text(t).encode() if isinstance(t, torch.Tensor) else repr(t).encode())
-    h.update(str(torch.is_grad_enabled()).encode())
-    h.update(extra)  # what else the caller's key depends on (the target)
+    h.update(extra)  # what else the caller's key depends on (the target, the compiler)
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _lowering_digest() -> bytes:
+    """LOWERING_VERSION and the source of this module and of layout: an edit to the lowering
+    that forgets to bump the version still gets new structure keys."""
+    from kiln.graph import layout
+
+    h = hashlib.sha256(LOWERING_VERSION)
+    for module in (__file__, layout.__file__):
+        try:
+            with open(module, "rb") as f:
+                h.update(f.read())
+        except (OSError, TypeError):
+            h.update(b"?")  # no source to read (a frozen install): the version alone
+    return h.digest()
+
+
+def _global_state() -> str:
+    """The process state that changes what tracing records."""
+    try:
+        autocast = [(torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                    for d in ("cpu", "cuda")]
+    except (TypeError, AttributeError):  # torch < 2.4
+        autocast = [torch.is_autocast_cpu_enabled(), torch.is_autocast_enabled()]
+    return f"{torch.is_grad_enabled()}|{torch.is_inference_mode_enabled()}|" \
+           f"{torch.get_default_dtype()}|{autocast}"
+
+
+# Where a call target's qualified name fixes what it computes, for a given torch version.
+_NAMED_MODULES = ("torch", "_operator", "operator", "math", "builtins")
+
+
+def _named_by_torch(target) -> bool:
+    owner = getattr(target, "__objclass__", None)  # methods of torch._C.TensorBase
+    module = getattr(owner if owner is not None else target, "__module__", None)
+    return isinstance(module, str) and module.split(".", 1)[0] in _NAMED_MODULES
+
+
+_PRINTED = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
+            torch.memory_format, torch.layout, type(Ellipsis), torch.fx.Node)
+
+
+def _printed_exactly(value) -> bool:
+    """Whether graph code shows `value` completely (FX prints other objects by a name)."""
+    if isinstance(value, (tuple, list)):
+        return all(_printed_exactly(v) for v in value)
+    if isinstance(value, slice):
+        return all(_printed_exactly(v) for v in (value.start, value.stop, value.step))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _printed_exactly(v) for k, v in value.items())
+    return type(value) in _PRINTED
 
 
 def _meta_text(t: torch.Tensor) -> str:
