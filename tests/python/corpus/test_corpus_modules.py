@@ -7,6 +7,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kiln
+from kiln.testing import CompileCounter
+
 from .harness import Corpus, t
 
 corpus = Corpus()
@@ -82,6 +85,38 @@ class ModuleListLoop(nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return x
+
+
+# transformers' decoders loop over `self.layers[: config.num_hidden_layers]`.
+@module((3, 4), frames=1, breaks=0)
+class ModuleListSliceLoop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+        self.stages = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+    def forward(self, x):
+        for layer in self.layers[:3]:
+            x = torch.tanh(layer(x))
+        head = self.stages[1:]
+        return self.layers[::2][1](x), head[1](self.stages[0](x)), len(self.layers[1:])
+
+
+def test_returned_module_list_slice_is_a_new_module_list():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
+            self.seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+        def forward(self, x):
+            return self.layers[1:], self.seq[1:], x + 1
+
+    net = Net()
+    layers, seq, _ = kiln.compile(net, backend=CompileCounter(), fullgraph=True)(torch.randn(2))
+    want_layers, want_seq, _ = net(torch.randn(2))
+    assert type(layers) is nn.ModuleList and list(layers) == list(want_layers)
+    assert type(seq) is nn.Sequential and list(seq._modules.items()) == list(want_seq._modules.items())
 
 
 @module((3, 4), frames=1)
@@ -290,10 +325,8 @@ class ModuleListIndexing(nn.Module):
         return self.layers[-1](x) + self.layers[len(self.layers) // 2](x)
 
 
-# Slicing a ModuleList is not among the supported forms: forward runs eagerly and each Linear
-# it calls is captured as its own frame.
-@module((2, 4), frames=3, breaks=1)
-class ModuleListSliceRunsForwardEagerly(nn.Module):
+@module((2, 4), frames=1, breaks=0)
+class ModuleListSliceThenIndex(nn.Module):
     def __init__(self):
         super().__init__()
         self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])

@@ -63,6 +63,10 @@ class _KVCache:
     def length(self):
         return 0 if not self.layers[0].ready else self.layers[0].keys.shape[-1]
 
+    def __iter__(self):
+        for layer in self.layers:
+            yield layer.keys, layer.ready
+
 
 # The shape of a transformers DynamicCache: a list of layer objects filled through update().
 @corpus((2, 3), frames=1, breaks=0)
@@ -73,6 +77,15 @@ def cache_object_filled_and_returned(x):
     for i in range(len(cache)):
         h = cache.update(h.sin(), i) + start
     return h, cache
+
+
+# __iter__ is a generator: run at trace time, like a generator expression.
+@corpus((2, 3), frames=1, breaks=0)
+def cache_object_iterated(x):
+    cache = _KVCache(3)
+    for i in range(3):
+        cache.update(x * i, i)
+    return [k.sum() for k, ready in cache if ready]
 
 
 @dataclasses.dataclass(eq=False)

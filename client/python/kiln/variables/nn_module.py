@@ -1,6 +1,7 @@
 """nn.Module instances: attribute reads resolve to submodules, parameters (lifted into the graph
 as attributes of the compiled graph module), buffers and guarded constants; calls inline
 `forward`."""
+import collections
 import inspect
 import types
 
@@ -141,7 +142,10 @@ class NNModuleVariable(VariableTracker):
         if isinstance(mod, (torch.nn.Sequential, torch.nn.ModuleList)):
             children = self._children(tx)
             if isinstance(key, slice):
-                raise Unsupported("slicing a Sequential/ModuleList")
+                if type(mod) not in (torch.nn.Sequential, torch.nn.ModuleList):
+                    raise Unsupported(f"slicing a {type(mod).__name__}")
+                names = list(mod._modules)[key]
+                return ModuleContainerSliceVariable(type(mod), names, children[key])
             return children[key]
         if isinstance(mod, torch.nn.ModuleDict):
             return self._child(tx, key, "_modules")
@@ -172,3 +176,45 @@ class NNModuleVariable(VariableTracker):
 
     def __repr__(self):
         return f"NNModuleVariable({type(self.module).__name__})"
+
+
+class ModuleContainerSliceVariable(VariableTracker):
+    """`seq[a:b]` of a Sequential or ModuleList: eager makes a new container of the same
+    children each time. Iterating, indexing and len() see the children; the container itself
+    is built after the graph only where the frame hands it out."""
+
+    def __init__(self, container_type, names, children):
+        super().__init__(None)
+        self.container_type = container_type
+        self.names = names  # the children's keys in the original (Sequential keeps them)
+        self.items = children
+        self.fresh_object = True
+
+    def python_type(self):
+        return self.container_type
+
+    def unpack(self, tx):
+        return list(self.items)
+
+    def length(self, tx=None):
+        return len(self.items)
+
+    def truth(self, tx):
+        return len(self.items) > 0
+
+    def getitem(self, tx, index):
+        key = index.as_python_constant()
+        if isinstance(key, slice):
+            return ModuleContainerSliceVariable(self.container_type, self.names[key],
+                                                self.items[key])
+        return self.items[key]
+
+    def rebuild_expr(self, rebuild, consts) -> str:
+        children = ", ".join(rebuild(c) for c in self.items)
+        if self.container_type is torch.nn.ModuleList:
+            return f"{consts.ref(torch.nn.ModuleList)}([{children}])"
+        pairs = ", ".join(f"({n!r}, {rebuild(c)})" for n, c in zip(self.names, self.items))
+        return f"{consts.ref(torch.nn.Sequential)}({consts.ref(collections.OrderedDict)}([{pairs}]))"
+
+    def __repr__(self):
+        return f"ModuleContainerSliceVariable({self.container_type.__name__}, {self.names})"
