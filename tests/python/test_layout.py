@@ -39,17 +39,21 @@ def convolutions(gm):
     return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
 
 
-def test_two_convolutions_run_channels_last_and_outputs_stay_contiguous():
-    m = ConvNet().eval()
+@pytest.mark.parametrize("groups", [1, 8])
+def test_two_convolutions_run_channels_last_and_outputs_stay_contiguous(groups):
+    m = ConvNet(groups=groups).eval()
     x = torch.randn(2, 3, 16, 16)
     gm, inputs = capture(m, x)
     aten_gm, _ = lowering.to_aten(gm, inputs)
     convs = convolutions(aten_gm)
     assert len(convs) == 2
+    cl = torch.channels_last
     for conv in convs:
-        for operand in conv.args[:2]:
-            assert operand.meta["val"].is_contiguous(memory_format=torch.channels_last)
-        assert conv.meta["val"].is_contiguous(memory_format=torch.channels_last)
+        assert conv.args[0].meta["val"].is_contiguous(memory_format=cl)
+        assert conv.meta["val"].is_contiguous(memory_format=cl)
+    # Weights: a dense one stays as it is (no copy per call), a grouped one is converted.
+    assert convs[0].args[1].meta["val"].is_contiguous()
+    assert convs[1].args[1].meta["val"].is_contiguous(memory_format=cl) == (groups > 1)
     outs = [n for n in aten_gm.graph.nodes if n.op == "output"][0].args[0]
     (out,) = torch.utils._pytree.tree_leaves(outs)
     assert out.meta["val"].is_contiguous()

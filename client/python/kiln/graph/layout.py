@@ -27,6 +27,10 @@ def _to_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def _groups(conv: torch.fx.Node) -> int:
+    return conv.args[8] if len(conv.args) > 8 else conv.kwargs.get("groups", 1)
+
+
 def _wants_channels_last(node: torch.fx.Node) -> bool:
     if node.target is not aten.convolution.default:
         return False
@@ -39,7 +43,8 @@ def _wants_channels_last(node: torch.fx.Node) -> bool:
 
 def channels_last(aten_gm: torch.fx.GraphModule,
                   example_inputs: Sequence) -> Optional[torch.fx.GraphModule]:
-    """`aten_gm` retraced with its 2-D convolutions' activations and weights channels-last, or
+    """`aten_gm` retraced with its 2-D convolutions' activations (and grouped convolutions'
+    weights) channels-last, or
     None when that does not apply (too few convolutions, an output whose eager layout it could
     not restore)."""
     convs = [n for n in aten_gm.graph.nodes if _wants_channels_last(n)]
@@ -67,9 +72,11 @@ def channels_last(aten_gm: torch.fx.GraphModule,
             continue
         if node in conv_set:
             x = graph.call_function(_to_channels_last, (env[node.args[0]],))
-            # Weights too (a copy per call for k x k kernels; 1 x 1 ones are both layouts):
-            # depthwise convolutions are much slower with an NCHW weight and NHWC activations.
-            w = graph.call_function(_to_channels_last, (env[node.args[1]],))
+            # Grouped (depthwise) convolutions are much slower with an NCHW weight beside NHWC
+            # activations; dense ones are not, and their weights are not copied every call.
+            w = env[node.args[1]]
+            if _groups(node) > 1:
+                w = graph.call_function(_to_channels_last, (w,))
             rest = _map(tuple(node.args[2:]), env)
             env[node] = graph.call_function(node.target, (x, w) + rest, _map(dict(node.kwargs), env))
             continue
