@@ -208,18 +208,26 @@ def _is_data_descriptor(static) -> bool:
 
 class ObjectSetattrVariable(VariableTracker):
     """`object.__setattr__` (frozen dataclasses' __init__, a __setattr__ override calling
-    super().__setattr__): a store into an object made in the frame, below its class's
-    __setattr__."""
+    super().__setattr__): a store below the class's __setattr__, into an object made in the
+    frame or, held pending like any attribute store, into one from outside it."""
 
     def __init__(self, obj=None):
         super().__init__(None)
         self.obj = obj  # bound through super(), or None for the unbound function
 
     def call_function(self, tx, args, kwargs):
+        from kiln.variables.objects import UserDefinedObjectVariable, _object_setattr
+
         args = [self.obj, *args] if self.obj is not None else list(args)
-        if kwargs or len(args) != 3 or not isinstance(args[0], FreshObjectVariable):
-            raise Unsupported("object.__setattr__ on an object from outside the frame")
-        args[0].object_setattr(tx, args[1].as_python_constant(), args[2])
+        if kwargs or len(args) != 3:
+            raise Unsupported("object.__setattr__ with other than three arguments")
+        obj, name, value = args[0], args[1].as_python_constant(), args[2]
+        if isinstance(obj, FreshObjectVariable):
+            obj.object_setattr(tx, name, value)
+        elif isinstance(obj, UserDefinedObjectVariable):
+            _object_setattr(tx, obj, name, value)
+        else:
+            raise Unsupported(f"object.__setattr__ on {obj}")
         return ConstantVariable(None)
 
     def __repr__(self):

@@ -108,9 +108,8 @@ class UserDefinedClassVariable(VariableTracker):
         return _class_attr(tx, self.cls, name, None, source)
 
     def call_function(self, tx, args, kwargs):
-        from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
-
         from kiln.variables.fresh_object import can_construct, construct
+        from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
 
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
