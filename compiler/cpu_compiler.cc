@@ -12,7 +12,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-7";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-9";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -43,7 +43,8 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
     return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  absl::StrCat("this kilnd does not cross-compile for cpu_isa '", isa, "'"));
   }
-  const kiln::v1::Graph graph = RunGraphPasses(request.graph());
+  kiln::v1::Graph graph = RunGraphPasses(request.graph());
+  if (request.target().cpu_onednn()) graph = EliminateDeadCode(UseOneDnnLinear(graph));
   FusedProgram program = FuseGraph(graph);
   kiln::v1::ArtifactBody body;
   *body.mutable_plan() = BuildPlan(graph, program);

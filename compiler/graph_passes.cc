@@ -3,6 +3,7 @@
 #include "compiler/graph_passes.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -63,6 +64,27 @@ bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
 bool IsIdentityWhenMetaMatches(const std::string& op) {
   return MayAliasInput(op) || op == "aten::clone" || op == "aten::_to_copy" ||
          op == "aten::lift_fresh_copy";
+}
+
+// x * 1, x / 1 and x - 0 with a literal (addmm's decomposition multiplies by alpha and beta):
+// exactly x, bits included, when the result has x's metadata. (x + 0 is not: -0.0 + 0 = +0.0.)
+bool IsArithmeticIdentity(const Node& node) {
+  if (node.args_size() != 2 || !node.args(1).name().empty()) return false;
+  const std::string& op = node.op();
+  const bool times = op == "aten::mul.Tensor" || op == "aten::mul.Scalar" ||
+                     op == "aten::div.Tensor" || op == "aten::div.Scalar";
+  const bool minus = op == "aten::sub.Tensor" || op == "aten::sub.Scalar";
+  if (!times && !minus) return false;
+  const Argument& a = node.args(1);
+  double v;
+  if (a.kind_case() == Argument::kIntValue) {
+    v = static_cast<double>(a.int_value());
+  } else if (a.kind_case() == Argument::kFloatValue) {
+    v = a.float_value();
+  } else {
+    return false;
+  }
+  return times ? v == 1.0 : v == 0.0;
 }
 
 bool IsReshapeLike(const std::string& op) {
@@ -174,8 +196,9 @@ Graph SimplifyViews(const Graph& graph, PassStats* stats) {
       const uint32_t in = node.args(0).value(), id = node.outputs(0).id();
       const TensorMeta& out_meta = node.outputs(0).meta();
       const bool copy = !MayAliasInput(node.op());
-      if (IsIdentityWhenMetaMatches(node.op()) && outputs.count(id) == 0 &&
-          !(copy && escaping.count(id)) && SameMeta(*meta.at(in), out_meta)) {
+      if ((IsIdentityWhenMetaMatches(node.op()) || IsArithmeticIdentity(node)) &&
+          outputs.count(id) == 0 && !(copy && escaping.count(id)) &&
+          SameMeta(*meta.at(in), out_meta)) {
         replace[id] = in;
         if (stats) ++stats->identity_nodes;
         continue;
@@ -198,6 +221,108 @@ Graph SimplifyViews(const Graph& graph, PassStats* stats) {
       }
     }
     *out.add_nodes() = std::move(node);
+  }
+  return out;
+}
+
+Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
+  std::unordered_map<uint32_t, const TensorMeta*> meta;
+  std::unordered_map<uint32_t, const Node*> producer;
+  uint32_t next_id = 0;
+  auto see = [&](const kiln::v1::Value& v) {
+    meta[v.id()] = &v.meta();
+    next_id = std::max(next_id, v.id() + 1);
+  };
+  for (const auto& v : graph.inputs()) see(v);
+  for (const auto& c : graph.constants()) see(c.value());
+  for (const Node& n : graph.nodes()) {
+    for (const auto& v : n.outputs()) {
+      see(v);
+      producer[v.id()] = &n;
+    }
+  }
+  auto f32_matrix = [&](uint32_t id) {
+    auto it = meta.find(id);
+    if (it == meta.end()) return false;
+    const TensorMeta& m = *it->second;
+    return m.dtype() == kiln::v1::DTYPE_FLOAT32 && m.sizes_size() == 2 && m.sizes(0) > 0 &&
+           m.sizes(1) > 0 && m.device().kind() == kiln::v1::DEVICE_KIND_CPU;
+  };
+  // The value `id` is the transpose of, when it is made by a 2-D transpose view.
+  auto transpose_of = [&](uint32_t id) -> std::optional<uint32_t> {
+    auto p = producer.find(id);
+    if (p == producer.end()) return std::nullopt;
+    const Node& n = *p->second;
+    if (n.args_size() == 0 || n.args(0).kind_case() != Argument::kValue ||
+        !f32_matrix(n.args(0).value())) {
+      return std::nullopt;
+    }
+    auto ints = [&](int i) {
+      std::vector<int64_t> v;
+      if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntValue) {
+        v.push_back(n.args(i).int_value());
+      } else if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntList) {
+        v.assign(n.args(i).int_list().values().begin(), n.args(i).int_list().values().end());
+      }
+      return v;
+    };
+    const bool swap = (n.op() == "aten::t" && n.args_size() == 1) ||
+                      (n.op() == "aten::permute" && n.args_size() == 2 &&
+                       ints(1) == std::vector<int64_t>{1, 0}) ||
+                      (n.op() == "aten::transpose.int" && n.args_size() == 3 &&
+                       ints(1).size() == 1 && ints(2).size() == 1 && ints(1)[0] != ints(2)[0] &&
+                       (ints(1)[0] == 0 || ints(1)[0] == 1 || ints(1)[0] == -1 ||
+                        ints(1)[0] == -2) &&
+                       (ints(2)[0] == 0 || ints(2)[0] == 1 || ints(2)[0] == -1 ||
+                        ints(2)[0] == -2));
+    if (!swap) return std::nullopt;
+    return n.args(0).value();
+  };
+  Graph out = EmptyLike(graph);
+  for (const Node& node : graph.nodes()) {
+    const bool matmul = node.op() == "aten::mm" && node.args_size() == 2 &&
+                        node.outputs_size() == 1 && node.args(0).name().empty() &&
+                        node.args(1).name().empty() &&
+                        node.args(0).kind_case() == Argument::kValue &&
+                        node.args(1).kind_case() == Argument::kValue &&
+                        f32_matrix(node.args(0).value()) && f32_matrix(node.args(1).value()) &&
+                        node.outputs(0).meta().dtype() == kiln::v1::DTYPE_FLOAT32;
+    if (!matmul) {
+      *out.add_nodes() = node;
+      continue;
+    }
+    const uint32_t y = node.args(1).value();
+    uint32_t weight;
+    if (auto w = transpose_of(y)) {
+      weight = *w;
+    } else {
+      // A new permute view of y: sizes and strides swapped, same storage.
+      const TensorMeta& ym = *meta.at(y);
+      Node* t = out.add_nodes();
+      t->set_op("aten::permute");
+      t->add_args()->set_value(y);
+      t->add_args()->mutable_int_list()->add_values(1);
+      t->mutable_args(1)->mutable_int_list()->add_values(0);
+      kiln::v1::Value* v = t->add_outputs();
+      v->set_id(next_id++);
+      TensorMeta* m = v->mutable_meta();
+      *m = ym;
+      m->set_sizes(0, ym.sizes(1));
+      m->set_sizes(1, ym.sizes(0));
+      m->set_strides(0, ym.strides(1));
+      m->set_strides(1, ym.strides(0));
+      weight = v->id();
+    }
+    Node* l = out.add_nodes();
+    l->set_op("mkldnn::_linear_pointwise");
+    *l->add_args() = node.args(0);
+    l->add_args()->set_value(weight);
+    l->add_args()->mutable_none();  // bias: the decomposed graph adds it in a kernel
+    l->add_args()->set_string_value("none");
+    l->add_args()->mutable_int_list();  // no scalars
+    l->add_args()->mutable_none();      // algorithm
+    *l->mutable_outputs() = node.outputs();
+    if (stats) ++stats->onednn_linears;
   }
   return out;
 }

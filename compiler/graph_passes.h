@@ -12,6 +12,7 @@ struct PassStats {
   int common_nodes = 0;    // nodes replaced by an identical earlier node
   int identity_nodes = 0;  // views and copies whose result equals their input
   int folded_views = 0;    // view(view(x)) rewritten to view(x)
+  int onednn_linears = 0;  // aten::mm calls given to oneDNN
 };
 
 // Removes nodes none of whose outputs is read by a live node or returned, and unread constants.
@@ -24,12 +25,19 @@ kiln::v1::Graph EliminateCommonSubexpressions(const kiln::v1::Graph& graph,
                                               PassStats* stats = nullptr);
 
 // Drops views and copies whose output metadata equals their input's (view to the same sizes of a
-// contiguous tensor, identity permute, clone of a tensor already in that layout), and reads
+// contiguous tensor, identity permute, clone of a tensor already in that layout, x * 1, x / 1,
+// x - 0), and reads
 // view(view(x)) of a row-major x as view(x). Graph outputs are never replaced, nor copies that
 // a graph output is a view of.
 kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
-// All of the above: views, then CSE, then DCE.
+// Library-op selection for clients with oneDNN (Target.cpu_onednn): a float32 aten::mm(x, y)
+// becomes mkldnn::_linear_pointwise(x, y^T), oneDNN's GEMM (about 1.3x ATen's mm on the shapes of
+// linear layers). y^T is the tensor y is a transpose of (a linear's weight) or a new permute of y.
+// Run dead-code elimination afterwards: the transposes it bypassed may be unused.
+kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+// All of the above but UseOneDnnLinear: views, then CSE, then DCE.
 kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 }  // namespace kiln::compiler

@@ -115,6 +115,8 @@ constexpr const char* kDefaultOps[] = {
     "aten::native_batch_norm",
     "aten::embedding",
     "aten::index_select",
+    // oneDNN's fused ops (Target.cpu_onednn).
+    "mkldnn::_linear_pointwise",
     "aten::index.Tensor",
     "aten::gather",
     "aten::max_pool2d_with_indices",

@@ -131,6 +131,14 @@ c10::IValue ConvertConstant(const CallArg& a, const c10::Argument& formal,
       if (element != nullptr && IsFloatLike(element)) {
         return c10::List<double>(std::vector<double>(a.list.begin(), a.list.end()));
       }
+      if (element != nullptr && (element->kind() == TK::NumberType ||
+                                 (element->kind() == TK::OptionalType &&
+                                  element->castRaw<c10::OptionalType>()->getElementType()->kind() ==
+                                      TK::NumberType))) {
+        c10::impl::GenericList scalars(element);  // Scalar[] / Scalar?[] (mkldnn's scalars)
+        for (int64_t v : a.list) scalars.push_back(c10::Scalar(v));
+        return scalars;
+      }
       if (element != nullptr && element->kind() == TK::BoolType) {
         c10::List<bool> bools;
         for (int64_t v : a.list) bools.push_back(v != 0);

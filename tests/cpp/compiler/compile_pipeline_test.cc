@@ -288,6 +288,61 @@ TEST(GraphPassesTest, IdentityViewsAndCopiesAreRemoved) {
   EXPECT_EQ(g.nodes(0).args(0).value(), x);  // the real transpose now reads x
 }
 
+TEST(GraphPassesTest, MultiplyingByOneAndSubtractingZeroAreDroppedButAddingZeroIsNot) {
+  GraphBuilder b;
+  uint32_t x = b.Input({4, 4});
+  uint32_t m = b.Op("aten::mul.Tensor", {V(x), I(1)}, {4, 4});
+  uint32_t d = b.Op("aten::div.Tensor", {V(m), F(1.0)}, {4, 4});
+  uint32_t s = b.Op("aten::sub.Tensor", {V(d), I(0)}, {4, 4});
+  uint32_t a = b.Op("aten::add.Tensor", {V(s), F(0.0)}, {4, 4});  // -0.0 + 0 is +0.0
+  uint32_t twice = b.Op("aten::mul.Tensor", {V(a), F(2.0)}, {4, 4});
+  uint32_t widened = b.Op("aten::mul.Tensor", {V(x), F(1.0)}, {4, 4}, kiln::v1::DTYPE_FLOAT64);
+  b.Output(twice);
+  b.Output(widened);
+  PassStats stats;
+  Graph g = RunGraphPasses(b.graph(), &stats);
+  EXPECT_EQ(stats.identity_nodes, 3);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::add.Tensor", "aten::mul.Tensor",
+                                              "aten::mul.Tensor"}));
+  EXPECT_EQ(g.nodes(0).args(0).value(), x);
+}
+
+TEST(GraphPassesTest, Float32MatrixProductsGoToOneDnnWithTheWeightUntransposed) {
+  GraphBuilder b;
+  uint32_t x = b.Input({8, 32});
+  uint32_t w = b.Input({16, 32});                 // a linear's weight [out, in]
+  uint32_t wt = b.Op("aten::permute", {V(w), Ints({1, 0})}, {32, 16}, kF32, {1, 32});
+  uint32_t y = b.Op("aten::mm", {V(x), V(wt)}, {8, 16});
+  uint32_t k = b.Input({16, 4});                  // used as stored: [in, out]
+  uint32_t z = b.Op("aten::mm", {V(y), V(k)}, {8, 4});
+  uint32_t xi = b.Input({8, 32}, kiln::v1::DTYPE_INT64);
+  uint32_t wi = b.Input({32, 2}, kiln::v1::DTYPE_INT64);
+  uint32_t zi = b.Op("aten::mm", {V(xi), V(wi)}, {8, 2}, kiln::v1::DTYPE_INT64);
+  b.Output(z);
+  b.Output(zi);
+  PassStats stats;
+  Graph g = EliminateDeadCode(UseOneDnnLinear(b.graph(), &stats));
+  EXPECT_EQ(stats.onednn_linears, 2);
+  ASSERT_EQ(Ops(g), (std::vector<std::string>{"mkldnn::_linear_pointwise", "aten::permute",
+                                              "mkldnn::_linear_pointwise", "aten::mm"}));
+  EXPECT_EQ(g.nodes(0).args(1).value(), w);  // the permute of w is gone
+  EXPECT_EQ(g.nodes(0).outputs(0).id(), y);
+  const auto& kt = g.nodes(1).outputs(0).meta();  // k^T: a view with swapped sizes and strides
+  EXPECT_EQ(g.nodes(1).args(0).value(), k);
+  EXPECT_EQ(std::vector<int64_t>(kt.sizes().begin(), kt.sizes().end()),
+            (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(std::vector<int64_t>(kt.strides().begin(), kt.strides().end()),
+            (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(g.nodes(2).args(1).value(), g.nodes(1).outputs(0).id());
+  EXPECT_EQ(g.nodes(2).outputs(0).id(), z);
+  // The rewritten graph is still a valid request under the default allowlist.
+  kiln::v1::CompileRequest request;
+  request.mutable_target()->set_device_kind(kiln::v1::DEVICE_KIND_CPU);
+  *request.mutable_graph() = g;
+  EXPECT_TRUE(ValidateRequest(request, OpAllowlist::Default()).ok())
+      << ValidateRequest(request, OpAllowlist::Default());
+}
+
 TEST(GraphPassesTest, CopiesThatOutputsAreViewsOfStayDistinct) {
   // Eager returns two fresh tensors here; neither may become a view of x or of the other.
   GraphBuilder b;

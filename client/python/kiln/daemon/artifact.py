@@ -60,7 +60,13 @@ def cpu_target():
     from kiln.daemon import protocol
 
     pb = protocol.messages()
-    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CPU, cpu_isa=cpu_isa())
+    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CPU, cpu_isa=cpu_isa(),
+                            cpu_onednn=has_onednn())
+
+
+def has_onednn() -> bool:
+    """Whether this torch registers oneDNN's fused operators, which plans may then call."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
