@@ -125,6 +125,8 @@ namespace {
 // Work below this many elements runs on the calling thread; parallel chunks are at least this big.
 constexpr int64_t kParallelElements = 32768;
 constexpr int64_t kChunkElements = 16384;
+// Longest row whose reduction inputs a row-wise kernel keeps in stack buffers (elements).
+constexpr int64_t kRowBufferElements = 8192;
 
 // Opens a loop over the flat range [kiln_begin, kiln_end) of the row-major product of `sizes`
 // and defines i<first>, i<first+1>, ... from the flat index.
@@ -203,6 +205,16 @@ class RowKernel {
     }
     std::string indent = "  ";
     const bool parallel = rows > 1 && total >= kParallelElements;
+    // Reduction inputs computed in the kernel are kept per row in a stack buffer when rows are
+    // short: the passes after the first read them instead of recomputing their prologue.
+    const int64_t row_length = total / std::max<int64_t>(rows, 1);
+    if (row_length <= kRowBufferElements) {
+      for (int ni : g_.nodes) {
+        if (auto r = MatchReduction(graph_.nodes(ni), program_.meta); r && IsFullNode(r->input)) {
+          buffered_.insert(r->input);
+        }
+      }
+    }
     int opened = 0;
     if (parallel) {
       body_ << FlatLoop({g_.sizes.begin(), g_.sizes.begin() + outer_}, indent);
@@ -216,6 +228,10 @@ class RowKernel {
       }
     }
     std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
+    for (uint32_t id : buffered_) {
+      body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " buf" << id << "["
+            << row_length << "];\n";
+    }
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
       if (auto r = MatchReduction(node, program_.meta)) {
@@ -326,13 +342,21 @@ class RowKernel {
       indent += "  ";
     }
     std::unordered_map<uint32_t, std::string> vars = rows_var;
+    // Position in the row buffers: the row-major index over the reduced dims.
+    std::string at = "0";
+    int64_t step = 1;
+    for (int d = rank_ - 1; d >= outer_; --d) {
+      at += " + j" + std::to_string(d) + " * " + std::to_string(step);
+      step *= g_.sizes[d];
+    }
+    for (uint32_t id : stored_) vars[id] = "buf" + std::to_string(id) + "[" + at + "]";
     // The full-space nodes the targets depend on, in group order.
     std::unordered_set<uint32_t> needed;
     std::vector<uint32_t> stack(targets.begin(), targets.end());
     while (!stack.empty()) {
       uint32_t id = stack.back();
       stack.pop_back();
-      if (!IsFullNode(id) || !needed.insert(id).second) continue;
+      if (!IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
       for (uint32_t r : ValuesRead(graph_.nodes(producer_.at(id)))) stack.push_back(r);
     }
     for (uint32_t id : targets) Bind(id, indent, true, vars);
@@ -345,6 +369,10 @@ class RowKernel {
       body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
             << PointwiseExpr(node, vars) << ";\n";
       vars[out.id()] = name;
+      if (buffered_.count(out.id())) {
+        body_ << indent << "buf" << out.id() << "[" << at << "] = " << name << ";\n";
+        stored_.insert(out.id());  // later loops of this row read the buffer
+      }
     }
     return vars;
   }
@@ -425,6 +453,8 @@ class RowKernel {
   int rank_ = 0, outer_ = 0;
   std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
   std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
+  std::unordered_set<uint32_t> buffered_;       // full values kept in per-row buffers
+  std::unordered_set<uint32_t> stored_;         // ... whose buffer the emitted code has filled
   std::ostringstream body_;
 };
 

@@ -428,6 +428,10 @@ TEST(FusionTest, SoftmaxIsOneRowWiseKernel) {
   auto body = compiler.Compile(b.Request());
   ASSERT_TRUE(body.ok()) << body.status();
   ASSERT_EQ(body->plan().steps_size(), 1);
+  // exp(x - max), the sum's input, is computed once per row into a buffer the epilogue reads.
+  const std::string& src = body->kernel_source();
+  EXPECT_NE(src.find("float buf" + std::to_string(e) + "[37];"), std::string::npos) << src;
+  EXPECT_EQ(src.find("std::exp", src.find("std::exp") + 1), std::string::npos) << src;
   std::vector<float> xs = Iota(R * C, -20.f, 0.017f);
   xs[5] = NAN;  // row 0 is all NaN in eager
   PlanRunner run(*body);
