@@ -9,6 +9,8 @@
 #include <unordered_set>
 
 #include "compiler/op_classes.h"
+#include "compiler/pointwise_ops.h"
+#include "compiler/reduction_ops.h"
 
 namespace kiln::compiler {
 namespace {
@@ -327,9 +329,142 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
   return out;
 }
 
+Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
+  std::unordered_map<uint32_t, const TensorMeta*> meta;
+  std::unordered_map<uint32_t, int> producer, readers;
+  std::unordered_set<uint32_t> computed;  // values a kernel may read: a pointwise op or reduction
+  uint32_t next_id = 0;
+  auto see = [&](const kiln::v1::Value& v) {
+    meta[v.id()] = &v.meta();
+    next_id = std::max(next_id, v.id() + 1);
+  };
+  for (const auto& v : graph.inputs()) see(v);
+  for (const auto& c : graph.constants()) see(c.value());
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    for (const auto& v : graph.nodes(i).outputs()) {
+      see(v);
+      producer[v.id()] = i;
+    }
+    const std::string& op = graph.nodes(i).op();
+    const bool kernel = FindPointwise(op) != nullptr || IsReductionOp(op);
+    for (uint32_t id : ValuesRead(graph.nodes(i))) {
+      ++readers[id];
+      if (kernel) computed.insert(id);
+    }
+  }
+  for (uint32_t id : graph.outputs()) ++readers[id];
+  auto sizes = [](const TensorMeta& m) {
+    return std::vector<int64_t>(m.sizes().begin(), m.sizes().end());
+  };
+  // The rewritten pointwise node for reshape `v`, preceded by the reshapes of its full-size
+  // operands; empty when the hoist does not apply.
+  std::vector<std::vector<Node>> replacement(graph.nodes_size());
+  std::vector<bool> rewritten(graph.nodes_size(), false);
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& v = graph.nodes(i);
+    if ((v.op() != "aten::view" && v.op() != "aten::_unsafe_view" && v.op() != "aten::reshape") ||
+        v.outputs_size() != 1 || v.args_size() == 0 ||
+        v.args(0).kind_case() != Argument::kValue) {
+      continue;
+    }
+    // A reshape only library calls read (the 2-D view a matrix product takes) costs nothing
+    // where it is; moving it would split the pointwise chain above it from what follows.
+    if (!computed.count(v.outputs(0).id())) continue;
+    const uint32_t u = v.args(0).value();
+    auto p = producer.find(u);
+    if (p == producer.end() || readers[u] != 1 || rewritten[p->second]) continue;
+    const Node& pw = graph.nodes(p->second);
+    const TensorMeta& um = *meta.at(u);
+    const TensorMeta& vm = v.outputs(0).meta();
+    // Arithmetic only: copies (clone, _to_copy) stay where they are, as a graph output may be
+    // a view of one (see Escaping).
+    const PointwiseOp* op = FindPointwise(pw.op());
+    if (op == nullptr || !op->storage_formals.empty() || pw.outputs_size() != 1 ||
+        !IsRowMajor(um) || !IsRowMajor(vm) || um.dtype() != vm.dtype() ||
+        um.storage_offset() != vm.storage_offset()) {
+      continue;
+    }
+    const std::vector<int64_t> from = sizes(um), to = sizes(vm);
+    std::vector<Node> nodes;
+    Node moved = pw;
+    bool ok = true;
+    for (Argument& a : *moved.mutable_args()) {
+      if (a.kind_case() == Argument::kValueList) ok = false;
+      if (a.kind_case() != Argument::kValue) continue;
+      const TensorMeta& am = *meta.at(a.value());
+      std::vector<int64_t> as = sizes(am);
+      if (as == from) {
+        if (!IsRowMajor(am)) {
+          ok = false;
+          break;
+        }
+        Node view;
+        view.set_op("aten::view");
+        view.add_args()->set_value(a.value());
+        for (int64_t s : to) view.add_args()->mutable_int_list()->add_values(s);
+        if (to.empty()) view.mutable_args(1)->mutable_int_list();
+        kiln::v1::Value* out = view.add_outputs();
+        out->set_id(next_id++);
+        TensorMeta* m = out->mutable_meta();
+        *m = am;
+        m->clear_sizes();
+        m->clear_strides();
+        int64_t stride = 1;
+        std::vector<int64_t> strides(to.size());
+        for (int d = static_cast<int>(to.size()) - 1; d >= 0; --d) {
+          strides[d] = stride;
+          stride *= to[d];
+        }
+        for (size_t d = 0; d < to.size(); ++d) {
+          m->add_sizes(to[d]);
+          m->add_strides(strides[d]);
+        }
+        a.set_value(out->id());
+        nodes.push_back(std::move(view));
+        continue;
+      }
+      // A broadcast operand: its sizes past leading ones must be trailing dims of both shapes.
+      size_t lead = 0;
+      while (lead < as.size() && as[lead] == 1) ++lead;
+      const size_t k = as.size() - lead;
+      if (as.size() > to.size() || k > from.size()) {
+        ok = false;
+        break;
+      }
+      for (size_t d = 0; d < k && ok; ++d) {
+        ok = from[from.size() - k + d] == to[to.size() - k + d];
+      }
+      if (!ok) break;
+    }
+    if (!ok) continue;
+    *moved.mutable_outputs(0) = v.outputs(0);
+    nodes.push_back(std::move(moved));
+    replacement[i] = std::move(nodes);
+    rewritten[p->second] = true;  // its one reader is gone; dead code removes it
+    if (stats) ++stats->hoisted_views;
+  }
+  Graph out = EmptyLike(graph);
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    if (replacement[i].empty()) {
+      *out.add_nodes() = graph.nodes(i);
+    } else {
+      for (Node& n : replacement[i]) *out.add_nodes() = std::move(n);
+    }
+  }
+  return out;
+}
+
 Graph RunGraphPasses(const Graph& graph, PassStats* stats) {
-  return EliminateDeadCode(EliminateCommonSubexpressions(SimplifyViews(graph, stats), stats),
-                           stats);
+  Graph g = SimplifyViews(graph, stats);
+  // Hoisting exposes the next pointwise node above the moved one; a few rounds reach the
+  // library call a chain starts from.
+  for (int round = 0; round < 4; ++round) {
+    PassStats local;
+    g = EliminateDeadCode(HoistViewsAbovePointwise(g, &local));
+    if (stats) stats->hoisted_views += local.hoisted_views;
+    if (local.hoisted_views == 0) break;
+  }
+  return EliminateDeadCode(EliminateCommonSubexpressions(g, stats), stats);
 }
 
 }  // namespace kiln::compiler

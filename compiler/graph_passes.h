@@ -13,6 +13,7 @@ struct PassStats {
   int identity_nodes = 0;  // views and copies whose result equals their input
   int folded_views = 0;    // view(view(x)) rewritten to view(x)
   int onednn_linears = 0;  // aten::mm calls given to oneDNN
+  int hoisted_views = 0;   // reshapes moved above the pointwise node that fed them
 };
 
 // Removes nodes none of whose outputs is read by a live node or returned, and unread constants.
@@ -31,13 +32,22 @@ kiln::v1::Graph EliminateCommonSubexpressions(const kiln::v1::Graph& graph,
 // a graph output is a view of.
 kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
+// Moves a row-major reshape above the pointwise node whose only reader it is:
+// view(add(mm, bias), [B, T, N]) becomes add(view(mm, [B, T, N]), bias) when the other operands
+// broadcast to the new shape exactly as to the old (only the reshape's trailing dims, which
+// both shapes share). A linear's bias add then has the shape of what follows it (GELU, residual
+// add, layer norm) and fuses with it. Reshapes that only library calls read stay. The reshape
+// keeps its value id; the pointwise node dies.
+kiln::v1::Graph HoistViewsAbovePointwise(const kiln::v1::Graph& graph,
+                                         PassStats* stats = nullptr);
+
 // Library-op selection for clients with oneDNN (Target.cpu_onednn): a float32 aten::mm(x, y)
 // becomes mkldnn::_linear_pointwise(x, y^T), oneDNN's GEMM (about 1.3x ATen's mm on the shapes of
 // linear layers). y^T is the tensor y is a transpose of (a linear's weight) or a new permute of y.
 // Run dead-code elimination afterwards: the transposes it bypassed may be unused.
 kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
-// All of the above but UseOneDnnLinear: views, then CSE, then DCE.
+// All of the above but UseOneDnnLinear: view simplification, view hoisting, CSE, then DCE.
 kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 }  // namespace kiln::compiler

@@ -41,6 +41,12 @@ bool Absent(const Argument* a) { return a == nullptr || a->kind_case() == Argume
 
 }  // namespace
 
+bool IsReductionOp(const std::string& op) {
+  const auto& table = Table();
+  return std::any_of(table.begin(), table.end(),
+                     [&](const ReductionOp& r) { return op == r.name; });
+}
+
 std::optional<Reduction> MatchReduction(
     const kiln::v1::Node& node,
     const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta) {

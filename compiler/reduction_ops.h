@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -20,6 +21,9 @@ struct Reduction {
   bool keepdim = false;
   double correction = 1;    // var, var_mean: the divisor is n - correction.
 };
+
+// True when `op` names one of the reductions MatchReduction may accept.
+bool IsReductionOp(const std::string& op);
 
 // The reduction `node` computes when the generator can fuse it: a float (f32, f64, bf16, f16)
 // CPU input, a result of the input's dtype, a non-empty set of reduced dims that are exactly the

@@ -307,6 +307,40 @@ TEST(GraphPassesTest, MultiplyingByOneAndSubtractingZeroAreDroppedButAddingZeroI
   EXPECT_EQ(g.nodes(0).args(0).value(), x);
 }
 
+TEST(GraphPassesTest, ReshapesMoveAboveBiasAddsSoTheEpilogueIsOneKernel) {
+  // A linear over [2, 3, 8]: mm on the 2-D view, bias added in 2-D, then viewed back and fed to
+  // a GELU-like chain in 3-D; the 2-D view the next mm reads stays where it is.
+  GraphBuilder b;
+  uint32_t x = b.Input({6, 8});
+  uint32_t w = b.Input({8, 4});
+  uint32_t bias = b.Input({4});
+  uint32_t per_row = b.Input({6, 1});
+  uint32_t mm = b.Op("aten::mm", {V(x), V(w)}, {6, 4});
+  uint32_t add = b.Op("aten::add.Tensor", {V(mm), V(bias)}, {6, 4});
+  uint32_t v3 = b.Op("aten::view", {V(add), Ints({2, 3, 4})}, {2, 3, 4});
+  uint32_t act = b.Op("aten::tanh", {V(v3)}, {2, 3, 4});
+  uint32_t v2 = b.Op("aten::view", {V(act), Ints({6, 4})}, {6, 4});
+  uint32_t mm2 = b.Op("aten::mm", {V(v2), V(b.Input({4, 4}))}, {6, 4});
+  // A per-row operand does not broadcast the same way over [2, 3, 4]: no hoist.
+  uint32_t scaled = b.Op("aten::mul.Tensor", {V(mm2), V(per_row)}, {6, 4});
+  uint32_t v4 = b.Op("aten::view", {V(scaled), Ints({2, 3, 4})}, {2, 3, 4});
+  uint32_t out = b.Op("aten::relu", {V(v4)}, {2, 3, 4});
+  b.Output(out);
+  PassStats stats;
+  Graph g = RunGraphPasses(b.graph(), &stats);
+  EXPECT_EQ(stats.hoisted_views, 1);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::mm", "aten::view", "aten::add.Tensor",
+                                              "aten::tanh", "aten::view", "aten::mm",
+                                              "aten::mul.Tensor", "aten::view", "aten::relu"}));
+  EXPECT_EQ(g.nodes(1).args(0).value(), mm);
+  EXPECT_EQ(g.nodes(2).outputs(0).id(), v3);  // the add now defines the 3-D value
+  EXPECT_EQ(g.nodes(2).args(1).value(), bias);
+  FusedProgram program = FuseGraph(g);
+  int kernels = 0;
+  for (const FusedStep& step : program.steps) kernels += step.is_kernel;
+  EXPECT_EQ(kernels, 3);  // add + tanh, mul, relu
+}
+
 TEST(GraphPassesTest, Float32MatrixProductsGoToOneDnnWithTheWeightUntransposed) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 32});
