@@ -29,7 +29,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-4"
+LOWERING_VERSION = b"kiln-lowering-5"
 
 
 class LoweringError(Exception):
