@@ -70,3 +70,13 @@ def test_small_gpt2_matches_eager():
                                      use_cache=False, attn_implementation="sdpa")
     art = compile_and_compare(transformers.GPT2Model(config), torch.randint(0, 500, (2, 16)))
     assert not [op for op in library_ops(art) if "layer_norm" in op or "var_mean" in op]
+
+
+def test_the_default_backend_is_kiln():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = model.eval()(x)
+        out = kiln.compile(model)(x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert len(kiln.debug.artifacts()) == 1

@@ -27,10 +27,11 @@ def demo(args):
     torch.set_num_threads(args.threads)
     model = torchvision.models.resnet18().eval()
     x = torch.randn(args.batch, 3, 128, 128)
+    backend = args.backend or kiln.config.default_backend
     print(f"kiln demo: torchvision resnet18, random weights, input {tuple(x.shape)}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}, backend "
-          f"{args.backend!r}")
-    compiled = kiln.compile(model, backend=args.backend)
+          f"{backend!r}{' (the default)' if args.backend is None else ''}")
+    compiled = kiln.compile(model, backend=args.backend)  # None: kiln.config.default_backend
     with torch.no_grad():
         t = time.perf_counter()
         out = compiled(x)
@@ -62,7 +63,7 @@ def demo(args):
         print(f"  artifact {a.key[:16]}: {a.plan.num_kernels} fused kernels, "
               f"{a.plan.num_library_calls} library calls; {where}; loaded in "
               f"{a.client_seconds * 1e3:.1f} ms")
-    if args.backend == "kiln" and not kiln.debug.artifacts(model):
+    if backend == "kiln" and not kiln.debug.artifacts(model):
         print("  the kiln backend ran the graph eagerly (see the warning above)")
     return 0
 
@@ -74,7 +75,7 @@ def main(argv=None):
     d.add_argument("--batch", type=int, default=8)
     d.add_argument("--iters", type=int, default=10)
     d.add_argument("--threads", type=int, default=2)
-    d.add_argument("--backend", default="kiln")
+    d.add_argument("--backend", default=None, help="default: kiln.config.default_backend")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)

@@ -12,8 +12,9 @@ debug = False
 # Compiled entries kept per code object; past it the frame runs eagerly, with one warning.
 cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
 
-# Default for kiln.compile(backend=...).
-default_backend = os.environ.get("KILN_BACKEND", "eager")
+# Default for kiln.compile(backend=...): "kiln" (CPU inference graphs become fused kernels built
+# by kilnd; other graphs, and every graph when no daemon answers, run eagerly).
+default_backend = os.environ.get("KILN_BACKEND", "kiln")
 
 # What to print, a subset of {"graph", "guards", "bytecode", "recompiles"}: KILN_LOG=graph,guards.
 log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())
