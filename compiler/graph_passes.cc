@@ -93,6 +93,31 @@ bool IsReshapeLike(const std::string& op) {
   return op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape";
 }
 
+// Every value's metadata, the index of the node defining each node output, and the first id no
+// value uses (for values a pass adds).
+struct ValueIndex {
+  std::unordered_map<uint32_t, const TensorMeta*> meta;
+  std::unordered_map<uint32_t, int> producer;
+  uint32_t next_id = 0;
+};
+
+ValueIndex IndexValues(const Graph& graph) {
+  ValueIndex index;
+  auto see = [&](const kiln::v1::Value& v) {
+    index.meta[v.id()] = &v.meta();
+    index.next_id = std::max(index.next_id, v.id() + 1);
+  };
+  for (const auto& v : graph.inputs()) see(v);
+  for (const auto& c : graph.constants()) see(c.value());
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    for (const auto& v : graph.nodes(i).outputs()) {
+      see(v);
+      index.producer[v.id()] = i;
+    }
+  }
+  return index;
+}
+
 // The graph with `graph`'s inputs, constants and outputs and no nodes yet.
 Graph EmptyLike(const Graph& graph) {
   Graph out;
@@ -179,12 +204,8 @@ Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
 Graph SimplifyViews(const Graph& graph, PassStats* stats) {
   const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
   const std::unordered_set<uint32_t> escaping = Escaping(graph);
-  std::unordered_map<uint32_t, const TensorMeta*> meta;
-  for (const auto& v : graph.inputs()) meta[v.id()] = &v.meta();
-  for (const auto& c : graph.constants()) meta[c.value().id()] = &c.value().meta();
-  for (const Node& n : graph.nodes()) {
-    for (const auto& v : n.outputs()) meta[v.id()] = &v.meta();
-  }
+  const ValueIndex index = IndexValues(graph);
+  const auto& meta = index.meta;
   // value -> the input of the reshape-like node (kept, after rewriting) that defines it.
   std::unordered_map<uint32_t, uint32_t> reshape_input;
   Graph out = EmptyLike(graph);
@@ -228,21 +249,9 @@ Graph SimplifyViews(const Graph& graph, PassStats* stats) {
 }
 
 Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
-  std::unordered_map<uint32_t, const TensorMeta*> meta;
-  std::unordered_map<uint32_t, const Node*> producer;
-  uint32_t next_id = 0;
-  auto see = [&](const kiln::v1::Value& v) {
-    meta[v.id()] = &v.meta();
-    next_id = std::max(next_id, v.id() + 1);
-  };
-  for (const auto& v : graph.inputs()) see(v);
-  for (const auto& c : graph.constants()) see(c.value());
-  for (const Node& n : graph.nodes()) {
-    for (const auto& v : n.outputs()) {
-      see(v);
-      producer[v.id()] = &n;
-    }
-  }
+  ValueIndex index = IndexValues(graph);
+  const auto& meta = index.meta;
+  uint32_t& next_id = index.next_id;
   auto f32_matrix = [&](uint32_t id) {
     auto it = meta.find(id);
     if (it == meta.end()) return false;
@@ -252,9 +261,9 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
   };
   // The value `id` is the transpose of, when it is made by a 2-D transpose view.
   auto transpose_of = [&](uint32_t id) -> std::optional<uint32_t> {
-    auto p = producer.find(id);
-    if (p == producer.end()) return std::nullopt;
-    const Node& n = *p->second;
+    auto p = index.producer.find(id);
+    if (p == index.producer.end()) return std::nullopt;
+    const Node& n = graph.nodes(p->second);
     if (n.args_size() == 0 || n.args(0).kind_case() != Argument::kValue ||
         !f32_matrix(n.args(0).value())) {
       return std::nullopt;
@@ -330,21 +339,13 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
 }
 
 Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
-  std::unordered_map<uint32_t, const TensorMeta*> meta;
-  std::unordered_map<uint32_t, int> producer, readers;
+  ValueIndex index = IndexValues(graph);
+  const auto& meta = index.meta;
+  const auto& producer = index.producer;
+  uint32_t& next_id = index.next_id;
+  std::unordered_map<uint32_t, int> readers;
   std::unordered_set<uint32_t> computed;  // values a kernel may read: a pointwise op or reduction
-  uint32_t next_id = 0;
-  auto see = [&](const kiln::v1::Value& v) {
-    meta[v.id()] = &v.meta();
-    next_id = std::max(next_id, v.id() + 1);
-  };
-  for (const auto& v : graph.inputs()) see(v);
-  for (const auto& c : graph.constants()) see(c.value());
   for (int i = 0; i < graph.nodes_size(); ++i) {
-    for (const auto& v : graph.nodes(i).outputs()) {
-      see(v);
-      producer[v.id()] = i;
-    }
     const std::string& op = graph.nodes(i).op();
     const bool kernel = FindPointwise(op) != nullptr || IsReductionOp(op);
     for (uint32_t id : ValuesRead(graph.nodes(i))) {
