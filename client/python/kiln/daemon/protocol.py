@@ -1,5 +1,6 @@
 """The kiln.v1 protobuf and gRPC modules, generated from proto/ into the package (kiln/v1/) by
-grpcio-tools when missing or older than the .proto files."""
+grpcio-tools when missing or generated from other .proto files than these."""
+import hashlib
 import importlib
 import sys
 import threading
@@ -17,16 +18,27 @@ class ProtocolUnavailable(RuntimeError):
     """The kiln.v1 modules cannot be generated or imported (grpcio-tools or protobuf missing)."""
 
 
+def _proto_digest() -> str:
+    h = hashlib.sha256()
+    for f in _FILES:
+        h.update((_PROTO_ROOT / "kiln/v1" / f"{f}.proto").read_bytes())
+    return h.hexdigest()
+
+
 def _stale() -> bool:
+    # By content, not modification time: the modules are carried to machines without
+    # grpcio-tools, and a copy does not keep the order of modification times.
     if not _PROTO_ROOT.is_dir():
         return False  # an installed package: the modules shipped with it
-    newest = max((_PROTO_ROOT / "kiln/v1" / f"{f}.proto").stat().st_mtime for f in _FILES)
     for f in _FILES:
         for suffix in ("_pb2.py",) + (("_pb2_grpc.py",) if f == "service" else ()):
-            out = _OUT / f"{f}{suffix}"
-            if not out.exists() or out.stat().st_mtime < newest:
+            if not (_OUT / f"{f}{suffix}").exists():
                 return True
-    return False
+    try:
+        init = (_OUT / "__init__.py").read_text()
+    except OSError:
+        return True
+    return f'PROTO_SHA256 = "{_proto_digest()}"' not in init
 
 
 def ensure_generated() -> None:
@@ -47,7 +59,8 @@ def ensure_generated() -> None:
         args += [str(_PROTO_ROOT / "kiln/v1" / f"{f}.proto") for f in _FILES]
         if protoc.main(args) != 0:
             raise ProtocolUnavailable("protoc failed on proto/kiln/v1")
-        (_OUT / "__init__.py").write_text('"""kiln.v1 wire messages, generated from proto/."""\n')
+        (_OUT / "__init__.py").write_text('"""kiln.v1 wire messages, generated from proto/."""\n'
+                                          f'PROTO_SHA256 = "{_proto_digest()}"\n')
         for name in list(sys.modules):
             if name.startswith("kiln.v1"):
                 del sys.modules[name]
