@@ -3,16 +3,19 @@
 #include "compiler/cpu_compiler.h"
 
 #include "absl/strings/str_cat.h"
+#include "compiler/bound_prologue.h"
+#include "compiler/conv_folding.h"
 #include "compiler/cpp_codegen.h"
 #include "compiler/fusion.h"
 #include "compiler/graph_passes.h"
 #include "compiler/memory_plan.h"
+#include "compiler/onednn_passes.h"
 
 namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-12";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-13";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -44,10 +47,15 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
                  absl::StrCat("this kilnd does not cross-compile for cpu_isa '", isa, "'"));
   }
   kiln::v1::Graph graph = RunGraphPasses(request.graph());
-  if (request.target().cpu_onednn()) graph = EliminateDeadCode(UseOneDnnLinear(graph));
-  FusedProgram program = FuseGraph(graph);
+  graph = EliminateDeadCode(FoldConvolutionAffine(graph));
+  if (request.target().cpu_onednn()) {
+    graph = EliminateDeadCode(UseOneDnnLinear(UseOneDnnConvolution(graph)));
+  }
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  graph = BoundNodesFirst(graph, bound);
+  FusedProgram program = FuseGraph(graph, &bound);
   kiln::v1::ArtifactBody body;
-  *body.mutable_plan() = BuildPlan(graph, program);
+  *body.mutable_plan() = BuildPlan(graph, program, &bound);
   bool has_kernels = false;
   for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;
   if (!has_kernels) {

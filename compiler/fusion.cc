@@ -1,6 +1,8 @@
 // Greedy vertical fusion over the topological order, view folding, and dead-step removal.
 #include "compiler/fusion.h"
 
+#include "compiler/bound_prologue.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -154,7 +156,7 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
   return op->emit(operands, type).has_value();
 }
 
-FusedProgram FuseGraph(const Graph& graph) {
+FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* bound) {
   FusedProgram program;
   MetaMap& meta = program.meta;
   std::unordered_map<uint32_t, int> producer;  // value -> node index
@@ -176,6 +178,7 @@ FusedProgram FuseGraph(const Graph& graph) {
   // pointwise nodes over its rows.
   std::vector<int> node_group(graph.nodes_size(), -1);
   int open = -1;
+  bool open_bound = false;  // the open group computes bound values (the plan's prologue)
   std::unordered_set<uint32_t> open_defs, open_rows;  // values of the open group; row values
   auto close = [&] {
     if (open >= 0) program.steps.push_back({true, -1, open});
@@ -211,6 +214,10 @@ FusedProgram FuseGraph(const Graph& graph) {
   };
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const Node& n = graph.nodes(i);
+    // A group is all prologue or all per-call work.
+    const bool is_bound = bound != nullptr && IsBoundNode(n, *bound);
+    if (open >= 0 && open_bound != is_bound) close();
+    open_bound = is_bound;
     if (IsFusable(n, meta)) {
       std::vector<int64_t> sizes = Sizes(n.outputs(0).meta());
       if (open >= 0 && program.groups[open].sizes == sizes && reads_fit(n, false)) {

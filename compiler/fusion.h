@@ -49,8 +49,11 @@ struct FusedProgram {
   std::unordered_map<uint32_t, const kiln::v1::TensorMeta*> meta;  // every value of the graph
 };
 
-// Plans `graph` (validated). Never fails: what cannot be fused is a library step.
-FusedProgram FuseGraph(const kiln::v1::Graph& graph);
+// Plans `graph` (validated). Never fails: what cannot be fused is a library step. With `bound`
+// (BoundValues, the graph ordered by BoundNodesFirst), no group mixes nodes defining bound
+// values with others, so every step is either prologue work or per-call work.
+FusedProgram FuseGraph(const kiln::v1::Graph& graph,
+                       const std::unordered_set<uint32_t>* bound = nullptr);
 
 // The shape of a row value of a row-wise group: sizes[:outer_rank] then ones.
 std::vector<int64_t> RowShape(const FusedGroup& group);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "compiler/graph_index.h"
 #include "compiler/op_classes.h"
 #include "compiler/pointwise_ops.h"
 #include "compiler/reduction_ops.h"
@@ -33,28 +34,6 @@ void Rewrite(Node* node, const Replacements& replace) {
       for (uint32_t& id : *a.mutable_value_list()->mutable_ids()) id = map(id);
     }
   }
-}
-
-std::unordered_set<uint32_t> GraphOutputs(const Graph& graph) {
-  return {graph.outputs().begin(), graph.outputs().end()};
-}
-
-// Values a graph output may alias: the outputs, and the inputs of views that lead to them.
-// Merging or dropping the node that makes one would change what the caller's outputs share
-// memory with (eager returns a fresh tensor for view(clone(x)), not a view of x).
-std::unordered_set<uint32_t> Escaping(const Graph& graph) {
-  std::unordered_set<uint32_t> escaping = GraphOutputs(graph);
-  for (int i = graph.nodes_size() - 1; i >= 0; --i) {
-    const Node& node = graph.nodes(i);
-    if (!MayAliasInput(node.op()) || node.args_size() == 0 ||
-        node.args(0).kind_case() != Argument::kValue) {
-      continue;
-    }
-    for (const auto& out : node.outputs()) {
-      if (escaping.count(out.id())) escaping.insert(node.args(0).value());
-    }
-  }
-  return escaping;
 }
 
 bool SameMeta(const TensorMeta& a, const TensorMeta& b) {
@@ -91,40 +70,6 @@ bool IsArithmeticIdentity(const Node& node) {
 
 bool IsReshapeLike(const std::string& op) {
   return op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape";
-}
-
-// Every value's metadata, the index of the node defining each node output, and the first id no
-// value uses (for values a pass adds).
-struct ValueIndex {
-  std::unordered_map<uint32_t, const TensorMeta*> meta;
-  std::unordered_map<uint32_t, int> producer;
-  uint32_t next_id = 0;
-};
-
-ValueIndex IndexValues(const Graph& graph) {
-  ValueIndex index;
-  auto see = [&](const kiln::v1::Value& v) {
-    index.meta[v.id()] = &v.meta();
-    index.next_id = std::max(index.next_id, v.id() + 1);
-  };
-  for (const auto& v : graph.inputs()) see(v);
-  for (const auto& c : graph.constants()) see(c.value());
-  for (int i = 0; i < graph.nodes_size(); ++i) {
-    for (const auto& v : graph.nodes(i).outputs()) {
-      see(v);
-      index.producer[v.id()] = i;
-    }
-  }
-  return index;
-}
-
-// The graph with `graph`'s inputs, constants and outputs and no nodes yet.
-Graph EmptyLike(const Graph& graph) {
-  Graph out;
-  *out.mutable_inputs() = graph.inputs();
-  *out.mutable_constants() = graph.constants();
-  *out.mutable_outputs() = graph.outputs();
-  return out;
 }
 
 }  // namespace
@@ -244,96 +189,6 @@ Graph SimplifyViews(const Graph& graph, PassStats* stats) {
       }
     }
     *out.add_nodes() = std::move(node);
-  }
-  return out;
-}
-
-Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
-  ValueIndex index = IndexValues(graph);
-  const auto& meta = index.meta;
-  uint32_t& next_id = index.next_id;
-  auto f32_matrix = [&](uint32_t id) {
-    auto it = meta.find(id);
-    if (it == meta.end()) return false;
-    const TensorMeta& m = *it->second;
-    return m.dtype() == kiln::v1::DTYPE_FLOAT32 && m.sizes_size() == 2 && m.sizes(0) > 0 &&
-           m.sizes(1) > 0 && m.device().kind() == kiln::v1::DEVICE_KIND_CPU;
-  };
-  // The value `id` is the transpose of, when it is made by a 2-D transpose view.
-  auto transpose_of = [&](uint32_t id) -> std::optional<uint32_t> {
-    auto p = index.producer.find(id);
-    if (p == index.producer.end()) return std::nullopt;
-    const Node& n = graph.nodes(p->second);
-    if (n.args_size() == 0 || n.args(0).kind_case() != Argument::kValue ||
-        !f32_matrix(n.args(0).value())) {
-      return std::nullopt;
-    }
-    auto ints = [&](int i) {
-      std::vector<int64_t> v;
-      if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntValue) {
-        v.push_back(n.args(i).int_value());
-      } else if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntList) {
-        v.assign(n.args(i).int_list().values().begin(), n.args(i).int_list().values().end());
-      }
-      return v;
-    };
-    const bool swap = (n.op() == "aten::t" && n.args_size() == 1) ||
-                      (n.op() == "aten::permute" && n.args_size() == 2 &&
-                       ints(1) == std::vector<int64_t>{1, 0}) ||
-                      (n.op() == "aten::transpose.int" && n.args_size() == 3 &&
-                       ints(1).size() == 1 && ints(2).size() == 1 && ints(1)[0] != ints(2)[0] &&
-                       (ints(1)[0] == 0 || ints(1)[0] == 1 || ints(1)[0] == -1 ||
-                        ints(1)[0] == -2) &&
-                       (ints(2)[0] == 0 || ints(2)[0] == 1 || ints(2)[0] == -1 ||
-                        ints(2)[0] == -2));
-    if (!swap) return std::nullopt;
-    return n.args(0).value();
-  };
-  Graph out = EmptyLike(graph);
-  for (const Node& node : graph.nodes()) {
-    const bool matmul = node.op() == "aten::mm" && node.args_size() == 2 &&
-                        node.outputs_size() == 1 && node.args(0).name().empty() &&
-                        node.args(1).name().empty() &&
-                        node.args(0).kind_case() == Argument::kValue &&
-                        node.args(1).kind_case() == Argument::kValue &&
-                        f32_matrix(node.args(0).value()) && f32_matrix(node.args(1).value()) &&
-                        node.outputs(0).meta().dtype() == kiln::v1::DTYPE_FLOAT32;
-    if (!matmul) {
-      *out.add_nodes() = node;
-      continue;
-    }
-    const uint32_t y = node.args(1).value();
-    uint32_t weight;
-    if (auto w = transpose_of(y)) {
-      weight = *w;
-    } else {
-      // A new permute view of y: sizes and strides swapped, same storage.
-      const TensorMeta& ym = *meta.at(y);
-      Node* t = out.add_nodes();
-      t->set_op("aten::permute");
-      t->add_args()->set_value(y);
-      t->add_args()->mutable_int_list()->add_values(1);
-      t->mutable_args(1)->mutable_int_list()->add_values(0);
-      kiln::v1::Value* v = t->add_outputs();
-      v->set_id(next_id++);
-      TensorMeta* m = v->mutable_meta();
-      *m = ym;
-      m->set_sizes(0, ym.sizes(1));
-      m->set_sizes(1, ym.sizes(0));
-      m->set_strides(0, ym.strides(1));
-      m->set_strides(1, ym.strides(0));
-      weight = v->id();
-    }
-    Node* l = out.add_nodes();
-    l->set_op("mkldnn::_linear_pointwise");
-    *l->add_args() = node.args(0);
-    l->add_args()->set_value(weight);
-    l->add_args()->mutable_none();  // bias: the decomposed graph adds it in a kernel
-    l->add_args()->set_string_value("none");
-    l->add_args()->mutable_int_list();  // no scalars
-    l->add_args()->mutable_none();      // algorithm
-    *l->mutable_outputs() = node.outputs();
-    if (stats) ++stats->onednn_linears;
   }
   return out;
 }

@@ -14,6 +14,10 @@ struct PassStats {
   int folded_views = 0;    // view(view(x)) rewritten to view(x)
   int onednn_linears = 0;  // aten::mm calls given to oneDNN
   int hoisted_views = 0;   // reshapes moved above the pointwise node that fed them
+  int folded_convolutions = 0;  // per-channel affine epilogues folded into a convolution
+  int onednn_convolutions = 0;  // convolutions given to oneDNN with a prepacked weight
+  int fused_post_ops = 0;       // relu / residual adds run by oneDNN as convolution post-ops
+  int packed_linears = 0;       // oneDNN GEMMs with a prepacked weight
 };
 
 // Removes nodes none of whose outputs is read by a live node or returned, and unread constants.
@@ -41,13 +45,7 @@ kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = n
 kiln::v1::Graph HoistViewsAbovePointwise(const kiln::v1::Graph& graph,
                                          PassStats* stats = nullptr);
 
-// Library-op selection for clients with oneDNN (Target.cpu_onednn): a float32 aten::mm(x, y)
-// becomes mkldnn::_linear_pointwise(x, y^T), oneDNN's GEMM (about 1.3x ATen's mm on the shapes of
-// linear layers). y^T is the tensor y is a transpose of (a linear's weight) or a new permute of y.
-// Run dead-code elimination afterwards: the transposes it bypassed may be unused.
-kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
-
-// All of the above but UseOneDnnLinear: view simplification, view hoisting, CSE, then DCE.
+// All of the above: view simplification, view hoisting, CSE, then DCE.
 kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 }  // namespace kiln::compiler

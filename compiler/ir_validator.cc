@@ -152,6 +152,10 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
   for (int i = 0; i < graph.inputs_size(); ++i) {
     if (absl::Status s = define(graph.inputs(i), absl::StrCat("input ", i)); !s.ok()) return s;
   }
+  if (graph.num_bound_inputs() > static_cast<uint32_t>(graph.inputs_size())) {
+    return Invalid(absl::StrCat("num_bound_inputs ", graph.num_bound_inputs(), " exceeds the ",
+                                graph.inputs_size(), " inputs"));
+  }
   for (int i = 0; i < graph.constants_size(); ++i) {
     const kiln::v1::Constant& constant = graph.constants(i);
     std::string where = absl::StrCat("constant ", i);

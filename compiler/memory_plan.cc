@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "compiler/bound_prologue.h"
 #include "compiler/cpp_codegen.h"
 #include "compiler/ir_validator.h"
 #include "compiler/op_classes.h"
@@ -31,14 +33,27 @@ int64_t Align64(int64_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
-kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgram& program) {
+kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgram& program,
+                                  const std::unordered_set<uint32_t>* bound) {
   kiln::v1::ExecutionPlan plan;
+  // Each fused step goes to the prologue (it defines bound values) or to the per-call steps;
+  // positions below are within its own list.
+  struct Placement {
+    bool prologue = false;
+    int position = 0;
+  };
+  std::vector<Placement> where(program.steps.size());
   std::vector<std::vector<uint32_t>> step_reads(program.steps.size());
-  std::unordered_map<uint32_t, int> def_step;
+  std::unordered_map<uint32_t, int> def_step;  // value -> fused step defining it
   std::unordered_set<uint32_t> viewed;  // values a view op reads: never in the arena
   for (size_t s = 0; s < program.steps.size(); ++s) {
     const FusedStep& step = program.steps[s];
-    kiln::v1::PlanStep* ps = plan.add_steps();
+    const kiln::v1::Node& first =
+        graph.nodes(step.is_kernel ? program.groups[step.group].nodes.front() : step.node);
+    where[s].prologue = bound != nullptr && IsBoundNode(first, *bound);
+    auto* list = where[s].prologue ? plan.mutable_prologue() : plan.mutable_steps();
+    where[s].position = list->size();
+    kiln::v1::PlanStep* ps = list->Add();
     if (step.is_kernel) {
       const FusedGroup& g = program.groups[step.group];
       kiln::v1::KernelLaunch* k = ps->mutable_kernel();
@@ -66,6 +81,10 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       }
     }
   }
+  auto step_at = [&](int s) {
+    return where[s].prologue ? plan.mutable_prologue(where[s].position)
+                             : plan.mutable_steps(where[s].position);
+  };
   for (const auto& v : graph.inputs()) plan.add_inputs(v.id());
   *plan.mutable_outputs() = graph.outputs();
   std::unordered_set<uint32_t> outputs(graph.outputs().begin(), graph.outputs().end());
@@ -76,11 +95,19 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     if (read.count(c.value().id()) || outputs.count(c.value().id())) *plan.add_constants() = c;
   }
 
-  // Last use of every value.
+  // Last use of every value; prologue values that per-call steps read are kept between calls.
   std::unordered_map<uint32_t, int> last_use;
+  std::set<uint32_t> kept;
   for (size_t s = 0; s < step_reads.size(); ++s) {
-    for (uint32_t id : step_reads[s]) last_use[id] = static_cast<int>(s);
+    for (uint32_t id : step_reads[s]) {
+      auto d = def_step.find(id);
+      if (d != def_step.end() && where[d->second].prologue && !where[s].prologue) {
+        kept.insert(id);
+      }
+      last_use[id] = static_cast<int>(s);
+    }
   }
+  for (uint32_t id : kept) plan.add_prologue_outputs(id);
   for (auto& [id, s] : def_step) {
     if (!last_use.count(id)) last_use[id] = s;
   }
@@ -98,9 +125,9 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     *v->mutable_meta() = *meta;
   }
 
-  // Buffers and the arena: each buffer goes at the lowest 64-byte aligned offset where it
-  // overlaps no buffer placed before it whose lifetime (first write .. last read, in steps)
-  // overlaps its own.
+  // Buffers and the arena: each per-call buffer goes at the lowest 64-byte aligned offset where
+  // it overlaps no buffer placed before it whose lifetime (first write .. last read, in steps)
+  // overlaps its own. Prologue buffers outlive the call: never in the arena.
   struct Placed {
     int64_t offset, size;
     int first, last;
@@ -113,7 +140,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     for (uint32_t id : program.groups[program.steps[s].group].outputs) {
       auto* b = plan.add_buffers();
       b->set_id(id);
-      if (outputs.count(id) || viewed.count(id)) continue;
+      if (outputs.count(id) || viewed.count(id) || where[s].prologue) continue;
       const int64_t size = Align64(std::max<int64_t>(SpanBytes(*program.meta.at(id)), 1));
       const int first = static_cast<int>(s), last = last_use[id];
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of live-together buffers
@@ -135,10 +162,11 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
   }
   plan.set_arena_bytes(static_cast<uint64_t>(arena));
 
-  // Release: values the plan itself made (library results, buffers outside the arena).
+  // Release: values the plan itself made (library results, buffers outside the arena), after
+  // their last use in the list that made them.
   for (const auto& [id, s] : std::map<uint32_t, int>(def_step.begin(), def_step.end())) {
-    if (outputs.count(id) || in_arena.count(id)) continue;
-    plan.mutable_steps(last_use[id])->add_release(id);
+    if (outputs.count(id) || in_arena.count(id) || kept.count(id)) continue;
+    step_at(last_use[id])->add_release(id);
   }
   return plan;
 }

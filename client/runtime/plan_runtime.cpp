@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <array>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <unordered_set>
 
@@ -247,6 +249,7 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
   }
   const size_t n = ids_.size();
   bound_.resize(n);
+  originals_.resize(n);
   buffers_.resize(n);
 
   // Definition state of each slot while the steps are checked in order.
@@ -266,11 +269,6 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
     }
   };
 
-  for (uint32_t id : spec.inputs) {
-    const int s = Slot(id);
-    define(s, "input");
-    input_slots_.push_back(s);
-  }
   for (auto& [id, tensor] : spec.constants) {
     const int s = Slot(id);
     define(s, "constant");
@@ -288,6 +286,7 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
       t = std::move(copy);
     }
     bound_[s] = std::move(t);
+    originals_[s] = tensor;
   }
   for (const BufferSpec& b : spec.buffers) {
     const int s = Slot(b.id);
@@ -314,9 +313,9 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
     is_output[s] = 1;
   }
 
-  const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), [](const auto& s) {
-    return std::holds_alternative<KernelStepSpec>(s);
-  });
+  auto is_kernel = [](const auto& s) { return std::holds_alternative<KernelStepSpec>(s); };
+  const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), is_kernel) ||
+                           std::any_of(spec.prologue.begin(), spec.prologue.end(), is_kernel);
   if (has_kernels) {
     if (device_.type() != c10::kCPU) {
       BuildError("kernel steps need a CPU plan; this plan is for " + device_.str());
@@ -329,11 +328,14 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
     }
   }
 
-  for (size_t i = 0; i < spec.steps.size(); ++i) {
+  std::set<int> watched;  // constant slots the prologue reads
+  auto build_steps = [&](const std::vector<std::variant<KernelStepSpec, LibraryStepSpec>>& specs,
+                         const std::string& list, bool prologue, std::vector<Step>& into) {
+  for (size_t i = 0; i < specs.size(); ++i) {
     Step step;
     const std::vector<uint32_t>* release = nullptr;
-    if (const auto* k = std::get_if<KernelStepSpec>(&spec.steps[i])) {
-      step.label = "step " + std::to_string(i) + " (kernel " + k->symbol + ")";
+    if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
+      step.label = list + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
       const std::string& where = step.label;
       KernelStep ks{};
       ks.symbol = k->symbol;
@@ -352,10 +354,14 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
       for (uint32_t id : k->args) {
         const int s = Slot(id);
         if (is_buffer[s] && state[s] == kUndefined) {
+          if (prologue && buffers_[s].in_arena) {
+            BuildError(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
+          }
           state[s] = kDefined;
           step.allocate.push_back(s);
         }
         if (!writes.count(id)) require(s, where);
+        if (prologue && originals_[s].defined()) watched.insert(s);
         if (state[s] == kReleased) require(s, where);
         ks.slots.push_back(s);
         // Constants are checked too: a parameter bound as one can be resized in place later.
@@ -366,13 +372,14 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
       release = &k->release;
       ++num_kernels_;
     } else {
-      const auto& l = std::get<LibraryStepSpec>(spec.steps[i]);
-      step.label = "step " + std::to_string(i) + " (" + l.op + ")";
+      const auto& l = std::get<LibraryStepSpec>(specs[i]);
+      step.label = list + " " + std::to_string(i) + " (" + l.op + ")";
       const std::string& where = step.label;
       LibraryStep ls = BindLibrary(l, where);
       const auto& formals = ls.op.schema().arguments();
       auto check_read = [&](int s, size_t position) {
         require(s, where);
+        if (prologue && originals_[s].defined()) watched.insert(s);
         if (buffers_[s].in_arena && MayAlias(formals[position])) {
           BuildError(where + ": its result may be a view of arena buffer " + Id(ids_[s]));
         }
@@ -399,8 +406,24 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
       state[s] = kReleased;
       step.release.push_back(s);
     }
-    steps_.push_back(std::move(step));
+    into.push_back(std::move(step));
   }
+  };
+  // The prologue reads bound values only: the per-call inputs are defined after it.
+  build_steps(spec.prologue, "prologue step", true, prologue_);
+  for (uint32_t id : spec.prologue_outputs) {
+    const int s = Slot(id);
+    require(s, "prologue output");
+    if (is_output[s]) BuildError("prologue output " + Id(id) + " is a plan output");
+    prologue_output_slots_.push_back(s);
+  }
+  for (int s : watched) watched_.push_back(s);
+  for (uint32_t id : spec.inputs) {
+    const int s = Slot(id);
+    define(s, "input");
+    input_slots_.push_back(s);
+  }
+  build_steps(spec.steps, "step", false, steps_);
   for (int s : output_slots_) require(s, "output");
 }
 
@@ -591,21 +614,11 @@ void Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const
   }
 }
 
-std::vector<at::Tensor> Plan::Run(const std::vector<at::Tensor>& inputs) const {
-  if (inputs.size() != input_slots_.size()) {
-    throw std::runtime_error("kiln plan: takes " + std::to_string(input_slots_.size()) +
-                             " inputs, got " + std::to_string(inputs.size()));
-  }
-  std::vector<at::Tensor> vals = bound_;
-  for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
+void Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
+                    const at::Tensor& arena) const {
   const Step* step = nullptr;
   try {
-    at::Tensor arena;
-    if (arena_bytes_ > 0) {
-      arena = at::empty({static_cast<int64_t>(arena_bytes_)},
-                        at::TensorOptions().dtype(at::kByte).device(device_));
-    }
-    for (const Step& s : steps_) {
+    for (const Step& s : steps) {
       step = &s;
       for (int b : s.allocate) vals[b] = AllocateBuffer(b, arena);
       if (const auto* k = std::get_if<KernelStep>(&s.body)) {
@@ -616,12 +629,60 @@ std::vector<at::Tensor> Plan::Run(const std::vector<at::Tensor>& inputs) const {
       for (int r : s.release) vals[r].reset();
     }
   } catch (const c10::Error& e) {
-    throw std::runtime_error("kiln plan: " + (step ? step->label : std::string("arena")) + ": " +
-                             e.what_without_backtrace());
+    throw std::runtime_error("kiln plan: " + step->label + ": " + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    throw std::runtime_error("kiln plan: " + (step ? step->label : std::string("arena")) + ": " +
-                             e.what());
+    throw std::runtime_error("kiln plan: " + step->label + ": " + e.what());
   }
+}
+
+Plan::Stamps Plan::StampWatched() const {
+  Stamps stamps;
+  stamps.reserve(watched_.size());
+  for (int s : watched_) {
+    const at::Tensor& t = originals_[s];
+    stamps.emplace_back(t._version(), t.data_ptr());
+  }
+  return stamps;
+}
+
+std::shared_ptr<const std::vector<at::Tensor>> Plan::PrologueValues() const {
+  std::lock_guard<std::mutex> lock(prologue_mutex_);
+  Stamps now = StampWatched();
+  if (prologue_values_ && now == prologue_stamps_) return prologue_values_;
+  // Stamped before the run: a tensor modified while the prologue runs is seen next call.
+  std::vector<at::Tensor> vals = bound_;
+  RunSteps(prologue_, vals, at::Tensor());
+  auto kept = std::make_shared<std::vector<at::Tensor>>();
+  kept->reserve(prologue_output_slots_.size());
+  for (int s : prologue_output_slots_) kept->push_back(vals[s]);
+  prologue_values_ = std::move(kept);
+  prologue_stamps_ = std::move(now);
+  return prologue_values_;
+}
+
+std::vector<at::Tensor> Plan::Run(const std::vector<at::Tensor>& inputs) const {
+  if (inputs.size() != input_slots_.size()) {
+    throw std::runtime_error("kiln plan: takes " + std::to_string(input_slots_.size()) +
+                             " inputs, got " + std::to_string(inputs.size()));
+  }
+  std::vector<at::Tensor> vals = bound_;
+  if (!prologue_.empty()) {
+    std::shared_ptr<const std::vector<at::Tensor>> kept = PrologueValues();
+    for (size_t i = 0; i < prologue_output_slots_.size(); ++i) {
+      vals[prologue_output_slots_[i]] = (*kept)[i];
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
+  at::Tensor arena;
+  if (arena_bytes_ > 0) {
+    try {
+      arena = at::empty({static_cast<int64_t>(arena_bytes_)},
+                        at::TensorOptions().dtype(at::kByte).device(device_));
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(std::string("kiln plan: arena: ") + e.what_without_backtrace());
+    }
+  }
+  RunSteps(steps_, vals, arena);
   std::vector<at::Tensor> outputs;
   outputs.reserve(output_slots_.size());
   for (int s : output_slots_) outputs.push_back(vals[s]);

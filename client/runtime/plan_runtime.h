@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <variant>
@@ -89,6 +90,10 @@ struct PlanSpec {
   std::vector<BufferSpec> buffers;
   uint64_t arena_bytes = 0;
   std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> steps;
+  // kiln.v1.ExecutionPlan.prologue and prologue_outputs: steps over constants (the bound
+  // parameters among them) whose results the per-call steps read.
+  std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> prologue;
+  std::vector<uint32_t> prologue_outputs;
   std::vector<uint32_t> outputs;  // May repeat an id or name an input.
   c10::Device device = c10::Device(c10::kCPU);
 };
@@ -115,7 +120,15 @@ struct PlanSpec {
 //    memory_format to those enums. An unknown name, a duplicate, a missing required argument or
 //    a payload that does not fit fails the build. Every return must be a Tensor, Tensor? or
 //    Tensor[]; without Tensor[] returns their count must equal the call's outputs.
+//  - Prologue steps read only constants and earlier prologue results (the per-call inputs are
+//    not defined yet), put no buffer in the arena, and define every prologue output, none of
+//    which is a plan output.
 // Build failures throw std::invalid_argument naming the step ("step 3 (aten::mm): ...").
+//
+// The prologue runs on the first call, and again on a call that finds a constant it read (a
+// bound parameter) with another version counter or data pointer than when it last ran: an
+// in-place update, load_state_dict or `.data =` between calls is seen. (A write through a
+// `.data` alias bumps no version counter and is not.) Its outputs are shared by all calls.
 //
 // Run is const and keeps its per-call state (value slots, arena) on its own stack, so one plan
 // may run on several threads at once. It does not touch autograd mode: kernels write through
@@ -170,7 +183,14 @@ class Plan {
     int64_t arena_element_offset = 0;  // Storage offset, in elements, of its view of the arena.
   };
 
+  using Stamps = std::vector<std::pair<int64_t, const void*>>;  // (version, data) per watched
+
   int Slot(uint32_t id) const;
+  void RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
+                const at::Tensor& arena) const;
+  Stamps StampWatched() const;
+  // The prologue's outputs, after running it if a watched constant changed since it last ran.
+  std::shared_ptr<const std::vector<at::Tensor>> PrologueValues() const;
   LibraryStep BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
   void RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
@@ -180,10 +200,17 @@ class Plan {
   std::vector<uint32_t> ids_;               // Slot -> value id, sorted.
   std::vector<ValueMeta> metas_;            // Slot -> metadata.
   std::vector<at::Tensor> bound_;           // Slot -> constant (undefined for other values).
+  std::vector<at::Tensor> originals_;       // Slot -> the constant as given (before any copy).
   std::vector<Buffer> buffers_;             // Slot -> buffer placement (for buffer slots).
   std::vector<int> input_slots_;
   std::vector<int> output_slots_;
   std::vector<Step> steps_;
+  std::vector<Step> prologue_;
+  std::vector<int> prologue_output_slots_;
+  std::vector<int> watched_;  // Constant slots the prologue reads.
+  mutable std::mutex prologue_mutex_;
+  mutable std::shared_ptr<const std::vector<at::Tensor>> prologue_values_;  // Under the mutex.
+  mutable Stamps prologue_stamps_;                                           // Under the mutex.
   uint64_t arena_bytes_ = 0;
   c10::Device device_;
   int num_kernels_ = 0;

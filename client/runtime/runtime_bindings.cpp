@@ -160,9 +160,35 @@ CallArg ParseArg(py::handle h, const std::string& where) {
   return a;
 }
 
+std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> ParseSteps(py::handle steps,
+                                                                       const std::string& name) {
+  std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> out;
+  py::sequence ss = Sequence(steps, name);
+  for (size_t i = 0; i < ss.size(); ++i) {
+    const std::string w = name + "[" + std::to_string(i) + "]";
+    py::sequence t = Sequence(ss[i], w, 5, 5);
+    const std::string kind = Str(t[0], w + "[0]");
+    if (kind == "kernel") {
+      out.emplace_back(KernelStepSpec{Str(t[1], w + "[1]"), Ids(t[2], w + "[2]"),
+                                      Ids(t[3], w + "[3]"), Ids(t[4], w + "[4]")});
+    } else if (kind == "library") {
+      LibraryStepSpec l{Str(t[1], w + "[1]"), {}, Ids(t[3], w + "[3]"), Ids(t[4], w + "[4]")};
+      py::sequence args = Sequence(t[2], w + "[2]");
+      for (size_t j = 0; j < args.size(); ++j) {
+        l.args.push_back(ParseArg(args[j], w + "[2][" + std::to_string(j) + "]"));
+      }
+      out.emplace_back(std::move(l));
+    } else {
+      Malformed(w + "[0]", "unknown step kind '" + kind + "'");
+    }
+  }
+  return out;
+}
+
 PlanSpec ParseSpec(const py::bytes& kernel_binary, py::handle values, py::handle inputs,
                    py::handle constants, py::handle buffers, uint64_t arena_bytes, py::handle steps,
-                   py::handle outputs, py::handle device) {
+                   py::handle outputs, py::handle device, py::handle prologue,
+                   py::handle prologue_outputs) {
   PlanSpec spec;
   spec.kernel_binary = std::string(kernel_binary);
   py::sequence vs = Sequence(values, "values");
@@ -194,25 +220,9 @@ PlanSpec ParseSpec(const py::bytes& kernel_binary, py::handle values, py::handle
         {ValueId(t[0], w + "[0]"), t[1].ptr() == Py_True, static_cast<uint64_t>(offset)});
   }
   spec.arena_bytes = arena_bytes;
-  py::sequence ss = Sequence(steps, "steps");
-  for (size_t i = 0; i < ss.size(); ++i) {
-    const std::string w = "steps[" + std::to_string(i) + "]";
-    py::sequence t = Sequence(ss[i], w, 5, 5);
-    const std::string kind = Str(t[0], w + "[0]");
-    if (kind == "kernel") {
-      spec.steps.emplace_back(KernelStepSpec{Str(t[1], w + "[1]"), Ids(t[2], w + "[2]"),
-                                             Ids(t[3], w + "[3]"), Ids(t[4], w + "[4]")});
-    } else if (kind == "library") {
-      LibraryStepSpec l{Str(t[1], w + "[1]"), {}, Ids(t[3], w + "[3]"), Ids(t[4], w + "[4]")};
-      py::sequence args = Sequence(t[2], w + "[2]");
-      for (size_t j = 0; j < args.size(); ++j) {
-        l.args.push_back(ParseArg(args[j], w + "[2][" + std::to_string(j) + "]"));
-      }
-      spec.steps.emplace_back(std::move(l));
-    } else {
-      Malformed(w + "[0]", "unknown step kind '" + kind + "'");
-    }
-  }
+  spec.steps = ParseSteps(steps, "steps");
+  spec.prologue = ParseSteps(prologue, "prologue");
+  spec.prologue_outputs = Ids(prologue_outputs, "prologue_outputs");
   spec.outputs = Ids(outputs, "outputs");
   const std::string device_text = THPDevice_Check(device.ptr())
                                       ? reinterpret_cast<THPDevice*>(device.ptr())->device.str()
@@ -283,7 +293,9 @@ Plan(kernel_binary: bytes,      # ELF shared object; b"" when no step launches a
              | ("library", "aten::op.overload", args: [(name, kind, payload)],
                 output_ids: [id], release: [id])],
      outputs: [id],
-     device: str | torch.device = "cpu")
+     device: str | torch.device = "cpu",
+     prologue: [step] = (),     # steps as above over constants only, run when they change
+     prologue_outputs: [id] = ())
 
 scalar_type is a c10::ScalarType int or a torch.dtype. Argument name "" is positional. Kinds and
 payloads: "value" id | "int" int | "float" float | "bool" bool | "ints" [int] | "values" [id] |
@@ -301,12 +313,14 @@ void RegisterRuntime(py::module_& m) {
   py::class_<PyPlan>(m, "Plan", kPlanDoc)
       .def(py::init([](const py::bytes& kernel_binary, py::handle values, py::handle inputs,
                        py::handle constants, py::handle buffers, uint64_t arena_bytes,
-                       py::handle steps, py::handle outputs, py::handle device) {
+                       py::handle steps, py::handle outputs, py::handle device,
+                       py::handle prologue, py::handle prologue_outputs) {
              // Plan's constructor throws std::invalid_argument, raised as ValueError.
              try {
                return std::make_unique<PyPlan>(ParseSpec(kernel_binary, values, inputs,
                                                          constants, buffers, arena_bytes, steps,
-                                                         outputs, device));
+                                                         outputs, device, prologue,
+                                                         prologue_outputs));
              } catch (const py::error_already_set&) {
                throw;
              } catch (const py::builtin_exception& e) {
@@ -320,7 +334,8 @@ void RegisterRuntime(py::module_& m) {
            }),
            py::arg("kernel_binary"), py::arg("values"), py::arg("inputs"), py::arg("constants"),
            py::arg("buffers"), py::arg("arena_bytes"), py::arg("steps"), py::arg("outputs"),
-           py::arg("device") = "cpu")
+           py::arg("device") = "cpu", py::arg("prologue") = py::tuple(),
+           py::arg("prologue_outputs") = py::tuple())
       .def(
           "__call__", [](PyPlan& self, const py::args& args) { return self.Call(args); },
           "Runs the plan on the tensors, one per input; returns the list of outputs.")

@@ -76,11 +76,25 @@ def format_artifact(a) -> str:
     source = "client index + daemon cache" if a.index_hit else \
         ("daemon cache" if a.cache_hit else f"compiled in {a.compile_seconds:.3f}s")
     lines = [f"artifact {a.key[:16]}… ({source}; {a.client_seconds * 1000:.1f} ms in the "
-             f"client); {len(plan.steps)} steps, {len(plan.buffers)} buffers, arena "
+             f"client); {len(plan.prologue)} prologue + {len(plan.steps)} steps, {len(plan.buffers)} buffers, arena "
              f"{plan.arena_bytes} bytes, binary {len(body.kernel_binary)} bytes "
              f"({pb.artifact.BinaryFormat.Name(body.format)})"]
     lines.append(f"  inputs {list(plan.inputs)} -> outputs {list(plan.outputs)}")
-    for i, step in enumerate(plan.steps):
+    if plan.prologue:
+        lines.append(f"  prologue (bound inputs only; run again when one changes) -> "
+                     f"{', '.join(f'%{v}' for v in plan.prologue_outputs)}")
+        lines.extend(_format_steps(plan.prologue))
+        lines.append("  per call")
+    lines.extend(_format_steps(plan.steps))
+    if body.kernel_source:
+        lines.append("  generated C++:")
+        lines.extend("    " + line for line in body.kernel_source.splitlines())
+    return "\n".join(lines)
+
+
+def _format_steps(steps) -> List[str]:
+    lines = []
+    for i, step in enumerate(steps):
         if step.WhichOneof("kind") == "kernel":
             k = step.kernel
             text = f"kernel  {k.symbol}({', '.join(f'%{v}' for v in k.args)}) " \
@@ -91,7 +105,4 @@ def format_artifact(a) -> str:
         if step.release:
             text += f"   release {list(step.release)}"
         lines.append(f"  {i:3d} {text}")
-    if body.kernel_source:
-        lines.append("  generated C++:")
-        lines.extend("    " + line for line in body.kernel_source.splitlines())
-    return "\n".join(lines)
+    return lines

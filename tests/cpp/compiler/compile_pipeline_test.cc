@@ -16,6 +16,7 @@
 #include "compiler/cpu_compiler.h"
 #include "compiler/fusion.h"
 #include "compiler/graph_passes.h"
+#include "compiler/onednn_passes.h"
 #include "compiler/ir_validator.h"
 #include "compiler/memory_plan.h"
 #include "tests/cpp/support/kernel_abi.h"

@@ -138,8 +138,17 @@ def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
     if n_bound != len(bound):
         raise ArtifactRejected(f"plan binds {n_bound} parameters, the graph has {len(bound)}")
     constants += list(zip(plan.inputs[:n_bound], bound))
+    steps = _steps(plan.steps)
+    prologue = _steps(plan.prologue)
+    buffers = [(b.id, b.in_arena, b.arena_offset) for b in plan.buffers]
+    return _C.Plan(bytes(body.kernel_binary), values, list(plan.inputs[n_bound:]), constants,
+                   buffers, plan.arena_bytes, steps, list(plan.outputs), "cpu", prologue,
+                   list(plan.prologue_outputs))
+
+
+def _steps(plan_steps) -> list:
     steps = []
-    for step in plan.steps:
+    for step in plan_steps:
         kind = step.WhichOneof("kind")
         if kind == "kernel":
             k = step.kernel
@@ -150,6 +159,4 @@ def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
                           list(step.release)))
         else:
             raise ArtifactRejected("plan step of unknown kind")
-    buffers = [(b.id, b.in_arena, b.arena_offset) for b in plan.buffers]
-    return _C.Plan(bytes(body.kernel_binary), values, list(plan.inputs[n_bound:]), constants,
-                   buffers, plan.arena_bytes, steps, list(plan.outputs), "cpu")
+    return steps

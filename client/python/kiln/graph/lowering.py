@@ -29,7 +29,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-5"
+LOWERING_VERSION = b"kiln-lowering-6"
 
 
 class LoweringError(Exception):
@@ -296,7 +296,9 @@ def to_ir(aten_gm: torch.fx.GraphModule):
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence) -> LoweredGraph:
     aten_gm, params = to_aten(gm, example_inputs)
-    return LoweredGraph(to_ir(aten_gm), params, len(example_inputs), aten_gm)
+    graph = to_ir(aten_gm)
+    graph.num_bound_inputs = len(params)  # bound once at load (build_plan); see graph.proto
+    return LoweredGraph(graph, params, len(example_inputs), aten_gm)
 
 
 def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,

@@ -1,0 +1,39 @@
+// What the graph passes look up about a graph's values: metadata, the node defining each, the
+// next free id, the values a graph output may alias; and an empty copy to rebuild nodes into.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// Every value's metadata, the index of the node defining each node output, and the first id no
+// value uses (for values a pass adds).
+struct ValueIndex {
+  std::unordered_map<uint32_t, const kiln::v1::TensorMeta*> meta;
+  std::unordered_map<uint32_t, int> producer;
+  uint32_t next_id = 0;
+};
+
+ValueIndex IndexValues(const kiln::v1::Graph& graph);
+
+// The graph with `graph`'s inputs (and how many are bound), constants and outputs, no nodes.
+kiln::v1::Graph EmptyLike(const kiln::v1::Graph& graph);
+
+std::unordered_set<uint32_t> GraphOutputs(const kiln::v1::Graph& graph);
+
+// Values a graph output may alias: the outputs, and the inputs of views that lead to them.
+// Merging, dropping or caching the node that makes one would change what the caller's outputs
+// share memory with (eager returns a fresh tensor for view(clone(x)), not a view of x).
+std::unordered_set<uint32_t> Escaping(const kiln::v1::Graph& graph);
+
+// Readers of each value (node indices, in order; a node reading a value twice appears twice).
+std::unordered_map<uint32_t, std::vector<int>> Readers(const kiln::v1::Graph& graph);
+
+// Contiguous (row-major) strides of `sizes`.
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
+
+}  // namespace kiln::compiler

@@ -1,0 +1,295 @@
+// The oneDNN library-op selections: each rewrites matching nodes in place (the fused node at
+// the position of the last node it replaces) and leaves what it bypassed to dead-code removal.
+#include "compiler/onednn_passes.h"
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "compiler/bound_prologue.h"
+#include "compiler/graph_index.h"
+#include "compiler/op_classes.h"
+
+namespace kiln::compiler {
+
+using kiln::v1::Argument;
+using kiln::v1::Graph;
+using kiln::v1::Node;
+using kiln::v1::TensorMeta;
+
+Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
+  ValueIndex index = IndexValues(graph);
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  const auto& meta = index.meta;
+  uint32_t& next_id = index.next_id;
+  auto f32_matrix = [&](uint32_t id) {
+    auto it = meta.find(id);
+    if (it == meta.end()) return false;
+    const TensorMeta& m = *it->second;
+    return m.dtype() == kiln::v1::DTYPE_FLOAT32 && m.sizes_size() == 2 && m.sizes(0) > 0 &&
+           m.sizes(1) > 0 && m.device().kind() == kiln::v1::DEVICE_KIND_CPU;
+  };
+  // The value `id` is the transpose of, when it is made by a 2-D transpose view.
+  auto transpose_of = [&](uint32_t id) -> std::optional<uint32_t> {
+    auto p = index.producer.find(id);
+    if (p == index.producer.end()) return std::nullopt;
+    const Node& n = graph.nodes(p->second);
+    if (n.args_size() == 0 || n.args(0).kind_case() != Argument::kValue ||
+        !f32_matrix(n.args(0).value())) {
+      return std::nullopt;
+    }
+    auto ints = [&](int i) {
+      std::vector<int64_t> v;
+      if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntValue) {
+        v.push_back(n.args(i).int_value());
+      } else if (i < n.args_size() && n.args(i).kind_case() == Argument::kIntList) {
+        v.assign(n.args(i).int_list().values().begin(), n.args(i).int_list().values().end());
+      }
+      return v;
+    };
+    const bool swap = (n.op() == "aten::t" && n.args_size() == 1) ||
+                      (n.op() == "aten::permute" && n.args_size() == 2 &&
+                       ints(1) == std::vector<int64_t>{1, 0}) ||
+                      (n.op() == "aten::transpose.int" && n.args_size() == 3 &&
+                       ints(1).size() == 1 && ints(2).size() == 1 && ints(1)[0] != ints(2)[0] &&
+                       (ints(1)[0] == 0 || ints(1)[0] == 1 || ints(1)[0] == -1 ||
+                        ints(1)[0] == -2) &&
+                       (ints(2)[0] == 0 || ints(2)[0] == 1 || ints(2)[0] == -1 ||
+                        ints(2)[0] == -2));
+    if (!swap) return std::nullopt;
+    return n.args(0).value();
+  };
+  Graph out = EmptyLike(graph);
+  for (const Node& node : graph.nodes()) {
+    const bool matmul = node.op() == "aten::mm" && node.args_size() == 2 &&
+                        node.outputs_size() == 1 && node.args(0).name().empty() &&
+                        node.args(1).name().empty() &&
+                        node.args(0).kind_case() == Argument::kValue &&
+                        node.args(1).kind_case() == Argument::kValue &&
+                        f32_matrix(node.args(0).value()) && f32_matrix(node.args(1).value()) &&
+                        node.outputs(0).meta().dtype() == kiln::v1::DTYPE_FLOAT32;
+    if (!matmul) {
+      *out.add_nodes() = node;
+      continue;
+    }
+    const uint32_t y = node.args(1).value();
+    uint32_t weight;
+    if (auto w = transpose_of(y)) {
+      weight = *w;
+    } else {
+      // A new permute view of y: sizes and strides swapped, same storage.
+      const TensorMeta& ym = *meta.at(y);
+      Node* t = out.add_nodes();
+      t->set_op("aten::permute");
+      t->add_args()->set_value(y);
+      t->add_args()->mutable_int_list()->add_values(1);
+      t->mutable_args(1)->mutable_int_list()->add_values(0);
+      kiln::v1::Value* v = t->add_outputs();
+      v->set_id(next_id++);
+      TensorMeta* m = v->mutable_meta();
+      *m = ym;
+      m->set_sizes(0, ym.sizes(1));
+      m->set_sizes(1, ym.sizes(0));
+      m->set_strides(0, ym.strides(1));
+      m->set_strides(1, ym.strides(0));
+      weight = v->id();
+    }
+    if (bound.count(weight) && IsRowMajor(*meta.at(weight))) {
+      // Packed once for this batch size (the prologue); the GEMM then skips its reorder.
+      Node* pack = out.add_nodes();
+      pack->set_op("mkldnn::_reorder_linear_weight");
+      pack->add_args()->set_value(weight);
+      pack->add_args()->set_int_value(meta.at(node.args(0).value())->sizes(0));
+      kiln::v1::Value* v = pack->add_outputs();
+      v->set_id(next_id++);
+      *v->mutable_meta() = *meta.at(weight);
+      weight = v->id();
+      if (stats) ++stats->packed_linears;
+    }
+    Node* l = out.add_nodes();
+    l->set_op("mkldnn::_linear_pointwise");
+    *l->add_args() = node.args(0);
+    l->add_args()->set_value(weight);
+    l->add_args()->mutable_none();  // bias: the decomposed graph adds it in a kernel
+    l->add_args()->set_string_value("none");
+    l->add_args()->mutable_int_list();  // no scalars
+    l->add_args()->mutable_none();      // algorithm
+    *l->mutable_outputs() = node.outputs();
+    if (stats) ++stats->onednn_linears;
+  }
+  return out;
+}
+
+
+namespace {
+
+bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
+  return a.dtype() == b.dtype() &&
+         std::vector<int64_t>(a.sizes().begin(), a.sizes().end()) ==
+             std::vector<int64_t>(b.sizes().begin(), b.sizes().end()) &&
+         std::vector<int64_t>(a.strides().begin(), a.strides().end()) ==
+             std::vector<int64_t>(b.strides().begin(), b.strides().end());
+}
+
+void AddIntList(Node* n, const Argument& list) { *n->add_args() = list; }
+
+}  // namespace
+
+Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
+  ValueIndex index = IndexValues(graph);
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  const std::unordered_set<uint32_t> escaping = Escaping(graph);
+  const auto readers = Readers(graph);
+  // The one node reading `id`, when exactly one does and no graph output may alias it.
+  auto only_reader = [&](uint32_t id) -> const Node* {
+    if (escaping.count(id)) return nullptr;
+    auto r = readers.find(id);
+    if (r == readers.end() || r->second.size() != 1) return nullptr;
+    return &graph.nodes(r->second[0]);
+  };
+  auto reader_index = [&](uint32_t id) { return readers.at(id)[0]; };
+  std::unordered_map<int, std::vector<Node>> replace;  // node index -> its replacement
+  // The one reader of `id` when no earlier fusion took it (a residual add of two convolutions
+  // joins the first).
+  auto free_reader = [&](uint32_t id) -> const Node* {
+    const Node* r = only_reader(id);
+    return r != nullptr && !replace.count(reader_index(id)) ? r : nullptr;
+  };
+
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& conv = graph.nodes(i);
+    if (conv.op() != "aten::convolution" || conv.args_size() != 9 || conv.outputs_size() != 1 ||
+        replace.count(i)) {
+      continue;
+    }
+    bool positional = true;
+    for (const Argument& a : conv.args()) positional = positional && a.name().empty();
+    if (!positional || conv.args(0).kind_case() != Argument::kValue ||
+        conv.args(1).kind_case() != Argument::kValue || !bound.count(conv.args(1).value()) ||
+        conv.args(6).kind_case() != Argument::kBoolValue || conv.args(6).bool_value() ||
+        conv.args(8).kind_case() != Argument::kIntValue) {
+      continue;
+    }
+    const TensorMeta& x = *index.meta.at(conv.args(0).value());
+    const TensorMeta& w = *index.meta.at(conv.args(1).value());
+    const TensorMeta& y = conv.outputs(0).meta();
+    if (x.dtype() != kiln::v1::DTYPE_FLOAT32 || w.dtype() != kiln::v1::DTYPE_FLOAT32 ||
+        y.dtype() != kiln::v1::DTYPE_FLOAT32 || x.sizes_size() != 4 || w.sizes_size() != 4 ||
+        x.device().kind() != kiln::v1::DEVICE_KIND_CPU) {
+      continue;
+    }
+    bool nonempty = true;
+    for (int64_t s : y.sizes()) nonempty = nonempty && s > 0;
+    for (int64_t s : x.sizes()) nonempty = nonempty && s > 0;
+    if (!nonempty) continue;
+
+    // Post-ops: relu, or add (+ relu) of a tensor of the result's layout.
+    int last = i;
+    std::vector<int> absorbed{i};
+    kiln::v1::Value result = conv.outputs(0);
+    std::optional<uint32_t> other;
+    bool relu = false;
+    const Node* r = free_reader(result.id());
+    if (r && r->op() == "aten::add.Tensor" && r->outputs_size() == 1 &&
+        (r->args_size() == 2 || (r->args_size() == 3 && r->args(2).name().empty() &&
+                                 ((r->args(2).kind_case() == Argument::kIntValue &&
+                                   r->args(2).int_value() == 1) ||
+                                  (r->args(2).kind_case() == Argument::kFloatValue &&
+                                   r->args(2).float_value() == 1.0)))) &&
+        r->args(0).kind_case() == Argument::kValue && r->args(1).kind_case() == Argument::kValue &&
+        r->args(0).name().empty() && r->args(1).name().empty() &&
+        r->args(0).value() != r->args(1).value()) {
+      const uint32_t o = r->args(0).value() == result.id() ? r->args(1).value()
+                                                           : r->args(0).value();
+      // oneDNN reads `other` in any layout; the sum has the convolution's.
+      const TensorMeta& om = *index.meta.at(o);
+      if (om.dtype() == y.dtype() &&
+          std::vector<int64_t>(om.sizes().begin(), om.sizes().end()) ==
+              std::vector<int64_t>(y.sizes().begin(), y.sizes().end()) &&
+          SameLayout(r->outputs(0).meta(), y)) {
+        other = o;
+        last = reader_index(result.id());
+        absorbed.push_back(last);
+        result = r->outputs(0);
+        r = free_reader(result.id());
+      }
+    }
+    if (r && r->op() == "aten::relu" && r->outputs_size() == 1 &&
+        SameLayout(r->outputs(0).meta(), y)) {
+      relu = true;
+      last = reader_index(result.id());
+      absorbed.push_back(last);
+      result = r->outputs(0);
+    }
+
+    std::vector<Node> nodes;
+    Node pack;
+    pack.set_op("mkldnn::_reorder_convolution_weight");
+    pack.add_args()->set_value(conv.args(1).value());
+    AddIntList(&pack, conv.args(4));  // padding
+    AddIntList(&pack, conv.args(3));  // stride
+    AddIntList(&pack, conv.args(5));  // dilation
+    *pack.add_args() = conv.args(8);  // groups
+    auto* input_size = pack.add_args()->mutable_int_list();
+    for (int64_t s : x.sizes()) input_size->add_values(s);
+    kiln::v1::Value* packed = pack.add_outputs();
+    packed->set_id(index.next_id++);
+    *packed->mutable_meta() = w;
+    const uint32_t packed_id = packed->id();
+    nodes.push_back(std::move(pack));
+
+    Node fused;
+    fused.set_op(other ? "mkldnn::_convolution_pointwise.binary"
+                       : "mkldnn::_convolution_pointwise");
+    *fused.add_args() = conv.args(0);
+    if (other) fused.add_args()->set_value(*other);
+    fused.add_args()->set_value(packed_id);
+    *fused.add_args() = conv.args(2);  // bias (or none)
+    AddIntList(&fused, conv.args(4));
+    AddIntList(&fused, conv.args(3));
+    AddIntList(&fused, conv.args(5));
+    *fused.add_args() = conv.args(8);
+    if (other) {
+      fused.add_args()->set_string_value("add");
+      fused.add_args()->mutable_none();  // alpha
+      if (relu) {
+        fused.add_args()->set_string_value("relu");
+      } else {
+        fused.add_args()->mutable_none();
+      }
+      fused.add_args()->mutable_int_list();  // unary scalars
+      fused.add_args()->mutable_none();      // unary algorithm
+    } else {
+      fused.add_args()->set_string_value(relu ? "relu" : "none");
+      fused.add_args()->mutable_int_list();  // scalars
+      fused.add_args()->mutable_none();      // algorithm
+    }
+    *fused.add_outputs() = result;
+    nodes.push_back(std::move(fused));
+    // The convolution and the nodes it absorbed vanish; the fused node stands where the last
+    // of them was.
+    for (int k : absorbed) {
+      if (k != last) replace[k] = {};
+    }
+    replace[last] = std::move(nodes);
+    if (stats) {
+      ++stats->onednn_convolutions;
+      stats->fused_post_ops += (other ? 1 : 0) + (relu ? 1 : 0);
+    }
+  }
+  if (replace.empty()) return graph;
+  Graph out = EmptyLike(graph);
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    auto it = replace.find(i);
+    if (it == replace.end()) {
+      *out.add_nodes() = graph.nodes(i);
+    } else {
+      for (Node& n : it->second) *out.add_nodes() = std::move(n);
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,26 @@
+// Library-op selection for clients whose torch has oneDNN (Target.cpu_onednn): matrix products
+// and convolutions become mkldnn:: calls, with weights prepacked once in the plan's prologue
+// where they are bound values, and a convolution's relu and residual add run as its post-ops.
+#pragma once
+
+#include "compiler/graph_passes.h"
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// A float32 aten::mm(x, y) becomes mkldnn::_linear_pointwise(x, y^T), oneDNN's GEMM (about 1.3x
+// ATen's mm on the shapes of linear layers). y^T is the tensor y is a transpose of (a linear's
+// weight) or a new permute of y. When y^T is a row-major bound value (a parameter), the GEMM
+// takes mkldnn::_reorder_linear_weight(y^T, M) instead: packed once, not reordered every call.
+// Run dead-code elimination afterwards: the transposes it bypassed may be unused.
+kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+// A float32 2-D aten::convolution (not transposed) whose weight is a bound value becomes
+// mkldnn::_convolution_pointwise over mkldnn::_reorder_convolution_weight(weight, ..., input
+// size): the weight is packed for this input once. When the convolution's only reader is a
+// relu, the relu becomes its "relu" post-op; when it is an add of a tensor of its shape (a
+// residual, in any layout), mkldnn::_convolution_pointwise.binary adds it, with the add's relu reader as
+// the unary post-op. The fused node defines the last value it replaces.
+kiln::v1::Graph UseOneDnnConvolution(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
+}  // namespace kiln::compiler
