@@ -36,6 +36,12 @@ def test_torchvision_vit_captures_as_one_graph_matching_eager():
     torch.testing.assert_close(out, ref)
 
 
+def test_torchvision_vit_b_16_captures_as_one_graph_matching_eager():
+    model = torchvision.models.vit_b_16(weights=None)
+    out, ref = _compile_and_compare(model, torch.randn(1, 3, 224, 224))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
 transformers = pytest.importorskip("transformers")
 
 def _bert(config):

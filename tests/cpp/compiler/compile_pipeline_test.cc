@@ -17,6 +17,9 @@
 #include "compiler/fusion.h"
 #include "compiler/graph_passes.h"
 #include "compiler/onednn_passes.h"
+#include "compiler/bound_prologue.h"
+#include "compiler/conv_folding.h"
+#include "compiler/op_classes.h"
 #include "compiler/ir_validator.h"
 #include "compiler/memory_plan.h"
 #include "tests/cpp/support/kernel_abi.h"
@@ -94,6 +97,8 @@ class GraphBuilder {
     return next_++;
   }
   void Output(uint32_t id) { graph_.add_outputs(id); }
+  // The first `n` inputs are parameters the client binds once (Graph.num_bound_inputs).
+  void Bound(uint32_t n) { graph_.set_num_bound_inputs(n); }
   const Graph& graph() const { return graph_; }
 
   kiln::v1::CompileRequest Request() const {
@@ -844,6 +849,217 @@ TEST(CpuKernelTest, ToolchainRunningPastItsTimeLimitIsKilled) {
   ASSERT_FALSE(body.ok());
   EXPECT_EQ(CompileErrorFromStatus(body.status()).code(), kiln::v1::CompileError::CODE_TOOLCHAIN);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+Argument None() {
+  Argument a;
+  a.mutable_none();
+  return a;
+}
+
+// x -> conv(w, b) -> eval batch norm (mean, rsqrt(var + eps), gamma, beta as [C, 1, 1] views of
+// parameters), as lowering decomposes it; w, b, mean, var, gamma, beta bound.
+struct ConvBn {
+  GraphBuilder b;
+  uint32_t x, w, bias, mean, var, gamma, beta, conv, out;
+  explicit ConvBn(bool extra_reader = false) {
+    w = b.Input({4, 3, 3, 3});
+    bias = b.Input({4});
+    mean = b.Input({4});
+    var = b.Input({4});
+    gamma = b.Input({4});
+    beta = b.Input({4});
+    b.Bound(6);
+    x = b.Input({2, 3, 8, 8});
+    conv = b.Op("aten::convolution",
+                {V(x), V(w), V(bias), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
+                 Ints({0, 0}), I(1)},
+                {2, 4, 8, 8});
+    uint32_t eps = b.Op("aten::add.Tensor", {V(var), F(1e-5)}, {4});
+    uint32_t inv = b.Op("aten::rsqrt", {V(eps)}, {4});
+    auto column = [&](uint32_t v) {
+      return b.Op("aten::view", {V(v), Ints({4, 1, 1})}, {4, 1, 1});
+    };
+    uint32_t sub = b.Op("aten::sub.Tensor", {V(conv), V(column(mean))}, {2, 4, 8, 8});
+    uint32_t mul = b.Op("aten::mul.Tensor", {V(sub), V(column(inv))}, {2, 4, 8, 8});
+    uint32_t mul2 = b.Op("aten::mul.Tensor", {V(mul), V(column(gamma))}, {2, 4, 8, 8});
+    out = b.Op("aten::add.Tensor", {V(mul2), V(column(beta))}, {2, 4, 8, 8});
+    b.Output(out);
+    if (extra_reader) b.Output(conv);
+  }
+};
+
+TEST(ConvFoldingTest, EvalBatchNormFoldsIntoTheConvolutionsWeightAndBias) {
+  ConvBn cb;
+  PassStats stats;
+  Graph g = EliminateDeadCode(FoldConvolutionAffine(RunGraphPasses(cb.b.graph()), &stats));
+  EXPECT_EQ(stats.folded_convolutions, 1);
+  int convs = 0;
+  for (const auto& n : g.nodes()) {
+    EXPECT_FALSE(n.op() == "aten::sub.Tensor" && ValuesRead(n)[0] == cb.conv);
+    if (n.op() != "aten::convolution") continue;
+    ++convs;
+    EXPECT_EQ(n.outputs(0).id(), cb.out);           // the chain's last value, same id
+    EXPECT_NE(n.args(1).value(), cb.w);             // a new weight ...
+    EXPECT_NE(n.args(2).value(), cb.bias);          // ... and bias
+  }
+  EXPECT_EQ(convs, 1);
+  // Everything the new weight and bias need is bound: the prologue computes it.
+  const auto bound = BoundValues(g);
+  for (const auto& n : g.nodes()) {
+    if (n.op() == "aten::convolution") {
+      EXPECT_TRUE(bound.count(n.args(1).value()) && bound.count(n.args(2).value()));
+      EXPECT_FALSE(bound.count(n.outputs(0).id()));
+    }
+  }
+  kiln::v1::CompileRequest request = cb.b.Request();
+  *request.mutable_graph() = g;
+  EXPECT_TRUE(ValidateRequest(request, OpAllowlist::Default()).ok());
+}
+
+TEST(ConvFoldingTest, ConvolutionWithAnotherReaderOrUnboundOperandIsNotFolded) {
+  ConvBn shared(/*extra_reader=*/true);  // the convolution's own result is also returned
+  PassStats stats;
+  FoldConvolutionAffine(RunGraphPasses(shared.b.graph()), &stats);
+  EXPECT_EQ(stats.folded_convolutions, 0);
+
+  GraphBuilder b;  // the scale is a per-call input, not a parameter
+  uint32_t w = b.Input({4, 3, 1, 1});
+  b.Bound(1);
+  uint32_t x = b.Input({1, 3, 2, 2});
+  uint32_t s = b.Input({4, 1, 1});
+  uint32_t conv = b.Op("aten::convolution",
+                       {V(x), V(w), None(), Ints({1, 1}), Ints({0, 0}), Ints({1, 1}), B(false),
+                        Ints({0, 0}), I(1)},
+                       {1, 4, 2, 2});
+  b.Output(b.Op("aten::mul.Tensor", {V(conv), V(s)}, {1, 4, 2, 2}));
+  PassStats stats2;
+  FoldConvolutionAffine(b.graph(), &stats2);
+  EXPECT_EQ(stats2.folded_convolutions, 0);
+}
+
+TEST(BoundPrologueTest, BoundValuesExcludeOutputsTheirAliasesAndRandomOps) {
+  GraphBuilder b;
+  uint32_t p = b.Input({4});
+  b.Bound(1);
+  uint32_t x = b.Input({4});
+  uint32_t doubled = b.Op("aten::mul.Tensor", {V(p), F(2.0)}, {4});      // bound
+  uint32_t view = b.Op("aten::view", {V(p), Ints({2, 2})}, {2, 2});        // returned view
+  uint32_t noise = b.Op("aten::rand_like", {V(p)}, {4});                  // random
+  uint32_t iota = b.Op("aten::arange", {I(4)}, {4}, kiln::v1::DTYPE_INT64);  // no inputs
+  uint32_t sum = b.Op("aten::add.Tensor", {V(x), V(doubled)}, {4});       // per call
+  b.Output(sum);
+  b.Output(view);
+  b.Output(noise);
+  b.Output(b.Op("aten::add.Tensor", {V(x), V(iota)}, {4}));
+  const auto bound = BoundValues(b.graph());
+  EXPECT_TRUE(bound.count(p) && bound.count(doubled) && bound.count(iota));
+  EXPECT_FALSE(bound.count(x) || bound.count(view) || bound.count(noise) || bound.count(sum));
+  // Bound nodes first, each kind in its order.
+  Graph g = BoundNodesFirst(b.graph(), bound);
+  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::mul.Tensor", "aten::arange",
+                                              "aten::view", "aten::rand_like",
+                                              "aten::add.Tensor", "aten::add.Tensor"}));
+}
+
+TEST(BoundPrologueTest, PlanRunsBoundWorkInThePrologueOutsideTheArena) {
+  ConvBn cb;
+  Graph g = EliminateDeadCode(FoldConvolutionAffine(RunGraphPasses(cb.b.graph())));
+  const auto bound = BoundValues(g);
+  g = BoundNodesFirst(g, bound);
+  FusedProgram program = FuseGraph(g, &bound);
+  kiln::v1::ExecutionPlan plan = BuildPlan(g, program, &bound);
+  ASSERT_EQ(plan.steps_size(), 1);  // only the convolution runs per call
+  EXPECT_EQ(plan.steps(0).library().op(), "aten::convolution");
+  EXPECT_GT(plan.prologue_size(), 0);
+  // The per-call step reads the folded weight and bias the prologue keeps.
+  std::set<uint32_t> kept(plan.prologue_outputs().begin(), plan.prologue_outputs().end());
+  EXPECT_TRUE(kept.count(plan.steps(0).library().args(1).value()));
+  EXPECT_TRUE(kept.count(plan.steps(0).library().args(2).value()));
+  std::set<uint32_t> prologue_writes;
+  for (const auto& step : plan.prologue()) {
+    if (step.has_kernel()) {
+      prologue_writes.insert(step.kernel().writes().begin(), step.kernel().writes().end());
+    }
+    for (uint32_t id : step.release()) EXPECT_FALSE(kept.count(id)) << id;
+  }
+  EXPECT_FALSE(prologue_writes.empty());
+  for (const auto& buffer : plan.buffers()) {
+    if (prologue_writes.count(buffer.id())) {
+      EXPECT_FALSE(buffer.in_arena()) << buffer.id();
+    }
+  }
+  for (const auto& step : plan.steps()) {
+    for (uint32_t id : step.release()) EXPECT_FALSE(kept.count(id));
+  }
+}
+
+// conv1 -> relu; conv2(relu) + conv3(x) -> relu: a residual block's shape.
+TEST(OneDnnPassesTest, ConvolutionsTakeReluAndResidualAddAsPostOps) {
+  GraphBuilder b;
+  uint32_t w1 = b.Input({4, 4, 3, 3}), w2 = b.Input({4, 4, 3, 3}), w3 = b.Input({4, 4, 1, 1});
+  b.Bound(3);
+  uint32_t x = b.Input({1, 4, 6, 6});
+  auto conv = [&](uint32_t in, uint32_t w, int64_t pad) {
+    return b.Op("aten::convolution",
+                {V(in), V(w), None(), Ints({1, 1}), Ints({pad, pad}), Ints({1, 1}), B(false),
+                 Ints({0, 0}), I(1)},
+                {1, 4, 6, 6});
+  };
+  uint32_t r1 = b.Op("aten::relu", {V(conv(x, w1, 1))}, {1, 4, 6, 6});
+  uint32_t c2 = conv(r1, w2, 1);
+  uint32_t c3 = conv(x, w3, 0);
+  uint32_t sum = b.Op("aten::add.Tensor", {V(c2), V(c3)}, {1, 4, 6, 6});
+  uint32_t out = b.Op("aten::relu", {V(sum)}, {1, 4, 6, 6});
+  b.Output(out);
+  PassStats stats;
+  Graph g = EliminateDeadCode(UseOneDnnConvolution(b.graph(), &stats));
+  EXPECT_EQ(stats.onednn_convolutions, 3);
+  EXPECT_EQ(stats.fused_post_ops, 3);  // relu; add + relu
+  std::vector<std::string> calls;
+  for (const auto& n : g.nodes()) {
+    if (n.op().rfind("mkldnn::_convolution", 0) == 0) calls.push_back(n.op());
+    if (n.op() == "mkldnn::_convolution_pointwise.binary") {
+      EXPECT_EQ(n.outputs(0).id(), out);
+      EXPECT_EQ(n.args(1).value(), c3);  // the other convolution's result is the addend
+      EXPECT_EQ(n.args(8).string_value(), "add");
+      EXPECT_EQ(n.args(10).string_value(), "relu");
+    }
+    if (n.op() == "mkldnn::_convolution_pointwise" && n.outputs(0).id() == r1) {
+      EXPECT_EQ(n.args(7).string_value(), "relu");
+    }
+    EXPECT_NE(n.op(), "aten::relu");
+    EXPECT_NE(n.op(), "aten::add.Tensor");
+  }
+  EXPECT_EQ(calls, (std::vector<std::string>{"mkldnn::_convolution_pointwise",
+                                             "mkldnn::_convolution_pointwise",
+                                             "mkldnn::_convolution_pointwise.binary"}));
+  // Every weight is packed, and packing is bound work.
+  const auto bound = BoundValues(g);
+  int packs = 0;
+  for (const auto& n : g.nodes()) {
+    if (n.op() != "mkldnn::_reorder_convolution_weight") continue;
+    ++packs;
+    EXPECT_TRUE(bound.count(n.outputs(0).id()));
+  }
+  EXPECT_EQ(packs, 3);
+}
+
+TEST(OneDnnPassesTest, ParameterWeightsOfMatrixProductsArePackedOnce) {
+  GraphBuilder b;
+  uint32_t w = b.Input({16, 32});
+  b.Bound(1);
+  uint32_t x = b.Input({8, 32});
+  uint32_t wt = b.Op("aten::permute", {V(w), Ints({1, 0})}, {32, 16}, kF32, {1, 32});
+  b.Output(b.Op("aten::mm", {V(x), V(wt)}, {8, 16}));
+  PassStats stats;
+  Graph g = EliminateDeadCode(UseOneDnnLinear(b.graph(), &stats));
+  EXPECT_EQ(stats.packed_linears, 1);
+  ASSERT_EQ(Ops(g), (std::vector<std::string>{"mkldnn::_reorder_linear_weight",
+                                              "mkldnn::_linear_pointwise"}));
+  EXPECT_EQ(g.nodes(0).args(0).value(), w);
+  EXPECT_EQ(g.nodes(0).args(1).int_value(), 8);  // packed for the batch size
+  EXPECT_TRUE(BoundValues(g).count(g.nodes(0).outputs(0).id()));
 }
 
 TEST(CpuKernelTest, InvalidIsaIsRefusedWithoutRunningTheToolchain) {
