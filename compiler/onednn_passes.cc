@@ -76,9 +76,12 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
     }
     const uint32_t y = node.args(1).value();
     uint32_t weight;
+    bool weight_bound;
     if (auto w = transpose_of(y)) {
       weight = *w;
+      weight_bound = bound.count(weight) != 0;
     } else {
+      weight_bound = bound.count(y) != 0;
       // A new permute view of y: sizes and strides swapped, same storage.
       const TensorMeta& ym = *meta.at(y);
       Node* t = out.add_nodes();
@@ -96,7 +99,7 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
       m->set_strides(1, ym.strides(0));
       weight = v->id();
     }
-    if (bound.count(weight) && IsRowMajor(*meta.at(weight))) {
+    if (weight_bound) {
       // Packed once for this batch size (the prologue); the GEMM then skips its reorder.
       Node* pack = out.add_nodes();
       pack->set_op("mkldnn::_reorder_linear_weight");
@@ -104,7 +107,9 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
       pack->add_args()->set_int_value(meta.at(node.args(0).value())->sizes(0));
       kiln::v1::Value* v = pack->add_outputs();
       v->set_id(next_id++);
-      *v->mutable_meta() = *meta.at(weight);
+      *v->mutable_meta() = *meta.at(y);  // sizes of y^T: [N, K] (opaque once packed)
+      auto* sizes = v->mutable_meta()->mutable_sizes();
+      std::swap(sizes->at(0), sizes->at(1));
       weight = v->id();
       if (stats) ++stats->packed_linears;
     }

@@ -10,8 +10,9 @@ namespace kiln::compiler {
 
 // A float32 aten::mm(x, y) becomes mkldnn::_linear_pointwise(x, y^T), oneDNN's GEMM (about 1.3x
 // ATen's mm on the shapes of linear layers). y^T is the tensor y is a transpose of (a linear's
-// weight) or a new permute of y. When y^T is a row-major bound value (a parameter), the GEMM
-// takes mkldnn::_reorder_linear_weight(y^T, M) instead: packed once, not reordered every call.
+// weight) or a new permute of y. When y is a bound value (a parameter, stored either way round:
+// GPT-2's Conv1D keeps [in, out]), the GEMM takes mkldnn::_reorder_linear_weight(y^T, M)
+// instead: packed once, not reordered every call.
 // Run dead-code elimination afterwards: the transposes it bypassed may be unused.
 kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 

@@ -93,6 +93,7 @@ constexpr const char* kDefaultOps[] = {
     "aten::stack",
     "aten::_to_copy",
     "aten::alias",
+    "aten::detach",
     // Creation.
     "aten::full",
     "aten::arange",
