@@ -84,17 +84,7 @@ class Folder {
       replace[chain.back().node] = Fold(conv, chain);
       if (stats_) ++stats_->folded_convolutions;
     }
-    if (replace.empty()) return graph_;
-    Graph out = EmptyLike(graph_);
-    for (int i = 0; i < graph_.nodes_size(); ++i) {
-      auto r = replace.find(i);
-      if (r == replace.end()) {
-        *out.add_nodes() = graph_.nodes(i);
-      } else {
-        for (Node& n : r->second) *out.add_nodes() = std::move(n);
-      }
-    }
-    return out;
+    return ReplaceNodes(graph_, std::move(replace));
   }
 
  private:

@@ -64,6 +64,20 @@ std::unordered_map<uint32_t, std::vector<int>> Readers(const Graph& graph) {
   return readers;
 }
 
+Graph ReplaceNodes(const Graph& graph, std::unordered_map<int, std::vector<Node>> replace) {
+  if (replace.empty()) return graph;
+  Graph out = EmptyLike(graph);
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    auto it = replace.find(i);
+    if (it == replace.end()) {
+      *out.add_nodes() = graph.nodes(i);
+    } else {
+      for (Node& n : it->second) *out.add_nodes() = std::move(n);
+    }
+  }
+  return out;
+}
+
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> strides(sizes.size());
   int64_t stride = 1;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "kiln/v1/graph.pb.h"
 
@@ -32,6 +33,10 @@ std::unordered_set<uint32_t> Escaping(const kiln::v1::Graph& graph);
 
 // Readers of each value (node indices, in order; a node reading a value twice appears twice).
 std::unordered_map<uint32_t, std::vector<int>> Readers(const kiln::v1::Graph& graph);
+
+// `graph` with node i replaced by replace[i] (nothing, when empty) wherever replace has an entry.
+kiln::v1::Graph ReplaceNodes(const kiln::v1::Graph& graph,
+                             std::unordered_map<int, std::vector<kiln::v1::Node>> replace);
 
 // Contiguous (row-major) strides of `sizes`.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);

@@ -284,17 +284,7 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
       stats->fused_post_ops += (other ? 1 : 0) + (relu ? 1 : 0);
     }
   }
-  if (replace.empty()) return graph;
-  Graph out = EmptyLike(graph);
-  for (int i = 0; i < graph.nodes_size(); ++i) {
-    auto it = replace.find(i);
-    if (it == replace.end()) {
-      *out.add_nodes() = graph.nodes(i);
-    } else {
-      for (Node& n : it->second) *out.add_nodes() = std::move(n);
-    }
-  }
-  return out;
+  return ReplaceNodes(graph, std::move(replace));
 }
 
 }  // namespace kiln::compiler
