@@ -21,13 +21,6 @@ using kiln::v1::Graph;
 using kiln::v1::Node;
 using kiln::v1::TensorMeta;
 
-std::vector<int64_t> Sizes(const TensorMeta& m) { return {m.sizes().begin(), m.sizes().end()}; }
-
-bool IsUnitScalar(const Argument& a) {
-  return (a.kind_case() == Argument::kIntValue && a.int_value() == 1) ||
-         (a.kind_case() == Argument::kFloatValue && a.float_value() == 1.0);
-}
-
 // Strides that cover sizes' elements exactly once in some dimension order (contiguous,
 // channels-last, ...): a kernel may write a new tensor in that layout.
 bool IsDense(const TensorMeta& m) {
@@ -66,8 +59,7 @@ class Folder {
   Folder(const Graph& graph, PassStats* stats)
       : graph_(graph),
         index_(IndexValues(graph)),
-        readers_(Readers(graph)),
-        escaping_(Escaping(graph)),
+        sole_(graph),
         bound_(BoundValues(graph)),
         stats_(stats) {}
 
@@ -94,26 +86,16 @@ class Folder {
   }
 
   bool Foldable(const Node& n) const {
-    if (n.op() != "aten::convolution" || n.args_size() != 9 || n.outputs_size() != 1) {
-      return false;
-    }
-    for (const Argument& a : n.args()) {
-      if (!a.name().empty()) return false;
-    }
-    const Argument& w = n.args(1);
+    if (!IsForwardConvolution(n) || !bound_.count(n.args(1).value())) return false;
     const Argument& b = n.args(2);
-    const Argument& transposed = n.args(6);
-    if (w.kind_case() != Argument::kValue || !bound_.count(w.value())) return false;
     if (b.kind_case() == Argument::kValue ? !bound_.count(b.value())
                                           : b.kind_case() != Argument::kNone) {
       return false;
     }
-    if (transposed.kind_case() != Argument::kBoolValue || transposed.bool_value()) return false;
     const TensorMeta& y = n.outputs(0).meta();
-    const TensorMeta& wm = Meta(w.value());
+    const TensorMeta& wm = Meta(n.args(1).value());
     return y.dtype() == kiln::v1::DTYPE_FLOAT32 && wm.dtype() == kiln::v1::DTYPE_FLOAT32 &&
-           y.sizes_size() == 4 && wm.sizes_size() == 4 && wm.sizes(0) == y.sizes(1) &&
-           IsDense(wm);
+           y.sizes_size() == 4 && wm.sizes_size() == 4 && wm.sizes(0) == y.sizes(1) && IsDense(wm);
   }
 
   // Whether `c` holds one value per output channel of a [N, C, H, W] result: right-aligned
@@ -137,17 +119,12 @@ class Folder {
     const TensorMeta& y = conv.outputs(0).meta();
     uint32_t cur = conv.outputs(0).id();
     while (true) {
-      if (escaping_.count(cur)) break;
-      auto r = readers_.find(cur);
-      if (r == readers_.end() || r->second.size() != 1) break;
-      const Node& n = graph_.nodes(r->second[0]);
+      const int reader = sole_.Of(cur);
+      if (reader < 0) break;
+      const Node& n = graph_.nodes(reader);
       if (n.outputs_size() != 1 || n.args_size() < 2) break;
       const TensorMeta& out = n.outputs(0).meta();
-      if (Sizes(out) != Sizes(y) || out.dtype() != y.dtype() ||
-          std::vector<int64_t>(out.strides().begin(), out.strides().end()) !=
-              std::vector<int64_t>(y.strides().begin(), y.strides().end())) {
-        break;
-      }
+      if (!SameLayout(out, y)) break;
       bool ok = n.args(0).kind_case() == Argument::kValue &&
                 n.args(1).kind_case() == Argument::kValue && n.args(0).name().empty() &&
                 n.args(1).name().empty();
@@ -158,7 +135,7 @@ class Folder {
       const bool first = a == cur;
       const uint32_t c = first ? b : a;
       if (!PerChannel(c, y)) break;
-      Link link{Link::kAdd, c, r->second[0]};
+      Link link{Link::kAdd, c, reader};
       if (n.op() == "aten::add.Tensor") {
         link.kind = Link::kAdd;
       } else if (n.op() == "aten::sub.Tensor" && first) {
@@ -249,8 +226,7 @@ class Folder {
 
   const Graph& graph_;
   ValueIndex index_;
-  std::unordered_map<uint32_t, std::vector<int>> readers_;
-  std::unordered_set<uint32_t> escaping_;
+  SoleReaders sole_;
   std::unordered_set<uint32_t> bound_;
   std::unordered_map<uint32_t, TensorMeta> emitted_;  // metadata of the values Fold adds
   PassStats* stats_;

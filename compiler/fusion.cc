@@ -1,8 +1,6 @@
 // Greedy vertical fusion over the topological order, view folding, and dead-step removal.
 #include "compiler/fusion.h"
 
-#include "compiler/bound_prologue.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +9,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "compiler/bound_prologue.h"
+#include "compiler/graph_index.h"
 #include "compiler/ir_validator.h"
 #include "compiler/op_classes.h"
 #include "compiler/pointwise_ops.h"
@@ -24,8 +24,6 @@ using kiln::v1::Graph;
 using kiln::v1::Node;
 using kiln::v1::TensorMeta;
 using MetaMap = std::unordered_map<uint32_t, const TensorMeta*>;
-
-std::vector<int64_t> Sizes(const TensorMeta& m) { return {m.sizes().begin(), m.sizes().end()}; }
 
 // True when `node`'s single result addresses its first input's storage with the result's own
 // strides and storage offset, so a kernel may read the input in its place.

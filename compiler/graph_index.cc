@@ -64,6 +64,32 @@ std::unordered_map<uint32_t, std::vector<int>> Readers(const Graph& graph) {
   return readers;
 }
 
+SoleReaders::SoleReaders(const Graph& graph)
+    : readers_(Readers(graph)), escaping_(Escaping(graph)) {}
+
+int SoleReaders::Of(uint32_t id) const {
+  if (escaping_.count(id)) return -1;
+  auto r = readers_.find(id);
+  return r == readers_.end() || r->second.size() != 1 ? -1 : r->second[0];
+}
+
+std::vector<int64_t> Sizes(const kiln::v1::TensorMeta& m) {
+  return {m.sizes().begin(), m.sizes().end()};
+}
+
+std::vector<int64_t> Strides(const kiln::v1::TensorMeta& m) {
+  return {m.strides().begin(), m.strides().end()};
+}
+
+bool SameLayout(const kiln::v1::TensorMeta& a, const kiln::v1::TensorMeta& b) {
+  return a.dtype() == b.dtype() && Sizes(a) == Sizes(b) && Strides(a) == Strides(b);
+}
+
+bool IsUnitScalar(const Argument& a) {
+  return (a.kind_case() == Argument::kIntValue && a.int_value() == 1) ||
+         (a.kind_case() == Argument::kFloatValue && a.float_value() == 1.0);
+}
+
 Graph ReplaceNodes(const Graph& graph, std::unordered_map<int, std::vector<Node>> replace) {
   if (replace.empty()) return graph;
   Graph out = EmptyLike(graph);

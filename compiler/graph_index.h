@@ -34,6 +34,28 @@ std::unordered_set<uint32_t> Escaping(const kiln::v1::Graph& graph);
 // Readers of each value (node indices, in order; a node reading a value twice appears twice).
 std::unordered_map<uint32_t, std::vector<int>> Readers(const kiln::v1::Graph& graph);
 
+// The node a rewrite may absorb after the one defining a value: the value's only reader, when
+// exactly one node reads it and no graph output may alias it.
+class SoleReaders {
+ public:
+  explicit SoleReaders(const kiln::v1::Graph& graph);
+  // The index of the value's only reader, or -1.
+  int Of(uint32_t id) const;
+
+ private:
+  std::unordered_map<uint32_t, std::vector<int>> readers_;
+  std::unordered_set<uint32_t> escaping_;
+};
+
+std::vector<int64_t> Sizes(const kiln::v1::TensorMeta& m);
+std::vector<int64_t> Strides(const kiln::v1::TensorMeta& m);
+
+// Same dtype, sizes and strides.
+bool SameLayout(const kiln::v1::TensorMeta& a, const kiln::v1::TensorMeta& b);
+
+// An int or float argument equal to 1 (an alpha that changes nothing).
+bool IsUnitScalar(const kiln::v1::Argument& a);
+
 // `graph` with node i replaced by replace[i] (nothing, when empty) wherever replace has an entry.
 kiln::v1::Graph ReplaceNodes(const kiln::v1::Graph& graph,
                              std::unordered_map<int, std::vector<kiln::v1::Node>> replace);

@@ -209,9 +209,6 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
     }
   }
   for (uint32_t id : graph.outputs()) ++readers[id];
-  auto sizes = [](const TensorMeta& m) {
-    return std::vector<int64_t>(m.sizes().begin(), m.sizes().end());
-  };
   // The rewritten pointwise node for reshape `v`, preceded by the reshapes of its full-size
   // operands; empty when the hoist does not apply.
   std::vector<std::vector<Node>> replacement(graph.nodes_size());
@@ -219,8 +216,7 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const Node& v = graph.nodes(i);
     if ((v.op() != "aten::view" && v.op() != "aten::_unsafe_view" && v.op() != "aten::reshape") ||
-        v.outputs_size() != 1 || v.args_size() == 0 ||
-        v.args(0).kind_case() != Argument::kValue) {
+        v.outputs_size() != 1 || v.args_size() == 0 || v.args(0).kind_case() != Argument::kValue) {
       continue;
     }
     // A reshape only library calls read (the 2-D view a matrix product takes) costs nothing
@@ -240,7 +236,7 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
         um.storage_offset() != vm.storage_offset()) {
       continue;
     }
-    const std::vector<int64_t> from = sizes(um), to = sizes(vm);
+    const std::vector<int64_t> from = Sizes(um), to = Sizes(vm);
     std::vector<Node> nodes;
     Node moved = pw;
     bool ok = true;
@@ -248,7 +244,7 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
       if (a.kind_case() == Argument::kValueList) ok = false;
       if (a.kind_case() != Argument::kValue) continue;
       const TensorMeta& am = *meta.at(a.value());
-      std::vector<int64_t> as = sizes(am);
+      std::vector<int64_t> as = Sizes(am);
       if (as == from) {
         if (!IsRowMajor(am)) {
           ok = false;

@@ -7,13 +7,13 @@
 namespace kiln::compiler {
 
 struct PassStats {
-  int dead_nodes = 0;      // nodes removed because nothing reads their outputs
-  int dead_constants = 0;  // constants nothing reads
-  int common_nodes = 0;    // nodes replaced by an identical earlier node
-  int identity_nodes = 0;  // views and copies whose result equals their input
-  int folded_views = 0;    // view(view(x)) rewritten to view(x)
-  int onednn_linears = 0;  // aten::mm calls given to oneDNN
-  int hoisted_views = 0;   // reshapes moved above the pointwise node that fed them
+  int dead_nodes = 0;           // nodes removed because nothing reads their outputs
+  int dead_constants = 0;       // constants nothing reads
+  int common_nodes = 0;         // nodes replaced by an identical earlier node
+  int identity_nodes = 0;       // views and copies whose result equals their input
+  int folded_views = 0;         // view(view(x)) rewritten to view(x)
+  int onednn_linears = 0;       // aten::mm calls given to oneDNN
+  int hoisted_views = 0;        // reshapes moved above the pointwise node that fed them
   int folded_convolutions = 0;  // per-channel affine epilogues folded into a convolution
   int onednn_convolutions = 0;  // convolutions given to oneDNN with a prepacked weight
   int fused_post_ops = 0;       // relu / residual adds run by oneDNN as convolution post-ops
@@ -42,8 +42,7 @@ kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = n
 // both shapes share). A linear's bias add then has the shape of what follows it (GELU, residual
 // add, layer norm) and fuses with it. Reshapes that only library calls read stay. The reshape
 // keeps its value id; the pointwise node dies.
-kiln::v1::Graph HoistViewsAbovePointwise(const kiln::v1::Graph& graph,
-                                         PassStats* stats = nullptr);
+kiln::v1::Graph HoistViewsAbovePointwise(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 // All of the above: view simplification, view hoisting, CSE, then DCE.
 kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);

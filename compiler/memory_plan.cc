@@ -45,7 +45,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
   std::vector<Placement> where(program.steps.size());
   std::vector<std::vector<uint32_t>> step_reads(program.steps.size());
   std::unordered_map<uint32_t, int> def_step;  // value -> fused step defining it
-  std::unordered_set<uint32_t> viewed;  // values a view op reads: never in the arena
+  std::unordered_set<uint32_t> viewed;         // values a view op reads: never in the arena
   for (size_t s = 0; s < program.steps.size(); ++s) {
     const FusedStep& step = program.steps[s];
     const kiln::v1::Node& first =

@@ -49,15 +49,14 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
       }
       return v;
     };
-    const bool swap = (n.op() == "aten::t" && n.args_size() == 1) ||
-                      (n.op() == "aten::permute" && n.args_size() == 2 &&
-                       ints(1) == std::vector<int64_t>{1, 0}) ||
-                      (n.op() == "aten::transpose.int" && n.args_size() == 3 &&
-                       ints(1).size() == 1 && ints(2).size() == 1 && ints(1)[0] != ints(2)[0] &&
-                       (ints(1)[0] == 0 || ints(1)[0] == 1 || ints(1)[0] == -1 ||
-                        ints(1)[0] == -2) &&
-                       (ints(2)[0] == 0 || ints(2)[0] == 1 || ints(2)[0] == -1 ||
-                        ints(2)[0] == -2));
+    const bool swap =
+        (n.op() == "aten::t" && n.args_size() == 1) ||
+        (n.op() == "aten::permute" && n.args_size() == 2 &&
+         ints(1) == std::vector<int64_t>{1, 0}) ||
+        (n.op() == "aten::transpose.int" && n.args_size() == 3 && ints(1).size() == 1 &&
+         ints(2).size() == 1 && ints(1)[0] != ints(2)[0] &&
+         (ints(1)[0] == 0 || ints(1)[0] == 1 || ints(1)[0] == -1 || ints(1)[0] == -2) &&
+         (ints(2)[0] == 0 || ints(2)[0] == 1 || ints(2)[0] == -1 || ints(2)[0] == -2));
     if (!swap) return std::nullopt;
     return n.args(0).value();
   };
@@ -127,56 +126,21 @@ Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
   return out;
 }
 
-
-namespace {
-
-bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
-  return a.dtype() == b.dtype() &&
-         std::vector<int64_t>(a.sizes().begin(), a.sizes().end()) ==
-             std::vector<int64_t>(b.sizes().begin(), b.sizes().end()) &&
-         std::vector<int64_t>(a.strides().begin(), a.strides().end()) ==
-             std::vector<int64_t>(b.strides().begin(), b.strides().end());
-}
-
-void AddIntList(Node* n, const Argument& list) { *n->add_args() = list; }
-
-}  // namespace
-
 Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
   ValueIndex index = IndexValues(graph);
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
-  const std::unordered_set<uint32_t> escaping = Escaping(graph);
-  const auto readers = Readers(graph);
-  // The one node reading `id`, when exactly one does and no graph output may alias it.
-  auto only_reader = [&](uint32_t id) -> const Node* {
-    if (escaping.count(id)) return nullptr;
-    auto r = readers.find(id);
-    if (r == readers.end() || r->second.size() != 1) return nullptr;
-    return &graph.nodes(r->second[0]);
-  };
-  auto reader_index = [&](uint32_t id) { return readers.at(id)[0]; };
+  const SoleReaders sole(graph);
   std::unordered_map<int, std::vector<Node>> replace;  // node index -> its replacement
-  // The one reader of `id` when no earlier fusion took it (a residual add of two convolutions
-  // joins the first).
-  auto free_reader = [&](uint32_t id) -> const Node* {
-    const Node* r = only_reader(id);
-    return r != nullptr && !replace.count(reader_index(id)) ? r : nullptr;
+  // The index of the only reader of `id` when no earlier fusion took it (a residual add of two
+  // convolutions joins the first), or -1.
+  auto free_reader = [&](uint32_t id) {
+    const int r = sole.Of(id);
+    return r >= 0 && !replace.count(r) ? r : -1;
   };
 
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const Node& conv = graph.nodes(i);
-    if (conv.op() != "aten::convolution" || conv.args_size() != 9 || conv.outputs_size() != 1 ||
-        replace.count(i)) {
-      continue;
-    }
-    bool positional = true;
-    for (const Argument& a : conv.args()) positional = positional && a.name().empty();
-    if (!positional || conv.args(0).kind_case() != Argument::kValue ||
-        conv.args(1).kind_case() != Argument::kValue || !bound.count(conv.args(1).value()) ||
-        conv.args(6).kind_case() != Argument::kBoolValue || conv.args(6).bool_value() ||
-        conv.args(8).kind_case() != Argument::kIntValue) {
-      continue;
-    }
+    if (!IsForwardConvolution(conv) || !bound.count(conv.args(1).value())) continue;
     const TensorMeta& x = *index.meta.at(conv.args(0).value());
     const TensorMeta& w = *index.meta.at(conv.args(1).value());
     const TensorMeta& y = conv.outputs(0).meta();
@@ -196,35 +160,31 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     kiln::v1::Value result = conv.outputs(0);
     std::optional<uint32_t> other;
     bool relu = false;
-    const Node* r = free_reader(result.id());
+    int ri = free_reader(result.id());
+    const Node* r = ri >= 0 ? &graph.nodes(ri) : nullptr;
     if (r && r->op() == "aten::add.Tensor" && r->outputs_size() == 1 &&
-        (r->args_size() == 2 || (r->args_size() == 3 && r->args(2).name().empty() &&
-                                 ((r->args(2).kind_case() == Argument::kIntValue &&
-                                   r->args(2).int_value() == 1) ||
-                                  (r->args(2).kind_case() == Argument::kFloatValue &&
-                                   r->args(2).float_value() == 1.0)))) &&
+        (r->args_size() == 2 ||
+         (r->args_size() == 3 && r->args(2).name().empty() && IsUnitScalar(r->args(2)))) &&
         r->args(0).kind_case() == Argument::kValue && r->args(1).kind_case() == Argument::kValue &&
         r->args(0).name().empty() && r->args(1).name().empty() &&
         r->args(0).value() != r->args(1).value()) {
-      const uint32_t o = r->args(0).value() == result.id() ? r->args(1).value()
-                                                           : r->args(0).value();
+      const uint32_t o =
+          r->args(0).value() == result.id() ? r->args(1).value() : r->args(0).value();
       // oneDNN reads `other` in any layout; the sum has the convolution's.
       const TensorMeta& om = *index.meta.at(o);
-      if (om.dtype() == y.dtype() &&
-          std::vector<int64_t>(om.sizes().begin(), om.sizes().end()) ==
-              std::vector<int64_t>(y.sizes().begin(), y.sizes().end()) &&
-          SameLayout(r->outputs(0).meta(), y)) {
+      if (om.dtype() == y.dtype() && Sizes(om) == Sizes(y) && SameLayout(r->outputs(0).meta(), y)) {
         other = o;
-        last = reader_index(result.id());
+        last = ri;
         absorbed.push_back(last);
         result = r->outputs(0);
-        r = free_reader(result.id());
+        ri = free_reader(result.id());
+        r = ri >= 0 ? &graph.nodes(ri) : nullptr;
       }
     }
     if (r && r->op() == "aten::relu" && r->outputs_size() == 1 &&
         SameLayout(r->outputs(0).meta(), y)) {
       relu = true;
-      last = reader_index(result.id());
+      last = ri;
       absorbed.push_back(last);
       result = r->outputs(0);
     }
@@ -233,9 +193,9 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     Node pack;
     pack.set_op("mkldnn::_reorder_convolution_weight");
     pack.add_args()->set_value(conv.args(1).value());
-    AddIntList(&pack, conv.args(4));  // padding
-    AddIntList(&pack, conv.args(3));  // stride
-    AddIntList(&pack, conv.args(5));  // dilation
+    *pack.add_args() = conv.args(4);  // padding
+    *pack.add_args() = conv.args(3);  // stride
+    *pack.add_args() = conv.args(5);  // dilation
     *pack.add_args() = conv.args(8);  // groups
     auto* input_size = pack.add_args()->mutable_int_list();
     for (int64_t s : x.sizes()) input_size->add_values(s);
@@ -252,10 +212,8 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     if (other) fused.add_args()->set_value(*other);
     fused.add_args()->set_value(packed_id);
     *fused.add_args() = conv.args(2);  // bias (or none)
-    AddIntList(&fused, conv.args(4));
-    AddIntList(&fused, conv.args(3));
-    AddIntList(&fused, conv.args(5));
-    *fused.add_args() = conv.args(8);
+    for (int a : {4, 3, 5, 8})
+      *fused.add_args() = conv.args(a);  // padding, stride, dilation, groups
     if (other) {
       fused.add_args()->set_string_value("add");
       fused.add_args()->mutable_none();  // alpha

@@ -20,8 +20,8 @@ kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats =
 // mkldnn::_convolution_pointwise over mkldnn::_reorder_convolution_weight(weight, ..., input
 // size): the weight is packed for this input once. When the convolution's only reader is a
 // relu, the relu becomes its "relu" post-op; when it is an add of a tensor of its shape (a
-// residual, in any layout), mkldnn::_convolution_pointwise.binary adds it, with the add's relu reader as
-// the unary post-op. The fused node defines the last value it replaces.
+// residual, in any layout), mkldnn::_convolution_pointwise.binary adds it, with the add's relu
+// reader as the unary post-op. The fused node defines the last value it replaces.
 kiln::v1::Graph UseOneDnnConvolution(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 }  // namespace kiln::compiler

@@ -51,6 +51,17 @@ bool IsNondeterministic(std::string_view op) {
   return false;
 }
 
+bool IsForwardConvolution(const kiln::v1::Node& n) {
+  using kiln::v1::Argument;
+  if (n.op() != "aten::convolution" || n.args_size() != 9 || n.outputs_size() != 1) return false;
+  for (const Argument& a : n.args()) {
+    if (!a.name().empty()) return false;
+  }
+  return n.args(0).kind_case() == Argument::kValue && n.args(1).kind_case() == Argument::kValue &&
+         n.args(6).kind_case() == Argument::kBoolValue && !n.args(6).bool_value() &&
+         n.args(8).kind_case() == Argument::kIntValue;
+}
+
 std::vector<uint32_t> ValuesRead(const kiln::v1::Node& node) {
   std::vector<uint32_t> ids;
   for (const kiln::v1::Argument& a : node.args()) {

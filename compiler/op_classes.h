@@ -35,6 +35,11 @@ bool IsNondeterministic(std::string_view op);
 // The ids of the values `node` reads, in argument order (Tensor and Tensor[] arguments).
 std::vector<uint32_t> ValuesRead(const kiln::v1::Node& node);
 
+// aten::convolution with its nine arguments positional, tensor input and weight, not transposed
+// and an int `groups`: (input, weight, bias, stride, padding, dilation, transposed,
+// output_padding, groups).
+bool IsForwardConvolution(const kiln::v1::Node& node);
+
 // True when `meta` is row-major contiguous (size-1 dims may have any stride); storage offset
 // not considered.
 bool IsRowMajor(const kiln::v1::TensorMeta& meta);

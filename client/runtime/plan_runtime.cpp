@@ -133,10 +133,10 @@ c10::IValue ConvertConstant(const CallArg& a, const c10::Argument& formal,
       if (element != nullptr && IsFloatLike(element)) {
         return c10::List<double>(std::vector<double>(a.list.begin(), a.list.end()));
       }
-      if (element != nullptr && (element->kind() == TK::NumberType ||
-                                 (element->kind() == TK::OptionalType &&
-                                  element->castRaw<c10::OptionalType>()->getElementType()->kind() ==
-                                      TK::NumberType))) {
+      if (element != nullptr &&
+          (element->kind() == TK::NumberType ||
+           (element->kind() == TK::OptionalType &&
+            element->castRaw<c10::OptionalType>()->getElementType()->kind() == TK::NumberType))) {
         c10::impl::GenericList scalars(element);  // Scalar[] / Scalar?[] (mkldnn's scalars)
         for (int64_t v : a.list) scalars.push_back(c10::Scalar(v));
         return scalars;
@@ -331,83 +331,83 @@ Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device)
   std::set<int> watched;  // constant slots the prologue reads
   auto build_steps = [&](const std::vector<std::variant<KernelStepSpec, LibraryStepSpec>>& specs,
                          const std::string& list, bool prologue, std::vector<Step>& into) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    Step step;
-    const std::vector<uint32_t>* release = nullptr;
-    if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
-      step.label = list + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
-      const std::string& where = step.label;
-      KernelStep ks{};
-      ks.symbol = k->symbol;
-      try {
-        ks.fn = library_->Resolve(k->symbol);
-      } catch (const std::exception& e) {
-        BuildError(where + ": " + e.what());
-      }
-      const std::unordered_set<uint32_t> writes(k->writes.begin(), k->writes.end());
-      for (uint32_t id : k->writes) {
-        if (!is_buffer[Slot(id)]) BuildError(where + " writes " + Id(id) + ", not a buffer");
-        if (std::find(k->args.begin(), k->args.end(), id) == k->args.end()) {
-          BuildError(where + " writes " + Id(id) + ", which is not one of its arguments");
+    for (size_t i = 0; i < specs.size(); ++i) {
+      Step step;
+      const std::vector<uint32_t>* release = nullptr;
+      if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
+        step.label = list + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
+        const std::string& where = step.label;
+        KernelStep ks{};
+        ks.symbol = k->symbol;
+        try {
+          ks.fn = library_->Resolve(k->symbol);
+        } catch (const std::exception& e) {
+          BuildError(where + ": " + e.what());
         }
-      }
-      for (uint32_t id : k->args) {
-        const int s = Slot(id);
-        if (is_buffer[s] && state[s] == kUndefined) {
-          if (prologue && buffers_[s].in_arena) {
-            BuildError(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
+        const std::unordered_set<uint32_t> writes(k->writes.begin(), k->writes.end());
+        for (uint32_t id : k->writes) {
+          if (!is_buffer[Slot(id)]) BuildError(where + " writes " + Id(id) + ", not a buffer");
+          if (std::find(k->args.begin(), k->args.end(), id) == k->args.end()) {
+            BuildError(where + " writes " + Id(id) + ", which is not one of its arguments");
           }
-          state[s] = kDefined;
-          step.allocate.push_back(s);
         }
-        if (!writes.count(id)) require(s, where);
-        if (prologue && originals_[s].defined()) watched.insert(s);
-        if (state[s] == kReleased) require(s, where);
-        ks.slots.push_back(s);
-        // Constants are checked too: a parameter bound as one can be resized in place later.
-        ks.checked.push_back(!is_buffer[s]);
-      }
-      for (uint32_t id : k->writes) written[Slot(id)] = 1;
-      step.body = std::move(ks);
-      release = &k->release;
-      ++num_kernels_;
-    } else {
-      const auto& l = std::get<LibraryStepSpec>(specs[i]);
-      step.label = list + " " + std::to_string(i) + " (" + l.op + ")";
-      const std::string& where = step.label;
-      LibraryStep ls = BindLibrary(l, where);
-      const auto& formals = ls.op.schema().arguments();
-      auto check_read = [&](int s, size_t position) {
-        require(s, where);
-        if (prologue && originals_[s].defined()) watched.insert(s);
-        if (buffers_[s].in_arena && MayAlias(formals[position])) {
-          BuildError(where + ": its result may be a view of arena buffer " + Id(ids_[s]));
+        for (uint32_t id : k->args) {
+          const int s = Slot(id);
+          if (is_buffer[s] && state[s] == kUndefined) {
+            if (prologue && buffers_[s].in_arena) {
+              BuildError(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
+            }
+            state[s] = kDefined;
+            step.allocate.push_back(s);
+          }
+          if (!writes.count(id)) require(s, where);
+          if (prologue && originals_[s].defined()) watched.insert(s);
+          if (state[s] == kReleased) require(s, where);
+          ks.slots.push_back(s);
+          // Constants are checked too: a parameter bound as one can be resized in place later.
+          ks.checked.push_back(!is_buffer[s]);
         }
-      };
-      for (const auto& [position, s] : ls.tensor_args) check_read(s, position);
-      for (const auto& list : ls.list_args) {
-        for (int s : list.slots) check_read(s, list.position);
+        for (uint32_t id : k->writes) written[Slot(id)] = 1;
+        step.body = std::move(ks);
+        release = &k->release;
+        ++num_kernels_;
+      } else {
+        const auto& l = std::get<LibraryStepSpec>(specs[i]);
+        step.label = list + " " + std::to_string(i) + " (" + l.op + ")";
+        const std::string& where = step.label;
+        LibraryStep ls = BindLibrary(l, where);
+        const auto& formals = ls.op.schema().arguments();
+        auto check_read = [&](int s, size_t position) {
+          require(s, where);
+          if (prologue && originals_[s].defined()) watched.insert(s);
+          if (buffers_[s].in_arena && MayAlias(formals[position])) {
+            BuildError(where + ": its result may be a view of arena buffer " + Id(ids_[s]));
+          }
+        };
+        for (const auto& [position, s] : ls.tensor_args) check_read(s, position);
+        for (const auto& list : ls.list_args) {
+          for (int s : list.slots) check_read(s, list.position);
+        }
+        for (int s : ls.outputs) {
+          if (is_buffer[s]) BuildError(where + " defines buffer " + Id(ids_[s]));
+          define(s, where);
+        }
+        step.body = std::move(ls);
+        release = &l.release;
+        ++num_library_calls_;
       }
-      for (int s : ls.outputs) {
-        if (is_buffer[s]) BuildError(where + " defines buffer " + Id(ids_[s]));
-        define(s, where);
+      for (uint32_t id : *release) {
+        const int s = Slot(id);
+        if (is_output[s]) BuildError(step.label + " releases plan output " + Id(id));
+        if (buffers_[s].in_arena) BuildError(step.label + " releases arena buffer " + Id(id));
+        if (state[s] != kDefined) {
+          BuildError(step.label + " releases " + Id(id) + ", which is not live there");
+        }
+        state[s] = kReleased;
+        step.release.push_back(s);
       }
-      step.body = std::move(ls);
-      release = &l.release;
-      ++num_library_calls_;
+      into.push_back(std::move(step));
     }
-    for (uint32_t id : *release) {
-      const int s = Slot(id);
-      if (is_output[s]) BuildError(step.label + " releases plan output " + Id(id));
-      if (buffers_[s].in_arena) BuildError(step.label + " releases arena buffer " + Id(id));
-      if (state[s] != kDefined) {
-        BuildError(step.label + " releases " + Id(id) + ", which is not live there");
-      }
-      state[s] = kReleased;
-      step.release.push_back(s);
-    }
-    into.push_back(std::move(step));
-  }
   };
   // The prologue reads bound values only: the per-call inputs are defined after it.
   build_steps(spec.prologue, "prologue step", true, prologue_);
@@ -647,9 +647,18 @@ Plan::Stamps Plan::StampWatched() const {
 
 std::shared_ptr<const std::vector<at::Tensor>> Plan::PrologueValues() const {
   std::lock_guard<std::mutex> lock(prologue_mutex_);
-  Stamps now = StampWatched();
-  if (prologue_values_ && now == prologue_stamps_) return prologue_values_;
+  if (prologue_values_) {
+    // The per-call check: a version counter and a data pointer per watched constant.
+    bool current = true;
+    for (size_t i = 0; i < watched_.size() && current; ++i) {
+      const at::Tensor& t = originals_[watched_[i]];
+      current =
+          prologue_stamps_[i].first == t._version() && prologue_stamps_[i].second == t.data_ptr();
+    }
+    if (current) return prologue_values_;
+  }
   // Stamped before the run: a tensor modified while the prologue runs is seen next call.
+  Stamps now = StampWatched();
   std::vector<at::Tensor> vals = bound_;
   RunSteps(prologue_, vals, at::Tensor());
   auto kept = std::make_shared<std::vector<at::Tensor>>();

@@ -155,7 +155,7 @@ class Plan {
 
  private:
   struct KernelStep {
-    KernelFn fn;  // No initializer: it would make Step's variant not default-constructible.
+    KernelFn fn;         // No initializer: it would make Step's variant not default-constructible.
     std::string symbol;  // For profilers: "kiln_kernel_3".
     std::vector<int> slots;     // Argument slots, in parameter order.
     std::vector<char> checked;  // Per argument: not a buffer, so its layout may differ.
@@ -210,7 +210,7 @@ class Plan {
   std::vector<int> watched_;  // Constant slots the prologue reads.
   mutable std::mutex prologue_mutex_;
   mutable std::shared_ptr<const std::vector<at::Tensor>> prologue_values_;  // Under the mutex.
-  mutable Stamps prologue_stamps_;                                           // Under the mutex.
+  mutable Stamps prologue_stamps_;                                          // Under the mutex.
   uint64_t arena_bytes_ = 0;
   c10::Device device_;
   int num_kernels_ = 0;

@@ -161,7 +161,7 @@ CallArg ParseArg(py::handle h, const std::string& where) {
 }
 
 std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> ParseSteps(py::handle steps,
-                                                                       const std::string& name) {
+                                                                      const std::string& name) {
   std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> out;
   py::sequence ss = Sequence(steps, name);
   for (size_t i = 0; i < ss.size(); ++i) {
@@ -313,14 +313,13 @@ void RegisterRuntime(py::module_& m) {
   py::class_<PyPlan>(m, "Plan", kPlanDoc)
       .def(py::init([](const py::bytes& kernel_binary, py::handle values, py::handle inputs,
                        py::handle constants, py::handle buffers, uint64_t arena_bytes,
-                       py::handle steps, py::handle outputs, py::handle device,
-                       py::handle prologue, py::handle prologue_outputs) {
+                       py::handle steps, py::handle outputs, py::handle device, py::handle prologue,
+                       py::handle prologue_outputs) {
              // Plan's constructor throws std::invalid_argument, raised as ValueError.
              try {
-               return std::make_unique<PyPlan>(ParseSpec(kernel_binary, values, inputs,
-                                                         constants, buffers, arena_bytes, steps,
-                                                         outputs, device, prologue,
-                                                         prologue_outputs));
+               return std::make_unique<PyPlan>(ParseSpec(kernel_binary, values, inputs, constants,
+                                                         buffers, arena_bytes, steps, outputs,
+                                                         device, prologue, prologue_outputs));
              } catch (const py::error_already_set&) {
                throw;
              } catch (const py::builtin_exception& e) {

@@ -13,15 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "compiler/bound_prologue.h"
+#include "compiler/conv_folding.h"
 #include "compiler/cpu_compiler.h"
 #include "compiler/fusion.h"
 #include "compiler/graph_passes.h"
-#include "compiler/onednn_passes.h"
-#include "compiler/bound_prologue.h"
-#include "compiler/conv_folding.h"
-#include "compiler/op_classes.h"
 #include "compiler/ir_validator.h"
 #include "compiler/memory_plan.h"
+#include "compiler/onednn_passes.h"
+#include "compiler/op_classes.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
 
@@ -308,8 +308,8 @@ TEST(GraphPassesTest, MultiplyingByOneAndSubtractingZeroAreDroppedButAddingZeroI
   PassStats stats;
   Graph g = RunGraphPasses(b.graph(), &stats);
   EXPECT_EQ(stats.identity_nodes, 3);
-  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::add.Tensor", "aten::mul.Tensor",
-                                              "aten::mul.Tensor"}));
+  EXPECT_EQ(Ops(g),
+            (std::vector<std::string>{"aten::add.Tensor", "aten::mul.Tensor", "aten::mul.Tensor"}));
   EXPECT_EQ(g.nodes(0).args(0).value(), x);
 }
 
@@ -350,10 +350,10 @@ TEST(GraphPassesTest, ReshapesMoveAboveBiasAddsSoTheEpilogueIsOneKernel) {
 TEST(GraphPassesTest, Float32MatrixProductsGoToOneDnnWithTheWeightUntransposed) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 32});
-  uint32_t w = b.Input({16, 32});                 // a linear's weight [out, in]
+  uint32_t w = b.Input({16, 32});  // a linear's weight [out, in]
   uint32_t wt = b.Op("aten::permute", {V(w), Ints({1, 0})}, {32, 16}, kF32, {1, 32});
   uint32_t y = b.Op("aten::mm", {V(x), V(wt)}, {8, 16});
-  uint32_t k = b.Input({16, 4});                  // used as stored: [in, out]
+  uint32_t k = b.Input({16, 4});  // used as stored: [in, out]
   uint32_t z = b.Op("aten::mm", {V(y), V(k)}, {8, 4});
   uint32_t xi = b.Input({8, 32}, kiln::v1::DTYPE_INT64);
   uint32_t wi = b.Input({32, 2}, kiln::v1::DTYPE_INT64);
@@ -899,9 +899,9 @@ TEST(ConvFoldingTest, EvalBatchNormFoldsIntoTheConvolutionsWeightAndBias) {
     EXPECT_FALSE(n.op() == "aten::sub.Tensor" && ValuesRead(n)[0] == cb.conv);
     if (n.op() != "aten::convolution") continue;
     ++convs;
-    EXPECT_EQ(n.outputs(0).id(), cb.out);           // the chain's last value, same id
-    EXPECT_NE(n.args(1).value(), cb.w);             // a new weight ...
-    EXPECT_NE(n.args(2).value(), cb.bias);          // ... and bias
+    EXPECT_EQ(n.outputs(0).id(), cb.out);   // the chain's last value, same id
+    EXPECT_NE(n.args(1).value(), cb.w);     // a new weight ...
+    EXPECT_NE(n.args(2).value(), cb.bias);  // ... and bias
   }
   EXPECT_EQ(convs, 1);
   // Everything the new weight and bias need is bound: the prologue computes it.
@@ -928,10 +928,10 @@ TEST(ConvFoldingTest, ConvolutionWithAnotherReaderOrUnboundOperandIsNotFolded) {
   b.Bound(1);
   uint32_t x = b.Input({1, 3, 2, 2});
   uint32_t s = b.Input({4, 1, 1});
-  uint32_t conv = b.Op("aten::convolution",
-                       {V(x), V(w), None(), Ints({1, 1}), Ints({0, 0}), Ints({1, 1}), B(false),
-                        Ints({0, 0}), I(1)},
-                       {1, 4, 2, 2});
+  uint32_t conv = b.Op(
+      "aten::convolution",
+      {V(x), V(w), None(), Ints({1, 1}), Ints({0, 0}), Ints({1, 1}), B(false), Ints({0, 0}), I(1)},
+      {1, 4, 2, 2});
   b.Output(b.Op("aten::mul.Tensor", {V(conv), V(s)}, {1, 4, 2, 2}));
   PassStats stats2;
   FoldConvolutionAffine(b.graph(), &stats2);
@@ -943,11 +943,11 @@ TEST(BoundPrologueTest, BoundValuesExcludeOutputsTheirAliasesAndRandomOps) {
   uint32_t p = b.Input({4});
   b.Bound(1);
   uint32_t x = b.Input({4});
-  uint32_t doubled = b.Op("aten::mul.Tensor", {V(p), F(2.0)}, {4});      // bound
-  uint32_t view = b.Op("aten::view", {V(p), Ints({2, 2})}, {2, 2});        // returned view
-  uint32_t noise = b.Op("aten::rand_like", {V(p)}, {4});                  // random
+  uint32_t doubled = b.Op("aten::mul.Tensor", {V(p), F(2.0)}, {4});          // bound
+  uint32_t view = b.Op("aten::view", {V(p), Ints({2, 2})}, {2, 2});          // returned view
+  uint32_t noise = b.Op("aten::rand_like", {V(p)}, {4});                     // random
   uint32_t iota = b.Op("aten::arange", {I(4)}, {4}, kiln::v1::DTYPE_INT64);  // no inputs
-  uint32_t sum = b.Op("aten::add.Tensor", {V(x), V(doubled)}, {4});       // per call
+  uint32_t sum = b.Op("aten::add.Tensor", {V(x), V(doubled)}, {4});          // per call
   b.Output(sum);
   b.Output(view);
   b.Output(noise);
@@ -957,9 +957,9 @@ TEST(BoundPrologueTest, BoundValuesExcludeOutputsTheirAliasesAndRandomOps) {
   EXPECT_FALSE(bound.count(x) || bound.count(view) || bound.count(noise) || bound.count(sum));
   // Bound nodes first, each kind in its order.
   Graph g = BoundNodesFirst(b.graph(), bound);
-  EXPECT_EQ(Ops(g), (std::vector<std::string>{"aten::mul.Tensor", "aten::arange",
-                                              "aten::view", "aten::rand_like",
-                                              "aten::add.Tensor", "aten::add.Tensor"}));
+  EXPECT_EQ(Ops(g),
+            (std::vector<std::string>{"aten::mul.Tensor", "aten::arange", "aten::view",
+                                      "aten::rand_like", "aten::add.Tensor", "aten::add.Tensor"}));
 }
 
 TEST(BoundPrologueTest, PlanRunsBoundWorkInThePrologueOutsideTheArena) {
