@@ -1,6 +1,7 @@
 """Warm start: the first call of a second, fresh process on a warm cache, kiln vs torch.compile.
 
-    python bench/bench_warm_start.py [--model resnet50] [--warm-runs N] [--steady N] [--out F]
+    python bench/bench_warm_start.py [--model resnet50] [--warm-runs N] [--steady N]
+                                     [--threads N] [--out F]
 
 For each compiler, in a new cache directory: process 1 compiles the model (cold), then
 --warm-runs fresh interpreters, same cache, each time their first call (warm; every number
@@ -110,6 +111,8 @@ def main():
     p.add_argument("--model", default="resnet50")
     p.add_argument("--warm-runs", type=int, default=3, help="fresh warm processes per compiler")
     p.add_argument("--steady", type=int, default=3, help="later calls timed per process")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads in every process (default: $KILN_BENCH_THREADS or 2)")
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs=2)
     a = p.parse_args()
@@ -120,6 +123,8 @@ def main():
     env = dict(os.environ, KILN_CACHE_DIR=os.path.join(root, "kiln"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
     env.pop("XDG_RUNTIME_DIR", None)
+    if a.threads:
+        env["KILN_BENCH_THREADS"] = str(a.threads)
     try:
         kiln_cold = run(a.model, "kiln", env, a.steady)
         kiln_warm = median_record([run(a.model, "kiln", env, a.steady)

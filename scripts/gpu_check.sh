@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with only CPython, torch and a compiler (the GPU machine): build kiln._C with the
 # system python3, run the Python tests, then the benchmarks on CUDA when a GPU is present.
-# Usage: scripts/gpu_check.sh [OUT_DIR]
+# Usage: scripts/gpu_check.sh [OUT_DIR] [-- COMMAND...]
+# With a COMMAND, it runs that (in the same environment: carried wheels, kilnd, the built
+# extension) instead of the tests and benchmarks, e.g.
+#   scripts/gpu_check.sh $OUT -- python3 bench/bench_warm_start.py --threads 16
 # What that machine lacks comes from scripts/gpu_bundle.sh, run beforehand on the development
 # machine, and is carried with the checkout: .whl (wheels: tabulate, and the grpcio and protobuf
 # the kiln.v1 modules were generated for, installed ahead of the machine's own), .kilnd-bundle
@@ -11,6 +14,12 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build-gpu/out}
+shift || true
+command=()
+if [ "${1:-}" = "--" ]; then
+  shift
+  command=("$@")
+fi
 mkdir -p "$out"
 cd "$root"
 py=${KILN_PYTHON:-python3}
@@ -120,6 +129,10 @@ else
 fi
 rm -rf "$probe"
 
+if [ ${#command[@]} -gt 0 ]; then
+  "${command[@]}"
+  exit $?
+fi
 status=0
 $py -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$out/pytest.txt" | tail -25 || status=1
 if [ "${KILN_GPU_BENCH:-1}" = 1 ]; then

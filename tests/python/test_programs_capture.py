@@ -315,6 +315,43 @@ def test_parameter_update_in_place_is_seen_without_recompiling():
     assert cnt.frame_count == 1
 
 
+class LayoutParams(nn.Module):
+    """Parameters and buffers of several layouts; forward branches on their metadata."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 2, 2).to(memory_format=torch.channels_last))
+        self.register_buffer("scale", torch.randn(3, 4).t())  # non-contiguous, no view base
+        self.register_buffer("steps", torch.arange(4, dtype=torch.int64))
+        self.frozen = nn.Parameter(torch.randn(4), requires_grad=False)
+
+    def forward(self, x):
+        y = F.conv2d(x, self.w)
+        if self.w.is_contiguous(memory_format=torch.channels_last):
+            y = y * 2
+        if self.scale.stride() == (1, 4):
+            y = y + self.scale.sum()
+        if not self.frozen.requires_grad:
+            y = y - self.frozen.view(1, 4, 1, 1)
+        return y * self.steps.to(y.dtype).view(1, 4, 1, 1)
+
+
+def test_parameter_and_buffer_metadata_in_the_graph_matches_the_tensors():
+    model = LayoutParams()
+    cnt, _ = check(model, randn(2, 3, 5, 5), ops=None)
+    gm = cnt.graphs[0]
+    attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    assert len(attrs) == 4
+    for node in attrs:
+        real = getattr(gm, node.target)
+        fake = node.meta["example_value"]
+        assert isinstance(fake, torch._subclasses.fake_tensor.FakeTensor)
+        assert (fake.shape, fake.stride(), fake.dtype, fake.device, fake.requires_grad) == (
+            real.shape, real.stride(), real.dtype, real.device, real.requires_grad)
+    # The branches on metadata were taken as eager takes them: both scale and frozen are used.
+    assert cnt.op_count >= 8
+
+
 class TinyCNN(nn.Module):
     def __init__(self):
         super().__init__()

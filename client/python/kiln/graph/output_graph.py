@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.exc import Unsupported
 from kiln.graph.meta_rules import same_as_input
@@ -42,10 +42,22 @@ class OutputGraph:
 
     # -- values ------------------------------------------------------------------------------
 
-    def fake(self, real: torch.Tensor) -> torch.Tensor:
+    def fake(self, real: torch.Tensor, *, alone: bool = False) -> torch.Tensor:
+        """`real`'s fake value, the same one each time. `alone`: `real` is known to share no
+        storage with another tensor of the graph (a parameter or buffer that is no view), so
+        its fake is built from its metadata directly: from_tensor's view-aware conversion costs
+        about 0.25 ms a tensor, 70 ms for resnet50's 320 parameters and buffers on every
+        start."""
         f = self._fakes.get(id(real))
         if f is None:
-            f = self.fake_mode.from_tensor(real)
+            if alone and _plain_tensor(real):
+                meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype,
+                                           device="meta")
+                f = FakeTensor(self.fake_mode, meta, real.device)
+                if real.requires_grad:
+                    f.requires_grad_(True)
+            else:
+                f = self.fake_mode.from_tensor(real)
             self._fakes[id(real)] = f
             self._keepalive.append(real)
         return f
@@ -85,7 +97,7 @@ class OutputGraph:
         target = self.unique_name(_source_var_name(source))
         self.attrs[target] = real
         node = self.graph.get_attr(target)
-        example = self.fake(real)
+        example = self.fake(real, alone=True)
         node.meta["example_value"] = example
         vt = TensorVariable(node, example, source=source)
         self._attr_by_id[id(real)] = vt
@@ -176,6 +188,13 @@ _CALL_OPS = ("call_function", "call_method", "call_module")
 def call_nodes(graph: torch.fx.Graph) -> list:
     """The nodes of `graph` that are operations (what op counts count)."""
     return [n for n in graph.nodes if n.op in _CALL_OPS]
+
+
+def _plain_tensor(t: torch.Tensor) -> bool:
+    """A dense tensor of its own storage, of no subclass: its metadata says all about it."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+            and t._base is None and t.storage_offset() == 0 and not t.is_quantized
+            and not t.is_nested and t.device.type in ("cpu", "cuda", "meta"))
 
 
 def _contains_tensor(value) -> bool:

@@ -90,7 +90,8 @@ class GuardSet:
         return manager
 
 
-CONSTANT_TYPES = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
+CONSTANT_TYPES = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device,
+                  torch.memory_format, torch.layout)
 
 
 def is_guardable_constant(value) -> bool:
