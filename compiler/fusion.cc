@@ -1,4 +1,5 @@
-// Greedy vertical fusion over the topological order, view folding, and dead-step removal.
+// Greedy vertical fusion over the topological order, horizontal fusion of the kernels it leaves,
+// view folding, and dead-step removal.
 #include "compiler/fusion.h"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -98,6 +100,168 @@ std::optional<std::string> ConstantLiteral(const kiln::v1::Constant& c) {
       return read(uint8_t{}) ? "true" : "false";
     default:
       return std::nullopt;
+  }
+}
+
+// Values a fused step reads from outside itself and values it defines.
+struct StepValues {
+  std::unordered_set<uint32_t> reads, defs;
+};
+
+StepValues ValuesOfStep(const Graph& graph, const FusedProgram& program, const FusedStep& step) {
+  StepValues v;
+  const std::vector<int> one{step.node};
+  const std::vector<int>& nodes = step.is_kernel ? program.groups[step.group].nodes : one;
+  for (int i : nodes) {
+    for (const auto& out : graph.nodes(i).outputs()) v.defs.insert(out.id());
+  }
+  for (int i : nodes) {
+    for (uint32_t id : ValuesRead(graph.nodes(i))) {
+      if (!v.defs.count(id)) v.reads.insert(id);
+    }
+  }
+  return v;
+}
+
+// How many earlier kernels of the same space a kernel is tried against: merging far-apart
+// kernels is rarely legal in a deep graph and keeps their results alive longer.
+constexpr int kMergeCandidates = 8;
+
+// Horizontal fusion: merges kernel steps over the same iteration space when no step between
+// them lies on a path from the earlier to the later one, so one kernel with several outputs
+// replaces two launches and two passes over the thread pool (and loads shared inputs once).
+//
+// - The merged kernel runs where the earlier one did, after the steps between the two that the
+//   later one depends on (moved up, in their order) and before the others. Steps are pure
+//   (the IR has no in-place ops) except that random ops draw from one generator: one never
+//   moves ahead of another.
+// - Iteration spaces must be equal. A kernel over [C] beside one over [N, C, H, W] would need
+//   two loop nests in one function (saving only the launch, with the parallel range sized for
+//   one of them) or masked iterations over the larger space; per-channel vectors computed from
+//   parameters are prologue work anyway.
+// - Plain groups merge even when the later reads the earlier directly (that is vertical fusion
+//   across a library step that does not read it). Row-wise groups merge only with row-wise
+//   groups of the same kept dims, when neither reads the other.
+// - Groups storing values of different layouts stay apart: one of them would be stored against
+//   its memory order.
+// - Prologue groups and per-call groups never merge.
+// Among the legal candidates a kernel goes to the one sharing most of its inputs, else the
+// nearest. `node_group` follows the merges; merged-away groups are left empty.
+void MergeIndependentGroups(const Graph& graph, const std::unordered_set<uint32_t>* bound,
+                            FusedProgram& program, std::vector<int>& node_group) {
+  std::vector<FusedStep>& steps = program.steps;
+  std::vector<StepValues> values;
+  for (const FusedStep& step : steps) values.push_back(ValuesOfStep(graph, program, step));
+  auto is_bound = [&](const FusedGroup& g) {
+    return bound != nullptr && IsBoundNode(graph.nodes(g.nodes.front()), *bound);
+  };
+  auto is_random = [&](const FusedStep& step) {
+    return !step.is_kernel && IsNondeterministic(graph.nodes(step.node).op());
+  };
+  const std::unordered_set<uint32_t> returned(graph.outputs().begin(), graph.outputs().end());
+  const std::unordered_map<uint32_t, std::vector<int>> readers = Readers(graph);
+  // Adds the strides (0 on size-1 dims) of the values group `g` stores over its whole space: the
+  // generated loop nest walks the memory order of the first.
+  auto add_layouts = [&](int g, std::set<std::vector<int64_t>>& layouts) {
+    const FusedGroup& group = program.groups[g];
+    for (int i : group.nodes) {
+      for (const auto& out : graph.nodes(i).outputs()) {
+        if (Sizes(out.meta()) != group.sizes) continue;  // rows of a row-wise group
+        bool stored = returned.count(out.id()) != 0;
+        if (auto r = readers.find(out.id()); r != readers.end()) {
+          for (int reader : r->second) stored = stored || node_group[reader] != g;
+        }
+        if (!stored) continue;
+        std::vector<int64_t> strides = Strides(out.meta());
+        for (int d = 0; d < out.meta().sizes_size(); ++d) {
+          if (out.meta().sizes(d) == 1) strides[d] = 0;
+        }
+        layouts.insert(std::move(strides));
+      }
+    }
+  };
+  auto compatible = [&](int a, int b) {
+    const FusedGroup &ga = program.groups[a], &gb = program.groups[b];
+    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank || is_bound(ga) != is_bound(gb)) {
+      return false;
+    }
+    std::set<std::vector<int64_t>> layouts;
+    add_layouts(a, layouts);
+    add_layouts(b, layouts);
+    return layouts.size() <= 1;
+  };
+  // For kernel steps p < q: which steps between them q depends on (by step index), or nullopt
+  // when one of those depends on p or moving them up would reorder random ops.
+  auto feeders = [&](int p, int q) -> std::optional<std::vector<bool>> {
+    std::vector<bool> depends_on_p(q), feeds_q(q);
+    std::unordered_set<uint32_t> from_p = values[p].defs;
+    for (int s = p + 1; s < q; ++s) {
+      for (uint32_t id : values[s].reads) depends_on_p[s] = depends_on_p[s] || from_p.count(id);
+      if (depends_on_p[s]) from_p.insert(values[s].defs.begin(), values[s].defs.end());
+    }
+    std::unordered_set<uint32_t> needed = values[q].reads;
+    if (program.groups[steps[p].group].outer_rank >= 0) {
+      for (uint32_t id : values[p].defs) {
+        if (needed.count(id)) return std::nullopt;
+      }
+    }
+    for (int s = q - 1; s > p; --s) {
+      for (uint32_t id : values[s].defs) feeds_q[s] = feeds_q[s] || needed.count(id);
+      if (!feeds_q[s]) continue;
+      if (depends_on_p[s]) return std::nullopt;
+      needed.insert(values[s].reads.begin(), values[s].reads.end());
+    }
+    bool random_stays = false;
+    for (int s = p + 1; s < q; ++s) {
+      if (!is_random(steps[s])) continue;
+      if (feeds_q[s] && random_stays) return std::nullopt;
+      random_stays = random_stays || !feeds_q[s];
+    }
+    return feeds_q;
+  };
+  for (int q = 0; q < static_cast<int>(steps.size()); ++q) {
+    if (!steps[q].is_kernel) continue;
+    const FusedGroup& later = program.groups[steps[q].group];
+    int best = -1, best_shared = -1;
+    std::vector<bool> best_feeds;
+    int tried = 0;
+    for (int p = q - 1; p >= 0 && tried < kMergeCandidates; --p) {
+      if (!steps[p].is_kernel || !compatible(steps[p].group, steps[q].group)) continue;
+      ++tried;
+      auto feeds = feeders(p, q);
+      if (!feeds) continue;
+      int shared = 0;
+      for (uint32_t id : values[q].reads) shared += values[p].reads.count(id);
+      if (shared > best_shared) best = p, best_shared = shared, best_feeds = std::move(*feeds);
+    }
+    if (best < 0) continue;
+    FusedGroup& into = program.groups[steps[best].group];
+    for (int i : later.nodes) {
+      into.nodes.push_back(i);
+      node_group[i] = steps[best].group;
+    }
+    program.groups[steps[q].group].nodes.clear();
+    values[best] = ValuesOfStep(graph, program, steps[best]);
+    // Feeders of the later kernel, the merged kernel, the other steps between the two.
+    std::vector<int> order;
+    for (int s = best + 1; s < q; ++s) {
+      if (best_feeds[s]) order.push_back(s);
+    }
+    order.push_back(best);
+    for (int s = best + 1; s < q; ++s) {
+      if (!best_feeds[s]) order.push_back(s);
+    }
+    std::vector<FusedStep> moved_steps;
+    std::vector<StepValues> moved_values;
+    for (int s : order) {
+      moved_steps.push_back(steps[s]);
+      moved_values.push_back(std::move(values[s]));
+    }
+    std::move(moved_steps.begin(), moved_steps.end(), steps.begin() + best);
+    std::move(moved_values.begin(), moved_values.end(), values.begin() + best);
+    steps.erase(steps.begin() + q);
+    values.erase(values.begin() + q);
+    --q;
   }
 }
 
@@ -258,7 +422,19 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   }
   close();
 
-  // 2. Each group's inputs (views folded into strides) and materialized outputs.
+  // 2. Horizontal fusion, then groups numbered in execution order.
+  MergeIndependentGroups(graph, bound, program, node_group);
+  std::vector<FusedGroup> groups;
+  for (FusedStep& step : program.steps) {
+    if (!step.is_kernel) continue;
+    FusedGroup& g = program.groups[step.group];
+    step.group = static_cast<int>(groups.size());
+    for (int i : g.nodes) node_group[i] = step.group;
+    groups.push_back(std::move(g));
+  }
+  program.groups = std::move(groups);
+
+  // 3. Each group's inputs (views folded into strides) and materialized outputs.
   std::unordered_set<uint32_t> graph_outputs(graph.outputs().begin(), graph.outputs().end());
   std::unordered_map<uint32_t, std::vector<int>> consumers;  // value -> reading nodes
   for (int i = 0; i < graph.nodes_size(); ++i) {
@@ -309,7 +485,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
     }
   }
 
-  // 3. Dead steps: library calls none of whose outputs is read by a later step (kernels read
+  // 4. Dead steps: library calls none of whose outputs is read by a later step (kernels read
   // folded bases) or returned. Walk backwards so chains of dead views go at once.
   std::unordered_set<uint32_t> live(graph_outputs);
   std::vector<FusedStep> kept;

@@ -1,12 +1,14 @@
-// Fusion for the CPU target: pointwise nodes with one iteration space become one kernel group,
-// views feeding a group are folded into its operands' strides, everything else is a library
-// step; steps nobody reads are dropped. The result is in execution order.
+// Fusion for the CPU target: pointwise nodes with one iteration space become one kernel group
+// (chains that depend on each other and independent ones alike), views feeding a group are folded
+// into its operands' strides, everything else is a library step; steps nobody reads are dropped.
+// The result is in execution order.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/v1/graph.pb.h"
@@ -24,12 +26,12 @@ struct KernelOperand {
   std::optional<std::string> literal;
 };
 
-// A kernel: pointwise nodes over one iteration space, or (outer_rank >= 0) a row-wise group:
-// reductions of the space's trailing dims, the pointwise nodes over the full space that feed or
-// follow them, and pointwise nodes over the reduced rows (keepdim shape: the space's leading
-// outer_rank sizes, then ones).
+// A kernel: pointwise nodes over one iteration space (one chain or several independent ones),
+// or (outer_rank >= 0) a row-wise group: reductions of the space's trailing dims, the pointwise
+// nodes over the full space that feed or follow them, and pointwise nodes over the reduced rows
+// (keepdim shape: the space's leading outer_rank sizes, then ones).
 struct FusedGroup {
-  std::vector<int> nodes;             // indices into Graph.nodes, in order
+  std::vector<int> nodes;             // indices into Graph.nodes, each after those it reads
   std::vector<int64_t> sizes;         // the iteration space (full nodes' output sizes)
   std::vector<uint32_t> input_ids;    // distinct values read from outside the group
   std::vector<KernelOperand> inputs;  // one per input_ids entry, views folded
@@ -44,14 +46,17 @@ struct FusedStep {
 };
 
 struct FusedProgram {
-  std::vector<FusedGroup> groups;
+  std::vector<FusedGroup> groups;  // in the order of the steps launching them
   std::vector<FusedStep> steps;
   std::unordered_map<uint32_t, const kiln::v1::TensorMeta*> meta;  // every value of the graph
 };
 
-// Plans `graph` (validated). Never fails: what cannot be fused is a library step. With `bound`
-// (BoundValues, the graph ordered by BoundNodesFirst), no group mixes nodes defining bound
-// values with others, so every step is either prologue work or per-call work.
+// Plans `graph` (validated). Never fails: what cannot be fused is a library step. Kernels over
+// the same iteration space are merged when no other step lies on a path between them and the
+// values they store share a layout (horizontal fusion); the steps the later one needs then run
+// before the merged kernel, random ops keeping their order. With `bound` (BoundValues, the graph
+// ordered by BoundNodesFirst), no group mixes nodes defining bound values with others, so every
+// step is either prologue work or per-call work.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph,
                        const std::unordered_set<uint32_t>* bound = nullptr);
 
