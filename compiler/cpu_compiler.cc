@@ -10,12 +10,13 @@
 #include "compiler/graph_passes.h"
 #include "compiler/memory_plan.h"
 #include "compiler/onednn_passes.h"
+#include "compiler/pass_log.h"
 
 namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-14";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-15";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -46,15 +47,22 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
     return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  absl::StrCat("this kilnd does not cross-compile for cpu_isa '", isa, "'"));
   }
-  kiln::v1::Graph graph = RunGraphPasses(request.graph());
-  graph = EliminateDeadCode(FoldConvolutionAffine(graph));
+  kiln::v1::PassSnapshots snapshots;
+  PassLog passes(&snapshots);
+  passes.Record("received", request.graph());
+  kiln::v1::Graph graph = RunGraphPasses(request.graph(), nullptr, &passes);
+  graph = passes.After("fold convolution affine", FoldConvolutionAffine(graph));
+  graph = passes.After("dead code", EliminateDeadCode(graph));
   if (request.target().cpu_onednn()) {
-    graph = EliminateDeadCode(UseOneDnnLinear(UseOneDnnConvolution(graph)));
+    graph = passes.After("oneDNN convolution", UseOneDnnConvolution(graph));
+    graph = passes.After("oneDNN linear", UseOneDnnLinear(graph));
+    graph = passes.After("dead code", EliminateDeadCode(graph));
   }
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
-  graph = BoundNodesFirst(graph, bound);
-  FusedProgram program = FuseGraph(graph, &bound);
+  graph = passes.After("bound nodes first", BoundNodesFirst(graph, bound));
   kiln::v1::ArtifactBody body;
+  body.set_pass_snapshots(CompressPassSnapshots(snapshots));
+  FusedProgram program = FuseGraph(graph, &bound);
   *body.mutable_plan() = BuildPlan(graph, program, &bound);
   bool has_kernels = false;
   for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;

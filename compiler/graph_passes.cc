@@ -10,6 +10,7 @@
 
 #include "compiler/graph_index.h"
 #include "compiler/op_classes.h"
+#include "compiler/pass_log.h"
 #include "compiler/pointwise_ops.h"
 #include "compiler/reduction_ops.h"
 
@@ -306,17 +307,21 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
   return out;
 }
 
-Graph RunGraphPasses(const Graph& graph, PassStats* stats) {
-  Graph g = SimplifyViews(graph, stats);
+Graph RunGraphPasses(const Graph& graph, PassStats* stats, PassLog* log) {
+  PassLog none;
+  PassLog& passes = log ? *log : none;
+  Graph g = passes.After("simplify views", SimplifyViews(graph, stats));
   // Hoisting exposes the next pointwise node above the moved one; a few rounds reach the
   // library call a chain starts from.
   for (int round = 0; round < 4; ++round) {
     PassStats local;
-    g = EliminateDeadCode(HoistViewsAbovePointwise(g, &local));
+    g = passes.After("hoist views above pointwise", HoistViewsAbovePointwise(g, &local));
+    g = passes.After("dead code", EliminateDeadCode(g));
     if (stats) stats->hoisted_views += local.hoisted_views;
     if (local.hoisted_views == 0) break;
   }
-  return EliminateDeadCode(EliminateCommonSubexpressions(g, stats), stats);
+  g = passes.After("common subexpressions", EliminateCommonSubexpressions(g, stats));
+  return passes.After("dead code", EliminateDeadCode(g, stats));
 }
 
 }  // namespace kiln::compiler

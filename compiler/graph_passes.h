@@ -44,7 +44,11 @@ kiln::v1::Graph SimplifyViews(const kiln::v1::Graph& graph, PassStats* stats = n
 // keeps its value id; the pointwise node dies.
 kiln::v1::Graph HoistViewsAbovePointwise(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
-// All of the above: view simplification, view hoisting, CSE, then DCE.
-kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+class PassLog;
+
+// All of the above: view simplification, view hoisting, CSE, then DCE. With a `log`, records the
+// graph after each of them.
+kiln::v1::Graph RunGraphPasses(const kiln::v1::Graph& graph, PassStats* stats = nullptr,
+                               PassLog* log = nullptr);
 
 }  // namespace kiln::compiler

@@ -16,7 +16,8 @@ cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
 # by kilnd; other graphs, and every graph when no daemon answers, run eagerly).
 default_backend = os.environ.get("KILN_BACKEND", "kiln")
 
-# What to print, a subset of {"graph", "guards", "bytecode", "recompiles"}: KILN_LOG=graph,guards.
+# What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen"}:
+# KILN_LOG=graph,guards.
 log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())
 
 # Guard module attributes that are plain constants (ints, strings, tuples) of torch.nn's own

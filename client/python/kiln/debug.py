@@ -1,8 +1,11 @@
-"""Inspecting what kiln compiled: cache entries with their guards and code objects."""
+"""Inspecting what kiln compiled: cache entries with their guards and code objects; artifacts
+with the IR after each compiler pass, their plan and their generated C++."""
+import zlib
 from dataclasses import dataclass
 from typing import Any, List
 
 from kiln import _C
+from kiln.daemon import protocol
 
 
 @dataclass
@@ -66,10 +69,8 @@ def artifact(fn):
 
 
 def format_artifact(a) -> str:
-    """The plan of an artifact, step by step, with its key, where it came from and the
-    generated C++."""
-    from kiln.daemon import protocol
-
+    """An artifact's key and where it came from, the IR after each compiler pass, the plan step
+    by step and the generated C++."""
     pb = protocol.messages()
     body = a.body
     plan = body.plan
@@ -79,7 +80,8 @@ def format_artifact(a) -> str:
              f"client); {len(plan.prologue)} prologue + {len(plan.steps)} steps, {len(plan.buffers)} buffers, arena "
              f"{plan.arena_bytes} bytes, binary {len(body.kernel_binary)} bytes "
              f"({pb.artifact.BinaryFormat.Name(body.format)})"]
-    lines.append(f"  inputs {list(plan.inputs)} -> outputs {list(plan.outputs)}")
+    lines.extend(_format_passes(body))
+    lines.append(f"  plan: inputs {list(plan.inputs)} -> outputs {list(plan.outputs)}")
     if plan.prologue:
         lines.append(f"  prologue (bound inputs only; run again when one changes) -> "
                      f"{', '.join(f'%{v}' for v in plan.prologue_outputs)}")
@@ -106,3 +108,113 @@ def _format_steps(steps) -> List[str]:
             text += f"   release {list(step.release)}"
         lines.append(f"  {i:3d} {text}")
     return lines
+
+
+def pass_snapshots(body) -> list:
+    """The kiln.v1.PassSnapshot of each compiler pass an ArtifactBody records, in pipeline order
+    (empty for an artifact from a compiler that records none)."""
+    if not body.pass_snapshots:
+        return []
+    raw = zlib.decompress(body.pass_snapshots)
+    return list(protocol.messages().artifact.PassSnapshots.FromString(raw).passes)
+
+
+def _format_passes(body) -> List[str]:
+    from google.protobuf.message import DecodeError
+
+    try:
+        passes = pass_snapshots(body)
+    except (zlib.error, DecodeError) as e:  # printing must not fail the program it inspects
+        return [f"  (pass snapshots unreadable: {e})"]
+    if not passes:
+        return ["  (no pass snapshots in this artifact)"]
+    lines = []
+    for i, snapshot in enumerate(passes):
+        if snapshot.unchanged:
+            lines.append(f"  after {snapshot.name}: unchanged")
+            continue
+        g = snapshot.graph
+        lines.append(f"  after {snapshot.name}: {len(g.nodes)} nodes")
+        # Passes keep the graph's inputs: they are shown once, with the first graph.
+        lines.extend("    " + line for line in format_graph(g, inputs=i == 0).splitlines())
+    return lines
+
+
+def format_graph(graph, inputs: bool = True) -> str:
+    """A kiln.v1.Graph, one value per line: `%7 = aten::add.Tensor(%3, %5)  f32[8, 64]`, then
+    `return %7`. Metadata shows strides and storage offset only where they are not those of a
+    contiguous tensor."""
+    lines = []
+    if inputs:
+        for i, v in enumerate(graph.inputs):
+            kind = "bound input" if i < graph.num_bound_inputs else "input"
+            lines.append(f"%{v.id} = {kind}  {format_meta(v.meta)}")
+    for c in graph.constants:
+        lines.append(f"%{c.value.id} = constant  {format_meta(c.value.meta)}")
+    for n in graph.nodes:
+        defined = ", ".join(f"%{v.id}" for v in n.outputs)
+        metas = ", ".join(format_meta(v.meta) for v in n.outputs)
+        lines.append(f"{defined} = {n.op}({', '.join(_format_arg(a) for a in n.args)})  {metas}")
+    lines.append("return " + ", ".join(f"%{v}" for v in graph.outputs))
+    return "\n".join(lines)
+
+
+_DTYPE_NAMES = {"FLOAT32": "f32", "FLOAT64": "f64", "FLOAT16": "f16", "BFLOAT16": "bf16",
+                "INT8": "i8", "INT16": "i16", "INT32": "i32", "INT64": "i64", "UINT8": "u8",
+                "BOOL": "bool", "COMPLEX64": "c64", "COMPLEX128": "c128"}
+
+
+def _dtype_name(value: int) -> str:
+    name = protocol.messages().graph.DType.Name(value).removeprefix("DTYPE_")
+    return _DTYPE_NAMES.get(name, name.lower())
+
+
+def _device_name(device) -> str:
+    cpu = device.kind == protocol.messages().graph.DEVICE_KIND_CPU
+    return "cpu" if cpu else f"cuda:{device.index}"
+
+
+def format_meta(meta) -> str:
+    """`f32[2, 4, 8, 8]`, with `stride (256, 1, 32, 4)` and `offset 3` when not contiguous, and
+    the device when it is not the CPU."""
+    text = f"{_dtype_name(meta.dtype)}[{', '.join(str(s) for s in meta.sizes)}]"
+    contiguous, step = [], 1
+    for size in reversed(meta.sizes):
+        contiguous.insert(0, step)
+        step *= size
+    # Strides of dims of size 1 do not matter (torch's is_contiguous ignores them too).
+    if any(s != c and size != 1 for s, c, size in zip(meta.strides, contiguous, meta.sizes)):
+        text += f" stride ({', '.join(str(s) for s in meta.strides)})"
+    if meta.storage_offset:
+        text += f" offset {meta.storage_offset}"
+    if meta.device.kind != protocol.messages().graph.DEVICE_KIND_CPU:
+        text += f" {_device_name(meta.device)}"
+    return text
+
+
+def _format_arg(a) -> str:
+    pb = protocol.messages().graph
+    kind = a.WhichOneof("kind")
+    if kind == "value":
+        text = f"%{a.value}"
+    elif kind == "value_list":
+        text = f"[{', '.join(f'%{v}' for v in a.value_list.ids)}]"
+    elif kind == "int_list":
+        text = f"[{', '.join(str(v) for v in a.int_list.values)}]"
+    elif kind == "float_value":
+        text = repr(a.float_value)
+    elif kind == "dtype_value":
+        text = _dtype_name(a.dtype_value)
+    elif kind == "none":
+        text = "None"
+    elif kind == "string_value":
+        text = repr(a.string_value)
+    elif kind == "device_value":
+        text = _device_name(a.device_value)
+    elif kind == "memory_format_value":
+        text = pb.MemoryFormat.Name(a.memory_format_value).removeprefix("MEMORY_FORMAT_").lower()
+    elif kind == "layout_value":
+        text = pb.Layout.Name(a.layout_value).removeprefix("LAYOUT_").lower()
+    else:
+        text = str(getattr(a, kind)) if kind else "?"  # int_value, bool_value
+    return f"{a.name}={text}" if a.name else text

@@ -22,106 +22,27 @@
 #include "compiler/memory_plan.h"
 #include "compiler/onednn_passes.h"
 #include "compiler/op_classes.h"
+#include "tests/cpp/support/graph_builder.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
 
 namespace kiln::compiler {
 namespace {
 
+using kiln::testing::B;
+using kiln::testing::ConvBn;
+using kiln::testing::F;
+using kiln::testing::GraphBuilder;
+using kiln::testing::I;
+using kiln::testing::Ints;
+using kiln::testing::kF32;
+using kiln::testing::Named;
+using kiln::testing::None;
+using kiln::testing::RowMajor;
+using kiln::testing::V;
 using kiln::v1::Argument;
 using kiln::v1::DType;
 using kiln::v1::Graph;
-
-constexpr DType kF32 = kiln::v1::DTYPE_FLOAT32;
-
-Argument V(uint32_t id) {
-  Argument a;
-  a.set_value(id);
-  return a;
-}
-Argument I(int64_t v) {
-  Argument a;
-  a.set_int_value(v);
-  return a;
-}
-Argument F(double v) {
-  Argument a;
-  a.set_float_value(v);
-  return a;
-}
-Argument Ints(std::vector<int64_t> v) {
-  Argument a;
-  for (int64_t x : v) a.mutable_int_list()->add_values(x);
-  return a;
-}
-Argument Named(const std::string& name, Argument a) {
-  a.set_name(name);
-  return a;
-}
-
-std::vector<int64_t> RowMajor(const std::vector<int64_t>& sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t s = 1;
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    strides[d] = s;
-    s *= sizes[d];
-  }
-  return strides;
-}
-
-// Builds a graph in topological order; ids are handed out in order of definition.
-class GraphBuilder {
- public:
-  uint32_t Input(std::vector<int64_t> sizes, DType dtype = kF32, std::vector<int64_t> strides = {},
-                 int64_t offset = 0) {
-    kiln::v1::Value* v = graph_.add_inputs();
-    v->set_id(next_);
-    SetMeta(v->mutable_meta(), sizes, dtype, strides, offset);
-    return next_++;
-  }
-  uint32_t Constant(std::vector<int64_t> sizes, DType dtype, std::string bytes) {
-    kiln::v1::Constant* c = graph_.add_constants();
-    c->mutable_value()->set_id(next_);
-    SetMeta(c->mutable_value()->mutable_meta(), sizes, dtype, {}, 0);
-    c->set_data(std::move(bytes));
-    return next_++;
-  }
-  uint32_t Op(const std::string& op, std::vector<Argument> args, std::vector<int64_t> sizes,
-              DType dtype = kF32, std::vector<int64_t> strides = {}, int64_t offset = 0) {
-    kiln::v1::Node* n = graph_.add_nodes();
-    n->set_op(op);
-    for (Argument& a : args) *n->add_args() = std::move(a);
-    kiln::v1::Value* v = n->add_outputs();
-    v->set_id(next_);
-    SetMeta(v->mutable_meta(), sizes, dtype, strides, offset);
-    return next_++;
-  }
-  void Output(uint32_t id) { graph_.add_outputs(id); }
-  // The first `n` inputs are parameters the client binds once (Graph.num_bound_inputs).
-  void Bound(uint32_t n) { graph_.set_num_bound_inputs(n); }
-  const Graph& graph() const { return graph_; }
-
-  kiln::v1::CompileRequest Request() const {
-    kiln::v1::CompileRequest request;
-    request.mutable_target()->set_device_kind(kiln::v1::DEVICE_KIND_CPU);
-    *request.mutable_graph() = graph_;
-    return request;
-  }
-
- private:
-  static void SetMeta(kiln::v1::TensorMeta* m, const std::vector<int64_t>& sizes, DType dtype,
-                      std::vector<int64_t> strides, int64_t offset) {
-    m->set_dtype(dtype);
-    m->mutable_device()->set_kind(kiln::v1::DEVICE_KIND_CPU);
-    if (strides.empty()) strides = RowMajor(sizes);
-    for (int64_t s : sizes) m->add_sizes(s);
-    for (int64_t s : strides) m->add_strides(s);
-    m->set_storage_offset(offset);
-  }
-
-  Graph graph_;
-  uint32_t next_ = 0;
-};
 
 std::vector<std::string> Ops(const Graph& g) {
   std::vector<std::string> ops;
@@ -440,12 +361,6 @@ TEST(FusionTest, IndependentLibraryCallMovesBeforeTheOpenGroup) {
   EXPECT_FALSE(program.steps[0].is_kernel);
   EXPECT_TRUE(program.steps[1].is_kernel);
   EXPECT_EQ(program.groups[program.steps[1].group].nodes.size(), 2u);
-}
-
-Argument B(bool v) {
-  Argument a;
-  a.set_bool_value(v);
-  return a;
 }
 
 TEST(FusionTest, SoftmaxIsOneRowWiseKernel) {
@@ -850,44 +765,6 @@ TEST(CpuKernelTest, ToolchainRunningPastItsTimeLimitIsKilled) {
   EXPECT_EQ(CompileErrorFromStatus(body.status()).code(), kiln::v1::CompileError::CODE_TOOLCHAIN);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
-
-Argument None() {
-  Argument a;
-  a.mutable_none();
-  return a;
-}
-
-// x -> conv(w, b) -> eval batch norm (mean, rsqrt(var + eps), gamma, beta as [C, 1, 1] views of
-// parameters), as lowering decomposes it; w, b, mean, var, gamma, beta bound.
-struct ConvBn {
-  GraphBuilder b;
-  uint32_t x, w, bias, mean, var, gamma, beta, conv, out;
-  explicit ConvBn(bool extra_reader = false) {
-    w = b.Input({4, 3, 3, 3});
-    bias = b.Input({4});
-    mean = b.Input({4});
-    var = b.Input({4});
-    gamma = b.Input({4});
-    beta = b.Input({4});
-    b.Bound(6);
-    x = b.Input({2, 3, 8, 8});
-    conv = b.Op("aten::convolution",
-                {V(x), V(w), V(bias), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
-                 Ints({0, 0}), I(1)},
-                {2, 4, 8, 8});
-    uint32_t eps = b.Op("aten::add.Tensor", {V(var), F(1e-5)}, {4});
-    uint32_t inv = b.Op("aten::rsqrt", {V(eps)}, {4});
-    auto column = [&](uint32_t v) {
-      return b.Op("aten::view", {V(v), Ints({4, 1, 1})}, {4, 1, 1});
-    };
-    uint32_t sub = b.Op("aten::sub.Tensor", {V(conv), V(column(mean))}, {2, 4, 8, 8});
-    uint32_t mul = b.Op("aten::mul.Tensor", {V(sub), V(column(inv))}, {2, 4, 8, 8});
-    uint32_t mul2 = b.Op("aten::mul.Tensor", {V(mul), V(column(gamma))}, {2, 4, 8, 8});
-    out = b.Op("aten::add.Tensor", {V(mul2), V(column(beta))}, {2, 4, 8, 8});
-    b.Output(out);
-    if (extra_reader) b.Output(conv);
-  }
-};
 
 TEST(ConvFoldingTest, EvalBatchNormFoldsIntoTheConvolutionsWeightAndBias) {
   ConvBn cb;

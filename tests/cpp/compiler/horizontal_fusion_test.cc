@@ -22,20 +22,20 @@
 namespace kiln::compiler {
 namespace {
 
-using kiln::testing::BoolArg;
-using kiln::testing::FloatArg;
+using kiln::testing::B;
+using kiln::testing::F;
 using kiln::testing::GraphBuilder;
-using kiln::testing::IntArg;
-using kiln::testing::IntsArg;
-using kiln::testing::ValueArg;
-using V = std::set<uint32_t>;
+using kiln::testing::I;
+using kiln::testing::Ints;
+using kiln::testing::V;
+using Ids = std::set<uint32_t>;
 
 // The values each kernel step computes, in step order.
-std::vector<V> KernelValues(const kiln::v1::Graph& graph, const FusedProgram& program) {
-  std::vector<V> kernels;
+std::vector<Ids> KernelValues(const kiln::v1::Graph& graph, const FusedProgram& program) {
+  std::vector<Ids> kernels;
   for (const FusedStep& step : program.steps) {
     if (!step.is_kernel) continue;
-    V values;
+    Ids values;
     for (int i : program.groups[step.group].nodes) values.insert(graph.nodes(i).outputs(0).id());
     kernels.push_back(values);
   }
@@ -85,35 +85,35 @@ TEST(HorizontalFusionTest, ChainsSharingAnInputAreOneKernelWhetherAdjacentOrNot)
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   // Adjacent in the graph: sin(x), cos(x), both returned.
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(x)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(x)}, {8, 8});
   // Split by the library call reading the first: y = x * 2 -> mm, z = x + 1 -> mm.
-  uint32_t y = b.Op("aten::mul.Tensor", {ValueArg(x), FloatArg(2)}, {8, 8});
-  uint32_t my = b.Op("aten::mm", {ValueArg(y), ValueArg(y)}, {8, 8});
-  uint32_t z = b.Op("aten::add.Tensor", {ValueArg(x), FloatArg(1)}, {8, 8});
-  uint32_t mz = b.Op("aten::mm", {ValueArg(z), ValueArg(z)}, {8, 8});
+  uint32_t y = b.Op("aten::mul.Tensor", {V(x), F(2)}, {8, 8});
+  uint32_t my = b.Op("aten::mm", {V(y), V(y)}, {8, 8});
+  uint32_t z = b.Op("aten::add.Tensor", {V(x), F(1)}, {8, 8});
+  uint32_t mz = b.Op("aten::mm", {V(z), V(z)}, {8, 8});
   for (uint32_t out : {s, c, my, mz}) b.Output(out);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s, c, y, z}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s, c, y, z}}));
   EXPECT_EQ(StepNames(b.graph(), program),
             (std::vector<std::string>{"kernel", "aten::mm", "aten::mm"}));
   const FusedGroup& g = program.groups[program.steps[0].group];
   EXPECT_EQ(g.input_ids, std::vector<uint32_t>{x});  // x is loaded once
-  EXPECT_EQ(V(g.outputs.begin(), g.outputs.end()), (V{s, c, y, z}));
+  EXPECT_EQ(Ids(g.outputs.begin(), g.outputs.end()), (Ids{s, c, y, z}));
 }
 
 TEST(HorizontalFusionTest, ChainsSharingNoInputAreOneKernel) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   uint32_t y = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t ms = b.Op("aten::mm", {ValueArg(s), ValueArg(s)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(y)}, {8, 8});
-  uint32_t mc = b.Op("aten::mm", {ValueArg(c), ValueArg(c)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t ms = b.Op("aten::mm", {V(s), V(s)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(y)}, {8, 8});
+  uint32_t mc = b.Op("aten::mm", {V(c), V(c)}, {8, 8});
   b.Output(ms);
   b.Output(mc);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s, c}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s, c}}));
   EXPECT_EQ(StepNames(b.graph(), program),
             (std::vector<std::string>{"kernel", "aten::mm", "aten::mm"}));
 }
@@ -124,12 +124,12 @@ TEST(HorizontalFusionTest, DifferentIterationSpacesStayApart) {
   GraphBuilder b;
   uint32_t x = b.Input({2, 4, 3, 3});
   uint32_t v = b.Input({4});
-  uint32_t r = b.Op("aten::relu", {ValueArg(x)}, {2, 4, 3, 3});
-  uint32_t e = b.Op("aten::exp", {ValueArg(v)}, {4});
-  uint32_t s = b.Op("aten::sigmoid", {ValueArg(x)}, {2, 4, 3, 3});
+  uint32_t r = b.Op("aten::relu", {V(x)}, {2, 4, 3, 3});
+  uint32_t e = b.Op("aten::exp", {V(v)}, {4});
+  uint32_t s = b.Op("aten::sigmoid", {V(x)}, {2, 4, 3, 3});
   for (uint32_t out : {r, e, s}) b.Output(out);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{r, s}, {e}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{r, s}, {e}}));
 }
 
 TEST(HorizontalFusionTest, MergedKernelRunsAfterTheLibraryCallFeedingTheLaterChain) {
@@ -139,15 +139,15 @@ TEST(HorizontalFusionTest, MergedKernelRunsAfterTheLibraryCallFeedingTheLaterCha
   uint32_t x = b.Input({8, 8});
   uint32_t v = b.Input({4});
   uint32_t w = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t e = b.Op("aten::exp", {ValueArg(v)}, {4});
-  uint32_t m = b.Op("aten::mm", {ValueArg(w), ValueArg(w)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(m)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t e = b.Op("aten::exp", {V(v)}, {4});
+  uint32_t m = b.Op("aten::mm", {V(w), V(w)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(m)}, {8, 8});
   for (uint32_t out : {s, e, c}) b.Output(out);
   FusedProgram program = FuseGraph(b.graph());
   EXPECT_EQ(StepNames(b.graph(), program),
             (std::vector<std::string>{"aten::mm", "kernel", "kernel"}));
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s, c}, {e}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s, c}, {e}}));
 }
 
 TEST(HorizontalFusionTest, StepsTheLaterChainNeedsMoveAheadOfTheMergedKernel) {
@@ -156,14 +156,14 @@ TEST(HorizontalFusionTest, StepsTheLaterChainNeedsMoveAheadOfTheMergedKernel) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   uint32_t w = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t ms = b.Op("aten::mm", {ValueArg(s), ValueArg(s)}, {8, 8});
-  uint32_t mw = b.Op("aten::mm", {ValueArg(w), ValueArg(w)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(mw)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t ms = b.Op("aten::mm", {V(s), V(s)}, {8, 8});
+  uint32_t mw = b.Op("aten::mm", {V(w), V(w)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(mw)}, {8, 8});
   b.Output(ms);
   b.Output(c);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s, c}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s, c}}));
   ASSERT_EQ(program.steps.size(), 3u);
   EXPECT_EQ(b.graph().nodes(program.steps[0].node).outputs(0).id(), mw);
   EXPECT_TRUE(program.steps[1].is_kernel);
@@ -176,16 +176,16 @@ TEST(HorizontalFusionTest, KernelJoinsTheEarlierKernelSharingItsInputs) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   uint32_t y = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t m1 = b.Op("aten::mm", {ValueArg(s), ValueArg(s)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(m1)}, {8, 8});
-  uint32_t a = b.Op("aten::add.Tensor", {ValueArg(c), ValueArg(y)}, {8, 8});
-  uint32_t m2 = b.Op("aten::mm", {ValueArg(a), ValueArg(a)}, {8, 8});
-  uint32_t e = b.Op("aten::exp", {ValueArg(x)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t m1 = b.Op("aten::mm", {V(s), V(s)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(m1)}, {8, 8});
+  uint32_t a = b.Op("aten::add.Tensor", {V(c), V(y)}, {8, 8});
+  uint32_t m2 = b.Op("aten::mm", {V(a), V(a)}, {8, 8});
+  uint32_t e = b.Op("aten::exp", {V(x)}, {8, 8});
   b.Output(m2);
   b.Output(e);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s, e}, {c, a}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s, e}, {c, a}}));
 }
 
 TEST(HorizontalFusionTest, IndependentRowWiseGroupsOfOneShapeMerge) {
@@ -196,13 +196,13 @@ TEST(HorizontalFusionTest, IndependentRowWiseGroupsOfOneShapeMerge) {
   uint32_t w = b.Input({16, 16});
   std::vector<uint32_t> probs;
   for (uint32_t in : {x, y}) {
-    uint32_t mx = b.Op("aten::amax", {ValueArg(in), IntsArg({1}), BoolArg(true)}, {64, 1});
-    uint32_t d = b.Op("aten::sub.Tensor", {ValueArg(in), ValueArg(mx)}, {64, 16});
-    uint32_t e = b.Op("aten::exp", {ValueArg(d)}, {64, 16});
+    uint32_t mx = b.Op("aten::amax", {V(in), Ints({1}), B(true)}, {64, 1});
+    uint32_t d = b.Op("aten::sub.Tensor", {V(in), V(mx)}, {64, 16});
+    uint32_t e = b.Op("aten::exp", {V(d)}, {64, 16});
     uint32_t z =
-        b.Op("aten::sum.dim_IntList", {ValueArg(e), IntsArg({-1}), BoolArg(true)}, {64, 1});
-    probs.push_back(b.Op("aten::div.Tensor", {ValueArg(e), ValueArg(z)}, {64, 16}));
-    b.Output(b.Op("aten::mm", {ValueArg(probs.back()), ValueArg(w)}, {64, 16}));
+        b.Op("aten::sum.dim_IntList", {V(e), Ints({-1}), B(true)}, {64, 1});
+    probs.push_back(b.Op("aten::div.Tensor", {V(e), V(z)}, {64, 16}));
+    b.Output(b.Op("aten::mm", {V(probs.back()), V(w)}, {64, 16}));
   }
   FusedProgram program = FuseGraph(b.graph());
   ASSERT_EQ(KernelValues(b.graph(), program).size(), 1u);
@@ -238,12 +238,12 @@ TEST(HorizontalFusionTest, ChainReadingALibraryResultOfTheOtherChainIsNotMerged)
   // y = x * 2 -> mm(y, y) -> z = mm + 1: z depends on y through the library call.
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
-  uint32_t y = b.Op("aten::mul.Tensor", {ValueArg(x), FloatArg(2)}, {8, 8});
-  uint32_t m = b.Op("aten::mm", {ValueArg(y), ValueArg(y)}, {8, 8});
-  uint32_t z = b.Op("aten::add.Tensor", {ValueArg(m), FloatArg(1)}, {8, 8});
+  uint32_t y = b.Op("aten::mul.Tensor", {V(x), F(2)}, {8, 8});
+  uint32_t m = b.Op("aten::mm", {V(y), V(y)}, {8, 8});
+  uint32_t z = b.Op("aten::add.Tensor", {V(m), F(1)}, {8, 8});
   b.Output(z);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{y}, {z}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{y}, {z}}));
   EXPECT_EQ(StepNames(b.graph(), program),
             (std::vector<std::string>{"kernel", "aten::mm", "kernel"}));
 }
@@ -252,12 +252,12 @@ TEST(HorizontalFusionTest, ChainReadingAViewOfTheOtherChainIsNotMerged) {
   // c = cos(exp(x).t()): one kernel would read exp(x) transposed while writing it.
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
-  uint32_t e = b.Op("aten::exp", {ValueArg(x)}, {8, 8});
-  uint32_t t = b.Op("aten::t", {ValueArg(e)}, {8, 8}, kiln::v1::DTYPE_FLOAT32, {1, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(t)}, {8, 8});
+  uint32_t e = b.Op("aten::exp", {V(x)}, {8, 8});
+  uint32_t t = b.Op("aten::t", {V(e)}, {8, 8}, kiln::v1::DTYPE_FLOAT32, {1, 8});
+  uint32_t c = b.Op("aten::cos", {V(t)}, {8, 8});
   b.Output(c);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{e}, {c}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{e}, {c}}));
   EXPECT_EQ(program.groups[1].inputs[0].base, e);  // the view is folded into the read
 }
 
@@ -267,14 +267,14 @@ TEST(HorizontalFusionTest, RandomOpsKeepTheirOrder) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   uint32_t w = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t rs = b.Op("aten::rand_like", {ValueArg(s)}, {8, 8});
-  uint32_t rw = b.Op("aten::rand_like", {ValueArg(w)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(rw)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t rs = b.Op("aten::rand_like", {V(s)}, {8, 8});
+  uint32_t rw = b.Op("aten::rand_like", {V(w)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(rw)}, {8, 8});
   b.Output(rs);
   b.Output(c);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s}, {c}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s}, {c}}));
   ASSERT_EQ(program.steps.size(), 4u);
   EXPECT_EQ(program.steps[1].node, 1);  // rand_like(s)
   EXPECT_EQ(program.steps[2].node, 2);  // rand_like(w)
@@ -284,13 +284,13 @@ TEST(HorizontalFusionTest, OutputsOfDifferentLayoutsStayApart) {
   GraphBuilder b;
   uint32_t x = b.Input({8, 8});
   uint32_t xt = b.Input({8, 8}, kiln::v1::DTYPE_FLOAT32, {1, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(x)}, {8, 8});
-  uint32_t ms = b.Op("aten::mm", {ValueArg(s), ValueArg(s)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(xt)}, {8, 8}, kiln::v1::DTYPE_FLOAT32, {1, 8});
+  uint32_t s = b.Op("aten::sin", {V(x)}, {8, 8});
+  uint32_t ms = b.Op("aten::mm", {V(s), V(s)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(xt)}, {8, 8}, kiln::v1::DTYPE_FLOAT32, {1, 8});
   b.Output(ms);
   b.Output(c);
   FusedProgram program = FuseGraph(b.graph());
-  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<V>{{s}, {c}}));
+  EXPECT_EQ(KernelValues(b.graph(), program), (std::vector<Ids>{{s}, {c}}));
 }
 
 TEST(HorizontalFusionTest, PrologueAndPerCallChainsNeverMerge) {
@@ -299,14 +299,14 @@ TEST(HorizontalFusionTest, PrologueAndPerCallChainsNeverMerge) {
   uint32_t p = b.Input({8, 8});
   b.Bound(1);
   uint32_t x = b.Input({8, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(p)}, {8, 8});
-  uint32_t c = b.Op("aten::cos", {ValueArg(x)}, {8, 8});
-  uint32_t m = b.Op("aten::mm", {ValueArg(s), ValueArg(c)}, {8, 8});
+  uint32_t s = b.Op("aten::sin", {V(p)}, {8, 8});
+  uint32_t c = b.Op("aten::cos", {V(x)}, {8, 8});
+  uint32_t m = b.Op("aten::mm", {V(s), V(c)}, {8, 8});
   b.Output(m);
   const auto bound = BoundValues(b.graph());
   const kiln::v1::Graph g = BoundNodesFirst(b.graph(), bound);
   FusedProgram program = FuseGraph(g, &bound);
-  EXPECT_EQ(KernelValues(g, program), (std::vector<V>{{s}, {c}}));
+  EXPECT_EQ(KernelValues(g, program), (std::vector<Ids>{{s}, {c}}));
   kiln::v1::ExecutionPlan plan = BuildPlan(g, program, &bound);
   ASSERT_EQ(plan.prologue_size(), 1);
   EXPECT_EQ(std::vector<uint32_t>(plan.prologue(0).kernel().writes().begin(),
@@ -329,12 +329,12 @@ TEST(HorizontalFusionTest, MergedKernelComputesEveryChain) {
   uint32_t x = b.Input({R, C});
   uint32_t y = b.Input({R, C});
   uint32_t w = b.Input({C, 8});
-  uint32_t u = b.Op("aten::mul.Tensor", {ValueArg(x), FloatArg(2)}, {R, C});
-  uint32_t uy = b.Op("aten::add.Tensor", {ValueArg(u), ValueArg(y)}, {R, C});
-  uint32_t m1 = b.Op("aten::mm", {ValueArg(uy), ValueArg(w)}, {R, 8});
-  uint32_t z = b.Op("aten::add.Tensor", {ValueArg(x), IntArg(1)}, {R, C});
-  uint32_t m2 = b.Op("aten::mm", {ValueArg(z), ValueArg(w)}, {R, 8});
-  uint32_t s = b.Op("aten::sin", {ValueArg(y)}, {R, C});
+  uint32_t u = b.Op("aten::mul.Tensor", {V(x), F(2)}, {R, C});
+  uint32_t uy = b.Op("aten::add.Tensor", {V(u), V(y)}, {R, C});
+  uint32_t m1 = b.Op("aten::mm", {V(uy), V(w)}, {R, 8});
+  uint32_t z = b.Op("aten::add.Tensor", {V(x), I(1)}, {R, C});
+  uint32_t m2 = b.Op("aten::mm", {V(z), V(w)}, {R, 8});
+  uint32_t s = b.Op("aten::sin", {V(y)}, {R, C});
   for (uint32_t out : {m1, m2, s}) b.Output(out);
   CpuCompiler compiler;
   auto body = compiler.Compile(b.Request());
