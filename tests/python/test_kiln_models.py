@@ -55,6 +55,31 @@ def test_small_vit_fuses_layer_norms_and_matches_eager():
     assert not [op for op in library_ops(art) if "layer_norm" in op or "var_mean" in op]
 
 
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, need_weights=False):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+        self.need_weights = need_weights
+
+    def forward(self, x):
+        out, weights = self.attention(x, x, x, need_weights=self.need_weights)
+        return out + weights.sum() if self.need_weights else out
+
+
+def test_multi_head_self_attention_fast_path_runs_as_linears_and_sdpa():
+    art = compile_and_compare(_SelfAttention(), torch.randn(2, 10, 64))
+    ops = library_ops(art)
+    assert "aten::_native_multi_head_attention" not in ops
+    assert any("scaled_dot_product" in op for op in ops)
+    projections = [op for op in ops if op in ("mkldnn::_linear_pointwise", "aten::addmm")]
+    assert len(projections) == 2, ops
+
+
+def test_multi_head_attention_returning_its_weights_stays_the_fused_op():
+    art = compile_and_compare(_SelfAttention(need_weights=True), torch.randn(2, 10, 64))
+    assert "aten::_native_multi_head_attention" in library_ops(art)
+
+
 def test_small_bert_fuses_layer_norms_and_matches_eager():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

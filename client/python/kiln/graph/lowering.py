@@ -29,7 +29,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-6"
+LOWERING_VERSION = b"kiln-lowering-7"
 
 
 class LoweringError(Exception):
@@ -44,9 +44,33 @@ class LoweredGraph:
     aten_graph: torch.fx.GraphModule
 
 
+def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+                    proj_bias, mask=None, need_weights=True, average_attn_weights=True,
+                    mask_type=None):
+    """aten._native_multi_head_attention (nn.MultiheadAttention's inference fast path, as in
+    torchvision's ViTs) as the ops it computes, for self-attention without mask or weights:
+    the two projections become linears that kilnd gives oneDNN with prepacked weights (the
+    fused op runs them as unpacked GEMMs), and the attention itself is scaled_dot_product_attention
+    (one fused kernel instead of two bmm and a softmax). Anything else stays the fused op."""
+    if (mask is not None or need_weights or query is not key or key is not value
+            or query.dim() != 3 or embed_dim % num_head != 0):
+        return NotImplemented
+    batch, tokens, _ = query.shape
+    head_dim = embed_dim // num_head
+    qkv = torch.nn.functional.linear(query, qkv_weight, qkv_bias)
+    heads = qkv.view(batch, tokens, 3, num_head, head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = heads.select(0, 0), heads.select(0, 1), heads.select(0, 2)
+    attention = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    out = attention.transpose(1, 2).reshape(batch, tokens, embed_dim)
+    # No weights: eager returns None there, the op's fake (which capture saw) an empty tensor.
+    return torch.nn.functional.linear(out, proj_weight, proj_bias), query.new_empty((0,))
+
+
 @functools.lru_cache(maxsize=1)
 def decompositions():
-    return get_decompositions(_DECOMPOSED)
+    table = get_decompositions(_DECOMPOSED)
+    table[aten._native_multi_head_attention.default] = _self_attention
+    return table
 
 
 def needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
