@@ -286,6 +286,36 @@ def test_failed_run_warns_once_and_uses_the_fallback(kernels_so, caplog):
     assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
 
 
+PARALLEL_KERNEL = r"""
+#include <cstdint>
+typedef void (*range_fn)(int64_t, int64_t, void* const*);
+typedef void (*parallel_for_fn)(int64_t, int64_t, int64_t, range_fn, void* const*);
+static void mark(int64_t begin, int64_t end, void* const* a) {  // y[i] = its chunk's first index
+  float* y = (float*)a[0];
+  for (int64_t i = begin; i < end; i++) y[i] = (float)begin;
+}
+extern "C" void chunks(void* const* a, parallel_for_fn parallel_for) {
+  parallel_for(0, 1024, 1, mark, a);
+}
+"""
+
+
+def test_kernels_parallel_for_runs_chunks_on_torchs_threads(tmp_path_factory):
+    # The ABI's parallel_for is at::parallel_for: with 2 threads, [0, 1024) is two chunks run at
+    # once (a runtime built without OpenMP ran one chunk on the calling thread).
+    binary = _build(tmp_path_factory, "parallel", PARALLEL_KERNEL)
+    p = plan([value(0, [1024])], [], [kernel("chunks", [0], [0])], [0], binary=binary,
+             buffers=[(0, False, 0)])
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = p()[0]
+    finally:
+        torch.set_num_threads(saved)
+    assert sorted(set(out.tolist())) == [0.0, 512.0]
+    assert_close(out, torch.tensor([0.0] * 512 + [512.0] * 512))
+
+
 def test_two_libraries_with_the_same_symbol_stay_apart(tmp_path_factory):
     # Both are loaded through /proc/self/fd/N with the same N; each plan must run its own k0.
     def so(expr):
