@@ -80,6 +80,23 @@ def test_multi_head_attention_returning_its_weights_stays_the_fused_op():
     assert "aten::_native_multi_head_attention" in library_ops(art)
 
 
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "deit_small_patch16_224"])
+def test_timm_vits_compile_whole_and_match_eager(name):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model(name, pretrained=False, img_size=64, num_classes=10)
+    art = compile_and_compare(model, torch.randn(2, 3, 64, 64), rtol=1e-3, atol=1e-3)
+    assert any("scaled_dot_product" in op for op in library_ops(art))
+
+
+def test_unbind_and_squeeze_lower_to_ir_views():
+    class Heads(torch.nn.Module):
+        def forward(self, qkv):
+            q, k, v = qkv.unbind(0)
+            return (q * k).squeeze() + v.squeeze(1).sum(-1, keepdim=True)
+
+    compile_and_compare(Heads(), torch.randn(3, 4, 1, 8))
+
+
 def test_small_bert_fuses_layer_norms_and_matches_eager():
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,

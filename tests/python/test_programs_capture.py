@@ -352,6 +352,32 @@ def test_parameter_and_buffer_metadata_in_the_graph_matches_the_tensors():
     assert cnt.op_count >= 8
 
 
+class TupleAttr(nn.Module):
+    """A user module with a tuple attribute the forward reads (as timm's patch sizes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scales = (2.0, 3)
+
+    def forward(self, x):
+        return x * self.scales[0] + self.scales[1]
+
+
+def test_tuple_attribute_of_a_user_module_is_guarded_item_by_item():
+    model = TupleAttr()
+    cnt = CompileCounter()
+    opt = kiln.compile(model, backend=cnt)
+    x = torch.randn(4)
+    torch.testing.assert_close(opt(x), x * 2.0 + 3)
+    opt(x)
+    assert cnt.frame_count == 1
+    model.scales = (5.0, 3)
+    torch.testing.assert_close(opt(x), x * 5.0 + 3)
+    model.scales = (5.0, 3, 1)
+    torch.testing.assert_close(opt(x), x * 5.0 + 3)
+    assert cnt.frame_count == 3
+
+
 class TinyCNN(nn.Module):
     def __init__(self):
         super().__init__()

@@ -22,14 +22,14 @@ _DECOMPOSED = [
     aten.silu, aten.hardswish, aten.hardsigmoid, aten.hardtanh, aten.gelu, aten.native_layer_norm,
     aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
-    aten.addcdiv, aten.lerp, aten.masked_fill, aten.squeeze, aten.unbind, aten.split,
+    aten.addcdiv, aten.lerp, aten.masked_fill, aten.unbind, aten.split,
     aten._softmax, aten._log_softmax,
 ]
 
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-7"
+LOWERING_VERSION = b"kiln-lowering-8"
 
 
 class LoweringError(Exception):
@@ -70,6 +70,10 @@ def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias
 def decompositions():
     table = get_decompositions(_DECOMPOSED)
     table[aten._native_multi_head_attention.default] = _self_attention
+    # squeeze() as squeeze.dims over its size-1 dims: torch's own decomposition of squeeze
+    # (and of unbind, through it) ends in prims.squeeze, which the IR does not have.
+    table[aten.squeeze.default] = lambda x: aten.squeeze.dims(
+        x, [d for d in range(x.dim()) if x.shape[d] == 1])
     return table
 
 

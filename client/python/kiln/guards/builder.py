@@ -4,7 +4,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from kiln import _C
-from kiln.guards.source import Source
+from kiln.guards.source import ItemSource, Source
 
 
 class Guard:
@@ -66,6 +66,14 @@ class GuardSet:
         self._guards: Dict[Tuple, Guard] = {}
 
     def add(self, source: Source, kind: str, value=None):
+        if kind == "CONSTANT_MATCH" and isinstance(value, tuple):
+            # The native check compares single constants: a tuple (torch.Size included) is
+            # guarded as its type, its length and each item.
+            self.add(source, "TYPE_MATCH", type(value))
+            self.add(source, "LEN_MATCH", len(value))
+            for i, item in enumerate(value):
+                self.add(ItemSource(source, i), "CONSTANT_MATCH", item)
+            return
         key = (source, kind)
         if key not in self._guards:
             self._guards[key] = Guard(source, kind, value)
