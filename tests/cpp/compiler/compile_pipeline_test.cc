@@ -34,6 +34,7 @@ using kiln::testing::ConvBn;
 using kiln::testing::F;
 using kiln::testing::GraphBuilder;
 using kiln::testing::I;
+using kiln::testing::Iota;
 using kiln::testing::Ints;
 using kiln::testing::kF32;
 using kiln::testing::Named;
@@ -133,12 +134,6 @@ int KernelSteps(const kiln::v1::ExecutionPlan& plan) {
   int n = 0;
   for (const auto& s : plan.steps()) n += s.has_kernel();
   return n;
-}
-
-std::vector<float> Iota(int n, float start, float step) {
-  std::vector<float> v(n);
-  for (int i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
-  return v;
 }
 
 // ---------------------------------------------------------------------------------------------

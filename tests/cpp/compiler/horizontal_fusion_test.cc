@@ -26,6 +26,7 @@ using kiln::testing::B;
 using kiln::testing::F;
 using kiln::testing::GraphBuilder;
 using kiln::testing::I;
+using kiln::testing::Iota;
 using kiln::testing::Ints;
 using kiln::testing::V;
 using Ids = std::set<uint32_t>;
@@ -70,12 +71,6 @@ void RunKernelStep(const kiln::v1::ArtifactBody& body, const kiln::v1::PlanStep&
   }
   fn(args.data(), &kiln::testing::ChunkedParallelFor);
   dlclose(handle);
-}
-
-std::vector<float> Ramp(int n, float start, float step) {
-  std::vector<float> v(n);
-  for (int i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
-  return v;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,7 +210,7 @@ TEST(HorizontalFusionTest, IndependentRowWiseGroupsOfOneShapeMerge) {
   auto body = compiler.Compile(b.Request());
   ASSERT_TRUE(body.ok()) << body.status();
   ASSERT_TRUE(body->plan().steps(0).has_kernel());
-  std::vector<float> xs = Ramp(64 * 16, -5.f, 0.013f), ys = Ramp(64 * 16, 7.f, -0.021f);
+  std::vector<float> xs = Iota(64 * 16, -5.f, 0.013f), ys = Iota(64 * 16, 7.f, -0.021f);
   std::vector<float> px(64 * 16, -1.f), py(64 * 16, -1.f);
   RunKernelStep(*body, body->plan().steps(0),
                 {{x, xs.data()}, {y, ys.data()}, {probs[0], px.data()}, {probs[1], py.data()}});
@@ -348,7 +343,7 @@ TEST(HorizontalFusionTest, MergedKernelComputesEveryChain) {
   EXPECT_EQ(std::vector<uint32_t>(k.args().begin(), k.args().end()),
             (std::vector<uint32_t>{x, y, uy, z, s}));
   EXPECT_NE(body->kernel_source().find("kiln_parallel_for(0, "), std::string::npos);
-  std::vector<float> xs = Ramp(R * C, -3.f, 1.5e-4f), ys = Ramp(R * C, 2.f, -1e-4f);
+  std::vector<float> xs = Iota(R * C, -3.f, 1.5e-4f), ys = Iota(R * C, 2.f, -1e-4f);
   std::vector<float> uys(R * C, NAN), zs(R * C, NAN), ss(R * C, NAN);
   RunKernelStep(*body, plan.steps(0),
                 {{x, xs.data()}, {y, ys.data()}, {uy, uys.data()}, {z, zs.data()}, {s, ss.data()}});

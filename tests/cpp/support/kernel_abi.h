@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace kiln::testing {
 
@@ -17,6 +18,13 @@ inline void ChunkedParallelFor(int64_t begin, int64_t end, int64_t grain, Kernel
                                void* const* args) {
   const int64_t step = std::max<int64_t>(grain, 1);
   for (int64_t b = begin; b < end; b += step) fn(b, std::min(end, b + step), args);
+}
+
+// n floats start, start + step, ...: kernel inputs whose every element differs.
+inline std::vector<float> Iota(int n, float start, float step) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = start + step * static_cast<float>(i);
+  return v;
 }
 
 }  // namespace kiln::testing
