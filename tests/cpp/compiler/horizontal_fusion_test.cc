@@ -26,8 +26,8 @@ using kiln::testing::B;
 using kiln::testing::F;
 using kiln::testing::GraphBuilder;
 using kiln::testing::I;
-using kiln::testing::Iota;
 using kiln::testing::Ints;
+using kiln::testing::Iota;
 using kiln::testing::V;
 using Ids = std::set<uint32_t>;
 
@@ -194,8 +194,7 @@ TEST(HorizontalFusionTest, IndependentRowWiseGroupsOfOneShapeMerge) {
     uint32_t mx = b.Op("aten::amax", {V(in), Ints({1}), B(true)}, {64, 1});
     uint32_t d = b.Op("aten::sub.Tensor", {V(in), V(mx)}, {64, 16});
     uint32_t e = b.Op("aten::exp", {V(d)}, {64, 16});
-    uint32_t z =
-        b.Op("aten::sum.dim_IntList", {V(e), Ints({-1}), B(true)}, {64, 1});
+    uint32_t z = b.Op("aten::sum.dim_IntList", {V(e), Ints({-1}), B(true)}, {64, 1});
     probs.push_back(b.Op("aten::div.Tensor", {V(e), V(z)}, {64, 16}));
     b.Output(b.Op("aten::mm", {V(probs.back()), V(w)}, {64, 16}));
   }
