@@ -7,6 +7,10 @@ Per model: steady-state median time and speedup over eager, the first call on a 
 (kiln: a fresh kilnd cache directory; torch.compile: a fresh TORCHINDUCTOR_CACHE_DIR), the first
 call again on the warm cache (after kiln.reset() / torch._dynamo.reset(), same process), and
 the geomean speedup of each compiler. Target: kiln's geomean >= torch.compile's.
+
+Each compiler's process times eager and the compiled model in alternating rounds (eager ms in
+the table: the median of those processes' eager times); its speedup is the ratio of its own
+pair, so that the machine's drift between processes does not land in the ratios.
 """
 import argparse
 import csv
@@ -14,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,12 +31,10 @@ MODELS = ["toy_add", "toy_sin_cos", "mlp", "resnet18", "resnet50", "mobilenet_v3
           "vit_b_16", "bert", "gpt2"]
 
 
-def _median_ms(fn, args, min_time=1.0, max_samples=200, sample_s=2e-3):
-    """The median time of one call, in ms. Calls shorter than `sample_s` are timed in batches
-    of n calls (n chosen so that a batch takes about `sample_s`), as timeit does: a single
-    microsecond call timed alone measures the clock and the loop as much as the call."""
-    import statistics
-
+def _batch_size(fn, args, sample_s=2e-3) -> int:
+    """How many calls one sample times: calls shorter than `sample_s` are timed in batches of n
+    (n chosen so that a batch takes about `sample_s`), as timeit does: a single microsecond call
+    timed alone measures the clock and the loop as much as the call."""
     for _ in range(3):
         fn(*args)
     n = 1
@@ -40,16 +43,31 @@ def _median_ms(fn, args, min_time=1.0, max_samples=200, sample_s=2e-3):
         for _ in range(n):
             fn(*args)
         if time.perf_counter() - t >= sample_s or n >= 1 << 16:
-            break
+            return n
         n *= 2
-    times = []
-    start = time.perf_counter()
-    while len(times) < 5 or (time.perf_counter() - start < min_time and len(times) < max_samples):
-        t = time.perf_counter()
-        for _ in range(n):
-            fn(*args)
-        times.append((time.perf_counter() - t) * 1e3 / n)
-    return statistics.median(times)
+
+
+def _paired_ms(fns, args, rounds=5, min_time=1.0, max_samples=200):
+    """The median time of one call of each of `fns`, in ms, measured side by side: `rounds`
+    rounds, each timing every function in turn for about min_time / rounds seconds (at least one
+    sample). A machine that slows down for a while (another tenant, a collection, the clock)
+    then slows every function, not whichever one it was timing: the ratios of the medians stay
+    put when the times themselves move."""
+    import statistics
+
+    batch = [_batch_size(fn, args) for fn in fns]
+    samples = [[] for _ in fns]
+    window = min_time / rounds
+    for _ in range(rounds):
+        for fn, n, times in zip(fns, batch, samples):
+            start = time.perf_counter()
+            while not times or (time.perf_counter() - start < window
+                                and len(times) < max_samples):
+                t = time.perf_counter()
+                for _ in range(n):
+                    fn(*args)
+                times.append((time.perf_counter() - t) * 1e3 / n)
+    return [statistics.median(t) for t in samples]
 
 
 def child(model: str, compiler: str):
@@ -62,33 +80,31 @@ def child(model: str, compiler: str):
     record = {"model": model, "compiler": compiler, **environment()}
     with torch.no_grad():
         ref = first_tensor(m(*inputs))
-        if compiler == "eager":
-            record["ms"] = _median_ms(m, inputs)
+        if compiler == "kiln":
+            import kiln
+
+            compile_fn, reset = (lambda mod: kiln.compile(mod, backend="kiln")), kiln.reset
         else:
-            if compiler == "kiln":
-                import kiln
+            compile_fn, reset = torch.compile, torch._dynamo.reset
+        cm = compile_fn(m)
+        t = time.perf_counter()
+        out = first_tensor(cm(*inputs))
+        record["first_call_cold_s"] = time.perf_counter() - t
+        torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+        # Eager and compiled alternate in this process: the speedup is their ratio.
+        record["eager_ms"], record["ms"] = _paired_ms([m, cm], inputs, min_time=2.0)
+        if compiler == "kiln":
+            import kiln
 
-                compile_fn, reset = (lambda mod: kiln.compile(mod, backend="kiln")), kiln.reset
-            else:
-                compile_fn, reset = torch.compile, torch._dynamo.reset
-            cm = compile_fn(m)
-            t = time.perf_counter()
-            out = first_tensor(cm(*inputs))
-            record["first_call_cold_s"] = time.perf_counter() - t
-            torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
-            record["ms"] = _median_ms(cm, inputs)
-            if compiler == "kiln":
-                import kiln
-
-                arts = kiln.debug.artifacts()
-                record["artifacts"] = len(arts)
-                record["kernels"] = sum(a.plan.num_kernels for a in arts)
-                record["compile_s"] = sum(a.compile_seconds for a in arts)
-            reset()
-            cm = compile_fn(m)
-            t = time.perf_counter()
-            cm(*inputs)
-            record["first_call_warm_s"] = time.perf_counter() - t
+            arts = kiln.debug.artifacts()
+            record["artifacts"] = len(arts)
+            record["kernels"] = sum(a.plan.num_kernels for a in arts)
+            record["compile_s"] = sum(a.compile_seconds for a in arts)
+        reset()
+        cm = compile_fn(m)
+        t = time.perf_counter()
+        cm(*inputs)
+        record["first_call_warm_s"] = time.perf_counter() - t
     print("RESULT " + json.dumps(record), flush=True)
 
 
@@ -109,7 +125,8 @@ def run_child(model: str, compiler: str, cache_root: str) -> dict:
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--models", nargs="+", default=MODELS)
-    p.add_argument("--compilers", nargs="+", default=["eager", "kiln", "inductor"])
+    p.add_argument("--compilers", nargs="+", default=["kiln", "inductor"],
+                   help="each is timed against eager in its own process")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.add_argument("--csv", default=os.path.join(os.path.dirname(__file__), "out", "cpu_models.csv"))
@@ -121,6 +138,7 @@ def main():
     if a.child:
         child(*a.child)
         return
+    a.compilers = [c for c in a.compilers if c != "eager"]  # eager runs beside each of them
     rows = []
     for model in a.models:
         cache_root = tempfile.mkdtemp(prefix="kiln-bench-")
@@ -129,14 +147,13 @@ def main():
         finally:
             stop_kilnd(os.path.join(cache_root, "kiln"))
             shutil.rmtree(cache_root, ignore_errors=True)
-        eager_ms = by.get("eager", {}).get("ms")
-        row = {"model": model, "eager_ms": eager_ms}
+        eager = [r["eager_ms"] for r in by.values() if r.get("eager_ms")]
+        row = {"model": model, "eager_ms": statistics.median(eager) if eager else None}
         for c in a.compilers:
-            if c == "eager":
-                continue
             r = by[c]
             row[f"{c}_ms"] = r.get("ms")
-            row[f"{c}_speedup"] = eager_ms / r["ms"] if eager_ms and r.get("ms") else None
+            row[f"{c}_eager_ms"] = r.get("eager_ms")
+            row[f"{c}_speedup"] = r["eager_ms"] / r["ms"] if r.get("eager_ms") and r.get("ms") else None
             row[f"{c}_first_cold_s"] = r.get("first_call_cold_s")
             row[f"{c}_first_warm_s"] = r.get("first_call_warm_s")
             if r.get("error"):
@@ -148,8 +165,6 @@ def main():
         print(json.dumps(row), flush=True)
     summary = {"bench": "cpu_models", "command": command_line(), "rows": rows}
     for c in a.compilers:
-        if c == "eager":
-            continue
         sp = [r[f"{c}_speedup"] for r in rows if r.get(f"{c}_speedup")]
         summary[f"{c}_geomean_speedup"] = math.exp(sum(map(math.log, sp)) / len(sp)) if sp else None
     _table(rows, a.compilers, summary)
