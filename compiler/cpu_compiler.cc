@@ -16,7 +16,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-15";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-16";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -57,6 +57,7 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
     graph = passes.After("oneDNN convolution", UseOneDnnConvolution(graph));
     graph = passes.After("oneDNN linear", UseOneDnnLinear(graph));
     graph = passes.After("dead code", EliminateDeadCode(graph));
+    graph = passes.After("in-place residuals", AccumulateResidualsInPlace(graph));
   }
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
   graph = passes.After("bound nodes first", BoundNodesFirst(graph, bound));

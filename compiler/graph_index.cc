@@ -45,7 +45,7 @@ std::unordered_set<uint32_t> Escaping(const Graph& graph) {
   std::unordered_set<uint32_t> escaping = GraphOutputs(graph);
   for (int i = graph.nodes_size() - 1; i >= 0; --i) {
     const Node& node = graph.nodes(i);
-    if (!MayAliasInput(node.op()) || node.args_size() == 0 ||
+    if (!(MayAliasInput(node.op()) || WritesFirstInput(node.op())) || node.args_size() == 0 ||
         node.args(0).kind_case() != Argument::kValue) {
       continue;
     }

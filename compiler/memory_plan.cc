@@ -75,6 +75,8 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       *call->mutable_args() = n.args();
       step_reads[s] = ValuesRead(n);
       if (MayAliasInput(n.op())) viewed.insert(step_reads[s].begin(), step_reads[s].end());
+      // The result is the first input's memory, alive after the input's last use.
+      if (WritesFirstInput(n.op()) && !step_reads[s].empty()) viewed.insert(step_reads[s][0]);
       for (const auto& out : n.outputs()) {
         call->add_outputs(out.id());
         def_step[out.id()] = static_cast<int>(s);

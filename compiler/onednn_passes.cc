@@ -245,4 +245,99 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
   return ReplaceNodes(graph, std::move(replace));
 }
 
+namespace {
+
+// Dense NHWC: strides (H*W*C, 1, W*C, C) of sizes (N, C, H, W), offset 0. Size-1 dimensions
+// make other strides equally dense, but oneDNN's fused path wants exactly these.
+bool ChannelsLastDense(const TensorMeta& m) {
+  if (m.sizes_size() != 4 || m.strides_size() != 4 || m.storage_offset() != 0) return false;
+  const int64_t c = m.sizes(1), h = m.sizes(2), w = m.sizes(3);
+  return m.strides(0) == h * w * c && m.strides(1) == 1 && m.strides(2) == w * c &&
+         m.strides(3) == c;
+}
+
+}  // namespace
+
+Graph AccumulateResidualsInPlace(const Graph& graph, PassStats* stats) {
+  const ValueIndex index = IndexValues(graph);
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  const std::unordered_set<uint32_t> escaping = Escaping(graph);
+  const auto readers = Readers(graph);
+  // Ancestors of node i: the nodes whose outputs it reaches through its arguments.
+  auto ancestors = [&](int i) {
+    std::unordered_set<int> seen;
+    std::vector<int> work{i};
+    while (!work.empty()) {
+      const int n = work.back();
+      work.pop_back();
+      for (uint32_t v : ValuesRead(graph.nodes(n))) {
+        auto p = index.producer.find(v);
+        if (p != index.producer.end() && seen.insert(p->second).second) work.push_back(p->second);
+      }
+    }
+    return seen;
+  };
+  std::unordered_set<uint32_t> taken;  // residuals already overwritten by an earlier rewrite
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& n = graph.nodes(i);
+    // (input, other, weight, bias, padding, stride, dilation, groups, "add", alpha, unary, ...)
+    if (n.op() != "mkldnn::_convolution_pointwise.binary" || n.args_size() != 13 ||
+        n.outputs_size() != 1 || n.args(1).kind_case() != Argument::kValue ||
+        n.args(0).kind_case() != Argument::kValue || n.args(8).string_value() != "add" ||
+        n.args(9).kind_case() != Argument::kNone) {
+      continue;
+    }
+    const bool relu =
+        n.args(10).kind_case() == Argument::kStringValue && n.args(10).string_value() == "relu";
+    if (!relu && n.args(10).kind_case() != Argument::kNone) continue;
+    const uint32_t other = n.args(1).value();
+    auto made_by = index.producer.find(other);
+    if (made_by == index.producer.end() || bound.count(other) || escaping.count(other) ||
+        taken.count(other) || n.args(0).value() == other ||
+        (n.args(2).kind_case() == Argument::kValue && n.args(2).value() == other)) {
+      continue;
+    }
+    const Node& maker = graph.nodes(made_by->second);
+    if (MayAliasInput(maker.op())) continue;  // its memory may be another value's
+    const TensorMeta& om = *index.meta.at(other);
+    if (!ChannelsLastDense(om) || !SameLayout(om, n.outputs(0).meta()) ||
+        om.dtype() != kiln::v1::DTYPE_FLOAT32) {
+      continue;
+    }
+    bool safe = true;
+    std::unordered_set<int> before;
+    bool computed = false;
+    for (int r : readers.at(other)) {
+      if (r == i) continue;
+      const Node& reader = graph.nodes(r);
+      if (MayAliasInput(reader.op()) || WritesFirstInput(reader.op())) {
+        safe = false;  // an alias of `other` could outlive the convolution
+        break;
+      }
+      if (!computed) {
+        before = ancestors(i);
+        computed = true;
+      }
+      if (!before.count(r)) {
+        safe = false;
+        break;
+      }
+    }
+    int reads_here = 0;
+    for (int r : readers.at(other)) reads_here += r == i ? 1 : 0;
+    if (!safe || reads_here != 1) continue;
+    Node inplace;
+    inplace.set_op("mkldnn::_convolution_pointwise_.binary");
+    *inplace.add_args() = n.args(1);  // other: accumulated into, and returned
+    *inplace.add_args() = n.args(0);
+    for (int a = 2; a < n.args_size(); ++a) *inplace.add_args() = n.args(a);
+    *inplace.mutable_outputs() = n.outputs();
+    replace[i] = {std::move(inplace)};
+    taken.insert(other);
+    if (stats) ++stats->inplace_residuals;
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
 }  // namespace kiln::compiler

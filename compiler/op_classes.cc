@@ -43,6 +43,10 @@ bool MayAliasInput(std::string_view op) {
 
 bool IsAlwaysView(std::string_view op) { return AlwaysViews().count(op) != 0; }
 
+bool WritesFirstInput(std::string_view op) {
+  return op == "mkldnn::_convolution_pointwise_.binary";
+}
+
 bool IsNondeterministic(std::string_view op) {
   for (std::string_view word : {"rand", "dropout", "bernoulli", "normal", "uniform", "empty",
                                 "multinomial", "poisson", "exponential"}) {

@@ -28,6 +28,13 @@ bool MayAliasInput(std::string_view op);
 // when the input's layout does not allow a view, so they are not among them.
 bool IsAlwaysView(std::string_view op);
 
+// True for the library ops that write their result into their first input and return it
+// (mkldnn::_convolution_pointwise_.binary accumulates a convolution into its residual): the
+// result is the first input's storage, so that input must not live in the per-call arena, and
+// it may be overwritten only when nothing reads it afterwards (the pass introducing such an op
+// proves that).
+bool WritesFirstInput(std::string_view op);
+
 // True for ops whose two calls with equal arguments may differ (random, uninitialized memory):
 // common-subexpression elimination leaves them alone.
 bool IsNondeterministic(std::string_view op);
