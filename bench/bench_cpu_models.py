@@ -153,7 +153,8 @@ def main():
             r = by[c]
             row[f"{c}_ms"] = r.get("ms")
             row[f"{c}_eager_ms"] = r.get("eager_ms")
-            row[f"{c}_speedup"] = r["eager_ms"] / r["ms"] if r.get("eager_ms") and r.get("ms") else None
+            paired = r.get("eager_ms") and r.get("ms")
+            row[f"{c}_speedup"] = r["eager_ms"] / r["ms"] if paired else None
             row[f"{c}_first_cold_s"] = r.get("first_call_cold_s")
             row[f"{c}_first_warm_s"] = r.get("first_call_warm_s")
             if r.get("error"):

@@ -16,7 +16,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-16";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-17";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
@@ -56,6 +56,7 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
   if (request.target().cpu_onednn()) {
     graph = passes.After("oneDNN convolution", UseOneDnnConvolution(graph));
     graph = passes.After("oneDNN linear", UseOneDnnLinear(graph));
+    graph = passes.After("oneDNN linear epilogues", FuseLinearEpilogues(graph));
     graph = passes.After("dead code", EliminateDeadCode(graph));
     graph = passes.After("in-place residuals", AccumulateResidualsInPlace(graph));
   }

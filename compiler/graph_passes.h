@@ -16,8 +16,9 @@ struct PassStats {
   int hoisted_views = 0;        // reshapes moved above the pointwise node that fed them
   int folded_convolutions = 0;  // per-channel affine epilogues folded into a convolution
   int onednn_convolutions = 0;  // convolutions given to oneDNN with a prepacked weight
+  int linear_biases = 0;        // bias adds run by oneDNN linears
   int inplace_residuals = 0;    // residual adds accumulated into the residual's own memory
-  int fused_post_ops = 0;       // relu / residual adds run by oneDNN as convolution post-ops
+  int fused_post_ops = 0;       // relu / gelu / residual adds run by oneDNN as post-ops
   int packed_linears = 0;       // oneDNN GEMMs with a prepacked weight
 };
 

@@ -340,4 +340,107 @@ Graph AccumulateResidualsInPlace(const Graph& graph, PassStats* stats) {
   return ReplaceNodes(graph, std::move(replace));
 }
 
+Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
+  ValueIndex index = IndexValues(graph);
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  const SoleReaders sole(graph);
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& lin = graph.nodes(i);
+    if (lin.op() != "mkldnn::_linear_pointwise" || lin.args_size() != 6 ||
+        lin.outputs_size() != 1 || lin.args(2).kind_case() != Argument::kNone ||
+        lin.args(3).string_value() != "none") {
+      continue;
+    }
+    const TensorMeta& y = lin.outputs(0).meta();
+    if (y.dtype() != kiln::v1::DTYPE_FLOAT32 || y.sizes_size() != 2 || !IsRowMajor(y)) continue;
+    const int64_t columns = y.sizes(1);
+    std::vector<int> absorbed{i};
+    uint32_t value = lin.outputs(0).id();
+    // An optional row-major reshape of the product that keeps its last dimension.
+    std::optional<kiln::v1::Value> viewed;
+    int r = sole.Of(value);
+    if (r < 0) continue;
+    const Node* n = &graph.nodes(r);
+    if ((n->op() == "aten::view" || n->op() == "aten::_unsafe_view" ||
+         n->op() == "aten::reshape") &&
+        n->outputs_size() == 1 && n->args(0).kind_case() == Argument::kValue) {
+      const TensorMeta& v = n->outputs(0).meta();
+      if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
+          v.storage_offset() != 0) {
+        continue;
+      }
+      viewed = n->outputs(0);
+      absorbed.push_back(r);
+      value = n->outputs(0).id();
+      r = sole.Of(value);
+      if (r < 0) continue;
+      n = &graph.nodes(r);
+    }
+    // The bias add: (value, b) or (b, value), alpha absent or 1.
+    if (n->op() != "aten::add.Tensor" || n->outputs_size() != 1 ||
+        !(n->args_size() == 2 ||
+          (n->args_size() == 3 && n->args(2).name().empty() && IsUnitScalar(n->args(2)))) ||
+        n->args(0).kind_case() != Argument::kValue || n->args(1).kind_case() != Argument::kValue ||
+        !n->args(0).name().empty() || !n->args(1).name().empty()) {
+      continue;
+    }
+    const uint32_t bias = n->args(0).value() == value ? n->args(1).value() : n->args(0).value();
+    if (bias == value || !bound.count(bias)) continue;
+    const TensorMeta& bm = *index.meta.at(bias);
+    const TensorMeta& sum = n->outputs(0).meta();
+    const TensorMeta& before = *index.meta.at(value);
+    if (bm.dtype() != kiln::v1::DTYPE_FLOAT32 || bm.sizes_size() != 1 || bm.sizes(0) != columns ||
+        bm.strides(0) != 1 || !SameLayout(sum, before)) {
+      continue;
+    }
+    absorbed.push_back(r);
+    kiln::v1::Value result = n->outputs(0);
+    // A relu of the sum is oneDNN's post-op. (Its GELU post-op is not taken: on AVX2 the linear
+    // with it took 10.0 ms where the linear and a separate GELU kernel took 8.9, BERT-base's
+    // 197 x 768 x 3072 on two cores.)
+    std::string attr = "none";
+    r = sole.Of(result.id());
+    if (r >= 0) {
+      const Node& act = graph.nodes(r);
+      if (act.op() == "aten::relu" && act.args_size() == 1 && act.outputs_size() == 1 &&
+          SameLayout(act.outputs(0).meta(), sum)) {
+        attr = "relu";
+        absorbed.push_back(r);
+        result = act.outputs(0);
+      }
+    }
+
+    std::vector<Node> nodes;
+    Node fused = lin;
+    fused.mutable_args(2)->set_value(bias);
+    fused.mutable_args(3)->set_string_value(attr);
+    if (viewed) {
+      // The product keeps its 2-D shape; the absorbed result is its view, as before.
+      fused.mutable_outputs(0)->set_id(index.next_id++);
+      Node view;
+      view.set_op("aten::view");
+      view.add_args()->set_value(fused.outputs(0).id());
+      auto* sizes = view.add_args()->mutable_int_list();
+      for (int64_t d : result.meta().sizes()) sizes->add_values(d);
+      *view.add_outputs() = result;
+      nodes.push_back(std::move(fused));
+      nodes.push_back(std::move(view));
+    } else {
+      *fused.mutable_outputs(0) = result;
+      nodes.push_back(std::move(fused));
+    }
+    const int last = absorbed.back();
+    for (int k : absorbed) {
+      if (k != last) replace[k] = {};
+    }
+    replace[last] = std::move(nodes);
+    if (stats) {
+      ++stats->linear_biases;
+      stats->fused_post_ops += attr != "none" ? 1 : 0;
+    }
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
 }  // namespace kiln::compiler

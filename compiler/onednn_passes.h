@@ -24,6 +24,15 @@ kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats =
 // reader as the unary post-op. The fused node defines the last value it replaces.
 kiln::v1::Graph UseOneDnnConvolution(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
+// A bias add after a oneDNN linear (mkldnn::_linear_pointwise with no bias and no post-op),
+// optionally through a row-major reshape of its result (a linear over [B, T, K] is a GEMM over
+// [B*T, K] viewed back), becomes the linear's bias, and a relu of the sum its post-op: oneDNN
+// applies them to the product's tiles while they are in registers instead of a kernel reading
+// the whole product again. The bias must be a bound float32 value of sizes [N], the product's
+// columns; every intermediate must have the one reader the rewrite absorbs. The last absorbed
+// value is then the (viewed) result of the new linear.
+kiln::v1::Graph FuseLinearEpilogues(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
+
 // A mkldnn::_convolution_pointwise.binary whose residual `other` nobody needs afterwards
 // becomes mkldnn::_convolution_pointwise_.binary, which accumulates the convolution into
 // `other`'s memory (oneDNN's sum post-op) instead of writing a new tensor: torch 2.11's

@@ -108,7 +108,8 @@ TEST(PassSnapshotTest, OneDnnPassesAreRecordedAfterFolding) {
   Compiled c = CompileConvBn(cb, /*onednn=*/true);
   ExpectPipelineOrder(Names(c.snapshots),
                       {"common subexpressions", "dead code", "fold convolution affine", "dead code",
-                       "oneDNN convolution", "oneDNN linear", "dead code", "in-place residuals",
+                       "oneDNN convolution", "oneDNN linear", "oneDNN linear epilogues", "dead code",
+                       "in-place residuals",
                        "bound nodes first"});
   const int onednn = IndexOf(c.snapshots, "oneDNN convolution");
   ASSERT_GT(onednn, 0);

@@ -1,6 +1,10 @@
-// AccumulateResidualsInPlace: a convolution's residual add writes into the residual's memory
-// only where no one can see the residual overwritten, and the buffer plan keeps that memory
-// alive through the result.
+// The oneDNN rewrites that come after library-op selection. AccumulateResidualsInPlace: a
+// convolution's residual add writes into the residual's memory only where no one can see the
+// residual overwritten, and the buffer plan keeps that memory alive through the result.
+// FuseLinearEpilogues: a linear's bias add and its relu become the oneDNN call's bias and post-op,
+// through the reshape of a 3-D linear, and only when nothing else reads what they absorb.
+#include "compiler/onednn_passes.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -11,7 +15,6 @@
 #include "compiler/fusion.h"
 #include "compiler/graph_passes.h"
 #include "compiler/memory_plan.h"
-#include "compiler/onednn_passes.h"
 #include "tests/cpp/support/graph_builder.h"
 
 namespace kiln::compiler {
@@ -177,6 +180,126 @@ TEST(InPlaceResidualTest, TheResidualStaysOutOfTheArenaWhileTheResultLives) {
     EXPECT_FALSE(buffer.in_arena());
   }
   EXPECT_TRUE(found);
+}
+
+// x [B*T, K] -> linear -> view [B, T, N] -> + bias -> activation: a 3-D nn.Linear and its
+// activation as lowered (a gelu decomposed: here one node, which the pass leaves alone too).
+struct LinearGelu {
+  GraphBuilder b;
+  uint32_t w, bias, x, lin, view, sum, act;
+  LinearGelu(const std::string& activation, bool view_first = true) {
+    w = b.Input({8, 16});
+    bias = b.Input({8});
+    b.Bound(2);
+    x = b.Input({6, 16});
+    lin = b.Op("mkldnn::_linear_pointwise", {V(x), V(w), None(), Str("none"), Ints({}), None()},
+               {6, 8});
+    view = view_first ? b.Op("aten::view", {V(lin), Ints({2, 3, 8})}, {2, 3, 8}) : lin;
+    const std::vector<int64_t> sizes =
+        view_first ? std::vector<int64_t>{2, 3, 8} : std::vector<int64_t>{6, 8};
+    sum = b.Op("aten::add.Tensor", {V(view), V(bias)}, sizes);
+    act = sum;
+    if (activation == "gelu") act = b.Op("aten::gelu", {V(sum)}, sizes);
+    if (activation == "gelu-tanh") act = b.Op("aten::gelu", {V(sum), Str("tanh")}, sizes);
+    if (activation == "relu") act = b.Op("aten::relu", {V(sum)}, sizes);
+    if (activation == "sigmoid") act = b.Op("aten::sigmoid", {V(sum)}, sizes);
+  }
+  static kiln::v1::Argument Str(const std::string& s) {
+    kiln::v1::Argument a;
+    a.set_string_value(s);
+    return a;
+  }
+};
+
+TEST(LinearEpilogueTest, BiasAndReluOfAViewedProductBecomeTheLinearsBiasAndPostOp) {
+  LinearGelu k("relu");
+  k.b.Output(k.act);
+  PassStats stats;
+  Graph g = FuseLinearEpilogues(k.b.graph(), &stats);
+  EXPECT_EQ(stats.linear_biases, 1);
+  EXPECT_EQ(stats.fused_post_ops, 1);
+  ASSERT_EQ(g.nodes_size(), 2);
+  const auto& lin = g.nodes(0);
+  EXPECT_EQ(lin.op(), "mkldnn::_linear_pointwise");
+  EXPECT_EQ(lin.args(2).value(), k.bias);
+  EXPECT_EQ(lin.args(3).string_value(), "relu");
+  EXPECT_EQ(lin.outputs(0).meta().sizes_size(), 2);  // the GEMM's [B*T, N]
+  const auto& view = g.nodes(1);
+  EXPECT_EQ(view.op(), "aten::view");
+  EXPECT_EQ(view.args(0).value(), lin.outputs(0).id());
+  EXPECT_EQ(view.outputs(0).id(), k.act);  // what readers of the relu read
+}
+
+TEST(LinearEpilogueTest, ABiasAloneIsFusedWithoutAView) {
+  LinearGelu k("none", /*view_first=*/false);
+  k.b.Output(k.act);
+  Graph g = FuseLinearEpilogues(k.b.graph());
+  ASSERT_EQ(g.nodes_size(), 1);
+  EXPECT_EQ(g.nodes(0).outputs(0).id(), k.act);
+  EXPECT_EQ(g.nodes(0).args(2).value(), k.bias);
+  EXPECT_EQ(g.nodes(0).args(3).string_value(), "none");
+}
+
+TEST(LinearEpilogueTest, GeluAndOtherActivationsStayKernelsAfterTheFusedBias) {
+  for (const std::string act : {"gelu", "gelu-tanh", "sigmoid"}) {
+    LinearGelu k(act);
+    k.b.Output(k.act);
+    Graph g = FuseLinearEpilogues(k.b.graph());
+    std::vector<std::string> ops;
+    for (const auto& n : g.nodes()) ops.push_back(n.op());
+    const std::string kernel_op = act == "sigmoid" ? "aten::sigmoid" : "aten::gelu";
+    EXPECT_EQ(ops, (std::vector<std::string>{"mkldnn::_linear_pointwise", "aten::view", kernel_op}))
+        << act;
+    EXPECT_EQ(g.nodes(0).args(3).string_value(), "none") << act;
+    EXPECT_EQ(g.nodes(0).args(2).value(), k.bias) << act;
+    EXPECT_EQ(g.nodes(1).outputs(0).id(), k.sum) << act;  // the activation reads the sum's id
+  }
+}
+
+TEST(LinearEpilogueTest, NothingIsAbsorbedThatAnotherNodeOrTheCallerReads) {
+  {  // the product itself is returned
+    LinearGelu k("gelu");
+    k.b.Output(k.act);
+    k.b.Output(k.lin);
+    PassStats stats;
+    FuseLinearEpilogues(k.b.graph(), &stats);
+    EXPECT_EQ(stats.linear_biases, 0);
+  }
+  {  // the sum is read twice: bias fused, the relu not
+    LinearGelu k("relu");
+    uint32_t other = k.b.Op("aten::neg", {V(k.sum)}, {2, 3, 8});
+    k.b.Output(k.act);
+    k.b.Output(other);
+    PassStats stats;
+    Graph g = FuseLinearEpilogues(k.b.graph(), &stats);
+    EXPECT_EQ(stats.linear_biases, 1);
+    EXPECT_EQ(stats.fused_post_ops, 0);
+    EXPECT_EQ(Count(g, "aten::relu"), 1);
+  }
+  {  // the "bias" is a per-call input, not a parameter
+    GraphBuilder b;
+    uint32_t w = b.Input({8, 16});
+    b.Bound(1);
+    uint32_t x = b.Input({6, 16}), not_bound = b.Input({8});
+    uint32_t lin = b.Op("mkldnn::_linear_pointwise",
+                        {V(x), V(w), None(), LinearGelu::Str("none"), Ints({}), None()}, {6, 8});
+    b.Output(b.Op("aten::add.Tensor", {V(lin), V(not_bound)}, {6, 8}));
+    PassStats stats;
+    FuseLinearEpilogues(b.graph(), &stats);
+    EXPECT_EQ(stats.linear_biases, 0);
+  }
+  {  // a bias broadcast along rows ([6, 1]) is no linear bias
+    GraphBuilder b;
+    uint32_t w = b.Input({8, 16}), rows = b.Input({6, 1});
+    b.Bound(2);
+    uint32_t x = b.Input({6, 16});
+    uint32_t lin = b.Op("mkldnn::_linear_pointwise",
+                        {V(x), V(w), None(), LinearGelu::Str("none"), Ints({}), None()}, {6, 8});
+    b.Output(b.Op("aten::add.Tensor", {V(lin), V(rows)}, {6, 8}));
+    PassStats stats;
+    FuseLinearEpilogues(b.graph(), &stats);
+    EXPECT_EQ(stats.linear_biases, 0);
+  }
 }
 
 }  // namespace
