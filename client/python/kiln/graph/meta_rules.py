@@ -1,16 +1,21 @@
-"""Shortcuts for the metadata of ops whose result looks exactly like their input (pointwise ops
-on same-shaped inputs, batch norm in inference, dropout off): the input's fake value is reused
-instead of running the op on fakes, the slowest part of capture.
+"""Shortcuts for the metadata of common ops, instead of running them on fakes (the slowest part
+of capture): ops whose result looks exactly like their input (pointwise ops on same-shaped
+inputs, batch norm in inference, dropout off) reuse the input's fake value; a 2-d convolution's
+result is built from its output size and the memory format ATen's convolution would choose
+(asked of ATen itself, as the fake convolution does).
 
-A rule applies only when the answer is certain: every tensor argument has the same metadata,
-the first is dense and non-overlapping (so the result's strides equal its strides), dtypes are
-floating (Python scalars cannot promote them), and grad mode cannot change requires_grad.
+A rule applies only when the answer is certain: for the first kind, every tensor argument has
+the same metadata, the first is dense and non-overlapping (so the result's strides equal its
+strides), dtypes are floating (Python scalars cannot promote them), and grad mode cannot change
+requires_grad; for the convolution, plain arguments of the usual types and nothing needing grad.
+Anything else returns None and runs on fakes.
 """
 import operator
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 _F_UNARY = {F.relu, F.gelu, F.silu, F.hardswish, F.hardsigmoid, F.sigmoid, F.tanh, F.elu,
             F.leaky_relu, F.relu6, F.mish, F.softplus, F.hardtanh}
@@ -79,3 +84,72 @@ def same_as_input(kind: str, target, args: tuple, kwargs: dict) -> Optional[torc
         elif type(other) not in (int, float, bool):
             return None
     return first
+
+
+def shortcut(fake_mode, kind: str, target, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The fake value of `target(*args, **kwargs)` when a rule above knows it, else None."""
+    result = same_as_input(kind, target, args, kwargs)
+    if result is None and kind == "call_function" and target is torch.conv2d:
+        result = conv2d_result(fake_mode, args, kwargs)
+    return result
+
+
+def _pair(v) -> Optional[tuple]:
+    if type(v) is int:
+        return (v, v)
+    if type(v) in (tuple, list) and len(v) == 2 and all(type(i) is int for i in v):
+        return tuple(v)
+    if type(v) in (tuple, list) and len(v) == 1 and type(v[0]) is int:
+        return (v[0], v[0])
+    return None
+
+
+def conv2d_result(fake_mode, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """torch.conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) on a
+    batched 4-d floating input, integer padding, nothing requiring grad: its fake result."""
+    if kwargs or not 2 <= len(args) <= 7:
+        return None
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    stride = _pair(args[3] if len(args) > 3 else 1)
+    padding = _pair(args[4] if len(args) > 4 else 0)
+    dilation = _pair(args[5] if len(args) > 5 else 1)
+    groups = args[6] if len(args) > 6 else 1
+    if not (isinstance(x, FakeTensor) and isinstance(w, FakeTensor)) or None in (
+            stride, padding, dilation) or type(groups) is not int or groups < 1:
+        return None
+    if (x.dim() != 4 or w.dim() != 4 or x.dtype != w.dtype or x.dtype not in _FLOATING
+            or x.fake_device != w.fake_device or x.layout != torch.strided
+            or w.layout != torch.strided):
+        return None
+    if bias is not None and not (isinstance(bias, FakeTensor) and bias.dim() == 1
+                                 and bias.dtype == x.dtype and bias.shape[0] == w.shape[0]
+                                 and bias.fake_device == x.fake_device):
+        return None
+    if any(t is not None and t.requires_grad for t in (x, w, bias)) and torch.is_grad_enabled():
+        return None
+    n, c, h, wd = x.shape
+    out_c = w.shape[0]
+    if c != w.shape[1] * groups or out_c % groups or min(stride) < 1 or min(dilation) < 1 \
+            or min(padding) < 0:
+        return None
+    size = [n, out_c]
+    for extent, k, s, p, d in zip((h, wd), w.shape[2:], stride, padding, dilation):
+        out = (extent + 2 * p - d * (k - 1) - 1) // s + 1
+        if out <= 0:
+            return None
+        size.append(out)
+    if 0 in size:
+        return None
+    select = dict(stride=list(stride), padding=list(padding), dilation=list(dilation),
+                  transposed=False, output_padding=[0, 0], groups=groups, bias=bias)
+    if bias is None:
+        select["bias_sizes"] = None
+    try:
+        with fake_mode:  # the fakes report their fake device to ATen's choice
+            backend = torch._C._select_conv_backend(x, w, **select)
+            memory_format = torch._C._conv_determine_backend_memory_format(x, w, backend)
+    except (TypeError, RuntimeError, AttributeError):  # another torch's signature: run on fakes
+        return None
+    meta = torch.empty(size, dtype=x.dtype, device="meta", memory_format=memory_format)
+    return FakeTensor(fake_mode, meta, x.fake_device)

@@ -12,7 +12,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.exc import Unsupported
-from kiln.graph.meta_rules import same_as_input
+from kiln.graph.meta_rules import shortcut
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -133,7 +133,7 @@ class OutputGraph:
 
         fake_args = tuple(to_fake_arg(a) for a in args)
         fake_kwargs = {k: to_fake_arg(v) for k, v in kwargs.items()}
-        result = same_as_input(kind, target, fake_args, fake_kwargs)
+        result = shortcut(self.fake_mode, kind, target, fake_args, fake_kwargs)
         if result is None:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
             if result is not None and not _contains_tensor(result):
