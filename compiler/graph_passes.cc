@@ -69,10 +69,6 @@ bool IsArithmeticIdentity(const Node& node) {
   return times ? v == 1.0 : v == 0.0;
 }
 
-bool IsReshapeLike(const std::string& op) {
-  return op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape";
-}
-
 }  // namespace
 
 Graph EliminateDeadCode(const Graph& graph, PassStats* stats) {

@@ -18,7 +18,7 @@ struct PassStats {
   int onednn_convolutions = 0;  // convolutions given to oneDNN with a prepacked weight
   int linear_biases = 0;        // bias adds run by oneDNN linears
   int inplace_residuals = 0;    // residual adds accumulated into the residual's own memory
-  int fused_post_ops = 0;       // relu / gelu / residual adds run by oneDNN as post-ops
+  int fused_post_ops = 0;       // relus and residual adds run by oneDNN as post-ops
   int packed_linears = 0;       // oneDNN GEMMs with a prepacked weight
 };
 

@@ -19,6 +19,26 @@ using kiln::v1::Graph;
 using kiln::v1::Node;
 using kiln::v1::TensorMeta;
 
+namespace {
+
+// The other operand of `add` when it is a plain `value + other` or `other + value`
+// (aten::add.Tensor, alpha absent or 1, two distinct positional tensors), else nullopt.
+std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
+  if (add.op() != "aten::add.Tensor" || add.outputs_size() != 1 ||
+      !(add.args_size() == 2 ||
+        (add.args_size() == 3 && add.args(2).name().empty() && IsUnitScalar(add.args(2)))) ||
+      add.args(0).kind_case() != Argument::kValue || add.args(1).kind_case() != Argument::kValue ||
+      !add.args(0).name().empty() || !add.args(1).name().empty() ||
+      add.args(0).value() == add.args(1).value()) {
+    return std::nullopt;
+  }
+  if (add.args(0).value() == value) return add.args(1).value();
+  if (add.args(1).value() == value) return add.args(0).value();
+  return std::nullopt;
+}
+
+}  // namespace
+
 Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
   ValueIndex index = IndexValues(graph);
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
@@ -162,14 +182,8 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     bool relu = false;
     int ri = free_reader(result.id());
     const Node* r = ri >= 0 ? &graph.nodes(ri) : nullptr;
-    if (r && r->op() == "aten::add.Tensor" && r->outputs_size() == 1 &&
-        (r->args_size() == 2 ||
-         (r->args_size() == 3 && r->args(2).name().empty() && IsUnitScalar(r->args(2)))) &&
-        r->args(0).kind_case() == Argument::kValue && r->args(1).kind_case() == Argument::kValue &&
-        r->args(0).name().empty() && r->args(1).name().empty() &&
-        r->args(0).value() != r->args(1).value()) {
-      const uint32_t o =
-          r->args(0).value() == result.id() ? r->args(1).value() : r->args(0).value();
+    if (auto addend = r ? OtherAddend(*r, result.id()) : std::nullopt) {
+      const uint32_t o = *addend;
       // oneDNN reads `other` in any layout; the sum has the convolution's.
       const TensorMeta& om = *index.meta.at(o);
       if (om.dtype() == y.dtype() && Sizes(om) == Sizes(y) && SameLayout(r->outputs(0).meta(), y)) {
@@ -305,27 +319,23 @@ Graph AccumulateResidualsInPlace(const Graph& graph, PassStats* stats) {
         om.dtype() != kiln::v1::DTYPE_FLOAT32) {
       continue;
     }
+    // Every other reader runs first and makes no alias of `other` (which could outlive the
+    // convolution); the convolution reads it once.
     bool safe = true;
-    std::unordered_set<int> before;
-    bool computed = false;
+    int reads_here = 0;
+    std::optional<std::unordered_set<int>> before;
     for (int r : readers.at(other)) {
-      if (r == i) continue;
+      if (r == i) {
+        ++reads_here;
+        continue;
+      }
       const Node& reader = graph.nodes(r);
-      if (MayAliasInput(reader.op()) || WritesFirstInput(reader.op())) {
-        safe = false;  // an alias of `other` could outlive the convolution
-        break;
-      }
-      if (!computed) {
-        before = ancestors(i);
-        computed = true;
-      }
-      if (!before.count(r)) {
+      if (!before) before = ancestors(i);
+      if (MayAliasInput(reader.op()) || WritesFirstInput(reader.op()) || !before->count(r)) {
         safe = false;
         break;
       }
     }
-    int reads_here = 0;
-    for (int r : readers.at(other)) reads_here += r == i ? 1 : 0;
     if (!safe || reads_here != 1) continue;
     Node inplace;
     inplace.set_op("mkldnn::_convolution_pointwise_.binary");
@@ -362,9 +372,8 @@ Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
     int r = sole.Of(value);
     if (r < 0) continue;
     const Node* n = &graph.nodes(r);
-    if ((n->op() == "aten::view" || n->op() == "aten::_unsafe_view" ||
-         n->op() == "aten::reshape") &&
-        n->outputs_size() == 1 && n->args(0).kind_case() == Argument::kValue) {
+    if (IsReshapeLike(n->op()) && n->outputs_size() == 1 &&
+        n->args(0).kind_case() == Argument::kValue) {
       const TensorMeta& v = n->outputs(0).meta();
       if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
           v.storage_offset() != 0) {
@@ -377,16 +386,10 @@ Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
       if (r < 0) continue;
       n = &graph.nodes(r);
     }
-    // The bias add: (value, b) or (b, value), alpha absent or 1.
-    if (n->op() != "aten::add.Tensor" || n->outputs_size() != 1 ||
-        !(n->args_size() == 2 ||
-          (n->args_size() == 3 && n->args(2).name().empty() && IsUnitScalar(n->args(2)))) ||
-        n->args(0).kind_case() != Argument::kValue || n->args(1).kind_case() != Argument::kValue ||
-        !n->args(0).name().empty() || !n->args(1).name().empty()) {
-      continue;
-    }
-    const uint32_t bias = n->args(0).value() == value ? n->args(1).value() : n->args(0).value();
-    if (bias == value || !bound.count(bias)) continue;
+    // The bias add.
+    const std::optional<uint32_t> addend = OtherAddend(*n, value);
+    if (!addend || !bound.count(*addend)) continue;
+    const uint32_t bias = *addend;
     const TensorMeta& bm = *index.meta.at(bias);
     const TensorMeta& sum = n->outputs(0).meta();
     const TensorMeta& before = *index.meta.at(value);

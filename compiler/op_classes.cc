@@ -43,6 +43,10 @@ bool MayAliasInput(std::string_view op) {
 
 bool IsAlwaysView(std::string_view op) { return AlwaysViews().count(op) != 0; }
 
+bool IsReshapeLike(std::string_view op) {
+  return op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape";
+}
+
 bool WritesFirstInput(std::string_view op) {
   return op == "mkldnn::_convolution_pointwise_.binary";
 }

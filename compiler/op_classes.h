@@ -28,6 +28,9 @@ bool MayAliasInput(std::string_view op);
 // when the input's layout does not allow a view, so they are not among them.
 bool IsAlwaysView(std::string_view op);
 
+// view, _unsafe_view and reshape: a new shape of the same elements in row-major order.
+bool IsReshapeLike(std::string_view op);
+
 // True for the library ops that write their result into their first input and return it
 // (mkldnn::_convolution_pointwise_.binary accumulates a convolution into its residual): the
 // result is the first input's storage, so that input must not live in the per-call arena, and

@@ -13,18 +13,12 @@ pytestmark = [
     pytest.mark.skipif(daemon_client.kilnd_binary() is None,
                        reason="kilnd is not built on this machine"),
     pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN"),
+    pytest.mark.usefixtures("kilnd_cache"),  # conftest resets kiln around every test
 ]
 
 TOL = dict(rtol=1e-3, atol=1e-3)
 INPLACE = "mkldnn::_convolution_pointwise_.binary"
 BINARY = "mkldnn::_convolution_pointwise.binary"
-
-
-@pytest.fixture(autouse=True)
-def fresh(kilnd_cache):
-    kiln.reset()
-    yield
-    kiln.reset()
 
 
 def randomized(m):

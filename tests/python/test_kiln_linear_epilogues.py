@@ -11,14 +11,8 @@ pytestmark = [
     pytest.mark.skipif(daemon_client.kilnd_binary() is None,
                        reason="kilnd is not built on this machine"),
     pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN"),
+    pytest.mark.usefixtures("kilnd_cache"),  # conftest resets kiln around every test
 ]
-
-
-@pytest.fixture(autouse=True)
-def fresh(kilnd_cache):
-    kiln.reset()
-    yield
-    kiln.reset()
 
 
 class LinearAct(torch.nn.Module):
