@@ -109,3 +109,48 @@ def test_structure_key_changes_with_input_metadata_and_code():
     assert k != lowering.structure_key(gm, [torch.randn(4, 3).t()])
     gm2, _ = capture(lambda x: x * 3, torch.randn(3, 4))
     assert k != lowering.structure_key(gm2, ex)
+
+
+def test_structure_key_tells_targets_arguments_and_keywords_apart():
+    x = torch.randn(3, 4)
+    keys = {}
+    programs = {
+        "add": lambda x: torch.add(x, 1),
+        "sub": lambda x: torch.sub(x, 1),
+        "method_add": lambda x: x.add(1),
+        "add_alpha": lambda x: torch.add(x, 1, alpha=2),
+        "sum0": lambda x: torch.sum(x, dim=0),
+        "sum1": lambda x: torch.sum(x, dim=1),
+        "sum1_keepdim": lambda x: torch.sum(x, dim=1, keepdim=True),
+        "swapped": lambda x: x.t() - x.t().cos(),
+        "swapped_back": lambda x: x.t().cos() - x.t(),
+    }
+    for name, fn in programs.items():
+        gm, ex = capture(fn, x)
+        keys[name] = lowering.structure_key(gm, ex)
+        assert keys[name] is not None, name
+        # A second capture of the same program (new nodes, new module) has the same key.
+        gm2, ex2 = capture(fn, torch.randn(3, 4))
+        assert lowering.structure_key(gm2, ex2) == keys[name], name
+    assert len(set(keys.values())) == len(programs)
+
+
+def test_backends_get_lazy_graph_modules_and_run_the_real_forward():
+    seen = []
+
+    def backend(gm, example_inputs):
+        # Nothing read the code yet: a backend that never does, pays nothing for it.
+        seen.append("_code" not in gm.__dict__)
+        return gm.forward
+
+    kiln.reset()
+    fn = kiln.compile(lambda x: torch.relu(x) * 3, backend=backend)
+    x = torch.randn(4)
+    torch.testing.assert_close(fn(x), torch.relu(x) * 3)
+    torch.testing.assert_close(fn(x), torch.relu(x) * 3)
+    assert seen == [True]
+    (entry,) = kiln.debug.cache_entries(fn)
+    compiled = entry.info.compiled_fn
+    # What runs on each call is the generated forward, not a wrapper that checks for code.
+    assert compiled.__func__ is type(compiled.__self__).forward
+    assert "_code" in compiled.__self__.__dict__

@@ -1216,3 +1216,37 @@ def test_enum_members_from_arguments_and_class_attributes_are_guarded_by_identit
     finally:
         _Settings.mode = _Action.NONE
     assert cnt.frame_count == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Questions about the trace itself fold to constants.
+
+
+def test_is_compiling_questions_fold_to_true_in_one_graph():
+    import torch._dynamo  # the program imported Dynamo: its is_compiling is folded too
+
+    def f(x):
+        compiling = torch.compiler.is_compiling() and torch._dynamo.is_compiling()
+        if compiling and not torch.jit.is_scripting():
+            return x * 2 + 1
+        return x - 1
+
+    x = torch.randn(5)
+    kiln.reset()
+    cnt = CompileCounter()
+    out = kiln.compile(f, backend=cnt, fullgraph=True)(x)
+    torch.testing.assert_close(out, x * 2 + 1)
+    assert (cnt.frame_count, cnt.op_count) == (1, 2)
+
+
+def test_import_kiln_does_not_import_dynamo():
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, kiln\n"
+            "assert 'torch._dynamo' not in sys.modules, 'kiln imported torch._dynamo'\n"
+            "print(kiln.compile(lambda x: x + 1, backend='eager')(torch.ones(2)).tolist())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"

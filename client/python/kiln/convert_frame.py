@@ -15,7 +15,7 @@ import torch
 from kiln import _C, config
 from kiln.capture.symbolic_executor import GraphBreak, InstructionTranslator, _instructions
 from kiln.exc import BackendCompilerFailed, Unsupported
-from kiln.graph.output_graph import OutputGraph
+from kiln.graph.output_graph import OutputGraph, realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.resume import make_resume_code
 from kiln.variables.base import NullVariable
@@ -93,6 +93,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
             compiled = backend(gm, example_inputs)
         except Exception as e:
             raise BackendCompilerFailed(backend_name, e) from e
+        compiled = realized(compiled, gm)
         if not callable(compiled):
             raise BackendCompilerFailed(backend_name, TypeError(
                 f"backend returned {type(compiled).__name__}, not a callable"))

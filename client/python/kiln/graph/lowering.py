@@ -355,7 +355,7 @@ def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,
     h.update(_lowering_digest())
     h.update(torch.__version__.encode())
     h.update(_global_state().encode())
-    h.update(gm.code.encode())
+    h.update(_graph_text(gm.graph).encode())
     for name, t in sorted(attrs, key=lambda a: a[0]):
         h.update(name.encode())
         h.update(_meta_text(t).encode())
@@ -363,6 +363,26 @@ def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,
         h.update(_meta_text(t).encode() if isinstance(t, torch.Tensor) else repr(t).encode())
     h.update(extra)  # what else the caller's key depends on (the target, the compiler)
     return h.hexdigest()
+
+
+def _graph_text(graph: torch.fx.Graph) -> str:
+    """Every node of `graph` in order: kind, name, the target's qualified name, arguments and
+    keywords (checked by structure_key to print exactly; nodes print as their names). What the
+    graph's Python code says, without generating that code (35 ms for resnet50)."""
+    lines = []
+    for n in graph.nodes:
+        lines.append(f"{n.op}|{n.name}|{_target_text(n.target)}|{n.args!r}|{n.kwargs!r}")
+    return "\n".join(lines)
+
+
+def _target_text(target) -> str:
+    if isinstance(target, str):
+        return target
+    owner = getattr(target, "__objclass__", None)  # methods of torch._C.TensorBase
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+    if owner is not None:
+        return f"{owner.__module__}.{owner.__qualname__}.{getattr(target, '__name__', '?')}"
+    return f"{getattr(target, '__module__', None)}.{qualname}:{type(target).__name__}"
 
 
 @functools.lru_cache(maxsize=1)

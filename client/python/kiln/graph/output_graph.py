@@ -11,6 +11,11 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+try:  # a GraphModule that writes its Python code when something first reads or runs it
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModuleClass
+except ImportError:  # torch < 2.3
+    _GraphModuleClass = torch.fx.GraphModule
+
 from kiln.exc import Unsupported
 from kiln.graph.meta_rules import shortcut
 from kiln.guards.builder import GuardSet
@@ -178,8 +183,24 @@ class OutputGraph:
                 root.register_parameter(target, tensor)
             else:
                 root.register_buffer(target, tensor)
-        gm = torch.fx.GraphModule(root, self.graph, class_name=name)
-        return gm
+        # Lazy: the code is generated when a backend reads gm.code or runs the module. The
+        # "kiln" backend on a warm start does neither (it fetches the artifact by a digest of
+        # the graph), and writing resnet50's code and compiling it costs ~35 ms of a start.
+        return _GraphModuleClass(root, self.graph, class_name=name)
+
+
+def realized(compiled, gm: torch.fx.GraphModule):
+    """What a backend returned, made ready to run at full speed: `gm.forward` read from a lazy
+    module before its code existed recompiles and calls the module on every call; generate the
+    code now and hand out the real forward."""
+    lazy_forward = getattr(_GraphModuleClass, "_lazy_forward", None)
+    if lazy_forward is None:
+        return compiled
+    if compiled is gm or (getattr(compiled, "__self__", None) is gm
+                          and getattr(compiled, "__func__", None) is lazy_forward):
+        gm.real_recompile()
+        return compiled if compiled is gm else gm.forward
+    return compiled
 
 
 _CALL_OPS = ("call_function", "call_method", "call_module")

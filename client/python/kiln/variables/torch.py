@@ -3,6 +3,7 @@
 Calls of torch functions become graph nodes; a few answer questions about the trace itself
 (is_scripting, is_compiling) and are folded to constants.
 """
+import sys
 import types
 
 import torch
@@ -24,8 +25,6 @@ _FOLDED = {
         (torch._C._get_tracing_state, None),
         (getattr(torch.compiler, "is_compiling", None), True),
         (getattr(torch.compiler, "is_dynamo_compiling", None), True),
-        (getattr(torch._dynamo, "is_compiling", None) if hasattr(torch, "_dynamo") else None,
-         True),
         # Questions about torch-function / dispatch modes: kiln traces plain tensors with no
         # mode active (its own fake mode is an implementation detail the program must not see).
         (torch._C._get_dispatch_mode, None),
@@ -39,6 +38,21 @@ _FOLDED = {
     )
     if fn is not None
 }
+
+
+
+def _folded_value(fn):
+    """(True, value) when a call of `fn` is folded to a constant, else (False, None).
+
+    torch._dynamo.is_compiling is looked up only once the program imported torch._dynamo:
+    `torch._dynamo` is a lazy attribute, and touching it imports Dynamo (over a second)."""
+    if fn in _FOLDED:
+        return True, _FOLDED[fn]
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None and fn is getattr(dynamo, "is_compiling", None):
+        return True, True
+    return False, None
+
 
 # Calls with effects outside the graph (global state, RNG seeding, printing).
 _UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
@@ -68,8 +82,9 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
-        if fn in _FOLDED:
-            return ConstantVariable(_FOLDED[fn])
+        folded, value = _folded_value(fn)
+        if folded:
+            return ConstantVariable(value)
         if fn in _UNSUPPORTED:
             raise Unsupported(f"call of {getattr(fn, '__qualname__', fn)} (changes global state)")
         if fn is torch.is_grad_enabled:
