@@ -3,6 +3,7 @@
 #include "runtime/plan_runtime.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
@@ -510,11 +511,21 @@ Plan::LibraryStep Plan::BindLibrary(const LibraryStepSpec& spec, const std::stri
 
 at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena) const {
   const ValueMeta& m = metas_[slot];
-  const auto options = at::TensorOptions().dtype(m.dtype).device(device_);
-  if (!buffers_[slot].in_arena) return EmptyWithLayout(m, options);
-  // A typed view of the arena's bytes; construction checked that it fits.
-  return at::empty({0}, options)
-      .set_(arena.storage(), buffers_[slot].arena_element_offset, m.sizes, m.strides);
+  if (!buffers_[slot].in_arena) {
+    // On the CPU straight from the allocator: what at::empty_strided ends in, without its trip
+    // through the dispatcher (a plan allocates every intermediate of every call).
+    if (device_.is_cpu() && m.storage_offset == 0) {
+      return at::Tensor(at::detail::empty_strided_cpu(m.sizes, m.strides, m.dtype));
+    }
+    return EmptyWithLayout(m, at::TensorOptions().dtype(m.dtype).device(device_));
+  }
+  // A typed view of the arena's bytes (construction checked that it fits), made as
+  // at::empty({0}).set_(...) would make it, without the two dispatched calls. The new tensor's
+  // keys are the arena's: same device, and the TensorImpl applies the inference mode in force.
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(arena.storage()), arena.key_set(), c10::scalarTypeToTypeMeta(m.dtype));
+  impl->set_sizes_and_strides(m.sizes, m.strides, buffers_[slot].arena_element_offset);
+  return at::Tensor(std::move(impl));
 }
 
 namespace {
@@ -685,8 +696,10 @@ std::vector<at::Tensor> Plan::Run(const std::vector<at::Tensor>& inputs) const {
   at::Tensor arena;
   if (arena_bytes_ > 0) {
     try {
-      arena = at::empty({static_cast<int64_t>(arena_bytes_)},
-                        at::TensorOptions().dtype(at::kByte).device(device_));
+      const auto bytes = static_cast<int64_t>(arena_bytes_);
+      arena = device_.is_cpu()
+                  ? at::Tensor(at::detail::empty_cpu({bytes}, at::kByte))
+                  : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     } catch (const c10::Error& e) {
       throw std::runtime_error(std::string("kiln plan: arena: ") + e.what_without_backtrace());
     }

@@ -387,6 +387,22 @@ def test_global_state_tracks_default_dtype_determinism_and_autocast():
     assert g.check((), frame_func)
 
 
+def test_global_state_checks_tf32_flags_only_with_a_cuda_device():
+    g = manager((None, ("global_state",), "GLOBAL_STATE"))
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = not saved
+        reason = g.failure_reason((), frame_func)
+    finally:
+        matmul.allow_tf32 = saved
+    if torch.cuda.is_available():
+        assert reason is not None and "cuBLAS TF32 changed" in reason
+    else:  # no device the flag could change a result on: not read, not failed
+        assert reason is None
+    assert g.check((), frame_func)
+
+
 # --- the tree as a whole ------------------------------------------------------------------------
 
 
