@@ -196,6 +196,24 @@ def test_outputs_may_repeat_and_name_an_input():
     assert_close(a, -x)
 
 
+def test_calls_take_tensors_by_position_only():
+    x = torch.randn(3)
+    p = plan([value(0, [3]), value(1, [3])], [0],
+             [library("aten::neg", [pos("value", 0)], [1])], [1])
+    assert_close(p(x)[0], -x)
+    assert_close(p.run([x])[0], -x)
+    assert_close(p.__call__(x)[0], -x)  # the method read as an attribute is the same call
+    with pytest.raises(TypeError, match="argument 0 is a float, not a tensor"):
+        p(1.5)
+    with pytest.raises(TypeError, match="by position only"):
+        p(x=x)
+    with pytest.raises(RuntimeError, match="takes 1 inputs, got 2"):
+        p(x, x)
+    with pytest.raises(TypeError):
+        type("SubPlan", (_C.Plan,), {})  # final: every Plan instance is the C++ plan
+    assert_close(p(x)[0], -x)  # still serving after the refused calls
+
+
 def test_released_values_are_gone_but_outputs_stay_right():
     x = torch.randn(5)
     steps = [library("aten::exp", [pos("value", 0)], [1]),
