@@ -15,7 +15,9 @@ def _attr_expr(base: str, attr: str) -> str:
 
 
 class Source:
-    __slots__ = ()
+    # Sources are immutable once built; `_hash` remembers the hash of the chain (L['self'].layer1
+    # [0].conv1.weight hashes five sources deep, and a capture hashes sources thousands of times).
+    __slots__ = ("_hash",)
 
     @property
     def name(self) -> str:
@@ -32,7 +34,11 @@ class Source:
         return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self):
-        return hash((type(self), self._key()))
+        try:
+            return self._hash
+        except AttributeError:
+            h = self._hash = hash((type(self), self._key()))
+            return h
 
     def _key(self):
         raise NotImplementedError
