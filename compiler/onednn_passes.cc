@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "compiler/bound_prologue.h"
+#include "compiler/fusion.h"
 #include "compiler/graph_index.h"
 #include "compiler/op_classes.h"
 
@@ -35,6 +36,15 @@ std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
   if (add.args(0).value() == value) return add.args(1).value();
   if (add.args(1).value() == value) return add.args(0).value();
   return std::nullopt;
+}
+
+// Dense NHWC: strides (H*W*C, 1, W*C, C) of sizes (N, C, H, W), offset 0. Size-1 dimensions
+// make other strides equally dense, but oneDNN's fused path wants exactly these.
+bool ChannelsLastDense(const TensorMeta& m) {
+  if (m.sizes_size() != 4 || m.strides_size() != 4 || m.storage_offset() != 0) return false;
+  const int64_t c = m.sizes(1), h = m.sizes(2), w = m.sizes(3);
+  return m.strides(0) == h * w * c && m.strides(1) == 1 && m.strides(2) == w * c &&
+         m.strides(3) == c;
 }
 
 }  // namespace
@@ -203,6 +213,25 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
       result = r->outputs(0);
     }
 
+    // A weight a kernel computes (the conv-BN fold of the prologue) and only this convolution
+    // reads is written channels-last: the reorder makes a channels-last copy of any other
+    // layout before packing (resnet50: 17 copies, 25 ms of a first call) and packs from
+    // channels-last ~10x faster (a 256x256x3x3 weight: 0.18 vs 1.7 ms). Nothing else sees it.
+    const uint32_t wid = conv.args(1).value();
+    if (auto p = index.producer.find(wid); p != index.producer.end() && !replace.count(p->second) &&
+                                           sole.Of(wid) == i && IsRowMajor(w) &&
+                                           !ChannelsLastDense(w)) {
+      Node producer = graph.nodes(p->second);
+      if (IsFusable(producer, index.meta)) {
+        TensorMeta* m = producer.mutable_outputs(0)->mutable_meta();
+        const int64_t c = m->sizes(1), h = m->sizes(2), wd = m->sizes(3);
+        m->clear_strides();
+        for (int64_t st : {h * wd * c, int64_t{1}, wd * c, c}) m->add_strides(st);
+        replace[p->second] = {std::move(producer)};
+        if (stats) ++stats->channels_last_weights;
+      }
+    }
+
     std::vector<Node> nodes;
     Node pack;
     pack.set_op("mkldnn::_reorder_convolution_weight");
@@ -258,19 +287,6 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
   }
   return ReplaceNodes(graph, std::move(replace));
 }
-
-namespace {
-
-// Dense NHWC: strides (H*W*C, 1, W*C, C) of sizes (N, C, H, W), offset 0. Size-1 dimensions
-// make other strides equally dense, but oneDNN's fused path wants exactly these.
-bool ChannelsLastDense(const TensorMeta& m) {
-  if (m.sizes_size() != 4 || m.strides_size() != 4 || m.storage_offset() != 0) return false;
-  const int64_t c = m.sizes(1), h = m.sizes(2), w = m.sizes(3);
-  return m.strides(0) == h * w * c && m.strides(1) == 1 && m.strides(2) == w * c &&
-         m.strides(3) == c;
-}
-
-}  // namespace
 
 Graph AccumulateResidualsInPlace(const Graph& graph, PassStats* stats) {
   const ValueIndex index = IndexValues(graph);

@@ -21,7 +21,9 @@ kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats =
 // size): the weight is packed for this input once. When the convolution's only reader is a
 // relu, the relu becomes its "relu" post-op; when it is an add of a tensor of its shape (a
 // residual, in any layout), mkldnn::_convolution_pointwise.binary adds it, with the add's relu
-// reader as the unary post-op. The fused node defines the last value it replaces.
+// reader as the unary post-op. The fused node defines the last value it replaces. A weight made
+// by a pointwise node (the conv-BN fold) that only this convolution reads is stored
+// channels-last, the layout the reorder packs from without a copy.
 kiln::v1::Graph UseOneDnnConvolution(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 // A bias add after a oneDNN linear (mkldnn::_linear_pointwise with no bias and no post-op),

@@ -3,6 +3,7 @@
 // residual overwritten, and the buffer plan keeps that memory alive through the result.
 // FuseLinearEpilogues: a linear's bias add and its relu become the oneDNN call's bias and post-op,
 // through the reshape of a 3-D linear, and only when nothing else reads what they absorb.
+// UseOneDnnConvolution: a folded weight only its convolution reads is written channels-last.
 #include "compiler/onednn_passes.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +74,61 @@ int Count(const Graph& g, const std::string& op) {
   int n = 0;
   for (const auto& node : g.nodes()) n += node.op() == op ? 1 : 0;
   return n;
+}
+
+// A conv-BN fold (weight * per-channel scale) feeding one convolution: its result is written
+// channels-last, the layout the weight reorder packs from without copying; a fold someone else
+// reads, and a weight that is a bound input, keep their layout.
+struct FoldedWeight {
+  Block k;
+  uint32_t folded;
+  explicit FoldedWeight(bool folded_is_output) {
+    uint32_t w = k.b.Input({4, 4, 3, 3}), scale = k.b.Input({4, 1, 1, 1});
+    k.b.Bound(2);
+    k.x = k.b.Input(kSizes, kF32, kNhwc);
+    folded = k.b.Op("aten::mul.Tensor", {V(w), V(scale)}, {4, 4, 3, 3}, kF32, {36, 9, 3, 1});
+    k.out = k.Conv(k.x, folded, 1);
+    k.b.Output(k.out);
+    if (folded_is_output) k.b.Output(folded);
+  }
+  std::vector<int64_t> FoldStrides(const Graph& g) const {
+    for (const auto& n : g.nodes()) {
+      for (const auto& o : n.outputs()) {
+        if (o.id() == folded) return {o.meta().strides().begin(), o.meta().strides().end()};
+      }
+    }
+    return {};
+  }
+};
+
+TEST(ConvolutionWeightLayoutTest, AFoldedWeightOnlyTheConvolutionReadsIsWrittenChannelsLast) {
+  FoldedWeight f(false);
+  PassStats stats;
+  Graph g = UseOneDnnConvolution(f.k.b.graph(), &stats);
+  EXPECT_EQ(stats.channels_last_weights, 1);
+  EXPECT_EQ(f.FoldStrides(g), (std::vector<int64_t>{36, 1, 12, 4}));
+  ASSERT_EQ(Count(g, "mkldnn::_reorder_convolution_weight"), 1);
+  for (const auto& n : g.nodes()) {
+    if (n.op() == "mkldnn::_reorder_convolution_weight") {
+      EXPECT_EQ(n.args(0).value(), f.folded);
+    }
+  }
+}
+
+TEST(ConvolutionWeightLayoutTest, AFoldedWeightTheCallerGetsBackKeepsItsLayout) {
+  FoldedWeight f(true);
+  PassStats stats;
+  Graph g = UseOneDnnConvolution(f.k.b.graph(), &stats);
+  EXPECT_EQ(stats.channels_last_weights, 0);
+  EXPECT_EQ(f.FoldStrides(g), (std::vector<int64_t>{36, 9, 3, 1}));
+}
+
+TEST(ConvolutionWeightLayoutTest, ABoundInputWeightIsLeftAsItIs) {
+  Block k = Projection(false, false);
+  PassStats stats;
+  Graph g = UseOneDnnConvolution(k.b.graph(), &stats);
+  EXPECT_EQ(stats.onednn_convolutions, 3);
+  EXPECT_EQ(stats.channels_last_weights, 0);
 }
 
 TEST(InPlaceResidualTest, AProjectionReadOnlyByTheSumIsAccumulatedInto) {
