@@ -275,7 +275,7 @@ class PyPlan {
   }
 
   py::object Call(const py::tuple& args) {
-    return Call(&PySequence_Fast_ITEMS(args.ptr())[0], args.size(), args);
+    return Call(PySequence_Fast_ITEMS(args.ptr()), args.size(), args);
   }
 
   std::shared_ptr<const Plan> plan_;

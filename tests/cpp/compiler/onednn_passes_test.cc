@@ -91,6 +91,7 @@ struct FoldedWeight {
     k.b.Output(k.out);
     if (folded_is_output) k.b.Output(folded);
   }
+  Graph Pass() const { return UseOneDnnConvolution(k.b.graph(), &stats); }
   std::vector<int64_t> FoldStrides(const Graph& g) const {
     for (const auto& n : g.nodes()) {
       for (const auto& o : n.outputs()) {
@@ -99,13 +100,13 @@ struct FoldedWeight {
     }
     return {};
   }
+  mutable PassStats stats;
 };
 
 TEST(ConvolutionWeightLayoutTest, AFoldedWeightOnlyTheConvolutionReadsIsWrittenChannelsLast) {
   FoldedWeight f(false);
-  PassStats stats;
-  Graph g = UseOneDnnConvolution(f.k.b.graph(), &stats);
-  EXPECT_EQ(stats.channels_last_weights, 1);
+  Graph g = f.Pass();
+  EXPECT_EQ(f.stats.channels_last_weights, 1);
   EXPECT_EQ(f.FoldStrides(g), (std::vector<int64_t>{36, 1, 12, 4}));
   ASSERT_EQ(Count(g, "mkldnn::_reorder_convolution_weight"), 1);
   for (const auto& n : g.nodes()) {
@@ -117,16 +118,15 @@ TEST(ConvolutionWeightLayoutTest, AFoldedWeightOnlyTheConvolutionReadsIsWrittenC
 
 TEST(ConvolutionWeightLayoutTest, AFoldedWeightTheCallerGetsBackKeepsItsLayout) {
   FoldedWeight f(true);
-  PassStats stats;
-  Graph g = UseOneDnnConvolution(f.k.b.graph(), &stats);
-  EXPECT_EQ(stats.channels_last_weights, 0);
+  Graph g = f.Pass();
+  EXPECT_EQ(f.stats.channels_last_weights, 0);
   EXPECT_EQ(f.FoldStrides(g), (std::vector<int64_t>{36, 9, 3, 1}));
 }
 
 TEST(ConvolutionWeightLayoutTest, ABoundInputWeightIsLeftAsItIs) {
   Block k = Projection(false, false);
   PassStats stats;
-  Graph g = UseOneDnnConvolution(k.b.graph(), &stats);
+  UseOneDnnConvolution(k.b.graph(), &stats);
   EXPECT_EQ(stats.onednn_convolutions, 3);
   EXPECT_EQ(stats.channels_last_weights, 0);
 }
