@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 import torch
 
 from kiln import _C, config
-from kiln.capture.symbolic_executor import GraphBreak, InstructionTranslator, _instructions
+from kiln.capture.graph_break import GraphBreak
 from kiln.exc import BackendCompilerFailed, Unsupported
 from kiln.graph.output_graph import OutputGraph, realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
@@ -56,7 +56,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     even in part, or any break with fullgraph) or BackendCompilerFailed."""
     t0 = time.perf_counter()
     output = OutputGraph()
-    tx = InstructionTranslator(func, code, slots, output, may_break=not fullgraph)
+    tx = _C.Translator.root(func, code, slots, output, may_break=not fullgraph)
     graph_break = None
     grad_enabled = torch.is_grad_enabled()
     try:
@@ -125,8 +125,7 @@ def _break_body(func, code, gb, rebuild, consts):
     varnames = code.co_varnames
     unbound = [n for n in varnames if n not in ckpt.locals]
     local_exprs = [rebuild(ckpt.locals[n]) if n in ckpt.locals else "None" for n in varnames]
-    insts, index = _instructions(code)
-    next_offset = insts[index[inst.offset] + 1].offset
+    next_offset = inst.next_offset
     body = []
     resumes = []
 

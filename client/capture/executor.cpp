@@ -1,0 +1,1205 @@
+// The symbolic executor (see executor.h). Python objects are held through pybind11; every
+// handler mirrors what CPython's own handler does to the value stack, with trackers in place of
+// values.
+#include "capture/executor.h"
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bytecode/instructions.h"
+
+namespace py = pybind11;
+
+namespace kiln::capture {
+namespace {
+
+using bytecode::Decoded;
+using bytecode::Instruction;
+
+constexpr int kMaxInlineDepth = 64;
+constexpr int kCoVarargs = 0x04;
+constexpr int kCoVarkeywords = 0x08;
+constexpr int kCoGenerator = 0x20;
+constexpr int kCoCoroutine = 0x80;
+constexpr int kCoAsyncGenerator = 0x200;
+
+enum class Op : uint8_t {
+  kUnknown, kNop, kPushNull, kLoadConst, kLoadFast, kLoadFastAndClear, kStoreFast, kDeleteFast,
+  kLoadGlobal, kLoadDeref, kStoreDeref, kLoadClosure, kLoadAttr, kLoadSuperAttr, kLoadMethod,
+  kStoreAttr, kDeleteAttr, kImportName, kImportFrom, kLoadAssertionError, kRaiseVarargs,
+  kKwNames, kCall, kCallFunctionEx, kMakeFunction, kBeforeWith, kReturnGenerator, kYieldValue,
+  kReturnValue, kReturnConst, kPopTop, kCopy, kSwap, kBinaryOp, kCompareOp, kIsOp, kContainsOp,
+  kUnaryNegative, kUnaryPositive, kUnaryInvert, kUnaryNot, kCallIntrinsic1, kBinarySubscr,
+  kBinarySlice, kStoreSubscr, kStoreSlice, kBuildTuple, kBuildList, kBuildSet, kBuildMap,
+  kBuildConstKeyMap, kBuildSlice, kBuildString, kFormatValue, kListAppend, kListExtend,
+  kListToTuple, kSetUpdate, kMapAdd, kDictUpdate, kUnpackSequence, kUnpackEx, kPopJumpIfFalse,
+  kPopJumpIfTrue, kJumpIfFalseOrPop, kJumpIfTrueOrPop, kPopJumpIfNone, kPopJumpIfNotNone, kJump,
+  kGetIter, kForIter, kEndFor,
+};
+
+struct OpInfo {
+  Op op = Op::kUnknown;
+  bool breakable = false;  // a root frame may break the graph here (a call or a branch)
+};
+
+// What the executor does for each opcode of the running interpreter, by the opcode's name.
+const std::array<OpInfo, 256>& OpTable() {
+  static const std::array<OpInfo, 256> table = [] {
+    const std::unordered_map<std::string, Op> by_name = {
+        {"RESUME", Op::kNop}, {"NOP", Op::kNop}, {"EXTENDED_ARG", Op::kNop},
+        {"PRECALL", Op::kNop}, {"COPY_FREE_VARS", Op::kNop}, {"MAKE_CELL", Op::kNop},
+        {"PUSH_NULL", Op::kPushNull}, {"LOAD_CONST", Op::kLoadConst},
+        {"LOAD_FAST", Op::kLoadFast}, {"LOAD_FAST_CHECK", Op::kLoadFast},
+        {"LOAD_FAST_AND_CLEAR", Op::kLoadFastAndClear}, {"STORE_FAST", Op::kStoreFast},
+        {"DELETE_FAST", Op::kDeleteFast}, {"LOAD_GLOBAL", Op::kLoadGlobal},
+        {"LOAD_DEREF", Op::kLoadDeref}, {"STORE_DEREF", Op::kStoreDeref},
+        {"LOAD_CLOSURE", Op::kLoadClosure}, {"LOAD_ATTR", Op::kLoadAttr},
+        {"LOAD_SUPER_ATTR", Op::kLoadSuperAttr}, {"LOAD_METHOD", Op::kLoadMethod},
+        {"STORE_ATTR", Op::kStoreAttr}, {"DELETE_ATTR", Op::kDeleteAttr},
+        {"IMPORT_NAME", Op::kImportName}, {"IMPORT_FROM", Op::kImportFrom},
+        {"LOAD_ASSERTION_ERROR", Op::kLoadAssertionError}, {"RAISE_VARARGS", Op::kRaiseVarargs},
+        {"KW_NAMES", Op::kKwNames}, {"CALL", Op::kCall},
+        {"CALL_FUNCTION_EX", Op::kCallFunctionEx}, {"MAKE_FUNCTION", Op::kMakeFunction},
+        {"BEFORE_WITH", Op::kBeforeWith}, {"RETURN_GENERATOR", Op::kReturnGenerator},
+        {"YIELD_VALUE", Op::kYieldValue}, {"RETURN_VALUE", Op::kReturnValue},
+        {"RETURN_CONST", Op::kReturnConst}, {"POP_TOP", Op::kPopTop}, {"COPY", Op::kCopy},
+        {"SWAP", Op::kSwap}, {"BINARY_OP", Op::kBinaryOp}, {"COMPARE_OP", Op::kCompareOp},
+        {"IS_OP", Op::kIsOp}, {"CONTAINS_OP", Op::kContainsOp},
+        {"UNARY_NEGATIVE", Op::kUnaryNegative}, {"UNARY_POSITIVE", Op::kUnaryPositive},
+        {"UNARY_INVERT", Op::kUnaryInvert}, {"UNARY_NOT", Op::kUnaryNot},
+        {"CALL_INTRINSIC_1", Op::kCallIntrinsic1}, {"BINARY_SUBSCR", Op::kBinarySubscr},
+        {"BINARY_SLICE", Op::kBinarySlice}, {"STORE_SUBSCR", Op::kStoreSubscr},
+        {"STORE_SLICE", Op::kStoreSlice}, {"BUILD_TUPLE", Op::kBuildTuple},
+        {"BUILD_LIST", Op::kBuildList}, {"BUILD_SET", Op::kBuildSet},
+        {"BUILD_MAP", Op::kBuildMap}, {"BUILD_CONST_KEY_MAP", Op::kBuildConstKeyMap},
+        {"BUILD_SLICE", Op::kBuildSlice}, {"BUILD_STRING", Op::kBuildString},
+        {"FORMAT_VALUE", Op::kFormatValue}, {"LIST_APPEND", Op::kListAppend},
+        {"LIST_EXTEND", Op::kListExtend}, {"LIST_TO_TUPLE", Op::kListToTuple},
+        {"SET_UPDATE", Op::kSetUpdate}, {"MAP_ADD", Op::kMapAdd},
+        {"DICT_UPDATE", Op::kDictUpdate}, {"DICT_MERGE", Op::kDictUpdate},
+        {"UNPACK_SEQUENCE", Op::kUnpackSequence}, {"UNPACK_EX", Op::kUnpackEx},
+        {"POP_JUMP_IF_FALSE", Op::kPopJumpIfFalse}, {"POP_JUMP_IF_TRUE", Op::kPopJumpIfTrue},
+        {"POP_JUMP_FORWARD_IF_FALSE", Op::kPopJumpIfFalse},
+        {"POP_JUMP_FORWARD_IF_TRUE", Op::kPopJumpIfTrue},
+        {"POP_JUMP_BACKWARD_IF_FALSE", Op::kPopJumpIfFalse},
+        {"POP_JUMP_BACKWARD_IF_TRUE", Op::kPopJumpIfTrue},
+        {"JUMP_IF_FALSE_OR_POP", Op::kJumpIfFalseOrPop},
+        {"JUMP_IF_TRUE_OR_POP", Op::kJumpIfTrueOrPop},
+        {"POP_JUMP_IF_NONE", Op::kPopJumpIfNone}, {"POP_JUMP_IF_NOT_NONE", Op::kPopJumpIfNotNone},
+        {"POP_JUMP_FORWARD_IF_NONE", Op::kPopJumpIfNone},
+        {"POP_JUMP_FORWARD_IF_NOT_NONE", Op::kPopJumpIfNotNone},
+        {"POP_JUMP_BACKWARD_IF_NONE", Op::kPopJumpIfNone},
+        {"POP_JUMP_BACKWARD_IF_NOT_NONE", Op::kPopJumpIfNotNone},
+        {"JUMP_FORWARD", Op::kJump}, {"JUMP_BACKWARD", Op::kJump},
+        {"JUMP_BACKWARD_NO_INTERRUPT", Op::kJump}, {"JUMP_ABSOLUTE", Op::kJump},
+        {"GET_ITER", Op::kGetIter}, {"FOR_ITER", Op::kForIter}, {"END_FOR", Op::kEndFor},
+    };
+    std::array<OpInfo, 256> t{};
+    for (int code = 0; code < 256; ++code) {
+      const std::string name = bytecode::OpName(code).cast<std::string>();
+      auto it = by_name.find(name);
+      if (it == by_name.end()) continue;
+      t[code].op = it->second;
+      t[code].breakable = it->second == Op::kCall || it->second == Op::kCallFunctionEx ||
+                          it->second == Op::kPopJumpIfFalse || it->second == Op::kPopJumpIfTrue;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// The Python side the executor works with: trackers, sources, kiln's errors, operator functions.
+struct Names {
+  py::object Unsupported, GraphBreak, Checkpoint;
+  py::object NullVariable, VariableTracker, ConstantVariable, TupleVariable, ListVariable,
+      SetVariable, ConstDictVariable, SliceVariable, ListIteratorVariable, CellVariable,
+      NestedFunctionVariable, SuperVariable, TensorVariable;
+  py::object wrap, apply_operator, getitem, mark_checkpoint, mutation_count, mutations_of;
+  py::object can_split, offset_in_exception_table, traces_into, is_torch_file;
+  py::object ClosureSource, GlobalSource, ItemSource, LocalSource, ObjectSource, AttrSource;
+  py::object getline, resolve_name, sys_modules, builtins;
+  std::vector<py::object> binary_ops;  // dis._nb_ops order
+  py::dict compare_ops;
+  py::object is_, is_not, contains, neg, pos, invert, setitem;
+  py::object intrinsic1_names;  // 3.12: opcode._intrinsic1_descs, else None
+};
+
+const Names& N() {
+  static Names* names = [] {
+    auto* n = new Names();
+    auto from = [](const char* module, const char* name) {
+      return py::module_::import(module).attr(name);
+    };
+    n->Unsupported = from("kiln.exc", "Unsupported");
+    n->GraphBreak = from("kiln.capture.graph_break", "GraphBreak");
+    n->Checkpoint = from("kiln.capture.graph_break", "Checkpoint");
+    n->NullVariable = from("kiln.variables.base", "NullVariable");
+    n->VariableTracker = from("kiln.variables.base", "VariableTracker");
+    n->ConstantVariable = from("kiln.variables.constant", "ConstantVariable");
+    for (auto [field, name] : {std::pair{&Names::TupleVariable, "TupleVariable"},
+                               {&Names::ListVariable, "ListVariable"},
+                               {&Names::SetVariable, "SetVariable"},
+                               {&Names::ConstDictVariable, "ConstDictVariable"},
+                               {&Names::SliceVariable, "SliceVariable"},
+                               {&Names::ListIteratorVariable, "ListIteratorVariable"},
+                               {&Names::mark_checkpoint, "mark_checkpoint"},
+                               {&Names::mutation_count, "mutation_count"}}) {
+      n->*field = from("kiln.variables.containers", name);
+    }
+    n->CellVariable = from("kiln.variables.functions", "CellVariable");
+    n->NestedFunctionVariable = from("kiln.variables.functions", "NestedFunctionVariable");
+    n->SuperVariable = from("kiln.variables.objects", "SuperVariable");
+    n->TensorVariable = from("kiln.variables.tensor", "TensorVariable");
+    n->wrap = from("kiln.variables.builder", "wrap");
+    n->apply_operator = from("kiln.variables.builtins", "apply_operator");
+    n->getitem = from("kiln.variables.builtins", "getitem");
+    n->mutations_of = from("kiln.variables.side_effects", "mutations_of");
+    n->can_split = from("kiln.transform.resume", "can_split");
+    n->offset_in_exception_table = from("kiln.transform.resume", "offset_in_exception_table");
+    n->traces_into = from("kiln.capture.skip_files", "traces_into");
+    n->is_torch_file = from("kiln.capture.skip_files", "is_torch_file");
+    for (auto [field, name] : {std::pair{&Names::ClosureSource, "ClosureSource"},
+                               {&Names::GlobalSource, "GlobalSource"},
+                               {&Names::ItemSource, "ItemSource"},
+                               {&Names::LocalSource, "LocalSource"},
+                               {&Names::ObjectSource, "ObjectSource"},
+                               {&Names::AttrSource, "AttrSource"}}) {
+      n->*field = from("kiln.guards.source", name);
+    }
+    n->getline = from("linecache", "getline");
+    n->resolve_name = from("importlib.util", "resolve_name");
+    n->sys_modules = from("sys", "modules");
+    n->builtins = py::module_::import("builtins").attr("__dict__");
+    py::module_ op = py::module_::import("operator");
+    for (const char* name : {"add", "and_", "floordiv", "lshift", "matmul", "mul", "mod", "or_",
+                             "pow", "rshift", "sub", "truediv", "xor", "iadd", "iand",
+                             "ifloordiv", "ilshift", "imatmul", "imul", "imod", "ior", "ipow",
+                             "irshift", "isub", "itruediv", "ixor"}) {
+      n->binary_ops.push_back(op.attr(name));
+    }
+    for (auto [sym, name] : {std::pair{"<", "lt"}, {"<=", "le"}, {"==", "eq"}, {"!=", "ne"},
+                             {">", "gt"}, {">=", "ge"}}) {
+      n->compare_ops[py::str(sym)] = op.attr(name);
+    }
+    n->is_ = op.attr("is_");
+    n->is_not = op.attr("is_not");
+    n->contains = op.attr("contains");
+    n->neg = op.attr("neg");
+    n->pos = op.attr("pos");
+    n->invert = op.attr("invert");
+    n->setitem = op.attr("setitem");
+    py::module_ opcode = py::module_::import("opcode");
+    n->intrinsic1_names = py::hasattr(opcode, "_intrinsic1_descs")
+                              ? py::object(opcode.attr("_intrinsic1_descs"))
+                              : py::object(py::none());
+    return n;
+  }();
+  return *names;
+}
+
+[[noreturn]] void Raise(const py::object& exc) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw py::error_already_set();
+}
+
+[[noreturn]] void Unsupported(const std::string& message) { Raise(N().Unsupported(message)); }
+
+std::string Str(py::handle h) { return py::str(h).cast<std::string>(); }
+std::string Repr(py::handle h) { return py::repr(h).cast<std::string>(); }
+
+bool IsNull(py::handle v) { return py::isinstance(v, N().NullVariable); }
+
+py::object Constant(py::object value) { return N().ConstantVariable(std::move(value)); }
+
+py::list ListOf(const std::vector<py::object>& items, size_t begin = 0) {
+  py::list out(items.size() - begin);
+  for (size_t i = begin; i < items.size(); ++i) out[i - begin] = items[i];
+  return out;
+}
+
+// The state before a breakable instruction, to break the graph at it.
+struct Snapshot {
+  std::vector<py::object> stack;
+  py::dict locals;
+  py::object kw_names;
+  py::object graph;
+  long mutations = 0;
+  int lineno = 0;
+};
+
+// Where a frame's globals come from, for guards: the root frame's module (GlobalSource), torch's
+// own modules (taken as fixed: no source), or another module's dict.
+struct GlobalsSource {
+  enum Kind { kRoot, kFixed, kItem } kind = kRoot;
+  py::object dict_source;
+
+  py::object For(const py::object& name) const {
+    switch (kind) {
+      case kRoot:
+        return N().GlobalSource(name);
+      case kFixed:
+        return py::none();
+      default:
+        return N().ItemSource(dict_source, name);
+    }
+  }
+};
+
+GlobalsSource GlobalsSourceFor(const py::object& f_globals, const py::object& root_globals,
+                               const py::object& filename) {
+  GlobalsSource s;
+  if (f_globals.is(root_globals)) return s;
+  if (N().is_torch_file(filename).cast<bool>()) {
+    s.kind = GlobalsSource::kFixed;
+    return s;
+  }
+  s.kind = GlobalsSource::kItem;
+  py::object module_name = py::reinterpret_borrow<py::dict>(f_globals).contains("__name__")
+                               ? py::object(f_globals["__name__"])
+                               : py::object(py::str("?"));
+  s.dict_source = N().ObjectSource(f_globals, py::str("G@" + Str(module_name)));
+  return s;
+}
+
+class Translator {
+ public:
+  // A frame about to run: `func` with its argument slots.
+  static py::object Root(py::object func, py::object code, py::sequence slots, py::object output,
+                         bool may_break) {
+    py::object root_globals = func.attr("__globals__");
+    output.attr("root_globals") = root_globals;
+    auto [obj, tx] = Make();
+    tx->Init(code, root_globals, py::dict(), output, GlobalsSource{}, 0);
+    tx->root_ = true;
+    tx->may_break_ = may_break && N().can_split(code).cast<bool>();
+    py::tuple names = code.attr("co_varnames");
+    const int fresh = code.attr("co_argcount").cast<int>() +
+                      code.attr("co_kwonlyargcount").cast<int>();  // *args, **kwargs: per call
+    const Py_ssize_t n = py::len(slots);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      py::object vt = N().wrap(obj, slots[i], N().LocalSource(i, names[i]));
+      if (i >= fresh && py::hasattr(vt, "mutable")) vt.attr("mutable") = true;
+      tx->symbolic_locals_[names[i]] = vt;
+    }
+    py::object closure = func.attr("__closure__");
+    if (!closure.is_none()) {
+      py::tuple freevars = code.attr("co_freevars");
+      py::tuple cells = closure;
+      for (size_t i = 0; i < cells.size() && i < freevars.size(); ++i) {
+        tx->cells_[freevars[i]] = py::make_tuple(cells[i], py::int_(i));
+      }
+    }
+    return obj;
+  }
+
+  py::object Run();
+
+  py::object InlineCall(py::object fn, py::sequence args, py::dict kwargs, bool generator);
+  py::object InlineNested(py::object nested, py::sequence args, py::dict kwargs);
+  py::object MakeSuper(py::sequence args);
+  py::object LoadDeref(const py::object& name);
+  void StoreDeref(const py::object& name, py::object value);
+  std::string Where() const;
+
+  py::object code_, f_globals_, output_;
+  py::dict symbolic_locals_;
+  py::object kw_names_ = py::none();
+  py::object generator_items_ = py::none();
+  int lineno_ = 0;
+  int depth_ = 0;
+  std::vector<py::object> stack_;
+
+ private:
+  static std::pair<py::object, Translator*> Make() {
+    py::object obj = py::cast(std::make_unique<Translator>());
+    Translator* tx = obj.cast<Translator*>();
+    tx->self_ = obj.ptr();  // owned by `obj`, which owns this translator
+    return {obj, tx};
+  }
+
+  void Init(py::object code, py::object f_globals, py::dict locals, py::object output,
+            GlobalsSource globals_source, int depth) {
+    code_ = std::move(code);
+    f_globals_ = std::move(f_globals);
+    py::dict globals = f_globals_;
+    py::object builtins = globals.contains("__builtins__") ? py::object(globals["__builtins__"])
+                                                            : N().builtins;
+    if (PyModule_Check(builtins.ptr())) builtins = builtins.attr("__dict__");
+    f_builtins_ = builtins;
+    symbolic_locals_ = std::move(locals);
+    output_ = std::move(output);
+    globals_source_ = std::move(globals_source);
+    depth_ = depth;
+    decoded_ = &bytecode::Decode(code_);
+    lineno_ = code_.attr("co_firstlineno").cast<int>();
+  }
+
+  py::handle Self() const { return self_; }
+
+  // -- the stack --------------------------------------------------------------------------------
+  void Push(py::object v) { stack_.push_back(std::move(v)); }
+  py::object Pop() {
+    if (stack_.empty()) throw py::index_error("kiln: value stack underflow");
+    py::object v = std::move(stack_.back());
+    stack_.pop_back();
+    return v;
+  }
+  std::vector<py::object> PopN(size_t n) {
+    if (stack_.size() < n) throw py::index_error("kiln: value stack underflow");
+    std::vector<py::object> items(std::make_move_iterator(stack_.end() - n),
+                                  std::make_move_iterator(stack_.end()));
+    stack_.resize(stack_.size() - n);
+    return items;
+  }
+  py::object& Peek(int depth) {  // depth 1 = top of stack
+    if (depth < 1 || static_cast<size_t>(depth) > stack_.size()) {
+      throw py::index_error("kiln: value stack underflow");
+    }
+    return stack_[stack_.size() - depth];
+  }
+  void JumpTo(const Instruction& inst) {
+    if (inst.target < 0) throw py::value_error("kiln: jump to no instruction");
+    ip_ = inst.target;
+  }
+
+  // -- helpers ---------------------------------------------------------------------------------
+  py::object Operator(const py::object& fn, std::initializer_list<py::object> args) {
+    py::list list;
+    for (const py::object& a : args) list.append(a);
+    return N().apply_operator(Self(), fn, list);
+  }
+  py::object Unpack(const py::object& v) { return v.attr("unpack")(Self()); }
+  py::object AsConstant(const py::object& v) { return v.attr("as_python_constant")(); }
+  bool Truth(const py::object& v) { return v.attr("truth")(Self()).cast<bool>(); }
+  py::object WrapDefault(py::handle value) {
+    // Defaults belong to the function object, whose identity is guarded (or which is fixed, for
+    // functions made in the frame): they need no guards of their own.
+    if (py::isinstance(value, N().VariableTracker)) return py::reinterpret_borrow<py::object>(value);
+    return N().wrap(Self(), value, py::none(), py::arg("guard") = false);
+  }
+  py::object LoadGlobal(const py::object& name);
+  py::object ClassCellValue();
+  py::dict BindCode(const py::object& code, py::sequence args, py::dict kwargs,
+                    py::tuple defaults, py::dict kwdefaults);
+  py::object RunChild(py::object code, py::object f_globals, py::dict bound, py::dict cells,
+                      bool generator);
+  void SetItem(const py::object& obj, const py::object& index, const py::object& value);
+  Snapshot TakeSnapshot();
+  bool CanBreakAt(const Snapshot& s, const Instruction& inst);
+
+  // Runs one instruction; true when the frame returned (its value in return_value_).
+  bool Step(const Instruction& inst);
+
+  PyObject* self_ = nullptr;
+  py::object f_builtins_;
+  GlobalsSource globals_source_;
+  const Decoded* decoded_ = nullptr;
+  int ip_ = 0;
+  int current_ = -1;
+  bool may_break_ = false;
+  bool root_ = false;
+  // Free variables: name -> (cell, index in the closure) for the function's own cells, or a
+  // CellVariable for a nested function's cell of an enclosing translator.
+  py::dict cells_;
+  py::object return_value_;
+};
+
+std::string Translator::Where() const {
+  py::object filename = code_.attr("co_filename");
+  std::string line = Str(N().getline(filename, lineno_).attr("strip")());
+  std::string op = current_ >= 0
+                       ? Str(bytecode::OpName(decoded_->instructions[current_].opcode))
+                       : std::string("?");
+  return "  File \"" + Str(filename) + "\", line " + std::to_string(lineno_) + ", in " +
+         Str(code_.attr("co_name")) + " (" + op + ")\n    " + line;
+}
+
+Snapshot Translator::TakeSnapshot() {
+  Snapshot s;
+  s.stack = stack_;
+  s.locals = py::dict(symbolic_locals_);
+  s.kw_names = kw_names_;
+  s.graph = py::make_tuple(output_.attr("checkpoint")(),
+                           N().mutations_of(output_).attr("checkpoint")());
+  s.mutations = N().mutation_count[py::int_(0)].cast<long>();
+  s.lineno = lineno_;
+  N().mark_checkpoint();
+  return s;
+}
+
+bool Translator::CanBreakAt(const Snapshot& s, const Instruction& inst) {
+  return s.mutations == N().mutation_count[py::int_(0)].cast<long>() &&
+         !N().offset_in_exception_table(code_, inst.offset).cast<bool>();
+}
+
+py::object Translator::Run() {
+  const std::vector<Instruction>& insts = decoded_->instructions;
+  const std::array<OpInfo, 256>& ops = OpTable();
+  while (true) {
+    if (ip_ < 0 || static_cast<size_t>(ip_) >= insts.size()) {
+      Unsupported("execution ran past the end of the code");
+    }
+    const Instruction& inst = insts[ip_];
+    current_ = ip_;
+    ++ip_;
+    if (inst.starts_line) lineno_ = inst.starts_line;
+    std::optional<Snapshot> snapshot;
+    if (may_break_ && ops[inst.opcode].breakable) snapshot = TakeSnapshot();
+    try {
+      if (Step(inst)) return std::move(return_value_);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(N().Unsupported)) throw;
+      py::object exc = e.value();
+      const bool located = py::hasattr(exc, "_located") && exc.attr("_located").cast<bool>();
+      if (!located) {
+        exc.attr("_located") = true;
+        py::str where(Where());
+        exc.attr("source_line") = where;
+        exc.attr("args") = py::make_tuple(
+            py::str(Str(exc.attr("reason")) + "\n" + Str(where)));
+      }
+      if (snapshot && CanBreakAt(*snapshot, inst)) {
+        lineno_ = snapshot->lineno;
+        py::object checkpoint = N().Checkpoint(ListOf(snapshot->stack), snapshot->locals,
+                                               snapshot->kw_names, snapshot->graph);
+        Raise(N().GraphBreak(checkpoint, bytecode::InstructionObject(inst), exc.attr("reason"),
+                             Where()));
+      }
+      throw;
+    }
+  }
+}
+
+py::object Translator::LoadGlobal(const py::object& name) {
+  py::dict globals = f_globals_;
+  if (globals.contains(name)) {
+    py::object source = globals_source_.For(name);
+    const bool guard = !source.is_none();
+    return N().wrap(Self(), globals[name], source, py::arg("guard") = guard);
+  }
+  py::dict builtins = f_builtins_;
+  if (builtins.contains(name)) {
+    return N().wrap(Self(), builtins[name], py::none(), py::arg("guard") = false);
+  }
+  Unsupported("NameError: name " + Repr(name) + " is not defined");
+}
+
+py::object Translator::LoadDeref(const py::object& name) {
+  if (cells_.contains(name)) {
+    py::object cell = cells_[name];
+    if (py::isinstance(cell, N().CellVariable)) return cell.attr("get")();
+    py::tuple entry = cell;
+    py::object cell_obj = entry[0];
+    PyObject* contents = PyCell_Get(cell_obj.ptr());
+    if (contents == nullptr) {
+      PyErr_Clear();
+      Unsupported("free variable " + Repr(name) + " is empty");
+    }
+    py::object value = py::reinterpret_steal<py::object>(contents);
+    if (root_) return N().wrap(Self(), value, N().ClosureSource(entry[1], name));
+    py::object source = py::none();
+    if (!N().is_torch_file(code_.attr("co_filename")).cast<bool>()) {
+      source = N().AttrSource(N().ObjectSource(cell_obj, py::str("cell:" + Str(name))),
+                              "cell_contents");
+    }
+    const bool guard = !source.is_none();
+    return N().wrap(Self(), value, source, py::arg("guard") = guard);
+  }
+  if (symbolic_locals_.contains(name)) return symbolic_locals_[name];
+  Unsupported("free variable " + Repr(name) + " is not available");
+}
+
+void Translator::StoreDeref(const py::object& name, py::object value) {
+  if (!root_ && cells_.contains(name)) {
+    py::object cell = cells_[name];
+    if (py::isinstance(cell, N().CellVariable)) {
+      cell.attr("set")(value);
+      return;
+    }
+  }
+  py::tuple cellvars = code_.attr("co_cellvars");
+  for (py::handle v : cellvars) {
+    if (v.equal(name)) {
+      symbolic_locals_[name] = value;
+      return;
+    }
+  }
+  Unsupported("assignment to free variable " + Repr(name) + " of an enclosing function");
+}
+
+py::object Translator::ClassCellValue() {
+  py::str name("__class__");
+  if (!cells_.contains(name)) return py::none();
+  py::object cell = cells_[name];
+  if (py::isinstance(cell, N().CellVariable)) return AsConstant(cell.attr("get")());
+  return py::tuple(cell)[0].attr("cell_contents");
+}
+
+py::object Translator::MakeSuper(py::sequence args) {
+  if (py::len(args) == 2) return N().SuperVariable(AsConstant(args[0]), args[1]);
+  if (py::len(args) != 0) Unsupported("super() with one argument");
+  py::object cls = ClassCellValue();
+  py::tuple varnames = code_.attr("co_varnames");
+  const bool has_self = code_.attr("co_argcount").cast<int>() > 0;
+  if (cls.is_none() || !has_self || !symbolic_locals_.contains(varnames[0])) {
+    Unsupported("zero-argument super() outside a method");
+  }
+  return N().SuperVariable(cls, symbolic_locals_[varnames[0]]);
+}
+
+// Maps call arguments to the callee's parameter names, as CPython's call does.
+py::dict Translator::BindCode(const py::object& code, py::sequence args_in, py::dict kwargs,
+                              py::tuple defaults, py::dict kwdefaults) {
+  const int nargs = code.attr("co_argcount").cast<int>();
+  const int nkw = code.attr("co_kwonlyargcount").cast<int>();
+  const int posonly = code.attr("co_posonlyargcount").cast<int>();
+  const int flags = code.attr("co_flags").cast<int>();
+  py::tuple names = code.attr("co_varnames");
+  const std::string co_name = Str(code.attr("co_name"));
+  const bool varargs = flags & kCoVarargs;
+  const bool varkw = flags & kCoVarkeywords;
+  py::list args(args_in);
+  const int given = static_cast<int>(args.size());
+  py::dict bound;
+  if (given > nargs && !varargs) {
+    Unsupported(co_name + "() takes " + std::to_string(nargs) +
+                " positional arguments but " + std::to_string(given) + " were given");
+  }
+  for (int i = 0; i < nargs && i < given; ++i) bound[names[i]] = args[i];
+  py::list extra_pos;
+  for (int i = nargs; i < given; ++i) extra_pos.append(args[i]);
+  py::dict extra_kw;
+  auto index_of = [&](py::handle key, int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      if (py::reinterpret_borrow<py::object>(key).equal(names[i])) return i;
+    }
+    return -1;
+  };
+  for (auto item : kwargs) {
+    py::handle key = item.first;
+    if (index_of(key, posonly, nargs) >= 0 || index_of(key, nargs, nargs + nkw) >= 0) {
+      if (bound.contains(key)) {
+        Unsupported(co_name + "() got multiple values for " + Repr(key));
+      }
+      bound[key] = item.second;
+    } else if (varkw) {
+      extra_kw[key] = item.second;
+    } else {
+      Unsupported(co_name + "() got an unexpected keyword argument " + Repr(key));
+    }
+  }
+  const int ndefaults = static_cast<int>(defaults.size());
+  for (int i = 0; i < nargs; ++i) {
+    if (bound.contains(names[i])) continue;
+    const int j = i - (nargs - ndefaults);
+    if (j < 0) Unsupported(co_name + "() missing argument " + Repr(names[i]));
+    bound[names[i]] = WrapDefault(defaults[j]);
+  }
+  for (int i = nargs; i < nargs + nkw; ++i) {
+    if (bound.contains(names[i])) continue;
+    if (!kwdefaults.contains(names[i])) {
+      Unsupported(co_name + "() missing keyword-only argument " + Repr(names[i]));
+    }
+    bound[names[i]] = WrapDefault(kwdefaults[names[i]]);
+  }
+  int idx = nargs + nkw;
+  if (varargs) bound[names[idx++]] = N().TupleVariable(extra_pos);
+  if (varkw) bound[names[idx]] = N().ConstDictVariable(extra_kw);
+  return bound;
+}
+
+py::object Translator::RunChild(py::object code, py::object f_globals, py::dict bound,
+                                py::dict cells, bool generator) {
+  GlobalsSource source = GlobalsSourceFor(f_globals, output_.attr("root_globals"),
+                                          code.attr("co_filename"));
+  auto [obj, tx] = Make();
+  tx->Init(code, f_globals, bound, output_, source, depth_ + 1);
+  tx->cells_ = cells;
+  if (generator) {
+    py::list items;
+    tx->generator_items_ = items;
+    tx->Run();
+    return N().ListIteratorVariable(items);
+  }
+  return tx->Run();
+}
+
+// Inlines `fn(*args, **kwargs)`. With `generator`, `fn` is a generator function run to
+// exhaustion: the result is an iterator over what it yielded.
+py::object Translator::InlineCall(py::object fn, py::sequence args, py::dict kwargs,
+                                  bool generator) {
+  py::object code = fn.attr("__code__");
+  const int flags = code.attr("co_flags").cast<int>();
+  if ((flags & (kCoCoroutine | kCoAsyncGenerator)) ||
+      (static_cast<bool>(flags & kCoGenerator) != generator)) {
+    Unsupported("call of generator function " + Str(fn.attr("__qualname__")));
+  }
+  if (depth_ >= kMaxInlineDepth) Unsupported("inlining too deep (recursion?)");
+  if (!N().traces_into(code.attr("co_filename")).cast<bool>()) {
+    Unsupported("call of " + Str(fn.attr("__module__")) + "." + Str(fn.attr("__qualname__")) +
+                " (kiln calls library code such as logging or numpy at a graph break)");
+  }
+  py::object defaults = fn.attr("__defaults__");
+  py::object kwdefaults = fn.attr("__kwdefaults__");
+  py::dict bound = BindCode(code, args, kwargs,
+                            defaults.is_none() ? py::tuple() : py::tuple(defaults),
+                            kwdefaults.is_none() ? py::dict() : py::dict(kwdefaults));
+  py::dict cells;
+  py::object closure = fn.attr("__closure__");
+  if (!closure.is_none()) {
+    py::tuple freevars = code.attr("co_freevars");
+    py::tuple items = closure;
+    for (size_t i = 0; i < items.size() && i < freevars.size(); ++i) {
+      cells[freevars[i]] = py::make_tuple(items[i], py::int_(i));
+    }
+  }
+  return RunChild(code, fn.attr("__globals__"), bound, cells, generator);
+}
+
+py::object Translator::InlineNested(py::object nested, py::sequence args, py::dict kwargs) {
+  py::object code = nested.attr("code");
+  if (depth_ >= kMaxInlineDepth) Unsupported("inlining too deep (recursion?)");
+  py::object defaults_vt = nested.attr("defaults");
+  py::object kwdefaults_vt = nested.attr("kwdefaults");
+  py::tuple defaults = defaults_vt.is_none() ? py::tuple() : py::tuple(defaults_vt.attr("items"));
+  py::dict kwdefaults =
+      kwdefaults_vt.is_none() ? py::dict() : py::dict(kwdefaults_vt.attr("items"));
+  py::dict bound = BindCode(code, args, kwargs, defaults, kwdefaults);
+  py::dict cells;
+  py::object closure = nested.attr("closure");
+  if (!closure.is_none() && py::len(closure) > 0) {
+    py::tuple freevars = code.attr("co_freevars");
+    py::list items(closure);
+    for (size_t i = 0; i < items.size() && i < freevars.size(); ++i) cells[freevars[i]] = items[i];
+  }
+  // Generator expressions run to exhaustion at trace time; their consumer (any, all, tuple, a
+  // for loop) then sees the items. Only side-effect-free bodies get here: anything else is
+  // Unsupported inside the body.
+  const bool generator = code.attr("co_flags").cast<int>() & kCoGenerator;
+  return RunChild(code, nested.attr("f_globals"), bound, cells, generator);
+}
+
+void Translator::SetItem(const py::object& obj, const py::object& index,
+                         const py::object& value) {
+  if (py::isinstance(obj, N().TensorVariable)) {
+    output_.attr("call")("call_function", N().setitem, py::make_tuple(obj, index, value),
+                         py::dict());
+  } else if (py::hasattr(obj, "setitem")) {
+    obj.attr("setitem")(Self(), index, value);
+  } else {
+    Unsupported("item assignment on " + Str(obj));
+  }
+}
+
+bool Translator::Step(const Instruction& inst) {
+  py::handle argval(inst.argval);
+  auto argval_object = [&] { return py::reinterpret_borrow<py::object>(argval); };
+  switch (OpTable()[inst.opcode].op) {
+    case Op::kUnknown:
+      Unsupported("opcode " + Str(bytecode::OpName(inst.opcode)));
+    case Op::kNop:
+      return false;
+    case Op::kPushNull:
+      Push(N().NullVariable());
+      return false;
+    case Op::kLoadConst:
+      Push(Constant(argval_object()));
+      return false;
+    case Op::kLoadFast: {
+      if (!symbolic_locals_.contains(argval)) {
+        Unsupported("UnboundLocalError: " + Repr(argval) + " read before assignment");
+      }
+      Push(symbolic_locals_[argval]);
+      return false;
+    }
+    case Op::kLoadFastAndClear: {
+      if (symbolic_locals_.contains(argval)) {
+        Push(symbolic_locals_[argval]);
+        PyDict_DelItem(symbolic_locals_.ptr(), argval.ptr());
+      } else {
+        Push(N().NullVariable());
+      }
+      return false;
+    }
+    case Op::kStoreFast: {
+      py::object value = Pop();
+      if (IsNull(value)) {
+        if (symbolic_locals_.contains(argval)) PyDict_DelItem(symbolic_locals_.ptr(), argval.ptr());
+      } else {
+        symbolic_locals_[argval] = value;
+      }
+      return false;
+    }
+    case Op::kDeleteFast:
+      if (symbolic_locals_.contains(argval)) PyDict_DelItem(symbolic_locals_.ptr(), argval.ptr());
+      return false;
+    case Op::kLoadGlobal:
+      if (inst.arg & 1) Push(N().NullVariable());
+      Push(LoadGlobal(argval_object()));
+      return false;
+    case Op::kLoadDeref:
+      Push(LoadDeref(argval_object()));
+      return false;
+    case Op::kStoreDeref:
+      StoreDeref(argval_object(), Pop());
+      return false;
+    case Op::kLoadClosure:
+      Push(N().CellVariable(Self(), argval));
+      return false;
+    case Op::kLoadAttr: {
+      py::object obj = Pop();
+      py::object attr = obj.attr("var_getattr")(Self(), argval);
+      if (PY_VERSION_HEX >= 0x030C0000 && (inst.arg & 1)) Push(N().NullVariable());
+      Push(attr);
+      return false;
+    }
+    case Op::kLoadSuperAttr: {  // 3.12: super().name with [super, class, self] below
+      py::object self_vt = Pop();
+      py::object cls_vt = Pop();
+      Pop();  // the global `super`
+      py::object attr = N().SuperVariable(AsConstant(cls_vt), self_vt)
+                            .attr("var_getattr")(Self(), argval);
+      if (inst.arg & 1) Push(N().NullVariable());
+      Push(attr);
+      return false;
+    }
+    case Op::kLoadMethod: {  // 3.11
+      py::object obj = Pop();
+      Push(N().NullVariable());
+      Push(obj.attr("var_getattr")(Self(), argval));
+      return false;
+    }
+    case Op::kStoreAttr: {
+      py::object obj = Pop();
+      py::object value = Pop();
+      if (!py::hasattr(obj, "store_attr")) {
+        Unsupported("assignment to attribute " + Repr(argval) + " of " + Str(obj));
+      }
+      obj.attr("store_attr")(Self(), argval, value);
+      return false;
+    }
+    case Op::kDeleteAttr: {
+      py::object obj = Pop();
+      if (!py::hasattr(obj, "del_attr")) {
+        Unsupported("del of attribute " + Repr(argval) + " of " + Str(obj));
+      }
+      obj.attr("del_attr")(Self(), argval);
+      return false;
+    }
+    case Op::kImportName: {
+      py::object fromlist = AsConstant(Pop());
+      py::object level = AsConstant(Pop());
+      py::object name = argval_object();
+      if (PyObject_IsTrue(level.ptr())) {
+        py::dict globals = f_globals_;
+        py::object package =
+            globals.contains("__package__") ? py::object(globals["__package__"]) : py::none();
+        name = N().resolve_name(
+            py::str(std::string(level.cast<size_t>(), '.') + Str(name)), package);
+      }
+      py::dict modules = N().sys_modules;
+      if (!modules.contains(name)) {
+        Unsupported("import of " + Str(name) + ", not yet imported (importing has effects)");
+      }
+      py::object module;
+      if (PyObject_IsTrue(fromlist.ptr())) {
+        module = modules[name];
+      } else {
+        std::string top = Str(name);
+        top = top.substr(0, top.find('.'));
+        module = modules[py::str(top)];
+      }
+      Push(N().wrap(Self(), module, py::none(), py::arg("guard") = false));
+      return false;
+    }
+    case Op::kImportFrom:
+      Push(Peek(1).attr("var_getattr")(Self(), argval));
+      return false;
+    case Op::kLoadAssertionError:
+      Unsupported("assert failed at trace time");
+    case Op::kRaiseVarargs:
+      Unsupported("raise statement reached at trace time");
+    case Op::kKwNames:
+      kw_names_ = argval_object();
+      return false;
+    case Op::kCall: {
+      std::vector<py::object> args = PopN(static_cast<size_t>(inst.arg));
+      py::object fn = Pop();
+      py::object below = Pop();
+      if (!IsNull(below)) {  // [callable, self, args...]
+        args.insert(args.begin(), fn);
+        fn = below;
+      }
+      py::dict kwargs;
+      size_t npos = args.size();
+      if (!kw_names_.is_none() && PyObject_IsTrue(kw_names_.ptr())) {
+        py::tuple names = kw_names_;
+        if (names.size() > args.size()) Unsupported("more keyword names than arguments");
+        npos = args.size() - names.size();
+        for (size_t i = 0; i < names.size(); ++i) kwargs[names[i]] = args[npos + i];
+      }
+      kw_names_ = py::none();
+      args.resize(npos);
+      Push(fn.attr("call_function")(Self(), ListOf(args), kwargs));
+      return false;
+    }
+    case Op::kCallFunctionEx: {
+      py::object kwargs_vt = (inst.arg & 1) ? Pop() : py::object(py::none());
+      py::object args_vt = Pop();
+      py::object fn = Pop();
+      py::object below = Pop();
+      if (!IsNull(below)) Unsupported("CALL_FUNCTION_EX without NULL");
+      py::list args(Unpack(args_vt));
+      py::dict kwargs;
+      if (!kwargs_vt.is_none()) {
+        if (!py::isinstance(kwargs_vt, N().ConstDictVariable)) Unsupported("** of a non-dict");
+        kwargs = py::dict(kwargs_vt.attr("items"));
+      }
+      Push(fn.attr("call_function")(Self(), args, kwargs));
+      return false;
+    }
+    case Op::kMakeFunction: {
+      const int flags = inst.arg;
+      py::object code = AsConstant(Pop());  // 3.11+: the qualname comes from the code
+      py::object closure = (flags & 0x08) ? py::object(Pop().attr("items")) : py::none();
+      if (flags & 0x04) Pop();  // annotations
+      py::object kwdefaults = (flags & 0x02) ? Pop() : py::object(py::none());
+      py::object defaults = (flags & 0x01) ? Pop() : py::object(py::none());
+      Push(N().NestedFunctionVariable(code, code.attr("co_qualname"), defaults, kwdefaults,
+                                      closure, f_globals_));
+      return false;
+    }
+    case Op::kBeforeWith: {
+      static py::object* grad_mode = new py::object(
+          py::module_::import("kiln.variables.ctx_manager").attr("GradModeVariable"));
+      py::object ctx = Pop();
+      if (!py::isinstance(ctx, *grad_mode)) Unsupported("`with` over " + Str(ctx));
+      Push(ctx.attr("enter")(Self()));
+      Push(Constant(py::none()));  // what __enter__ returned
+      return false;
+    }
+    case Op::kReturnGenerator:
+      if (generator_items_.is_none()) Unsupported("generator function");
+      Push(Constant(py::none()));
+      return false;
+    case Op::kYieldValue:
+      if (generator_items_.is_none()) Unsupported("yield");
+      generator_items_.attr("append")(Pop());
+      Push(Constant(py::none()));  // the value sent in
+      return false;
+    case Op::kReturnValue:
+      return_value_ = Pop();
+      return true;
+    case Op::kReturnConst:
+      return_value_ = Constant(argval_object());
+      return true;
+    case Op::kPopTop:
+      Pop();
+      return false;
+    case Op::kCopy:
+      Push(Peek(inst.arg));
+      return false;
+    case Op::kSwap:
+      std::swap(Peek(1), Peek(inst.arg));
+      return false;
+    case Op::kBinaryOp: {
+      if (inst.arg < 0 || static_cast<size_t>(inst.arg) >= N().binary_ops.size()) {
+        Unsupported("BINARY_OP " + std::to_string(inst.arg));
+      }
+      py::object b = Pop();
+      py::object a = Pop();
+      Push(Operator(N().binary_ops[inst.arg], {a, b}));
+      return false;
+    }
+    case Op::kCompareOp: {
+      py::object b = Pop();
+      py::object a = Pop();
+      Push(Operator(N().compare_ops[argval], {a, b}));
+      return false;
+    }
+    case Op::kIsOp: {
+      py::object b = Pop();
+      py::object a = Pop();
+      Push(Operator(inst.arg ? N().is_not : N().is_, {a, b}));
+      return false;
+    }
+    case Op::kContainsOp: {
+      py::object container = Pop();
+      py::object item = Pop();
+      py::object result = Operator(N().contains, {container, item});
+      if (inst.arg) result = Constant(py::bool_(!PyObject_IsTrue(AsConstant(result).ptr())));
+      Push(result);
+      return false;
+    }
+    case Op::kUnaryNegative:
+      Push(Operator(N().neg, {Pop()}));
+      return false;
+    case Op::kUnaryPositive:
+      Push(Operator(N().pos, {Pop()}));
+      return false;
+    case Op::kUnaryInvert:
+      Push(Operator(N().invert, {Pop()}));
+      return false;
+    case Op::kUnaryNot:
+      Push(Constant(py::bool_(!Truth(Pop()))));
+      return false;
+    case Op::kCallIntrinsic1: {  // 3.12
+      if (inst.arg == 5) {  // INTRINSIC_UNARY_POSITIVE
+        Push(Operator(N().pos, {Pop()}));
+      } else if (inst.arg == 6) {  // INTRINSIC_LIST_TO_TUPLE
+        Push(N().TupleVariable(Unpack(Pop())));
+      } else {
+        std::string name = std::to_string(inst.arg);
+        if (!N().intrinsic1_names.is_none() &&
+            static_cast<size_t>(inst.arg) < py::len(N().intrinsic1_names)) {
+          name = Str(N().intrinsic1_names[py::int_(inst.arg)]);
+        }
+        Unsupported("CALL_INTRINSIC_1 " + name);
+      }
+      return false;
+    }
+    case Op::kBinarySubscr: {
+      py::object index = Pop();
+      py::object obj = Pop();
+      Push(N().getitem(Self(), obj, index));
+      return false;
+    }
+    case Op::kBinarySlice: {  // 3.12
+      py::object end = Pop();
+      py::object start = Pop();
+      py::object obj = Pop();
+      Push(N().getitem(Self(), obj, N().SliceVariable(py::make_tuple(start, end))));
+      return false;
+    }
+    case Op::kStoreSubscr: {
+      py::object index = Pop();
+      py::object obj = Pop();
+      py::object value = Pop();
+      SetItem(obj, index, value);
+      return false;
+    }
+    case Op::kStoreSlice: {  // 3.12
+      py::object end = Pop();
+      py::object start = Pop();
+      py::object obj = Pop();
+      py::object value = Pop();
+      SetItem(obj, N().SliceVariable(py::make_tuple(start, end)), value);
+      return false;
+    }
+    case Op::kBuildTuple:
+      Push(N().TupleVariable(ListOf(PopN(inst.arg))));
+      return false;
+    case Op::kBuildList:
+      Push(N().ListVariable(ListOf(PopN(inst.arg))));
+      return false;
+    case Op::kBuildSet: {
+      py::set items;
+      for (const py::object& item : PopN(inst.arg)) items.add(AsConstant(item));
+      Push(N().SetVariable(items));
+      return false;
+    }
+    case Op::kBuildMap: {
+      std::vector<py::object> items = PopN(static_cast<size_t>(inst.arg) * 2);
+      py::dict d;
+      for (size_t i = 0; i < items.size(); i += 2) d[AsConstant(items[i])] = items[i + 1];
+      Push(N().ConstDictVariable(d));
+      return false;
+    }
+    case Op::kBuildConstKeyMap: {
+      py::tuple keys(AsConstant(Pop()));
+      std::vector<py::object> values = PopN(inst.arg);
+      py::dict d;
+      for (size_t i = 0; i < values.size() && i < keys.size(); ++i) d[keys[i]] = values[i];
+      Push(N().ConstDictVariable(d));
+      return false;
+    }
+    case Op::kBuildSlice:
+      Push(N().SliceVariable(ListOf(PopN(inst.arg))));
+      return false;
+    case Op::kBuildString: {
+      std::string joined;
+      for (const py::object& part : PopN(inst.arg)) joined += Str(AsConstant(part));
+      Push(Constant(py::str(joined)));
+      return false;
+    }
+    case Op::kFormatValue: {
+      py::object spec = (inst.arg & 0x04) ? AsConstant(Pop()) : py::object(py::str(""));
+      py::object value = AsConstant(Pop());
+      switch (inst.arg & 0x03) {
+        case 1:
+          value = py::str(value);
+          break;
+        case 2:
+          value = py::repr(value);
+          break;
+        case 3:
+          value = py::reinterpret_steal<py::object>(PyObject_ASCII(value.ptr()));
+          if (!value) throw py::error_already_set();
+          break;
+        default:
+          break;
+      }
+      py::object formatted =
+          py::reinterpret_steal<py::object>(PyObject_Format(value.ptr(), spec.ptr()));
+      if (!formatted) throw py::error_already_set();
+      Push(Constant(formatted));
+      return false;
+    }
+    case Op::kListAppend: {
+      py::object value = Pop();
+      Peek(inst.arg).attr("items").attr("append")(value);
+      return false;
+    }
+    case Op::kListExtend: {
+      py::object value = Pop();
+      Peek(inst.arg).attr("items").attr("extend")(Unpack(value));
+      return false;
+    }
+    case Op::kListToTuple:
+      Push(N().TupleVariable(Unpack(Pop())));
+      return false;
+    case Op::kSetUpdate: {
+      py::object value = Pop();
+      Peek(inst.arg).attr("value").attr("update")(AsConstant(value));
+      return false;
+    }
+    case Op::kMapAdd: {
+      py::object value = Pop();
+      py::object key = Pop();
+      Peek(inst.arg).attr("items")[AsConstant(key)] = value;
+      return false;
+    }
+    case Op::kDictUpdate: {
+      py::object value = Pop();
+      py::object target = Peek(inst.arg);
+      if (!py::isinstance(value, N().ConstDictVariable)) Unsupported("dict update from a non-dict");
+      target.attr("items").attr("update")(value.attr("items"));
+      return false;
+    }
+    case Op::kUnpackSequence: {
+      py::list items(Unpack(Pop()));
+      if (static_cast<int>(items.size()) != inst.arg) {
+        Unsupported("unpacking " + std::to_string(items.size()) + " values into " +
+                    std::to_string(inst.arg));
+      }
+      for (size_t i = items.size(); i-- > 0;) Push(items[i]);
+      return false;
+    }
+    case Op::kUnpackEx: {
+      py::list items(Unpack(Pop()));
+      const size_t before = inst.arg & 0xFF;
+      const size_t after = inst.arg >> 8;
+      const size_t n = items.size();
+      if (n < before + after) Unsupported("not enough values to unpack");
+      for (size_t i = n; i-- > n - after;) Push(items[i]);
+      py::list middle;
+      for (size_t i = before; i < n - after; ++i) middle.append(items[i]);
+      Push(N().ListVariable(middle));
+      for (size_t i = before; i-- > 0;) Push(items[i]);
+      return false;
+    }
+    // -- control flow on trace-time constants --------------------------------------------------
+    case Op::kPopJumpIfFalse:
+    case Op::kPopJumpIfTrue:
+    case Op::kJumpIfFalseOrPop:
+    case Op::kJumpIfTrueOrPop: {
+      const Op op = OpTable()[inst.opcode].op;
+      const bool wanted = op == Op::kPopJumpIfTrue || op == Op::kJumpIfTrueOrPop;
+      const bool pop_always = op == Op::kPopJumpIfFalse || op == Op::kPopJumpIfTrue;
+      if (Truth(Peek(1)) == wanted) {
+        if (pop_always) Pop();
+        JumpTo(inst);
+      } else {
+        Pop();
+      }
+      return false;
+    }
+    case Op::kPopJumpIfNone:
+    case Op::kPopJumpIfNotNone: {
+      py::object value = Pop();
+      const bool is_none = py::isinstance(value, N().ConstantVariable) &&
+                           value.attr("value").is_none();
+      if (is_none == (OpTable()[inst.opcode].op == Op::kPopJumpIfNone)) JumpTo(inst);
+      return false;
+    }
+    case Op::kJump:
+      JumpTo(inst);
+      return false;
+    case Op::kGetIter: {
+      py::object obj = Pop();
+      if (py::isinstance(obj, N().ListIteratorVariable)) {
+        Push(obj);
+      } else {
+        Push(N().ListIteratorVariable(Unpack(obj)));
+      }
+      return false;
+    }
+    case Op::kForIter: {
+      py::object it = Peek(1);
+      if (!py::isinstance(it, N().ListIteratorVariable)) Unsupported("iteration over " + Str(it));
+      py::object item = it.attr("next_item")();
+      if (!item.is_none()) {
+        Push(item);
+        return false;
+      }
+      Pop();
+      JumpTo(inst);
+      // 3.12: the exhausted iterator skips the END_FOR its jump names.
+      const auto& insts = decoded_->instructions;
+      if (static_cast<size_t>(ip_) < insts.size() &&
+          OpTable()[insts[ip_].opcode].op == Op::kEndFor) {
+        ++ip_;
+      }
+      return false;
+    }
+    case Op::kEndFor:  // reached only by falling through in 3.12
+      Pop();
+      Pop();
+      return false;
+  }
+  Unsupported("opcode " + Str(bytecode::OpName(inst.opcode)));
+}
+
+}  // namespace
+
+void RegisterPython(py::module_& m) {
+  py::class_<Translator>(m, "Translator",
+                         "kiln's symbolic executor for one frame (the root) or one inlined call.")
+      .def_static("root", &Translator::Root, py::arg("func"), py::arg("code"), py::arg("slots"),
+                  py::arg("output"), py::arg("may_break") = false)
+      .def("run", &Translator::Run)
+      .def(
+          "inline_call",
+          [](Translator& tx, py::object fn, py::sequence args, py::dict kwargs,
+             py::object /*fn_source*/, bool generator) {
+            return tx.InlineCall(fn, args, kwargs, generator);
+          },
+          py::arg("fn"), py::arg("args"), py::arg("kwargs"), py::arg("fn_source") = py::none(),
+          py::arg("generator") = false)
+      .def(
+          "inline_generator",
+          [](Translator& tx, py::object fn, py::sequence args, py::dict kwargs) {
+            // The items a generator function (a class's __iter__) yields, run at trace time.
+            return tx.InlineCall(fn, args, kwargs, true).attr("unpack")(py::cast(&tx));
+          },
+          py::arg("fn"), py::arg("args"), py::arg("kwargs"))
+      .def("inline_nested", &Translator::InlineNested)
+      .def("make_super", &Translator::MakeSuper)
+      .def("load_deref", &Translator::LoadDeref)
+      .def("store_deref", &Translator::StoreDeref)
+      .def("where", &Translator::Where)
+      .def_readonly("output", &Translator::output_)
+      .def_readonly("code", &Translator::code_)
+      .def_readonly("f_globals", &Translator::f_globals_)
+      .def_readonly("symbolic_locals", &Translator::symbolic_locals_)
+      .def_readonly("generator_items", &Translator::generator_items_)
+      .def_readonly("depth", &Translator::depth_)
+      .def_readonly("lineno", &Translator::lineno_)
+      .def_property_readonly("stack", [](const Translator& tx) { return ListOf(tx.stack_); });
+}
+
+}  // namespace kiln::capture

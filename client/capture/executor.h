@@ -1,0 +1,26 @@
+// The symbolic executor: walks a frame's bytecode (decoded by client/bytecode) with a stack of
+// variable trackers, one handler per opcode, CPython 3.11 and 3.12. The trackers themselves
+// (client/python/kiln/variables) model values and record torch operations into the graph; the
+// executor owns the instruction loop, the value stack, the frame's locals and cells, argument
+// binding and inlining of user functions, and the checkpoints a graph break resumes from.
+//
+// Python sees kiln._C.Translator:
+//   Translator.root(func, code, slots, output, may_break) -> Translator; .run() -> the tracker
+//   the frame returns. Anything the executor cannot model raises kiln.exc.Unsupported with the
+//   user's file and line; in a root frame that may break, at a CALL or a branch, it raises
+//   kiln.capture.graph_break.GraphBreak instead (the graph so far, the instruction to run in
+//   Python, the state to resume with).
+// Trackers call back: output, symbolic_locals, code, inline_call, inline_nested,
+// inline_generator, make_super, load_deref, store_deref.
+#ifndef KILN_CAPTURE_EXECUTOR_H_
+#define KILN_CAPTURE_EXECUTOR_H_
+
+#include <pybind11/pybind11.h>
+
+namespace kiln::capture {
+
+void RegisterPython(pybind11::module_& m);
+
+}  // namespace kiln::capture
+
+#endif  // KILN_CAPTURE_EXECUTOR_H_
