@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (kiln's main job) and `make test` (every test).
-.PHONY: setup demo test test-python test-cpp bench
+.PHONY: setup demo test test-python test-py312 test-cpp bench
 
 setup:
 	@scripts/setup.sh
@@ -12,6 +12,9 @@ test: setup
 
 test-python: setup
 	@.venv/bin/python -m pytest -q tests/python
+
+test-py312: setup
+	@scripts/test_py312.sh
 
 bench: setup
 	@.venv/bin/python bench/run_all.py
