@@ -406,6 +406,28 @@ class Translator {
   // CellVariable for a nested function's cell of an enclosing translator.
   py::dict cells_;
   py::object return_value_;
+
+ public:
+  // The garbage collector's view (a CellVariable in the locals holds its translator: a cycle).
+  int Traverse(visitproc visit, void* arg) const {
+    for (const py::object* o : {&code_, &f_globals_, &output_, &kw_names_, &generator_items_,
+                                &f_builtins_, &globals_source_.dict_source, &return_value_}) {
+      Py_VISIT(o->ptr());
+    }
+    Py_VISIT(symbolic_locals_.ptr());
+    Py_VISIT(cells_.ptr());
+    for (const py::object& o : stack_) Py_VISIT(o.ptr());
+    return 0;
+  }
+  void Clear() {
+    for (py::object* o : {&code_, &f_globals_, &output_, &kw_names_, &generator_items_,
+                          &f_builtins_, &globals_source_.dict_source, &return_value_}) {
+      *o = py::object();
+    }
+    symbolic_locals_ = py::dict();
+    cells_ = py::dict();
+    stack_.clear();
+  }
 };
 
 std::string Translator::Where() const {
@@ -1167,8 +1189,23 @@ bool Translator::Step(const Instruction& inst) {
 }  // namespace
 
 void RegisterPython(py::module_& m) {
-  py::class_<Translator>(m, "Translator",
-                         "kiln's symbolic executor for one frame (the root) or one inlined call.")
+  py::class_<Translator>(
+      m, "Translator", "kiln's symbolic executor for one frame (the root) or one inlined call.",
+      py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+        PyTypeObject* type = &heap_type->ht_type;
+        type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+        type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
+          Py_VISIT(Py_TYPE(self));
+          if (!py::detail::is_holder_constructed(self)) return 0;
+          return py::cast<const Translator&>(py::handle(self)).Traverse(visit, arg);
+        };
+        type->tp_clear = [](PyObject* self) -> int {
+          if (py::detail::is_holder_constructed(self)) {
+            py::cast<Translator&>(py::handle(self)).Clear();
+          }
+          return 0;
+        };
+      }))
       .def_static("root", &Translator::Root, py::arg("func"), py::arg("code"), py::arg("slots"),
                   py::arg("output"), py::arg("may_break") = false)
       .def("run", &Translator::Run)

@@ -1250,3 +1250,27 @@ def test_import_kiln_does_not_import_dynamo():
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"
+
+
+def test_captures_leave_no_reference_cycles_the_collector_cannot_break():
+    # A lambda's cell (LOAD_CLOSURE) refers to the translator whose locals hold the lambda: the
+    # executor's translators must show their references to the garbage collector, or every such
+    # capture would keep its graph, fakes and example inputs alive.
+    import gc
+
+    from kiln.graph.output_graph import OutputGraph
+
+    def program(x):
+        y = x + 1
+        scale = lambda t: t * y  # noqa: E731
+        return scale(x)
+
+    gc.collect()
+    before = sum(isinstance(o, OutputGraph) for o in gc.get_objects())
+    for _ in range(3):
+        kiln.reset()
+        x = torch.randn(4)
+        torch.testing.assert_close(kiln.compile(program, backend="eager")(x), program(x))
+    kiln.reset()
+    gc.collect()
+    assert sum(isinstance(o, OutputGraph) for o in gc.get_objects()) == before
