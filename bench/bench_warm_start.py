@@ -1,14 +1,16 @@
 """Warm start: the first call of a second, fresh process on a warm cache, kiln vs torch.compile.
 
-    python bench/bench_warm_start.py [--model resnet50] [--warm-runs N] [--steady N]
-                                     [--threads N] [--out F]
+    python bench/bench_warm_start.py [--model resnet50] [--batch N] [--warm-runs N]
+                                     [--steady N] [--threads N] [--out F]
 
 For each compiler, in a new cache directory: process 1 compiles the model (cold), then
 --warm-runs fresh interpreters, same cache, each time their first call (warm; every number
 reported for "warm" is the median over these processes). For kiln, one more process does the
 same after kilnd was stopped and restarted (the RocksDB store survives restarts). torch.compile runs
 with its default (inductor) backend and its on-disk caches in TORCHINDUCTOR_CACHE_DIR. Target:
-kiln's warm first call at most 10% of torch.compile's.
+kiln's warm first call at most 10% of torch.compile's. --batch changes the inputs' batch size
+(resnet50's default is 8; 1 is a serving fleet's latency case): the run of the model, which
+both compilers pay in full, is the part of the first call that grows with it.
 
 What each process measures, the same way for both compilers, with the model built and run
 once eagerly beforehand (torch, torchvision and the weights are loaded before any clock):
@@ -36,14 +38,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import command_line, emit, stop_kilnd  # noqa: E402
 
 
-def child(model: str, compiler: str, steady_calls: int):
+def child(model: str, compiler: str, steady_calls: int, batch):
     t0 = time.perf_counter()
     import torch
 
     from common import build_model, environment, first_tensor
 
     torch.set_num_threads(int(os.environ.get("KILN_BENCH_THREADS", "2")))
-    m, inputs = build_model(model)
+    m, inputs = build_model(model, batch=batch)
     gc_spans = []
 
     def gc_clock(phase, info):
@@ -84,13 +86,23 @@ def child(model: str, compiler: str, steady_calls: int):
         record.update(artifacts=len(arts), compiled=sum(1 for a in arts if not a.cache_hit),
                       index_hits=sum(1 for a in arts if a.index_hit),
                       client_s=sum(a.client_seconds for a in arts))
+    else:
+        # Whether torch.compile's warm start was served by its caches (FX graph cache; AOT
+        # autograd cache where this torch has one) or compiled again.
+        from torch._dynamo.utils import counters
+
+        inductor = counters["inductor"]
+        record.update({k: inductor.get(k, 0) for k in (
+            "fxgraph_cache_hit", "fxgraph_cache_miss", "aot_autograd_cache_hit",
+            "aot_autograd_cache_miss")})
     print("RESULT " + json.dumps(record), flush=True)
 
 
-def run(model, compiler, env, steady_calls):
-    done = subprocess.run([sys.executable, __file__, "--child", model, compiler,
-                           "--steady", str(steady_calls)], env=env, capture_output=True,
-                          text=True)
+def run(model, compiler, env, steady_calls, batch):
+    args = [sys.executable, __file__, "--child", model, compiler, "--steady", str(steady_calls)]
+    if batch is not None:
+        args += ["--batch", str(batch)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -109,6 +121,8 @@ def median_record(records):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="resnet50")
+    p.add_argument("--batch", type=int, default=None,
+                   help="batch size of the inputs (default: the model's, 8 for resnet50)")
     p.add_argument("--warm-runs", type=int, default=3, help="fresh warm processes per compiler")
     p.add_argument("--steady", type=int, default=3, help="later calls timed per process")
     p.add_argument("--threads", type=int, default=None,
@@ -117,7 +131,7 @@ def main():
     p.add_argument("--child", nargs=2)
     a = p.parse_args()
     if a.child:
-        child(*a.child, a.steady)
+        child(*a.child, a.steady, a.batch)
         return
     root = tempfile.mkdtemp(prefix="kiln-warm-")
     env = dict(os.environ, KILN_CACHE_DIR=os.path.join(root, "kiln"),
@@ -126,13 +140,14 @@ def main():
     if a.threads:
         env["KILN_BENCH_THREADS"] = str(a.threads)
     try:
-        kiln_cold = run(a.model, "kiln", env, a.steady)
-        kiln_warm = median_record([run(a.model, "kiln", env, a.steady)
+        kiln_cold = run(a.model, "kiln", env, a.steady, a.batch)
+        kiln_warm = median_record([run(a.model, "kiln", env, a.steady, a.batch)
                                    for _ in range(a.warm_runs)])
         stop_kilnd(env["KILN_CACHE_DIR"])
-        kiln_restart = run(a.model, "kiln", env, a.steady)  # the client starts a new kilnd
-        tc_cold = run(a.model, "torch.compile", env, a.steady)
-        tc_warm = median_record([run(a.model, "torch.compile", env, a.steady)
+        # The client starts a new kilnd.
+        kiln_restart = run(a.model, "kiln", env, a.steady, a.batch)
+        tc_cold = run(a.model, "torch.compile", env, a.steady, a.batch)
+        tc_warm = median_record([run(a.model, "torch.compile", env, a.steady, a.batch)
                                  for _ in range(a.warm_runs)])
     finally:
         stop_kilnd(env["KILN_CACHE_DIR"])
@@ -140,12 +155,16 @@ def main():
     ratio = kiln_warm["first_call_s"] / tc_warm["first_call_s"]
     command = command_line()
     print(f"command: {command}")
-    print(f"{a.model}: first call of a fresh process (warm: median of {a.warm_runs})")
+    batch = f", batch {a.batch}" if a.batch is not None else ""
+    print(f"{a.model}{batch}: first call of a fresh process (warm: median of {a.warm_runs})")
     print(f"  kiln           cold {kiln_cold['first_call_s']:8.3f} s   warm "
           f"{kiln_warm['first_call_s']:8.3f} s (compiled {kiln_warm['compiled']} of "
           f"{kiln_warm['artifacts']})   after kilnd restart {kiln_restart['first_call_s']:.3f} s")
     print(f"  torch.compile  cold {tc_cold['first_call_s']:8.3f} s   warm "
-          f"{tc_warm['first_call_s']:8.3f} s")
+          f"{tc_warm['first_call_s']:8.3f} s (FX graph cache: {tc_warm['fxgraph_cache_hit']} "
+          f"hits, {tc_warm['fxgraph_cache_miss']} misses; AOT autograd cache: "
+          f"{tc_warm['aot_autograd_cache_hit']} hits, {tc_warm['aot_autograd_cache_miss']} "
+          f"misses)")
     over = kiln_warm["overhead_s"] / tc_warm["overhead_s"]
     print(f"  kiln warm / torch.compile warm = {ratio:.3f} (target <= 0.10); beyond one run of "
           f"the model: {kiln_warm['overhead_s']:.3f} s vs {tc_warm['overhead_s']:.3f} s = "
@@ -164,7 +183,9 @@ def main():
     print(f"  (kiln's backend on the warm hit: {kiln_warm['client_s']:.3f} s of lookup, "
           f"verification and loading; {kiln_warm['index_hits']} of {kiln_warm['artifacts']} "
           f"graphs found by the client's index, not lowered)")
-    emit({"bench": "warm_start", "model": a.model, "command": command,
+    emit({"bench": "warm_start", "model": a.model, "batch": a.batch, "command": command,
+          "torch_compile_warm_fxgraph_cache_hit": tc_warm["fxgraph_cache_hit"],
+          "torch_compile_warm_fxgraph_cache_miss": tc_warm["fxgraph_cache_miss"],
           "kiln_cold_s": kiln_cold["first_call_s"], "kiln_warm_s": kiln_warm["first_call_s"],
           "kiln_warm_compiled": kiln_warm["compiled"],
           "kiln_after_restart_s": kiln_restart["first_call_s"],

@@ -5,6 +5,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -36,7 +37,16 @@ def per_call_us(fn, args, n=20000, warm=1000, repeats=5) -> float:
     return statistics.median(results)
 
 
-def build_model(name: str, device: str = "cpu"):
+def build_model(name: str, device: str = "cpu", batch: Optional[int] = None):
+    """The model and its example inputs; `batch` replaces the inputs' leading dimension (rows
+    of the default inputs, repeated as needed)."""
+    m, inputs = _build_model(name, device)
+    if batch is not None:
+        inputs = tuple(t[:1].repeat(batch, *[1] * (t.dim() - 1)) for t in inputs)
+    return m, inputs
+
+
+def _build_model(name: str, device: str):
     torch.manual_seed(0)
     if name == "resnet18":
         from torchvision.models import resnet18

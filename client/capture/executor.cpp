@@ -1186,6 +1186,15 @@ bool Translator::Step(const Instruction& inst) {
   Unsupported("opcode " + Str(bytecode::OpName(inst.opcode)));
 }
 
+// The translator a Python instance holds, or null while pybind11 has not constructed it yet
+// (the collector may visit an instance between its allocation and its holder's construction).
+Translator* Unwrap(PyObject* self) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  py::detail::value_and_holder v_h = inst->get_value_and_holder(nullptr, false);
+  if (!v_h || !v_h.holder_constructed()) return nullptr;
+  return v_h.value_ptr<Translator>();
+}
+
 }  // namespace
 
 void RegisterPython(py::module_& m) {
@@ -1196,13 +1205,11 @@ void RegisterPython(py::module_& m) {
         type->tp_flags |= Py_TPFLAGS_HAVE_GC;
         type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) -> int {
           Py_VISIT(Py_TYPE(self));
-          if (!py::detail::is_holder_constructed(self)) return 0;
-          return py::cast<const Translator&>(py::handle(self)).Traverse(visit, arg);
+          const Translator* tx = Unwrap(self);
+          return tx != nullptr ? tx->Traverse(visit, arg) : 0;
         };
         type->tp_clear = [](PyObject* self) -> int {
-          if (py::detail::is_holder_constructed(self)) {
-            py::cast<Translator&>(py::handle(self)).Clear();
-          }
+          if (Translator* tx = Unwrap(self)) tx->Clear();
           return 0;
         };
       }))
