@@ -720,7 +720,8 @@ void Translator::SetItem(const py::object& obj, const py::object& index,
 bool Translator::Step(const Instruction& inst) {
   py::handle argval(inst.argval);
   auto argval_object = [&] { return py::reinterpret_borrow<py::object>(argval); };
-  switch (OpTable()[inst.opcode].op) {
+  const Op op = OpTable()[inst.opcode].op;
+  switch (op) {
     case Op::kUnknown:
       Unsupported("opcode " + Str(bytecode::OpName(inst.opcode)));
     case Op::kNop:
@@ -1129,7 +1130,6 @@ bool Translator::Step(const Instruction& inst) {
     case Op::kPopJumpIfTrue:
     case Op::kJumpIfFalseOrPop:
     case Op::kJumpIfTrueOrPop: {
-      const Op op = OpTable()[inst.opcode].op;
       const bool wanted = op == Op::kPopJumpIfTrue || op == Op::kJumpIfTrueOrPop;
       const bool pop_always = op == Op::kPopJumpIfFalse || op == Op::kPopJumpIfTrue;
       if (Truth(Peek(1)) == wanted) {
@@ -1145,7 +1145,7 @@ bool Translator::Step(const Instruction& inst) {
       py::object value = Pop();
       const bool is_none = py::isinstance(value, N().ConstantVariable) &&
                            value.attr("value").is_none();
-      if (is_none == (OpTable()[inst.opcode].op == Op::kPopJumpIfNone)) JumpTo(inst);
+      if (is_none == (op == Op::kPopJumpIfNone)) JumpTo(inst);
       return false;
     }
     case Op::kJump:
