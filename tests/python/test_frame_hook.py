@@ -173,6 +173,43 @@ def test_backend_registry_lists_eager_and_registers_new_backends():
         kiln.compile(add_one, backend="no_such_backend")
 
 
+def test_a_backend_gets_ready_each_time_it_is_chosen_not_when_registered():
+    readied = []
+
+    @kiln.register_backend(name="readied_backend", prepare=lambda: readied.append(1))
+    def readied_backend(gm, example_inputs):
+        return gm.forward
+
+    assert readied == []
+    opt = kiln.compile(add_one, backend="readied_backend")
+    assert readied == [1]
+    with kiln.optimize(readied_backend):
+        pass
+    assert readied == [1, 1]
+    torch.testing.assert_close(opt(torch.zeros(2)), torch.ones(2))
+    assert readied == [1, 1]  # calls and captures do not prepare again
+
+
+def test_kiln_backend_imports_its_client_at_compile_and_opens_no_channel():
+    # The first call of a kiln-compiled model no longer pays the grpc and kiln.v1 imports; a
+    # process that forks after kiln.compile() shares no gRPC channel with its children.
+    import subprocess
+    import sys
+
+    code = ("import sys, kiln\n"
+            "assert 'grpc' not in sys.modules\n"
+            "kiln.compile(lambda x: x + 1, backend='eager')\n"
+            "assert 'grpc' not in sys.modules, 'the eager backend imported grpc'\n"
+            "kiln.compile(lambda x: x + 1, backend='kiln')\n"
+            "from kiln.daemon import client\n"
+            "print('grpc' in sys.modules, 'kiln.v1.service_pb2_grpc' in sys.modules,\n"
+            "      client._client is None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True", "True"]
+
+
 def test_failing_backend_falls_back_to_eager_with_a_warning(caplog):
     def broken(gm, example_inputs):
         raise RuntimeError("backend exploded")

@@ -7,7 +7,7 @@ import weakref
 import torch
 
 from kiln import _C, config
-from kiln.backends.registry import lookup_backend
+from kiln.backends.registry import lookup_backend, prepare_backend
 from kiln.capture.skip_files import is_skipped
 from kiln.convert_frame import convert_frame
 from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
@@ -31,6 +31,7 @@ class FrameCallback:
 
     def __init__(self, backend, fullgraph: bool, observer=None):
         self.backend = lookup_backend(backend)
+        prepare_backend(self.backend)
         self.backend_name = backend if isinstance(backend, str) else getattr(
             backend, "__name__", type(backend).__name__)
         self.fullgraph = fullgraph

@@ -60,7 +60,20 @@ def _fallback_reasons(gm, example_inputs) -> Optional[str]:
     return None
 
 
-@register_backend(name="kiln")
+def _prepare() -> None:
+    """When the backend is chosen (kiln.compile), not in the first call: the imports of the
+    daemon's client (grpc alone is ~0.1 s) and of the kiln.v1 messages. No channel is opened
+    here: a process that forks after kiln.compile must not share one with its children.
+    Failures are left to the first call, which reports them and runs eagerly."""
+    from kiln.daemon import protocol
+
+    try:
+        protocol.messages()  # the service stubs import grpc
+    except protocol.ProtocolUnavailable as e:
+        log.debug("kiln backend: client not prepared (%s)", e)
+
+
+@register_backend(name="kiln", prepare=_prepare)
 def kiln(gm: torch.fx.GraphModule, example_inputs: list):
     """Compiles `gm` through kilnd into fused CPU kernels plus ATen library calls."""
     from kiln.daemon.artifact import ArtifactRejected

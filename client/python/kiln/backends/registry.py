@@ -1,5 +1,5 @@
 """The registry of named backends and the built-in ones."""
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -8,17 +8,31 @@ from kiln.exc import InvalidBackend
 CompilerFn = Callable[[torch.fx.GraphModule, list], Callable]
 
 _BACKENDS: Dict[str, CompilerFn] = {}
+# id(compiler_fn) -> what readies it (registered functions stay in _BACKENDS: ids are stable)
+_PREPARE: Dict[int, Callable[[], None]] = {}
 
 
-def register_backend(compiler_fn: CompilerFn = None, name: str = None):
-    """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator."""
+def register_backend(compiler_fn: CompilerFn = None, name: str = None,
+                     prepare: Optional[Callable[[], None]] = None):
+    """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator.
+    `prepare`, when given, runs each time the backend is chosen (kiln.compile, kiln.optimize):
+    work every first call would otherwise pay, such as imports. It must not raise."""
     if compiler_fn is None:
-        return lambda fn: register_backend(fn, name)
+        return lambda fn: register_backend(fn, name, prepare)
     key = name or compiler_fn.__name__
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
     _BACKENDS[key] = compiler_fn
+    if prepare is not None:
+        _PREPARE[id(compiler_fn)] = prepare
     return compiler_fn
+
+
+def prepare_backend(compiler_fn: CompilerFn) -> None:
+    """Runs what `compiler_fn` registered to get ready, if anything."""
+    prepare = _PREPARE.get(id(compiler_fn))
+    if prepare is not None:
+        prepare()
 
 
 def lookup_backend(backend) -> CompilerFn:
