@@ -25,8 +25,12 @@ struct OpcodeTables {
 
 enum Kind : uint8_t { kPlain, kConst, kName, kJumpRelative, kJumpAbsolute, kLocal, kCompare };
 
+// Built under the GIL without a function-local static (see client/capture/executor.cpp's
+// OpTable: a static's guard must not be waited on while holding the GIL).
 const OpcodeTables& Tables() {
-  static OpcodeTables* tables = [] {
+  static OpcodeTables* built = nullptr;
+  if (built != nullptr) return *built;
+  OpcodeTables* tables = [] {
     auto* t = new OpcodeTables();
     py::module_ dis = py::module_::import("dis");
     py::module_ opcode = py::module_::import("opcode");
@@ -64,7 +68,8 @@ const OpcodeTables& Tables() {
     t->py312 = PY_VERSION_HEX >= 0x030C0000;
     return t;
   }();
-  return *tables;
+  if (built == nullptr) built = tables;
+  return *built;
 }
 
 std::shared_ptr<Decoded> DecodeUncached(py::handle code) {

@@ -47,8 +47,14 @@ struct OpInfo {
 };
 
 // What the executor does for each opcode of the running interpreter, by the opcode's name.
+// Tables built from Python objects are made under the GIL without function-local statics: a
+// thread waiting on a static's initialization guard would hold the GIL that the initializing
+// thread may need back (a collection running a finalizer can switch threads). Two threads may
+// both build one; the first stored wins and the other leaks, once.
 const std::array<OpInfo, 256>& OpTable() {
-  static const std::array<OpInfo, 256> table = [] {
+  static const std::array<OpInfo, 256>* built = nullptr;
+  if (built != nullptr) return *built;
+  auto* table = new std::array<OpInfo, 256>([] {
     const std::unordered_map<std::string, Op> by_name = {
         {"RESUME", Op::kNop}, {"NOP", Op::kNop}, {"EXTENDED_ARG", Op::kNop},
         {"PRECALL", Op::kNop}, {"COPY_FREE_VARS", Op::kNop}, {"MAKE_CELL", Op::kNop},
@@ -108,8 +114,9 @@ const std::array<OpInfo, 256>& OpTable() {
                           it->second == Op::kPopJumpIfFalse || it->second == Op::kPopJumpIfTrue;
     }
     return t;
-  }();
-  return table;
+  }());
+  if (built == nullptr) built = table;
+  return *built;
 }
 
 // The Python side the executor works with: trackers, sources, kiln's errors, operator functions.
@@ -117,7 +124,7 @@ struct Names {
   py::object Unsupported, GraphBreak, Checkpoint;
   py::object NullVariable, VariableTracker, ConstantVariable, TupleVariable, ListVariable,
       SetVariable, ConstDictVariable, SliceVariable, ListIteratorVariable, CellVariable,
-      NestedFunctionVariable, SuperVariable, TensorVariable;
+      NestedFunctionVariable, SuperVariable, TensorVariable, GradModeVariable;
   py::object wrap, apply_operator, getitem, mark_checkpoint, mutation_count, mutations_of;
   py::object can_split, offset_in_exception_table, traces_into, is_torch_file;
   py::object ClosureSource, GlobalSource, ItemSource, LocalSource, ObjectSource, AttrSource;
@@ -129,7 +136,9 @@ struct Names {
 };
 
 const Names& N() {
-  static Names* names = [] {
+  static Names* built = nullptr;
+  if (built != nullptr) return *built;
+  Names* names = [] {
     auto* n = new Names();
     auto from = [](const char* module, const char* name) {
       return py::module_::import(module).attr(name);
@@ -196,9 +205,11 @@ const Names& N() {
     n->intrinsic1_names = py::hasattr(opcode, "_intrinsic1_descs")
                               ? py::object(opcode.attr("_intrinsic1_descs"))
                               : py::object(py::none());
+    n->GradModeVariable = from("kiln.variables.ctx_manager", "GradModeVariable");
     return n;
   }();
-  return *names;
+  if (built == nullptr) built = names;
+  return *built;
 }
 
 [[noreturn]] void Raise(const py::object& exc) {
@@ -897,10 +908,8 @@ bool Translator::Step(const Instruction& inst) {
       return false;
     }
     case Op::kBeforeWith: {
-      static py::object* grad_mode = new py::object(
-          py::module_::import("kiln.variables.ctx_manager").attr("GradModeVariable"));
       py::object ctx = Pop();
-      if (!py::isinstance(ctx, *grad_mode)) Unsupported("`with` over " + Str(ctx));
+      if (!py::isinstance(ctx, N().GradModeVariable)) Unsupported("`with` over " + Str(ctx));
       Push(ctx.attr("enter")(Self()));
       Push(Constant(py::none()));  // what __enter__ returned
       return false;

@@ -1,5 +1,6 @@
 """The frame hook and the API around it: regions, disable, threads, recursion, generators,
 reset, the backend registry."""
+import textwrap
 import threading
 
 import pytest
@@ -134,6 +135,45 @@ def test_threads_each_compile_and_run_correctly():
     assert not errors
     assert 1 <= cnt.frame_count <= 4
     assert _C.get_eval_frame() is None
+
+
+def test_first_captures_of_a_process_race_from_many_threads_without_deadlock():
+    # A fresh interpreter: the executor's and decoder's tables are built by whichever capture
+    # comes first. Eight threads capture at once, with collections forced at every allocation
+    # so threads switch inside that first build; each result is checked against eager.
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import gc, threading, torch, kiln
+        gc.set_threshold(1)
+        barrier = threading.Barrier(8)
+        errors = []
+        def make(k):
+            def f(x):
+                y = x * k
+                g = lambda t: t + y
+                with torch.no_grad():
+                    return g(torch.sin(x))
+            return f
+        def worker(k):
+            try:
+                f = make(k)
+                opt = kiln.compile(f, backend="eager")
+                barrier.wait()
+                x = torch.randn(4)
+                torch.testing.assert_close(opt(x), f(x))
+            except Exception as e:
+                errors.append(repr(e))
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        print("errors", errors)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "errors []"
 
 
 def test_exception_in_compiled_code_propagates_and_leaves_hook_off():
