@@ -226,9 +226,9 @@ bool IsNull(py::handle v) { return py::isinstance(v, N().NullVariable); }
 
 py::object Constant(py::object value) { return N().ConstantVariable(std::move(value)); }
 
-py::list ListOf(const std::vector<py::object>& items, size_t begin = 0) {
-  py::list out(items.size() - begin);
-  for (size_t i = begin; i < items.size(); ++i) out[i - begin] = items[i];
+py::list ListOf(const std::vector<py::object>& items) {
+  py::list out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) out[i] = items[i];
   return out;
 }
 
@@ -1244,15 +1244,9 @@ void RegisterPython(py::module_& m) {
       .def("make_super", &Translator::MakeSuper)
       .def("load_deref", &Translator::LoadDeref)
       .def("store_deref", &Translator::StoreDeref)
-      .def("where", &Translator::Where)
       .def_readonly("output", &Translator::output_)
       .def_readonly("code", &Translator::code_)
-      .def_readonly("f_globals", &Translator::f_globals_)
-      .def_readonly("symbolic_locals", &Translator::symbolic_locals_)
-      .def_readonly("generator_items", &Translator::generator_items_)
-      .def_readonly("depth", &Translator::depth_)
-      .def_readonly("lineno", &Translator::lineno_)
-      .def_property_readonly("stack", [](const Translator& tx) { return ListOf(tx.stack_); });
+      .def_readonly("symbolic_locals", &Translator::symbolic_locals_);
 }
 
 }  // namespace kiln::capture
