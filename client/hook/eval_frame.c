@@ -327,16 +327,84 @@ typedef struct {
   PyObject_HEAD
   PyObject* fn;
   PyObject* callback;  // NULL = disable capture
+  // For an nn.Module fn: what torch.nn.Module.__call__ consults (see module_forward), or NULL.
+  PyObject* module_call;
   PyObject* dict;
   PyObject* weakreflist;
   vectorcallfunc vectorcall;
 } FrameRegion;
 
+// The fields of module_call, a tuple made by kiln/eval_frame.py from torch.nn.Module.
+enum {
+  kModuleCallFn,        // torch.nn.Module.__call__ (_wrapped_call_impl)
+  kModuleTracingState,  // torch._C._get_tracing_state
+  kModuleGlobalHooks,   // tuple of torch.nn.modules.module's four global hook dicts
+  kModuleCallFields
+};
+
+static PyObject* g_str_call = NULL;     // "__call__"
+static PyObject* g_str_forward = NULL;  // "forward"
+static PyObject* g_module_fields[5];   // instance attributes that must be empty / None
+
+// True when the instance attribute `name`, read from the instance's `dict`, is an empty dict.
+static int empty_dict_attr(PyObject* dict, PyObject* name) {
+  PyObject* v = PyDict_GetItemWithError(dict, name);
+  return v != NULL && PyDict_Check(v) && PyDict_GET_SIZE(v) == 0;
+}
+
+// When calling the module would only call its forward: torch.nn.Module.__call__ with no
+// _compiled_call_impl, no JIT tracing and no hooks (the module's four hook dicts and the four
+// global ones all empty) goes straight to self.forward(*args, **kwargs). Then this returns
+// that bound forward (new reference) and the call skips Module.__call__'s two Python frames
+// and the argument tuples and dicts they build (a third of a small graph's call); otherwise
+// NULL with no error set, and the module is called as it is. Every condition is read at each
+// call: a hook registered later is honoured.
+static PyObject* module_forward(FrameRegion* r) {
+  PyObject* mod = r->fn;
+  PyObject* call = _PyType_Lookup(Py_TYPE(mod), g_str_call);
+  if (call == NULL || call != PyTuple_GET_ITEM(r->module_call, kModuleCallFn)) return NULL;
+  PyObject** dictptr = _PyObject_GetDictPtr(mod);
+  PyObject* dict = dictptr != NULL ? *dictptr : NULL;
+  if (dict == NULL || !PyDict_Check(dict)) return NULL;
+  // Module.compile() sets it on the instance; the class attribute is None.
+  PyObject* compiled = PyDict_GetItemWithError(dict, g_module_fields[0]);
+  if (compiled == NULL && !PyErr_Occurred()) {
+    compiled = _PyType_Lookup(Py_TYPE(mod), g_module_fields[0]);
+  }
+  if (compiled != Py_None) goto slow;
+  for (int i = 1; i < 5; i++) {
+    if (!empty_dict_attr(dict, g_module_fields[i])) goto slow;
+  }
+  PyObject* globals = PyTuple_GET_ITEM(r->module_call, kModuleGlobalHooks);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(globals); i++) {
+    PyObject* d = PyTuple_GET_ITEM(globals, i);
+    if (!PyDict_Check(d) || PyDict_GET_SIZE(d) != 0) goto slow;
+  }
+  PyObject* tracing = PyObject_CallNoArgs(PyTuple_GET_ITEM(r->module_call, kModuleTracingState));
+  if (tracing == NULL) goto slow;
+  int traced = tracing != Py_None;
+  Py_DECREF(tracing);
+  if (traced) return NULL;
+  PyObject* forward = PyObject_GetAttr(mod, g_str_forward);
+  if (forward == NULL) goto slow;
+  return forward;
+slow:
+  PyErr_Clear();  // whatever went wrong, Module.__call__ meets it again and reports it
+  return NULL;
+}
+
 static PyObject* region_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                                    PyObject* kwnames) {
   FrameRegion* r = (FrameRegion*)self;
   PyObject* prior = swap_callback(Py_XNewRef(r->callback));
-  PyObject* result = PyObject_Vectorcall(r->fn, args, nargsf, kwnames);
+  PyObject* result;
+  PyObject* forward = r->module_call != NULL ? module_forward(r) : NULL;
+  if (forward != NULL) {
+    result = PyObject_Vectorcall(forward, args, nargsf, kwnames);
+    Py_DECREF(forward);
+  } else {
+    result = PyObject_Vectorcall(r->fn, args, nargsf, kwnames);
+  }
   Py_XDECREF(swap_callback(prior));
   return result;
 }
@@ -344,18 +412,30 @@ static PyObject* region_vectorcall(PyObject* self, PyObject* const* args, size_t
 static PyObject* region_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject* fn = NULL;
   PyObject* callback = Py_None;
-  static char* kwlist[] = {"fn", "callback", NULL};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:FrameRegion", kwlist, &fn, &callback)) {
+  PyObject* module_call = Py_None;
+  static char* kwlist[] = {"fn", "callback", "module_call", NULL};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$O:FrameRegion", kwlist, &fn, &callback,
+                                   &module_call)) {
     return NULL;
   }
   if (!PyCallable_Check(fn) || (callback != Py_None && !PyCallable_Check(callback))) {
     PyErr_SetString(PyExc_TypeError, "FrameRegion(fn, callback): both must be callable");
     return NULL;
   }
+  if (module_call != Py_None &&
+      (!PyTuple_Check(module_call) || PyTuple_GET_SIZE(module_call) != kModuleCallFields ||
+       !PyCallable_Check(PyTuple_GET_ITEM(module_call, kModuleTracingState)) ||
+       !PyTuple_Check(PyTuple_GET_ITEM(module_call, kModuleGlobalHooks)))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "FrameRegion: module_call must be (Module.__call__, get_tracing_state, "
+                    "global hook dicts)");
+    return NULL;
+  }
   FrameRegion* r = (FrameRegion*)type->tp_alloc(type, 0);
   if (r == NULL) return NULL;
   r->fn = Py_NewRef(fn);
   r->callback = callback == Py_None ? NULL : Py_NewRef(callback);
+  r->module_call = module_call == Py_None ? NULL : Py_NewRef(module_call);
   r->vectorcall = region_vectorcall;
   return (PyObject*)r;
 }
@@ -363,6 +443,7 @@ static PyObject* region_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
 static int region_traverse(FrameRegion* r, visitproc visit, void* arg) {
   Py_VISIT(r->fn);
   Py_VISIT(r->callback);
+  Py_VISIT(r->module_call);
   Py_VISIT(r->dict);
   return 0;
 }
@@ -370,6 +451,7 @@ static int region_traverse(FrameRegion* r, visitproc visit, void* arg) {
 static int region_clear(FrameRegion* r) {
   Py_CLEAR(r->fn);
   Py_CLEAR(r->callback);
+  Py_CLEAR(r->module_call);
   Py_CLEAR(r->dict);
   return 0;
 }
@@ -546,6 +628,18 @@ int kiln_hook_init(PyObject* module) {
     g_skip = PyUnicode_InternFromString("kiln.SKIP");
     g_cache_full = PyUnicode_InternFromString("kiln.CACHE_FULL");
     if (g_skip == NULL || g_cache_full == NULL) return -1;
+  }
+  if (g_str_call == NULL) {
+    static const char* fields[5] = {"_compiled_call_impl", "_backward_hooks",
+                                    "_backward_pre_hooks", "_forward_hooks",
+                                    "_forward_pre_hooks"};
+    for (int i = 0; i < 5; i++) {
+      g_module_fields[i] = PyUnicode_InternFromString(fields[i]);
+      if (g_module_fields[i] == NULL) return -1;
+    }
+    g_str_call = PyUnicode_InternFromString("__call__");
+    g_str_forward = PyUnicode_InternFromString("forward");
+    if (g_str_call == NULL || g_str_forward == NULL) return -1;
   }
   if (PyModule_AddObjectRef(module, "SKIP", g_skip) < 0) return -1;
   if (PyModule_AddObjectRef(module, "CACHE_FULL", g_cache_full) < 0) return -1;

@@ -272,3 +272,83 @@ def test_compiled_function_keeps_name_and_binds_as_method():
     assert Holder.method.__name__ == "method"
     x = torch.randn(3)
     torch.testing.assert_close(Holder().method(x), x * 2)
+
+
+class _StackProbe(torch.nn.Module):
+    """forward breaks its graph at record(): the frames above forward are those of the call."""
+
+    def __init__(self):
+        super().__init__()
+        self.frames = []
+
+    def record(self):
+        import sys
+
+        f, names = sys._getframe(1), []
+        while f is not None:
+            names.append(f.f_code.co_name)
+            f = f.f_back
+        self.frames.append(names)
+
+    def forward(self, x):
+        self.record()
+        return x * 2
+
+
+def test_a_compiled_module_without_hooks_goes_straight_to_forward():
+    # Module.__call__ would call forward and nothing else: the region calls forward itself,
+    # without Module.__call__'s two Python frames.
+    m = _StackProbe()
+    opt = kiln.compile(m, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), x * 2)
+    assert "_wrapped_call_impl" not in m.frames[-1] and "_call_impl" not in m.frames[-1]
+    m(x)  # eagerly it goes through Module.__call__, which is what the test rules out above
+    assert "_call_impl" in m.frames[-1]
+
+
+@pytest.mark.parametrize("register", [
+    lambda m, hook: m.register_forward_hook(hook),
+    lambda m, hook: m.register_forward_pre_hook(lambda mod, args: hook(mod, args, None)),
+    lambda m, hook: torch.nn.modules.module.register_module_forward_hook(hook),
+    lambda m, hook: torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda mod, args: hook(mod, args, None)),
+], ids=["forward_hook", "forward_pre_hook", "global_forward_hook", "global_forward_pre_hook"])
+def test_a_hook_registered_after_compile_goes_through_module_call(register):
+    m = _StackProbe()
+    opt = kiln.compile(m, backend="eager")
+    x = torch.randn(3)
+    opt(x)
+    seen = []
+    handle = register(m, lambda mod, args, out: seen.append(mod) if mod is m else None)
+    try:
+        torch.testing.assert_close(opt(x), x * 2)
+    finally:
+        handle.remove()
+    assert seen == [m] and "_call_impl" in m.frames[-1]
+    opt(x)
+    assert seen == [m] and "_call_impl" not in m.frames[-1]  # removed: straight to forward
+
+
+def test_a_module_class_with_its_own_call_is_called_through_it():
+    class Doubling(_StackProbe):
+        def __call__(self, x):
+            return super().__call__(x) * 3
+
+    m = Doubling()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(m, backend="eager")(x), x * 6)
+
+
+def test_a_module_compiled_by_module_compile_calls_its_compiled_call():
+    m = _StackProbe()
+    calls = []
+    m._compiled_call_impl = lambda *a: calls.append(a) or m._call_impl(*a)
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(m, backend="eager")(x), x * 2)
+    assert len(calls) == 1
+
+
+def test_a_region_refuses_a_malformed_module_call():
+    with pytest.raises(TypeError, match="module_call"):
+        _C.FrameRegion(torch.nn.ReLU(), None, module_call=(1, 2))

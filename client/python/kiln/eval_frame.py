@@ -2,6 +2,7 @@
 kiln.reset, and the callback the hook calls on a cache miss."""
 import functools
 import logging
+import operator
 import weakref
 
 import torch
@@ -94,16 +95,27 @@ class FrameCallback:
         return entry
 
 
+def _module_call():
+    """What torch.nn.Module.__call__ consults before it calls forward, for the region's check
+    that a call would go straight to forward (client/hook/eval_frame.c, module_forward)."""
+    from torch.nn.modules import module
+
+    hooks = (module._global_backward_pre_hooks, module._global_backward_hooks,
+             module._global_forward_hooks, module._global_forward_pre_hooks)
+    return (torch.nn.Module.__call__, torch._C._get_tracing_state, hooks)
+
+
 class OptimizedModule(torch.nn.Module):
     """A compiled nn.Module: calls go through kiln, everything else reaches the original."""
 
     def __init__(self, mod: torch.nn.Module, callback: FrameCallback):
         super().__init__()
         self._orig_mod = mod
-        self.__dict__["_kiln_region"] = _C.FrameRegion(mod, callback)
+        self.__dict__["_kiln_region"] = _C.FrameRegion(mod, callback, module_call=_module_call())
 
-    # The region itself (C++) is what a call reaches: no Python frame of kiln's per call.
-    __call__ = property(lambda self: self.__dict__["_kiln_region"])
+    # The region itself (C) is what a call reaches, found by a C getter: no Python frame of
+    # kiln's per call.
+    __call__ = property(operator.attrgetter("_kiln_region"))
 
     def forward(self, *args, **kwargs):
         return self._kiln_region(*args, **kwargs)
