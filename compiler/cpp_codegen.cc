@@ -125,18 +125,24 @@ namespace {
 // Work below this many elements runs on the calling thread; parallel chunks are at least this big.
 constexpr int64_t kParallelElements = 32768;
 constexpr int64_t kChunkElements = 16384;
-// Longest row whose reduction inputs a row-wise kernel keeps in stack buffers (elements).
+// Longest row whose reduction inputs a row-wise kernel keeps in stack buffers (elements; in a
+// lane kernel, row length times lanes).
 constexpr int64_t kRowBufferElements = 8192;
+// Kept values a lane kernel (RowKernel) reduces at once: two AVX2 vectors of float.
+constexpr int64_t kLanes = 16;
 
 // Opens a loop over the flat range [kiln_begin, kiln_end) of the row-major product of `sizes`
-// and defines i<first>, i<first+1>, ... from the flat index.
-std::string FlatLoop(const std::vector<int64_t>& sizes, const std::string& indent) {
+// and defines i<first>, i<first+1>, ... from the flat index (the last one named `last` when
+// given).
+std::string FlatLoop(const std::vector<int64_t>& sizes, const std::string& indent,
+                     const std::string& last = "") {
   std::ostringstream o;
   o << indent << "for (int64_t kiln_p = kiln_begin; kiln_p < kiln_end; ++kiln_p) {\n";
   int64_t inner = 1;
   std::vector<std::string> defs(sizes.size());
   for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    defs[d] = indent + "  const int64_t i" + std::to_string(d) + " = kiln_p" +
+    const bool named = !last.empty() && d + 1 == static_cast<int>(sizes.size());
+    defs[d] = indent + "  const int64_t " + (named ? last : "i" + std::to_string(d)) + " = kiln_p" +
               (inner > 1 ? " / " + std::to_string(inner) : "") +
               (d > 0 ? " % " + std::to_string(sizes[d]) : "") + ";\n";
     inner *= sizes[d];
@@ -167,6 +173,12 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
 // them); per row, one inner loop per reduction (two for var), each recomputing the full-space
 // nodes it needs from the inputs and the row values before it; scalar code for row nodes; then
 // one inner loop that computes and stores the materialized full-space values.
+//
+// A lane kernel does the same for kLanes rows at once: those consecutive along the last kept dim,
+// when that dim is the contiguous one of the operands and the reduced dims are not (a mean over
+// H and W of a channels-last tensor). Row values are then arrays over the lanes, and every loop
+// over the reduced dims ends in a loop over the lanes, which reads consecutive elements and
+// vectorizes where the scalar form would gather one element per lane.
 class RowKernel {
  public:
   RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
@@ -176,6 +188,7 @@ class RowKernel {
     for (int ni : g_.nodes) {
       for (const auto& out : graph_.nodes(ni).outputs()) producer_[out.id()] = ni;
     }
+    lanes_ = ChooseLanes();
   }
 
   std::string Source() {
@@ -204,11 +217,17 @@ class RowKernel {
       if (d < outer_) rows *= g_.sizes[d];
     }
     std::string indent = "  ";
-    const bool parallel = rows > 1 && total >= kParallelElements;
+    const int64_t row_length = total / std::max<int64_t>(rows, 1);
+    // What the outer loops count: rows, or blocks of lanes_ rows along the last kept dim.
+    std::vector<int64_t> outer_sizes(g_.sizes.begin(), g_.sizes.begin() + outer_);
+    if (lanes_ > 0) outer_sizes.back() = (outer_sizes.back() + lanes_ - 1) / lanes_;
+    int64_t units = 1;
+    for (int64_t n : outer_sizes) units *= n;
+    const int64_t unit_length = row_length * std::max(lanes_, 1);
+    const bool parallel = units > 1 && total >= kParallelElements;
     // Reduction inputs computed in the kernel are kept per row in a stack buffer when rows are
     // short: the passes after the first read them instead of recomputing their prologue.
-    const int64_t row_length = total / std::max<int64_t>(rows, 1);
-    if (row_length <= kRowBufferElements) {
+    if (unit_length <= kRowBufferElements) {
       for (int ni : g_.nodes) {
         if (auto r = MatchReduction(graph_.nodes(ni), program_.meta); r && IsFullNode(r->input)) {
           buffered_.insert(r->input);
@@ -216,37 +235,61 @@ class RowKernel {
       }
     }
     int opened = 0;
+    const std::string block = lanes_ > 0 ? "kiln_blk" : "";
     if (parallel) {
-      body_ << FlatLoop({g_.sizes.begin(), g_.sizes.begin() + outer_}, indent);
+      body_ << FlatLoop(outer_sizes, indent, block);
       indent += "  ";
       opened = 1;
     } else {
       for (int d = 0; d < outer_; ++d, ++opened) {
-        body_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << g_.sizes[d]
-              << "; ++i" << d << ") {\n";
+        const std::string i = d + 1 == outer_ && lanes_ > 0 ? block : "i" + std::to_string(d);
+        body_ << indent << "for (int64_t " << i << " = 0; " << i << " < " << outer_sizes[d]
+              << "; ++" << i << ") {\n";
         indent += "  ";
+      }
+    }
+    if (lanes_ > 0) {
+      const int64_t kept = g_.sizes[outer_ - 1];
+      body_ << indent << "const int64_t kiln_l0 = kiln_blk * " << lanes_ << ";\n";
+      if (kept % lanes_ != 0) {
+        body_ << indent << "const int64_t kiln_nl = std::min<int64_t>(" << lanes_ << ", " << kept
+              << " - kiln_l0);\n";
       }
     }
     std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
     for (uint32_t id : buffered_) {
       body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " buf" << id << "["
-            << row_length << "];\n";
+            << unit_length << "];\n";
     }
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
       if (auto r = MatchReduction(node, program_.meta)) {
         EmitReduction(node, *r, indent, rows_var);
       } else if (IsRowNode(node)) {
-        for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, rows_var);
         const auto& out = node.outputs(0);
+        const std::string t = ComputeType(out.meta().dtype());
         const std::string name = "r" + std::to_string(out.id());
-        body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-              << PointwiseExpr(node, rows_var) << ";\n";
-        rows_var[out.id()] = name;
+        if (lanes_ > 0) body_ << indent << t << " " << name << "[" << lanes_ << "];\n";
+        // Row-context loads of a lane kernel live in the lane loop only.
+        std::unordered_map<uint32_t, std::string> local = rows_var;
+        auto& vars = lanes_ > 0 ? local : rows_var;
+        OpenLanes(indent);
+        for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, vars);
+        body_ << indent << (lanes_ > 0 ? Lane(name) : "const " + t + " " + name) << " = "
+              << PointwiseExpr(node, vars) << ";\n";
+        CloseLanes(indent);
+        rows_var[out.id()] = Lane(name);
       } else {
         continue;  // full-space nodes are computed inside the loops that need them
       }
+      bool stored = false;
+      for (const auto& out : node.outputs()) {
+        stored |= std::find(g_.outputs.begin(), g_.outputs.end(), out.id()) != g_.outputs.end();
+      }
+      if (!stored) continue;
+      OpenLanes(indent);
       for (const auto& out : node.outputs()) StoreIfOutput(out.id(), indent, false, rows_var);
+      CloseLanes(indent);
     }
     std::vector<uint32_t> full_outputs;
     for (uint32_t id : g_.outputs) {
@@ -265,11 +308,68 @@ class RowKernel {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
     }
-    return KernelFunctions(index_, head.str(), body_.str(), parallel ? rows : 0,
-                           kChunkElements / std::max<int64_t>(total / rows, 1));
+    return KernelFunctions(index_, head.str(), body_.str(), parallel ? units : 0,
+                           kChunkElements / std::max<int64_t>(unit_length, 1));
   }
 
  private:
+  // kLanes (or the kept dim's size, when smaller) when the last kept dim is contiguous in some
+  // operand that varies over the reduced dims and the innermost reduced dim is contiguous in
+  // none of them; else 0: the scalar form, whose inner loop then reads consecutive elements.
+  int ChooseLanes() const {
+    if (outer_ < 1 || outer_ >= rank_ || g_.sizes[outer_ - 1] < 8) return 0;
+    int inner = rank_ - 1;
+    while (inner > outer_ && g_.sizes[inner] == 1) --inner;
+    bool lane_contiguous = false;
+    for (const KernelOperand& in : g_.inputs) {
+      if (in.literal) continue;
+      bool full = false;
+      for (int d = outer_; d < rank_; ++d) full |= in.strides[d] != 0 && g_.sizes[d] > 1;
+      if (!full) continue;
+      if (in.strides[inner] == 1) return 0;
+      lane_contiguous |= in.strides[outer_ - 1] == 1;
+    }
+    return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1]))
+                           : 0;
+  }
+
+  // A row-scope name as the code reads it: in a lane kernel, this lane's element of the array.
+  std::string Lane(const std::string& name) const {
+    return lanes_ > 0 ? name + "[kiln_v]" : name;
+  }
+
+  // A lane kernel's loop over the lanes of the block (vectorized), defining the last kept dim's
+  // index; nothing in the scalar form.
+  void OpenLanes(std::string& indent) {
+    if (lanes_ == 0) return;
+    const bool whole = g_.sizes[outer_ - 1] % lanes_ == 0;
+    body_ << indent << "#pragma omp simd\n"
+          << indent << "for (int64_t kiln_v = 0; kiln_v < "
+          << (whole ? std::to_string(lanes_) : std::string("kiln_nl")) << "; ++kiln_v) {\n";
+    indent += "  ";
+    body_ << indent << "const int64_t i" << outer_ - 1 << " = kiln_l0 + kiln_v;\n";
+  }
+
+  void CloseLanes(std::string& indent) {
+    if (lanes_ == 0) return;
+    indent.resize(indent.size() - 2);
+    body_ << indent << "}\n";
+  }
+
+  // Declares a row-scope variable `name` of type `t` set to `init` (an array over the lanes in a
+  // lane kernel; `init` is then evaluated per lane).
+  void DeclareRow(const std::string& t, const std::string& name, const std::string& init,
+                  std::string& indent) {
+    if (lanes_ == 0) {
+      body_ << indent << t << " " << name << " = " << init << ";\n";
+      return;
+    }
+    body_ << indent << t << " " << name << "[" << lanes_ << "];\n";
+    OpenLanes(indent);
+    body_ << indent << Lane(name) << " = " << init << ";\n";
+    CloseLanes(indent);
+  }
+
   bool IsRowNode(const kiln::v1::Node& node) const {
     if (FindPointwise(node.op()) == nullptr) return false;
     return std::vector<int64_t>(node.outputs(0).meta().sizes().begin(),
@@ -336,19 +436,21 @@ class RowKernel {
       const std::unordered_map<uint32_t, std::string>& rows_var,
       const std::vector<uint32_t>& targets) {
     for (int d = outer_; d < rank_; ++d) {
-      if (d == rank_ - 1) body_ << indent << "#pragma omp simd" << clause << "\n";
+      if (d == rank_ - 1 && lanes_ == 0) body_ << indent << "#pragma omp simd" << clause << "\n";
       body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d]
             << "; ++j" << d << ") {\n";
       indent += "  ";
     }
+    OpenLanes(indent);  // lanes are independent: no reduction clause
     std::unordered_map<uint32_t, std::string> vars = rows_var;
-    // Position in the row buffers: the row-major index over the reduced dims.
+    // Position in the row buffers: the row-major index over the reduced dims (then the lane).
     std::string at = "0";
     int64_t step = 1;
     for (int d = rank_ - 1; d >= outer_; --d) {
       at += " + j" + std::to_string(d) + " * " + std::to_string(step);
       step *= g_.sizes[d];
     }
+    if (lanes_ > 0) at = "(" + at + ") * " + std::to_string(lanes_) + " + kiln_v";
     for (uint32_t id : stored_) vars[id] = "buf" + std::to_string(id) + "[" + at + "]";
     // The full-space nodes the targets depend on, in group order.
     std::unordered_set<uint32_t> needed;
@@ -378,6 +480,7 @@ class RowKernel {
   }
 
   void CloseInner(std::string& indent) {
+    CloseLanes(indent);
     for (int d = rank_ - 1; d >= outer_; --d) {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
@@ -400,26 +503,32 @@ class RowKernel {
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
       const std::string name = "r" + std::to_string(out.id());
-      body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value) << ";\n";
-      rows_var[out.id()] = name;
+      if (lanes_ == 0) {
+        body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value)
+              << ";\n";
+      } else {
+        DeclareRow(t, name, Rounded(dtype, value), indent);
+      }
+      rows_var[out.id()] = Lane(name);
     };
-    const std::string acc = "acc" + k;
+    // Accumulators and the names the statements use for them (a lane's element in a lane
+    // kernel, whose loops need no reduction clause).
+    const std::string acc_name = "acc" + k, acc = Lane(acc_name);
     switch (r.kind) {
       case ReductionKind::kSum:
       case ReductionKind::kMean:
-        body_ << indent << t << " " << acc << " = 0;\n";
-        loop(" reduction(+:" + acc + ")", acc + " += x;");
+        DeclareRow(t, acc_name, "0", indent);
+        loop(" reduction(+:" + acc_name + ")", acc + " += x;");
         define(node.outputs(0), r.kind == ReductionKind::kMean ? acc + " / " + count : acc);
         break;
       case ReductionKind::kAmax:
       case ReductionKind::kAmin: {
         const bool max = r.kind == ReductionKind::kAmax;
-        const std::string nan = "nan" + k;
-        body_ << indent << t << " " << acc << " = " << (max ? "-" : "") << "(" << t
-              << ")INFINITY;\n"
-              << indent << "int " << nan << " = 0;\n";
-        loop(std::string(" reduction(") + (max ? "max" : "min") + ":" + acc + ") reduction(|:" +
-                 nan + ")",
+        const std::string nan_name = "nan" + k, nan = Lane(nan_name);
+        DeclareRow(t, acc_name, std::string(max ? "-" : "") + "(" + t + ")INFINITY", indent);
+        DeclareRow("int", nan_name, "0", indent);
+        loop(std::string(" reduction(") + (max ? "max" : "min") + ":" + acc_name +
+                 ") reduction(|:" + nan_name + ")",
              acc + " = x " + (max ? ">" : "<") + " " + acc + " ? x : " + acc + "; " + nan +
                  " |= x != x;");
         define(node.outputs(0), nan + " ? (" + t + ")NAN : " + acc);
@@ -428,13 +537,14 @@ class RowKernel {
       case ReductionKind::kVar:
       case ReductionKind::kStd:
       case ReductionKind::kVarMean: {
-        const std::string mean = "mean" + k, m2 = "m2" + k;
-        body_ << indent << t << " " << acc << " = 0;\n";
-        loop(" reduction(+:" + acc + ")", acc + " += x;");
-        body_ << indent << "const " << t << " " << mean << " = " << acc << " / " << count << ";\n"
-              << indent << t << " " << m2 << " = 0;\n";
-        loop(" reduction(+:" + m2 + ")", "const " + t + " d = x - " + mean + "; " + m2 +
-                                             " += d * d;");
+        const std::string mean_name = "mean" + k, m2_name = "m2" + k;
+        const std::string mean = Lane(mean_name), m2 = Lane(m2_name);
+        DeclareRow(t, acc_name, "0", indent);
+        loop(" reduction(+:" + acc_name + ")", acc + " += x;");
+        DeclareRow(t, mean_name, acc + " / " + count, indent);
+        DeclareRow(t, m2_name, "0", indent);
+        loop(" reduction(+:" + m2_name + ")", "const " + t + " d = x - " + mean + "; " + m2 +
+                                                  " += d * d;");
         char corr[64];
         std::snprintf(corr, sizeof corr, "%a", r.correction);
         const std::string var =
@@ -451,6 +561,7 @@ class RowKernel {
   const FusedGroup& g_;
   const int index_;
   int rank_ = 0, outer_ = 0;
+  int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
   std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
   std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
   std::unordered_set<uint32_t> buffered_;       // full values kept in per-row buffers
@@ -551,6 +662,28 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       } else {
         csizes.push_back(sizes[d]);
         for (size_t a = 0; a < accesses.size(); ++a) cstrides[a].push_back(accesses[a].strides[d]);
+      }
+    }
+    // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
+    // vectorizes nothing and strides through the inputs: the longest dim some input reads
+    // contiguously goes innermost instead, so the loop reads consecutive elements and its
+    // writes, a few elements apart, stay within the same cache lines.
+    if (csizes.size() >= 2 && csizes.back() < 16) {
+      int longest = -1;
+      for (int d = 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
+        if (csizes[d] < 64 || (longest >= 0 && csizes[d] <= csizes[longest])) continue;
+        for (size_t a = 0; a < g.inputs.size(); ++a) {
+          if (cstrides[a][d] == 1) longest = d;
+        }
+      }
+      if (longest >= 0) {
+        auto to_back = [&](std::vector<int64_t>& v) {
+          const int64_t x = v[longest];
+          v.erase(v.begin() + longest);
+          v.push_back(x);
+        };
+        to_back(csizes);
+        for (auto& strides : cstrides) to_back(strides);
       }
     }
     const int crank = static_cast<int>(csizes.size());

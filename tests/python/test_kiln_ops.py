@@ -114,6 +114,17 @@ def test_channels_last_input_matches_eager():
     check(lambda t, s: torch.sigmoid(t * s.view(1, 8, 1, 1) + 1), x, w)
 
 
+@pytest.mark.parametrize("make", [
+    lambda: randn(2, 3, 20, 24),                     # an image batch going channels-last
+    lambda: randn(2, 3, 20, 30)[:, :, :, 3:27],      # ... sliced, with an offset
+    lambda: torch.randint(-5, 5, (1, 2, 9, 40)),     # int64, 2 channels
+], ids=["nchw", "sliced", "int64"])
+def test_few_channel_result_in_channels_last_matches_eager(make):
+    # The result's innermost dim is short (2-3 channels): the kernel loops over the input's
+    # contiguous dim innermost instead.
+    check(lambda x: (x * 2).contiguous(memory_format=torch.channels_last), make(), kernels=1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64,
                                    torch.int32, torch.uint8, torch.bool])
 def test_dtypes_match_eager(dtype):
@@ -244,6 +255,50 @@ def test_fused_reduction_of_transposed_and_sliced_inputs_matches_eager(name):
     check(REDUCTIONS[name], base.t(), rtol=1e-5, atol=1e-5)
     check(REDUCTIONS[name], base[3:, 5:17], rtol=1e-5, atol=1e-5)
     check(REDUCTIONS[name], randn(6, 1, 9).expand(6, 4, 9), rtol=1e-5, atol=1e-5)
+
+
+# Reductions whose kept dim is the contiguous one: lane kernels (RowKernel) reduce 16 kept
+# values at once. Channels-last means over H and W (as squeeze-excitation pools do), a column
+# reduction of a transposed matrix, kept sizes that are and are not multiples of the lanes.
+LANE_CASES = {
+    "channels_last_mean": (lambda x: x.mean(dim=(-2, -1), keepdim=True) * x,
+                           lambda: randn(2, 40, 7, 5).to(memory_format=torch.channels_last)),
+    "channels_last_hardswish_mean": (
+        lambda x: torch.nn.functional.hardswish(x).mean(dim=(2, 3)),
+        lambda: randn(3, 16, 9, 9).to(memory_format=torch.channels_last)),
+    "transposed_sum": (lambda x: (x * 3).sum(dim=-1), lambda: randn(50, 20).t()),
+    "transposed_amax": (lambda x: x.amax(dim=-1, keepdim=True) - x, lambda: randn(30, 33).t()),
+    "transposed_amin": (lambda x: x.amin(dim=-1), lambda: randn(30, 8).t()),
+    "transposed_var_mean": (lambda x: torch.var_mean(x, dim=-1, keepdim=True),
+                            lambda: randn(17, 24).t()),
+    "transposed_std": (lambda x: x.std(dim=-1), lambda: randn(17, 40).t()),
+    "transposed_softmax": (lambda x: torch.softmax(x, dim=-1), lambda: randn(12, 45).t()),
+    "transposed_log_softmax": (lambda x: torch.log_softmax(x - 1, dim=-1),
+                               lambda: randn(64, 32).t()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LANE_CASES))
+def test_reduction_over_strided_dims_of_a_contiguous_kept_dim_uses_lanes(name):
+    fn, make = LANE_CASES[name]
+    art = check(fn, make(), rtol=1e-5, atol=1e-5)
+    assert "kiln_v" in art.body.kernel_source, "expected a lane kernel"
+
+
+def test_lane_reductions_propagate_nan_and_inf_like_eager():
+    x = randn(20, 24)
+    x[0, 3] = float("nan")
+    x[1, 0] = float("inf")
+    x[2, 5] = -float("inf")
+    for name in ("transposed_amax", "transposed_amin", "transposed_sum", "transposed_softmax",
+                 "transposed_std"):
+        check(LANE_CASES[name][0], x.clone().t())
+
+
+def test_lane_reductions_in_bfloat16_match_eager():
+    x = randn(2, 24, 6, 6, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    art = check(LANE_CASES["channels_last_mean"][0], x, rtol=2e-2, atol=2e-2)
+    assert "kiln_v" in art.body.kernel_source
 
 
 @pytest.mark.parametrize("name", ["sum", "mean_two_dims", "var", "softmax", "amax"])
