@@ -18,6 +18,9 @@ void* kiln_guard_unwrap(PyObject* manager);
 // exception inside an accessor counts as a failure and is cleared.
 int kiln_guard_check(void* tree, PyObject* const* slots, Py_ssize_t nslots, PyObject* func);
 
+// 1 while torch.jit traces on this thread (torch._C._get_tracing_state() is not None), else 0.
+int kiln_torch_jit_tracing(void);
+
 #ifdef __cplusplus
 }
 #endif

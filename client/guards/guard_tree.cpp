@@ -15,6 +15,7 @@
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 
 #include <cmath>
 #include <cstdint>
@@ -1169,3 +1170,5 @@ extern "C" int kiln_guard_check(void* tree, PyObject* const* slots, Py_ssize_t n
                                 PyObject* func) {
   return static_cast<kiln::guards::GuardTree*>(tree)->Check(slots, nslots, func, nullptr) ? 1 : 0;
 }
+
+extern "C" int kiln_torch_jit_tracing(void) { return torch::jit::tracer::isTracing() ? 1 : 0; }

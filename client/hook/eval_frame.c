@@ -336,9 +336,8 @@ typedef struct {
 
 // The fields of module_call, a tuple made by kiln/eval_frame.py from torch.nn.Module.
 enum {
-  kModuleCallFn,        // torch.nn.Module.__call__ (_wrapped_call_impl)
-  kModuleTracingState,  // torch._C._get_tracing_state
-  kModuleGlobalHooks,   // tuple of torch.nn.modules.module's four global hook dicts
+  kModuleCallFn,       // torch.nn.Module.__call__ (_wrapped_call_impl)
+  kModuleGlobalHooks,  // tuple of torch.nn.modules.module's four global hook dicts
   kModuleCallFields
 };
 
@@ -380,11 +379,7 @@ static PyObject* module_forward(FrameRegion* r) {
     PyObject* d = PyTuple_GET_ITEM(globals, i);
     if (!PyDict_Check(d) || PyDict_GET_SIZE(d) != 0) goto slow;
   }
-  PyObject* tracing = PyObject_CallNoArgs(PyTuple_GET_ITEM(r->module_call, kModuleTracingState));
-  if (tracing == NULL) goto slow;
-  int traced = tracing != Py_None;
-  Py_DECREF(tracing);
-  if (traced) return NULL;
+  if (kiln_torch_jit_tracing()) return NULL;
   PyObject* forward = PyObject_GetAttr(mod, g_str_forward);
   if (forward == NULL) goto slow;
   return forward;
@@ -424,11 +419,9 @@ static PyObject* region_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
   }
   if (module_call != Py_None &&
       (!PyTuple_Check(module_call) || PyTuple_GET_SIZE(module_call) != kModuleCallFields ||
-       !PyCallable_Check(PyTuple_GET_ITEM(module_call, kModuleTracingState)) ||
        !PyTuple_Check(PyTuple_GET_ITEM(module_call, kModuleGlobalHooks)))) {
     PyErr_SetString(PyExc_TypeError,
-                    "FrameRegion: module_call must be (Module.__call__, get_tracing_state, "
-                    "global hook dicts)");
+                    "FrameRegion: module_call must be (Module.__call__, global hook dicts)");
     return NULL;
   }
   FrameRegion* r = (FrameRegion*)type->tp_alloc(type, 0);

@@ -349,6 +349,21 @@ def test_a_module_compiled_by_module_compile_calls_its_compiled_call():
     assert len(calls) == 1
 
 
+def test_a_compiled_module_traced_by_torch_jit_goes_through_module_call():
+    # Under torch.jit.trace, Module.__call__ calls _slow_forward (which records scopes), not
+    # forward: the region must leave the call to it.
+    import warnings
+
+    m = _StackProbe()
+    opt = kiln.compile(m, backend="eager")
+    x = torch.randn(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.trace is deprecated
+        traced = torch.jit.trace(opt, (x,), check_trace=False)
+    assert "_slow_forward" in m.frames[-1]
+    torch.testing.assert_close(traced(x), x * 2)
+
+
 def test_a_region_refuses_a_malformed_module_call():
     with pytest.raises(TypeError, match="module_call"):
         _C.FrameRegion(torch.nn.ReLU(), None, module_call=(1, 2))
