@@ -47,6 +47,44 @@ bool ChannelsLastDense(const TensorMeta& m) {
          m.strides(3) == c;
 }
 
+// oneDNN's post-op for a unary node (attr and scalars as mkldnn::_convolution_pointwise takes
+// them), or nullopt when it has none: relu, hardswish, silu ("swish"), sigmoid, tanh,
+// hardsigmoid, and hardtanh with integral bounds (ReLU6). oneDNN computes the same functions
+// (hardswish as x * clip(x / 6 + 1/2, 0, 1)) to within a few ulp.
+struct UnaryPostOp {
+  std::string attr;
+  std::vector<int64_t> scalars;
+};
+
+std::optional<UnaryPostOp> PostOpOf(const Node& n) {
+  static const std::unordered_map<std::string, std::string> kUnary = {
+      {"aten::relu", "relu"},       {"aten::hardswish", "hardswish"},
+      {"aten::silu", "swish"},      {"aten::sigmoid", "sigmoid"},
+      {"aten::tanh", "tanh"},       {"aten::hardsigmoid", "hardsigmoid"}};
+  if (n.outputs_size() != 1 || n.args_size() < 1 || n.args(0).kind_case() != Argument::kValue ||
+      !n.args(0).name().empty()) {
+    return std::nullopt;
+  }
+  if (auto it = kUnary.find(n.op()); it != kUnary.end()) {
+    if (n.args_size() != 1) return std::nullopt;
+    return UnaryPostOp{it->second, {}};
+  }
+  if (n.op() != "aten::hardtanh" || n.args_size() > 3) return std::nullopt;
+  std::vector<int64_t> bounds{-1, 1};  // the schema's defaults
+  for (int a = 1; a < n.args_size(); ++a) {
+    const Argument& arg = n.args(a);
+    if (arg.kind_case() == Argument::kIntValue) {
+      bounds[a - 1] = arg.int_value();
+    } else if (arg.kind_case() == Argument::kFloatValue &&
+               arg.float_value() == static_cast<double>(static_cast<int64_t>(arg.float_value()))) {
+      bounds[a - 1] = static_cast<int64_t>(arg.float_value());
+    } else {
+      return std::nullopt;
+    }
+  }
+  return UnaryPostOp{"hardtanh", bounds};
+}
+
 }  // namespace
 
 Graph UseOneDnnLinear(const Graph& graph, PassStats* stats) {
@@ -184,12 +222,12 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     for (int64_t s : x.sizes()) nonempty = nonempty && s > 0;
     if (!nonempty) continue;
 
-    // Post-ops: relu, or add (+ relu) of a tensor of the result's layout.
+    // Post-ops: a unary op (PostOpOf), or add (+ relu) of a tensor of the result's layout.
     int last = i;
     std::vector<int> absorbed{i};
     kiln::v1::Value result = conv.outputs(0);
     std::optional<uint32_t> other;
-    bool relu = false;
+    std::optional<UnaryPostOp> unary;
     int ri = free_reader(result.id());
     const Node* r = ri >= 0 ? &graph.nodes(ri) : nullptr;
     if (auto addend = r ? OtherAddend(*r, result.id()) : std::nullopt) {
@@ -205,9 +243,9 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
         r = ri >= 0 ? &graph.nodes(ri) : nullptr;
       }
     }
-    if (r && r->op() == "aten::relu" && r->outputs_size() == 1 &&
-        SameLayout(r->outputs(0).meta(), y)) {
-      relu = true;
+    if (auto post = r ? PostOpOf(*r) : std::nullopt;
+        post && (!other || post->attr == "relu") && SameLayout(r->outputs(0).meta(), y)) {
+      unary = std::move(post);  // after an add, oneDNN's binary form is tested with relu only
       last = ri;
       absorbed.push_back(last);
       result = r->outputs(0);
@@ -260,18 +298,19 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     if (other) {
       fused.add_args()->set_string_value("add");
       fused.add_args()->mutable_none();  // alpha
-      if (relu) {
-        fused.add_args()->set_string_value("relu");
+      if (unary) {
+        fused.add_args()->set_string_value(unary->attr);
       } else {
         fused.add_args()->mutable_none();
       }
-      fused.add_args()->mutable_int_list();  // unary scalars
-      fused.add_args()->mutable_none();      // unary algorithm
     } else {
-      fused.add_args()->set_string_value(relu ? "relu" : "none");
-      fused.add_args()->mutable_int_list();  // scalars
-      fused.add_args()->mutable_none();      // algorithm
+      fused.add_args()->set_string_value(unary ? unary->attr : "none");
     }
+    auto* scalars = fused.add_args()->mutable_int_list();
+    if (unary) {
+      for (int64_t v : unary->scalars) scalars->add_values(v);
+    }
+    fused.add_args()->mutable_none();  // algorithm
     *fused.add_outputs() = result;
     nodes.push_back(std::move(fused));
     // The convolution and the nodes it absorbed vanish; the fused node stands where the last
@@ -282,7 +321,7 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     replace[last] = std::move(nodes);
     if (stats) {
       ++stats->onednn_convolutions;
-      stats->fused_post_ops += (other ? 1 : 0) + (relu ? 1 : 0);
+      stats->fused_post_ops += (other ? 1 : 0) + (unary ? 1 : 0);
     }
   }
   return ReplaceNodes(graph, std::move(replace));

@@ -19,7 +19,8 @@ kiln::v1::Graph UseOneDnnLinear(const kiln::v1::Graph& graph, PassStats* stats =
 // A float32 2-D aten::convolution (not transposed) whose weight is a bound value becomes
 // mkldnn::_convolution_pointwise over mkldnn::_reorder_convolution_weight(weight, ..., input
 // size): the weight is packed for this input once. When the convolution's only reader is a
-// relu, the relu becomes its "relu" post-op; when it is an add of a tensor of its shape (a
+// relu, hardswish, silu, sigmoid, tanh, hardsigmoid or integral hardtanh (ReLU6), it becomes the
+// convolution's post-op; when it is an add of a tensor of its shape (a
 // residual, in any layout), mkldnn::_convolution_pointwise.binary adds it, with the add's relu
 // reader as the unary post-op. The fused node defines the last value it replaces. A weight made
 // by a pointwise node (the conv-BN fold) that only this convolution reads is stored

@@ -207,6 +207,50 @@ def test_batch_norm_relu_after_convolution_is_one_kernel():
     assert len(big) <= 2
 
 
+F = torch.nn.functional
+CONV_ACTIVATIONS = {
+    "relu": (torch.relu, "relu"), "hardswish": (F.hardswish, "hardswish"),
+    "silu": (F.silu, "swish"), "sigmoid": (torch.sigmoid, "sigmoid"), "tanh": (torch.tanh, "tanh"),
+    "hardsigmoid": (F.hardsigmoid, "hardsigmoid"), "relu6": (F.relu6, "hardtanh"),
+    "hardtanh_int": (lambda t: F.hardtanh(t, -2, 3), "hardtanh"),
+}
+ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_convolution_pointwise")
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN's fused convolution")
+@pytest.mark.parametrize("name", sorted(CONV_ACTIVATIONS))
+def test_activation_after_convolution_is_its_post_op(name):
+    act, attr = CONV_ACTIVATIONS[name]
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).eval()
+    bn = torch.nn.BatchNorm2d(16).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+
+    def fn(x):
+        return act(bn(conv(x)))
+
+    art = check(fn, randn(2, 8, 9, 9), rtol=1e-4, atol=1e-4)
+    convs = [s.library for s in art.body.plan.steps if s.WhichOneof("kind") == "library"
+             and s.library.op == "mkldnn::_convolution_pointwise"]
+    assert len(convs) == 1 and convs[0].args[7].string_value == attr
+    per_call = [s for s in art.body.plan.steps if s.WhichOneof("kind") == "kernel"]
+    assert not per_call  # (the batch-norm fold runs in the prologue)
+
+
+@pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN's fused convolution")
+def test_activation_without_an_equal_post_op_stays_a_kernel():
+    # hardtanh with fractional bounds and leaky_relu have no integral-scalar post-op here: the
+    # convolution stays plain and a kernel applies them.
+    conv = torch.nn.Conv2d(4, 6, 1).eval()
+    for act in (lambda t: F.hardtanh(t, -0.5, 0.5), lambda t: F.leaky_relu(t, 0.2)):
+        kiln.reset()
+        art = check(lambda x: act(conv(x)), randn(1, 4, 5, 5), rtol=1e-4, atol=1e-4)
+        convs = [s.library for s in art.body.plan.steps if s.WhichOneof("kind") == "library"
+                 and s.library.op == "mkldnn::_convolution_pointwise"]
+        per_call = [s for s in art.body.plan.steps if s.WhichOneof("kind") == "kernel"]
+        assert convs[0].args[7].string_value == "none" and len(per_call) == 1
+
+
 def test_intermediate_used_twice_is_materialised_once():
     def fn(x):
         y = torch.exp(x) + 1
