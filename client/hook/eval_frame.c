@@ -4,7 +4,8 @@
 //
 // Contract with the Python side (kiln/eval_frame.py):
 //  * FrameRegion(fn, callback) calls fn with `callback` installed for this thread; callback=None
-//    disables capture inside (kiln.disable). Regions nest.
+//    disables capture inside (kiln.disable). Regions nest. With module_call= (for an nn.Module
+//    fn, see module_forward) it calls fn.forward itself when Module.__call__ would do only that.
 //  * For a frame it has no passing entry for, the hook calls
 //        callback(func, code, slots: tuple, cache_full: bool)
 //    with capture disabled. It returns None (run this frame eagerly), SKIP (never look at this
