@@ -338,11 +338,13 @@ typedef struct {
 // The fields of module_call, a tuple made by kiln/eval_frame.py from torch.nn.Module.
 enum {
   kModuleCallFn,       // torch.nn.Module.__call__ (_wrapped_call_impl)
+  kModuleCallImpl,     // torch.nn.Module._call_impl, which __call__ looks up on the instance
   kModuleGlobalHooks,  // tuple of torch.nn.modules.module's four global hook dicts
   kModuleCallFields
 };
 
 static PyObject* g_str_call = NULL;     // "__call__"
+static PyObject* g_str_call_impl = NULL;  // "_call_impl"
 static PyObject* g_str_forward = NULL;  // "forward"
 static PyObject* g_module_fields[5];   // instance attributes that must be empty / None
 
@@ -352,9 +354,10 @@ static int empty_dict_attr(PyObject* dict, PyObject* name) {
   return v != NULL && PyDict_Check(v) && PyDict_GET_SIZE(v) == 0;
 }
 
-// When calling the module would only call its forward: torch.nn.Module.__call__ with no
-// _compiled_call_impl, no JIT tracing and no hooks (the module's four hook dicts and the four
-// global ones all empty) goes straight to self.forward(*args, **kwargs). Then this returns
+// When calling the module would only call its forward: torch.nn.Module.__call__ and _call_impl
+// (neither overridden), with no _compiled_call_impl, no JIT tracing and no hooks (the module's
+// four hook dicts and the four global ones all empty), go straight to
+// self.forward(*args, **kwargs). Then this returns
 // that bound forward (new reference) and the call skips Module.__call__'s two Python frames
 // and the argument tuples and dicts they build (a third of a small graph's call); otherwise
 // NULL with no error set, and the module is called as it is. Every condition is read at each
@@ -366,6 +369,12 @@ static PyObject* module_forward(FrameRegion* r) {
   PyObject** dictptr = _PyObject_GetDictPtr(mod);
   PyObject* dict = dictptr != NULL ? *dictptr : NULL;
   if (dict == NULL || !PyDict_Check(dict)) return NULL;
+  // A class (or instance) with its own _call_impl changes what __call__ does.
+  if (_PyType_Lookup(Py_TYPE(mod), g_str_call_impl) !=
+          PyTuple_GET_ITEM(r->module_call, kModuleCallImpl) ||
+      PyDict_GetItemWithError(dict, g_str_call_impl) != NULL) {
+    goto slow;
+  }
   // Module.compile() sets it on the instance; the class attribute is None.
   PyObject* compiled = PyDict_GetItemWithError(dict, g_module_fields[0]);
   if (compiled == NULL && !PyErr_Occurred()) {
@@ -422,7 +431,8 @@ static PyObject* region_new(PyTypeObject* type, PyObject* args, PyObject* kwargs
       (!PyTuple_Check(module_call) || PyTuple_GET_SIZE(module_call) != kModuleCallFields ||
        !PyTuple_Check(PyTuple_GET_ITEM(module_call, kModuleGlobalHooks)))) {
     PyErr_SetString(PyExc_TypeError,
-                    "FrameRegion: module_call must be (Module.__call__, global hook dicts)");
+                    "FrameRegion: module_call must be (Module.__call__, Module._call_impl, "
+                    "global hook dicts)");
     return NULL;
   }
   FrameRegion* r = (FrameRegion*)type->tp_alloc(type, 0);
@@ -633,7 +643,8 @@ int kiln_hook_init(PyObject* module) {
     }
     g_str_call = PyUnicode_InternFromString("__call__");
     g_str_forward = PyUnicode_InternFromString("forward");
-    if (g_str_call == NULL || g_str_forward == NULL) return -1;
+    g_str_call_impl = PyUnicode_InternFromString("_call_impl");
+    if (g_str_call == NULL || g_str_forward == NULL || g_str_call_impl == NULL) return -1;
   }
   if (PyModule_AddObjectRef(module, "SKIP", g_skip) < 0) return -1;
   if (PyModule_AddObjectRef(module, "CACHE_FULL", g_cache_full) < 0) return -1;

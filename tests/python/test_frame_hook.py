@@ -340,6 +340,16 @@ def test_a_module_class_with_its_own_call_is_called_through_it():
     torch.testing.assert_close(kiln.compile(m, backend="eager")(x), x * 6)
 
 
+def test_a_module_class_with_its_own_call_impl_is_called_through_it():
+    class Tripling(_StackProbe):
+        def _call_impl(self, *args, **kwargs):
+            return super()._call_impl(*args, **kwargs) * 3
+
+    m = Tripling()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(m, backend="eager")(x), x * 6)
+
+
 def test_a_module_compiled_by_module_compile_calls_its_compiled_call():
     m = _StackProbe()
     calls = []

@@ -102,7 +102,7 @@ def _module_call():
 
     hooks = (module._global_backward_pre_hooks, module._global_backward_hooks,
              module._global_forward_hooks, module._global_forward_pre_hooks)
-    return (torch.nn.Module.__call__, hooks)
+    return (torch.nn.Module.__call__, torch.nn.Module._call_impl, hooks)
 
 
 class OptimizedModule(torch.nn.Module):
