@@ -2,6 +2,7 @@
 // the position of the last node it replaces) and leaves what it bypassed to dead-code removal.
 #include "compiler/onednn_passes.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -75,7 +76,7 @@ std::optional<UnaryPostOp> PostOpOf(const Node& n) {
     const Argument& arg = n.args(a);
     if (arg.kind_case() == Argument::kIntValue) {
       bounds[a - 1] = arg.int_value();
-    } else if (arg.kind_case() == Argument::kFloatValue &&
+    } else if (arg.kind_case() == Argument::kFloatValue && std::fabs(arg.float_value()) < 1e15 &&
                arg.float_value() == static_cast<double>(static_cast<int64_t>(arg.float_value()))) {
       bounds[a - 1] = static_cast<int64_t>(arg.float_value());
     } else {

@@ -343,10 +343,10 @@ enum {
   kModuleCallFields
 };
 
-static PyObject* g_str_call = NULL;     // "__call__"
+static PyObject* g_str_call = NULL;       // "__call__"
 static PyObject* g_str_call_impl = NULL;  // "_call_impl"
-static PyObject* g_str_forward = NULL;  // "forward"
-static PyObject* g_module_fields[5];   // instance attributes that must be empty / None
+static PyObject* g_str_forward = NULL;    // "forward"
+static PyObject* g_module_fields[5];      // instance attributes that must be empty / None
 
 // True when the instance attribute `name`, read from the instance's `dict`, is an empty dict.
 static int empty_dict_attr(PyObject* dict, PyObject* name) {
@@ -357,11 +357,10 @@ static int empty_dict_attr(PyObject* dict, PyObject* name) {
 // When calling the module would only call its forward: torch.nn.Module.__call__ and _call_impl
 // (neither overridden), with no _compiled_call_impl, no JIT tracing and no hooks (the module's
 // four hook dicts and the four global ones all empty), go straight to
-// self.forward(*args, **kwargs). Then this returns
-// that bound forward (new reference) and the call skips Module.__call__'s two Python frames
-// and the argument tuples and dicts they build (a third of a small graph's call); otherwise
-// NULL with no error set, and the module is called as it is. Every condition is read at each
-// call: a hook registered later is honoured.
+// self.forward(*args, **kwargs). Then this returns that bound forward (new reference) and the
+// call skips Module.__call__'s two Python frames and the argument tuples and dicts they build
+// (a third of a small graph's call); otherwise NULL with no error set, and the module is called
+// as it is. Every condition is read at each call: a hook registered later is honoured.
 static PyObject* module_forward(FrameRegion* r) {
   PyObject* mod = r->fn;
   PyObject* call = _PyType_Lookup(Py_TYPE(mod), g_str_call);
