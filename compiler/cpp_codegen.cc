@@ -503,12 +503,7 @@ class RowKernel {
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
       const std::string name = "r" + std::to_string(out.id());
-      if (lanes_ == 0) {
-        body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value)
-              << ";\n";
-      } else {
-        DeclareRow(t, name, Rounded(dtype, value), indent);
-      }
+      DeclareRow(t, name, Rounded(dtype, value), indent);
       rows_var[out.id()] = Lane(name);
     };
     // Accumulators and the names the statements use for them (a lane's element in a lane

@@ -16,7 +16,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-18";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-19";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;
