@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python suite on CPython 3.12 on this machine, beside the 3.11 one `make test` runs: a
-# second virtual environment (.venv312, requirements.txt with the cp312 torch wheel), kiln._C
+# second virtual environment (.venv312, requirements.txt under requirements.lock, the cp312 torch wheel), kiln._C
 # built for it in build-py312/ (next to the 3.11 extension: the file names differ by ABI tag),
 # the same kilnd. The 3.12 bytecode paths of the decoder and the executor run here without a
 # GPU machine. Needs `make setup` first (kilnd and the generated kiln.v1 modules).
@@ -30,14 +30,15 @@ if [ ! -x .venv312/bin/python ]; then
   "$py" -m venv .venv312
 fi
 stamp=.venv312/.kiln-requirements
-if ! cmp -s requirements.txt "$stamp"; then
-  log "installing Python packages (requirements.txt)"
-  .venv312/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "WARNING: Location" || true
-  # grpcio and protobuf as the 3.11 environment has them: the generated kiln.v1 modules are
+if ! cat requirements.txt requirements.lock | cmp -s - "$stamp"; then
+  log "installing Python packages (requirements.txt under requirements.lock)"
+  .venv312/bin/python -m pip install -q -c requirements.lock pip setuptools 2>&1 \
+    | grep -v "WARNING: Location" || true
+  # The lock's grpcio and protobuf are the 3.11 environment's: the generated kiln.v1 modules are
   # shared by both.
-  pins=$(.venv/bin/python -m pip freeze 2>/dev/null | grep -E '^(grpcio|protobuf)==' || true)
-  .venv312/bin/python -m pip install -q -r requirements.txt $pins 2> >(grep -v "WARNING: Location" >&2)
-  cp requirements.txt "$stamp"
+  .venv312/bin/python -m pip install -q -r requirements.txt -c requirements.lock \
+    2> >(grep -v "WARNING: Location" >&2)
+  cat requirements.txt requirements.lock > "$stamp"
 fi
 site=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root/client/python" > "$site/kiln-dev.pth"
