@@ -11,6 +11,7 @@ they were set) and instance attributes (every field, None included).
 """
 import dataclasses
 import sys
+import types
 from collections import OrderedDict
 from typing import Dict, List
 
@@ -27,7 +28,20 @@ _DATACLASS_WRITTEN = {"__init__", "__repr__", "__eq__", "__hash__", "__match_arg
 # ModelOutput's methods that this tracker models; a subclass must not override any of them.
 _MODELLED = {"__post_init__", "__setattr__", "__setitem__", "__getitem__", "__delitem__",
              "to_tuple", "setdefault", "pop", "update", "__init__", "__reduce__",
-             "__init_subclass__"}
+             "__init_subclass__", "__contains__", "get", "_replace_old_cache_name"}
+# Everything ModelOutput itself may define (across the transformers versions modelled): the
+# modelled methods, the properties that read a renamed field (read by inlining them), and what
+# a class statement writes. A ModelOutput with anything else is not modelled: its instances
+# might behave otherwise.
+_BASE_KNOWN = _MODELLED | {"past_key_values", "cache_params", "__module__", "__qualname__",
+                           "__doc__", "__dict__", "__weakref__", "__orig_bases__",
+                           "__parameters__", "__annotations__", "__slotnames__",
+                           "__firstlineno__", "__static_attributes__"}
+# Metaclass attributes that change nothing of how instances are made and read: a __setattr__
+# runs only when the class itself is assigned to (transformers' wraps the dataclass __init__ as
+# @dataclass writes it).
+_META_KNOWN = {"__module__", "__qualname__", "__doc__", "__setattr__", "__firstlineno__",
+               "__static_attributes__"}
 
 
 def _model_output_base():
@@ -39,7 +53,13 @@ def is_model_output_class(cls) -> bool:
     base = _model_output_base()
     if base is None or not isinstance(cls, type) or not issubclass(cls, base) or cls is base:
         return False
-    if type(cls) is not type or base.__mro__[1:] != (OrderedDict, dict, object):
+    meta = type(base)
+    if type(cls) is not meta or base.__mro__[1:] != (OrderedDict, dict, object):
+        return False
+    if meta is not type and (meta.__mro__[1:] != (type, object)
+                             or not set(meta.__dict__) <= _META_KNOWN):
+        return False
+    if not set(base.__dict__) <= _BASE_KNOWN:
         return False
     mro = cls.__mro__
     for klass in mro[:mro.index(base)]:
@@ -50,8 +70,58 @@ def is_model_output_class(cls) -> bool:
                                     if not k.startswith("__")):
             return False
     init = cls.__dict__.get("__init__")
+    return _is_generated_init(init) or _kwargs_renamer(init, meta) is not None
+
+
+def _is_generated_init(init) -> bool:
     # The __init__ @dataclass writes is compiled from generated source.
     return getattr(getattr(init, "__code__", None), "co_filename", None) == "<string>"
+
+
+def _kwargs_renamer(init, meta):
+    """When `init` is the wrapper `meta.__setattr__` puts around a generated __init__ (it
+    renames deprecated keyword arguments, then calls the generated one), the function that
+    renames them in a kwargs dict; else None."""
+    setattr_fn = meta.__dict__.get("__setattr__")
+    code = getattr(init, "__code__", None)
+    if setattr_fn is None or code is None or code not in setattr_fn.__code__.co_consts:
+        return None
+    cells = dict(zip(code.co_freevars, init.__closure__ or ()))
+    if "init" not in cells or not _is_generated_init(cells["init"].cell_contents):
+        return None
+    names = [n for n in code.co_names if n.startswith("_rename")]
+    renamer = init.__globals__.get(names[0]) if len(names) == 1 else None
+    if not isinstance(renamer, types.FunctionType) or renamer.__module__ != meta.__module__:
+        return None
+    return renamer
+
+
+def _renamed_kwargs(cls, kwargs: Dict[str, VariableTracker]) -> Dict[str, VariableTracker]:
+    """The keyword arguments as the class's __init__ passes them on to the generated one."""
+    renamer = _kwargs_renamer(cls.__dict__.get("__init__"), type(cls))
+    if renamer is None:
+        return kwargs
+    names = {k: k for k in kwargs}
+    try:
+        renamer(names)  # a pure renaming of keys (and a deprecation warning, as eager gives)
+    except Exception as e:
+        raise Unsupported(f"{cls.__qualname__}(): {type(e).__name__}: {e}") from None
+    if not all(isinstance(v, str) and v in kwargs for v in names.values()):
+        raise Unsupported(f"{cls.__qualname__}(): keyword arguments renamed unexpectedly")
+    return {new: kwargs[old] for new, old in names.items()}
+
+
+def _key(cls, key):
+    """A dict key or attribute name as ModelOutput's methods see it: deprecated field names
+    map to their new ones where the class renames them (`_replace_old_cache_name`)."""
+    base = _model_output_base()
+    rename = base.__dict__.get("_replace_old_cache_name") if base is not None else None
+    if rename is None or not isinstance(key, str):
+        return key
+    new = rename(None, key)
+    if not isinstance(new, str):
+        raise Unsupported(f"{cls.__qualname__} renamed {key!r} to a {type(new).__name__}")
+    return new
 
 
 class ModelOutputVariable(VariableTracker):
@@ -71,6 +141,7 @@ class ModelOutputVariable(VariableTracker):
             raise Unsupported(f"{cls.__qualname__} has fields outside __init__")
         if len(args) > len(fields):
             raise Unsupported(f"{cls.__qualname__}() given too many positional arguments")
+        kwargs = _renamed_kwargs(cls, kwargs)
         values = {}
         for f, a in zip(fields, args):
             values[f.name] = a
@@ -125,11 +196,11 @@ class ModelOutputVariable(VariableTracker):
             raise Unsupported(f"{self.output_cls.__qualname__}.{name}")
         return _class_attr(tx, self.output_cls, name, self)
 
-    def has_attr(self, name) -> bool:
+    def has_attr(self, tx, name) -> bool:
         return name in self.attrs or hasattr(self.output_cls, name)
 
     def getitem(self, tx, index):
-        key = index.as_python_constant()
+        key = _key(self.output_cls, index.as_python_constant())
         if isinstance(key, str):
             if key not in self.items:
                 raise Unsupported(f"KeyError {key!r} while tracing")
@@ -144,20 +215,21 @@ class ModelOutputVariable(VariableTracker):
 
     def setitem(self, tx, index, value):
         # ModelOutput.__setitem__: the dict item, then the attribute.
-        key = index.as_python_constant()
+        key = _key(self.output_cls, index.as_python_constant())
         note_mutation(self.serial)
         self.items[key] = value
         self.attrs[key] = value
 
     def store_attr(self, tx, name, value):
         # ModelOutput.__setattr__: a non-None value of a field is also stored as an item.
+        name = _key(self.output_cls, name)
         note_mutation(self.serial)
         if name in {f.name for f in dataclasses.fields(self.output_cls)} and not _is_none(value):
             self.items[name] = value
         self.attrs[name] = value
 
     def contains(self, tx, item):
-        return ConstantVariable(item.as_python_constant() in self.items)
+        return ConstantVariable(_key(self.output_cls, item.as_python_constant()) in self.items)
 
     def call_method(self, tx, name, args, kwargs):
         if kwargs:
@@ -172,7 +244,7 @@ class ModelOutputVariable(VariableTracker):
             return ListVariable([TupleVariable([ConstantVariable(k), v])
                                  for k, v in self.items.items()])
         if name == "get":
-            key = args[0].as_python_constant()
+            key = _key(self.output_cls, args[0].as_python_constant())
             if key in self.items:
                 return self.items[key]
             return args[1] if len(args) > 1 else ConstantVariable(None)
