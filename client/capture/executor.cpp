@@ -1162,11 +1162,7 @@ bool Translator::Step(const Instruction& inst) {
       return false;
     case Op::kGetIter: {
       py::object obj = Pop();
-      if (py::isinstance(obj, N().ListIteratorVariable)) {
-        Push(obj);
-      } else {
-        Push(N().ListIteratorVariable(Unpack(obj)));
-      }
+      Push(N().ListIteratorVariable.attr("of")(Self(), obj));
       return false;
     }
     case Op::kForIter: {

@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -342,7 +343,13 @@ class LeafCheck {
   // Whether `value` passes. Leaves no exception set; on failure writes the reason to *why when
   // `why` is not null.
   virtual bool Run(PyObject* value, std::string* why) const = 0;
-  // False for checks of global state, which read no value and sit at the root.
+  // The same, for checks that compare the value with other values of the frame (by default the
+  // frame is not needed).
+  virtual bool RunIn(PyObject* value, const Frame& /*frame*/, std::string* why) const {
+    return Run(value, why);
+  }
+  // False for checks that read no one value (global state, relations between several values):
+  // they sit at the root.
   virtual bool ReadsValue() const { return true; }
 
   const std::string& description() const { return description_; }
@@ -373,18 +380,39 @@ class TypeCheck : public LeafCheck {
 
 class IdCheck : public LeafCheck {
  public:
-  IdCheck(PyObject* object, std::string description)
-      : LeafCheck(std::move(description), kCheap), object_(Py_NewRef(object)) {}
-  ~IdCheck() override { Py_DECREF(object_); }
+  // With `on_dead` (a callable, or null) and an object that supports weak references, the check
+  // holds a weak reference whose callback is `on_dead`: an object that dies takes the entry
+  // with it (a deleted model's weights are freed) instead of being kept alive by the guard.
+  // Otherwise it holds the object, so that its address cannot be reused by another object.
+  IdCheck(PyObject* object, PyObject* on_dead, std::string description)
+      : LeafCheck(std::move(description), kCheap) {
+    if (on_dead != nullptr && PyType_SUPPORTS_WEAKREFS(Py_TYPE(object))) {
+      ref_ = PyWeakref_NewRef(object, on_dead);
+      if (ref_ != nullptr) return;
+      PyErr_Clear();
+    }
+    ref_ = Py_NewRef(object);
+    strong_ = true;
+  }
+  ~IdCheck() override { Py_DECREF(ref_); }
 
   bool Run(PyObject* value, std::string* why) const override {
-    if (value == object_) return true;
-    if (why) *why = "expected the object " + Repr(object_) + ", got " + Repr(value);
+    PyObject* object = ref_;
+    if (!strong_) {
+      object = PyWeakref_GET_OBJECT(ref_);  // borrowed; None once the object died
+      if (object == Py_None) {
+        if (why) *why = "the object it expects no longer exists";
+        return false;
+      }
+    }
+    if (value == object) return true;
+    if (why) *why = "expected the object " + Repr(object) + ", got " + Repr(value);
     return false;
   }
 
  private:
-  PyObject* object_;  // owned, so that its address cannot be reused by another object
+  PyObject* ref_;        // owned: the object, or a weak reference to it
+  bool strong_ = false;  // ref_ is the object itself
 };
 
 class ConstantCheck : public LeafCheck {
@@ -538,6 +566,119 @@ class DictKeysCheck : public LeafCheck {
 
  private:
   PyObject* keys_;
+};
+
+// Reads a whole source (its accessors, root first) from the frame: a new reference, or null with
+// no exception set (and *why set when `why` is not null).
+PyObject* ReadPath(const std::vector<Accessor>& path, const Frame& frame, std::string* why) {
+  PyObject* value = nullptr;
+  for (const Accessor& step : path) {
+    PyObject* next = step.Read(value, frame, why);
+    Py_XDECREF(value);
+    if (next == nullptr) return nullptr;
+    value = next;
+  }
+  return value;
+}
+
+// ("has_attr", name) / ("no_attr", name): what hasattr() or getattr() with a default found
+// about an attribute still holds. Looked up as getattr does: class attributes and __getattr__
+// count.
+class HasAttrCheck : public LeafCheck {
+ public:
+  // name: an interned str, owned.
+  HasAttrCheck(PyObject* name, bool present, std::string description)
+      : LeafCheck(std::move(description), kCheap), name_(name), present_(present) {}
+  ~HasAttrCheck() override { Py_DECREF(name_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    PyObject* found = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+    int present = PyObject_GetOptionalAttr(value, name_, &found);
+#else
+    int present = _PyObject_LookupAttr(value, name_, &found);
+#endif
+    if (present < 0) {
+      std::string error = TakeError(why != nullptr);
+      if (why) *why = "looking up attribute " + Repr(name_) + " raised " + error;
+      return false;
+    }
+    Py_XDECREF(found);
+    if ((present == 1) == present_) return true;
+    if (why) *why = "attribute " + Repr(name_) + (present_ ? " is gone" : " now exists");
+    return false;
+  }
+
+ private:
+  PyObject* name_;
+  bool present_;
+};
+
+// ("is", source): the value is the very object found at another source of the frame (the same
+// tensor passed twice, a list that contains itself).
+class AliasCheck : public LeafCheck {
+ public:
+  AliasCheck(std::vector<Accessor> other, std::string description)
+      : LeafCheck(std::move(description), kCheap), other_(std::move(other)) {}
+
+  bool Run(PyObject* /*value*/, std::string* why) const override {
+    if (why) *why = "needs the frame";
+    return false;
+  }
+
+  bool RunIn(PyObject* value, const Frame& frame, std::string* why) const override {
+    PyObject* other = ReadPath(other_, frame, why);
+    if (other == nullptr) return false;
+    const bool same = other == value;
+    Py_DECREF(other);
+    if (!same && why) *why = "expected the object found at the other source, got another";
+    return same;
+  }
+
+ private:
+  std::vector<Accessor> other_;
+};
+
+// ("distinct", (source, ...)): the values at these sources are distinct objects (graph inputs
+// traced as distinct tensors, which a compiled graph may assume do not alias).
+class DistinctCheck : public LeafCheck {
+ public:
+  DistinctCheck(std::vector<std::vector<Accessor>> sources, std::string description)
+      : LeafCheck(std::move(description), kContainer), sources_(std::move(sources)) {}
+
+  bool ReadsValue() const override { return false; }
+
+  bool Run(PyObject* /*value*/, std::string* why) const override {
+    if (why) *why = "needs the frame";
+    return false;
+  }
+
+  bool RunIn(PyObject* /*value*/, const Frame& frame, std::string* why) const override {
+    // References are held until the comparison is done: an address freed early could be reused
+    // by the next value read.
+    std::vector<PyObject*> values;
+    values.reserve(sources_.size());
+    bool ok = true;
+    for (const std::vector<Accessor>& source : sources_) {
+      PyObject* value = ReadPath(source, frame, why);
+      if (value == nullptr) {
+        ok = false;
+        break;
+      }
+      values.push_back(value);
+    }
+    if (ok) {
+      std::vector<PyObject*> sorted(values);
+      std::sort(sorted.begin(), sorted.end());
+      ok = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      if (!ok && why) *why = "two of them are the same object";
+    }
+    for (PyObject* value : values) Py_DECREF(value);
+    return ok;
+  }
+
+ private:
+  std::vector<std::vector<Accessor>> sources_;
 };
 
 // TENSOR_MATCH, the check most guards are: everything about a tensor that a graph specializes on,
@@ -907,7 +1048,7 @@ bool ParseSource(PyObject* source, int depth, std::vector<Accessor>* path, std::
   return false;
 }
 
-std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, std::string description,
+std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::string description,
                                       std::string* error) {
   std::string_view kind;
   if (!TupleKind(check, "a check", &kind, error)) return nullptr;
@@ -927,7 +1068,8 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, std::string description,
   }
   if (KindIs(kind, "id")) {
     if (!Arity(check, 2, "('id', obj)", error)) return nullptr;
-    return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), std::move(description));
+    return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), on_dead,
+                                     std::move(description));
   }
   if (KindIs(kind, "constant")) {
     if (!Arity(check, 2, "('constant', value)", error)) return nullptr;
@@ -963,8 +1105,39 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, std::string description,
     if (!Arity(check, 2, "('tensor', example)", error)) return nullptr;
     return TensorCheck::Create(PyTuple_GET_ITEM(check, 1), std::move(description), error);
   }
+  if (KindIs(kind, "has_attr") || KindIs(kind, "no_attr")) {
+    const bool present = KindIs(kind, "has_attr");
+    const char* form = present ? "('has_attr', name)" : "('no_attr', name)";
+    PyObject* name = nullptr;
+    if (!Arity(check, 2, form, error)) return nullptr;
+    if (!InternedName(PyTuple_GET_ITEM(check, 1), &name)) {
+      *error = std::string(form) + " needs a str name, got " + Repr(check);
+      return nullptr;
+    }
+    return std::make_unique<HasAttrCheck>(name, present, std::move(description));
+  }
+  if (KindIs(kind, "is")) {
+    if (!Arity(check, 2, "('is', source)", error)) return nullptr;
+    std::vector<Accessor> other;
+    if (!ParseSource(PyTuple_GET_ITEM(check, 1), 0, &other, error)) return nullptr;
+    return std::make_unique<AliasCheck>(std::move(other), std::move(description));
+  }
+  if (KindIs(kind, "distinct")) {
+    if (!Arity(check, 2, "('distinct', sources)", error)) return nullptr;
+    PyObject* sources = PyTuple_GET_ITEM(check, 1);
+    if (!PyTuple_Check(sources) || PyTuple_GET_SIZE(sources) < 2) {
+      *error = "('distinct', sources) needs a tuple of two or more sources, got " + Repr(sources);
+      return nullptr;
+    }
+    std::vector<std::vector<Accessor>> paths(PyTuple_GET_SIZE(sources));
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sources); ++i) {
+      if (!ParseSource(PyTuple_GET_ITEM(sources, i), 0, &paths[i], error)) return nullptr;
+    }
+    return std::make_unique<DistinctCheck>(std::move(paths), std::move(description));
+  }
   *error = "unknown check kind '" + std::string(kind) +
-           "' (expected type, id, constant, len, dict_keys, tensor or global_state)";
+           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, is, distinct or "
+           "global_state)";
   return nullptr;
 }
 
@@ -996,7 +1169,7 @@ class Node {
 
   bool Run(PyObject* value, const Eval& eval) {
     for (const std::unique_ptr<LeafCheck>& check : checks_) {
-      if (!check->Run(value, eval.why)) {
+      if (!check->RunIn(value, eval.frame, eval.why)) {
         if (eval.why) *eval.why = check->description() + ": " + *eval.why;
         return false;
       }
@@ -1050,9 +1223,13 @@ class Node {
   uint64_t failures_ = 0;
 };
 
-GuardTree::GuardTree() : root_(std::make_unique<Node>(Accessor())) {}
+GuardTree::GuardTree(PyObject* on_dead)
+    : root_(std::make_unique<Node>(Accessor())), on_dead_(Py_XNewRef(on_dead)) {}
 
-GuardTree::~GuardTree() = default;
+GuardTree::~GuardTree() {
+  root_.reset();  // the checks' weak references first: their callback is on_dead_
+  Py_XDECREF(on_dead_);
+}
 
 bool GuardTree::Add(PyObject* source, PyObject* check, std::string description,
                     std::string* error) {
@@ -1060,7 +1237,7 @@ bool GuardTree::Add(PyObject* source, PyObject* check, std::string description,
     *error = "cannot add a guard while the tree is being evaluated";
     return false;
   }
-  std::unique_ptr<LeafCheck> leaf = ParseCheck(check, std::move(description), error);
+  std::unique_ptr<LeafCheck> leaf = ParseCheck(check, on_dead_, std::move(description), error);
   if (leaf == nullptr) return false;
   Node* node = root_.get();
   if (leaf->ReadsValue()) {
@@ -1104,7 +1281,12 @@ void RegisterPython(pybind11::module_& m) {
   py::class_<GuardTree>(m, "GuardManager",
                         "The guards of one compiled entry, evaluated in C++ by the frame hook.\n"
                         "Sources and checks are tuples; see client/guards/guard_tree.h.")
-      .def(py::init<>())
+      .def(py::init([](py::object on_dead) {
+             return std::make_unique<GuardTree>(on_dead.is_none() ? nullptr : on_dead.ptr());
+           }),
+           py::arg("on_dead") = py::none(),
+           "on_dead: called (with a dead weak reference) when an object an ('id', obj) check "
+           "expects dies")
       .def(
           "add",
           [](GuardTree& self, py::object source, py::object check, std::string description) {

@@ -31,7 +31,10 @@ class Node;
 // A check says what must hold of that value:
 //
 //   ("type", t)            type(x) is t
-//   ("id", obj)            x is obj (obj is kept alive, so its id cannot be reused)
+//   ("id", obj)            x is obj. An obj that supports weak references is held weakly when the
+//                          tree has an on_dead callable (see the constructor): its death fails
+//                          the check and calls on_dead. Otherwise obj is kept alive, so that its
+//                          id cannot be reused.
 //   ("constant", v)        type(x) is type(v) and x == v, for None, bool, int, float, complex, str,
 //                          bytes, torch.dtype/device/layout/memory_format. Floats compare NaN equal
 //                          to NaN and -0.0 unequal to 0.0: either difference changes what a
@@ -42,6 +45,13 @@ class Node;
 //   ("tensor", example)    TENSOR_MATCH: x has the example's exact Python type, dispatch keys (as
 //                          adjusted by the thread's included/excluded keys), dtype, device,
 //                          requires_grad, sizes and strides. The example is not kept alive.
+//   ("has_attr", name)     hasattr(x, name); ("no_attr", name): not hasattr(x, name). Looked up as
+//                          getattr does: class attributes and __getattr__ count, and an error
+//                          other than AttributeError fails the check.
+//   ("is", source)         x is the object at another source of the same frame
+//   ("distinct", sources)  the objects at these sources (a tuple of two or more) are pairwise not
+//                          the same object. Like global_state it reads no one value: its own
+//                          source is ignored.
 //   ("global_state",)      torch's global state now equals its state when the check was added:
 //                          grad mode, default dtype, deterministic algorithms (and warn-only),
 //                          TF32 for cuBLAS and cuDNN, autocast for CPU and CUDA. Its source is
@@ -55,7 +65,10 @@ class Node;
 // Not thread-safe beyond what the GIL gives: every method must be called with the GIL held.
 class GuardTree {
  public:
-  GuardTree();
+  // `on_dead` (a callable, or null; the tree holds a reference) is the callback of the weak
+  // references ("id", obj) checks hold: it is called with the dead weak reference, at whatever
+  // moment the object dies (garbage collection included), so it must only do what is safe then.
+  explicit GuardTree(PyObject* on_dead = nullptr);
   ~GuardTree();
   GuardTree(const GuardTree&) = delete;
   GuardTree& operator=(const GuardTree&) = delete;
@@ -79,6 +92,7 @@ class GuardTree {
 
  private:
   std::unique_ptr<Node> root_;
+  PyObject* on_dead_;  // owned, or null
   size_t num_checks_ = 0;
   // Evaluations in progress on this tree: a guard reading a property runs Python code, which may
   // release the GIL or evaluate this tree again. Children are reordered only by the sole one.

@@ -188,31 +188,37 @@ static PyObject* eval_default(PyThreadState* tstate, _PyInterpreterFrame* frame,
   return _PyEval_EvalFrameDefault(tstate, frame, throw_flag);
 }
 
-// A function over the entry's transformed code with the frame function's globals and closure;
-// reused while those stay the same objects.
-static PyObject* entry_function(CacheEntry* e, PyFunctionObject* func) {
+// A function over the entry's transformed code with the frame function's globals and closure
+// (a new reference); reused while those stay the same objects. Making one allocates, and an
+// allocation may collect garbage, whose weak-reference callbacks may drop entries (see
+// py_drop_entry): nothing of `e` is read after that unless the entries are unchanged.
+static PyObject* entry_function(CodeState* st, CacheEntry* e, PyFunctionObject* func) {
   PyFunctionObject* fn = (PyFunctionObject*)e->fn;
   if (fn != NULL && fn->func_globals == func->func_globals &&
       fn->func_closure == func->func_closure) {
-    return e->fn;
+    return Py_NewRef(e->fn);
   }
-  PyObject* made = PyFunction_New(e->code, func->func_globals);
+  uint64_t generation = st->generation;
+  PyObject* code = Py_NewRef(e->code);
+  PyObject* made = PyFunction_New(code, func->func_globals);
+  Py_DECREF(code);
   if (made == NULL) return NULL;
   if (func->func_closure != NULL && PyFunction_SetClosure(made, func->func_closure) < 0) {
     Py_DECREF(made);
     return NULL;
   }
-  Py_XSETREF(e->fn, made);
+  if (st->generation == generation) Py_XSETREF(e->fn, Py_NewRef(made));
   return made;
 }
 
-static PyObject* run_entry(PyThreadState* tstate, _PyInterpreterFrame* frame, CacheEntry* e,
-                           PyFunctionObject* func, Py_ssize_t nslots) {
-  PyObject* fn = entry_function(e, func);
+static PyObject* run_entry(PyThreadState* tstate, _PyInterpreterFrame* frame, CodeState* st,
+                           CacheEntry* e, PyFunctionObject* func, Py_ssize_t nslots) {
+  e->hits++;
+  PyObject* fn = entry_function(st, e, func);
   PyObject* result = NULL;
   if (fn != NULL) {
-    e->hits++;
     result = PyObject_Vectorcall(fn, frame->localsplus, nslots, NULL);
+    Py_DECREF(fn);
   }
 #if PY_VERSION_HEX >= 0x030C0000
   release_unrun_frame(tstate, frame);
@@ -236,8 +242,10 @@ static int guards_pass(CodeState* st, CacheEntry* e, _PyInterpreterFrame* frame,
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag) {
   PyObject* callback = tls_callback;
   PyCodeObject* code = frame->f_code;
+  // While torch.jit.trace runs, the tracer must see the real ops of every frame: a compiled
+  // entry would hand it a graph it cannot record (or constants where parameters are).
   if (callback == NULL || g_force_eager || throw_flag || tstate->tracing > 0 ||
-      frame->frame_obj != NULL ||
+      frame->frame_obj != NULL || kiln_torch_jit_tracing() ||
       frame->owner != FRAME_OWNED_BY_THREAD ||
       (code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))) {
     return eval_default(tstate, frame, throw_flag);
@@ -258,7 +266,7 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
       if (ok < 0) break;  // entries changed under us: treat as a miss
       if (ok) {
         tls_callback = callback;
-        return run_entry(tstate, frame, e, func, nslots);
+        return run_entry(tstate, frame, st, e, func, nslots);
       }
     }
     if (st->mode == kModeCacheFull) {
@@ -312,7 +320,7 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
     goto fail;
   }
   Py_DECREF(result);
-  return run_entry(tstate, frame, &st->entries[st->n - 1], func, nslots);
+  return run_entry(tstate, frame, st, &st->entries[st->n - 1], func, nslots);
 
 fail:
 #if PY_VERSION_HEX >= 0x030C0000
@@ -534,20 +542,54 @@ static PyObject* py_cache_entries(PyObject* self, PyObject* code) {
     return NULL;
   }
   CodeState* st = code_state_get((PyCodeObject*)code);
-  PyObject* list = PyList_New(0);
-  if (list == NULL || st == NULL) return list;
-  for (Py_ssize_t i = 0; i < st->n; i++) {
-    CacheEntry* e = &st->entries[i];
-    PyObject* item = Py_BuildValue("(OOOK)", e->guard_manager, e->code, e->info,
-                                   (unsigned long long)e->hits);
-    if (item == NULL || PyList_Append(list, item) < 0) {
-      Py_XDECREF(item);
-      Py_DECREF(list);
-      return NULL;
-    }
-    Py_DECREF(item);
+  if (st == NULL || st->n == 0) return PyList_New(0);
+  // The entries are copied out (with references) before anything allocates a Python object:
+  // an allocation may collect garbage and drop entries.
+  Py_ssize_t n = st->n;
+  CacheEntry* copy = (CacheEntry*)PyMem_Malloc(n * sizeof(CacheEntry));
+  if (copy == NULL) return PyErr_NoMemory();
+  for (Py_ssize_t i = 0; i < n; i++) {
+    copy[i] = st->entries[i];
+    Py_INCREF(copy[i].guard_manager);
+    Py_INCREF(copy[i].code);
+    Py_INCREF(copy[i].info);
   }
+  PyObject* list = PyList_New(n);
+  for (Py_ssize_t i = 0; i < n && list != NULL; i++) {
+    PyObject* item = Py_BuildValue("(OOOK)", copy[i].guard_manager, copy[i].code, copy[i].info,
+                                   (unsigned long long)copy[i].hits);
+    if (item == NULL) Py_CLEAR(list);
+    else PyList_SET_ITEM(list, i, item);
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    Py_DECREF(copy[i].guard_manager);
+    Py_DECREF(copy[i].code);
+    Py_DECREF(copy[i].info);
+  }
+  PyMem_Free(copy);
   return list;
+}
+
+// Drops the entry of `code` whose guard manager is `manager`, if it is there. Called from the
+// weak-reference callback of a guard whose object died: at any moment, garbage collection
+// included, so the entry is detached first and released after.
+static PyObject* py_drop_entry(PyObject* self, PyObject* args) {
+  (void)self;
+  PyObject* code;
+  PyObject* manager;
+  if (!PyArg_ParseTuple(args, "O!O:drop_entry", &PyCode_Type, &code, &manager)) return NULL;
+  CodeState* st = code_state_get((PyCodeObject*)code);
+  if (st == NULL) Py_RETURN_FALSE;
+  for (Py_ssize_t i = 0; i < st->n; i++) {
+    if (st->entries[i].guard_manager != manager) continue;
+    CacheEntry dropped = st->entries[i];
+    memmove(&st->entries[i], &st->entries[i + 1], (st->n - i - 1) * sizeof(CacheEntry));
+    st->n--;
+    st->generation++;
+    entry_clear(&dropped);
+    Py_RETURN_TRUE;
+  }
+  Py_RETURN_FALSE;
 }
 
 static PyObject* py_code_mode(PyObject* self, PyObject* code) {
@@ -614,6 +656,8 @@ static PyMethodDef hook_methods[] = {
     {"code_mode", py_code_mode, METH_O, "code_mode(code) -> 'unseen'|'normal'|'skip'|'cache_full'"},
     {"mark_skip", py_mark_skip, METH_O, "mark_skip(code): the hook never looks at code again"},
     {"reset_code", py_reset_code, METH_O, "reset_code(code): drop its entries and its mode"},
+    {"drop_entry", py_drop_entry, METH_VARARGS,
+     "drop_entry(code, guard_manager) -> bool: drop that entry of code's, if it is there"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,7 @@
 """The capture's metadata shortcuts (kiln/graph/meta_rules.py) give exactly what running the op on
 fakes gives, and what eager's real result has: shapes, strides, dtype, device."""
 import itertools
+import operator
 
 import pytest
 import torch
@@ -80,8 +81,34 @@ def test_capture_of_a_resnet_takes_the_convolution_shortcut_and_matches_eager(mo
     assert torch.conv2d not in ran_on_fakes, "a convolution ran on fakes"
 
 
-def test_shortcut_gives_the_input_itself_for_a_same_shaped_pointwise_op():
+def test_shortcut_gives_a_new_fake_like_the_input_for_a_same_shaped_pointwise_op():
     mode = FakeTensorMode()
     x = mode.from_tensor(torch.randn(3, 4))
-    assert shortcut(mode, "call_function", torch.relu, (x,), {}) is x
+    y = shortcut(mode, "call_function", torch.relu, (x,), {})
+    assert y is not x  # another tensor: `torch.relu(x) is x` is False
+    assert (y.shape, y.stride(), y.dtype, y.device) == (x.shape, x.stride(), x.dtype, x.device)
     assert shortcut(mode, "call_function", torch.matmul, (x, x.t()), {}) is None
+
+
+def test_shortcut_gives_the_input_itself_where_the_op_returns_it():
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(3, 4))
+    assert shortcut(mode, "call_method", "add_", (x, 1.0), {}) is x
+    assert shortcut(mode, "call_method", "contiguous", (x,), {}) is x
+    assert shortcut(mode, "call_function", operator.iadd, (x, x), {}) is x
+
+
+def test_shortcut_leaves_contiguous_of_a_channels_last_tensor_to_the_fakes():
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last))
+    assert shortcut(mode, "call_method", "contiguous", (x,), {}) is None
+
+
+def test_shortcut_leaves_ops_on_tensors_needing_grad_to_the_fakes():
+    # Their results are no leaves and have a grad_fn: only running the op gives that.
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(3, 4, requires_grad=True))
+    with torch.enable_grad():
+        assert shortcut(mode, "call_function", torch.relu, (x,), {}) is None
+    with torch.no_grad():
+        assert shortcut(mode, "call_function", torch.relu, (x,), {}) is None

@@ -69,6 +69,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     finally:
         torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
     output.guards.add(None, "GLOBAL_STATE")
+    output.guard_distinct_inputs()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
 
     consts = ConstTable()
@@ -103,7 +104,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     t2 = time.perf_counter()
     new_code, src = transformed_code(code, len(slots), call_expr, body, consts)
     guards = output.guards.describe()
-    manager = output.guards.build(guards)
+    manager = output.guards.build(guards, code=code)
     info = EntryInfo(compile_id=compile_id, name=name, graph_module=gm, compiled_fn=compiled,
                      guards=guards, original_code=code,
                      transformed_code=new_code, transformed_source=src, op_count=op_count,

@@ -196,9 +196,9 @@ def ndim_and_size_method(x):
     return x.view(x.size(0) * x.size(1)) * x.ndim
 
 
-# Constructing a module is a call kiln does not trace: a break with no ops before it. (One
-# call: the resume function guards on the new module's identity, so each call recompiles.)
-@corpus((3,), frames=1, breaks=1, calls=1)
+# A torch.nn module without parameters or buffers built in the frame is built at trace time:
+# one graph, no break, reused by every call.
+@corpus((3,), frames=1)
 def isinstance_of_module_built_in_frame(x):
     m = nn.ReLU()
     if isinstance(m, nn.Module):

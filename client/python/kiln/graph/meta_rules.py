@@ -1,14 +1,17 @@
 """Shortcuts for the metadata of common ops, instead of running them on fakes (the slowest part
 of capture): ops whose result looks exactly like their input (pointwise ops on same-shaped
-inputs, batch norm in inference, dropout off) reuse the input's fake value; a 2-d convolution's
-result is built from its output size and the memory format ATen's convolution would choose
-(asked of ATen itself, as the fake convolution does).
+inputs, batch norm in inference, dropout off) get a new fake with the input's metadata (or the
+input's own fake, for the ops that return their input: in-place ops, `contiguous()` of a
+contiguous tensor, `float()` of a float32 one); a 2-d convolution's result is built from its
+output size and the memory format ATen's convolution would choose (asked of ATen itself, as the
+fake convolution does).
 
 A rule applies only when the answer is certain: for the first kind, every tensor argument has
 the same metadata, the first is dense and non-overlapping (so the result's strides equal its
-strides), dtypes are floating (Python scalars cannot promote them), and grad mode cannot change
-requires_grad; for the convolution, plain arguments of the usual types and nothing needing grad.
-Anything else returns None and runs on fakes.
+strides), dtypes are floating (Python scalars cannot promote them), and no argument requires
+grad (a result that does is no leaf and has a grad_fn, which only running the op gives); for the
+convolution, plain arguments of the usual types and nothing needing grad. Anything else returns
+None and runs on fakes.
 """
 import operator
 from typing import Optional
@@ -47,15 +50,15 @@ def same_as_input(kind: str, target, args: tuple, kwargs: dict) -> Optional[torc
     if not args or not isinstance(args[0], torch.Tensor):
         return None
     first = args[0]
-    if first.dtype not in _FLOATING or not _dense(first):
-        return None
-    if first.requires_grad and not torch.is_grad_enabled():
+    if first.dtype not in _FLOATING or not _dense(first) or first.requires_grad:
         return None
     if kind == "call_method":
         if target not in _METHODS or kwargs:
             return None
         if target == "float" and first.dtype != torch.float32:
             return None
+        if target == "contiguous" and not first.is_contiguous():
+            return None  # a channels-last tensor's contiguous() is a new row-major one
         operands = args[1:]
     elif target in _F_UNARY or target in _TORCH_UNARY or target in _UNARY_OPERATORS:
         if len(args) != 1 or kwargs.get("out") is not None:
@@ -86,12 +89,29 @@ def same_as_input(kind: str, target, args: tuple, kwargs: dict) -> Optional[torc
     return first
 
 
+# What returns its first argument itself: in-place ops, and no-op conversions.
+_RETURNS_INPUT_METHODS = {"relu_", "sigmoid_", "tanh_", "add_", "mul_", "sub_", "div_",
+                          "contiguous", "float"}
+_RETURNS_INPUT = {torch.relu_, torch.nn.functional.relu_, operator.iadd, operator.isub,
+                  operator.imul, operator.itruediv}
+
+
 def shortcut(fake_mode, kind: str, target, args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
     """The fake value of `target(*args, **kwargs)` when a rule above knows it, else None."""
     result = same_as_input(kind, target, args, kwargs)
-    if result is None and kind == "call_function" and target is torch.conv2d:
-        result = conv2d_result(fake_mode, args, kwargs)
-    return result
+    if result is not None:
+        returns_input = (target in _RETURNS_INPUT_METHODS if kind == "call_method"
+                         else target in _RETURNS_INPUT)
+        return result if returns_input else _fake_like(fake_mode, result)
+    if kind == "call_function" and target is torch.conv2d:
+        return conv2d_result(fake_mode, args, kwargs)
+    return None
+
+
+def _fake_like(fake_mode, t: FakeTensor) -> FakeTensor:
+    """A new fake tensor (its own object and storage) with `t`'s metadata; no grad."""
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    return FakeTensor(fake_mode, meta, t.fake_device)
 
 
 def _pair(v) -> Optional[tuple]:

@@ -31,6 +31,25 @@ class GraphInput:
         self.example = example
 
 
+class ContainerMemo:
+    """The trackers of the tuples, lists and dicts a capture read from outside the frame, by the
+    object's identity and whether its reads were guarded (an unguarded read, through a module's
+    attributes, does not stand for a guarded one). Holds the objects, so that no id is reused
+    while the capture runs."""
+
+    def __init__(self):
+        self._trackers: Dict[tuple, Any] = {}
+        self._objects: List[Any] = []
+
+    def get(self, obj, guarded: bool):
+        return self._trackers.get((id(obj), guarded))
+
+    def remember(self, obj, guarded: bool, tracker):
+        self._trackers[(id(obj), guarded)] = tracker
+        self._objects.append(obj)
+        tracker.outside_object = obj
+
+
 class OutputGraph:
     def __init__(self):
         self.graph = torch.fx.Graph()
@@ -38,10 +57,13 @@ class OutputGraph:
         self.guards = GuardSet()
         self.inputs: List[GraphInput] = []
         self._input_by_source: Dict[Source, Any] = {}
+        self._input_by_id: Dict[int, Any] = {}  # id(real tensor) -> its tracker
         self.attrs: Dict[str, torch.Tensor] = {}  # get_attr target -> real tensor
+        self._real_by_node: Dict[Any, torch.Tensor] = {}  # placeholder/get_attr node -> real
         self._attr_by_id: Dict[int, Any] = {}
         self._fakes: Dict[int, torch.Tensor] = {}  # id(real tensor) -> fake
         self._keepalive: List[Any] = []
+        self.containers = ContainerMemo()
         self._names: Dict[str, int] = {}
         self.root_globals = None
 
@@ -82,6 +104,13 @@ class OutputGraph:
         vt = self._input_by_source.get(source)
         if vt is not None:
             return vt
+        vt = self._input_by_id.get(id(real))
+        if vt is not None:
+            # The same tensor reached again (f(x, x)): one graph input, read from its first
+            # source; the entry holds only while both sources give the same object.
+            self.guards.add(source, "ALIAS", vt.source)
+            self._input_by_source[source] = vt
+            return vt
         name = self.unique_name(_source_var_name(source))
         node = self.graph.placeholder(name)
         example = self.fake(real)
@@ -89,8 +118,21 @@ class OutputGraph:
         self.inputs.append(GraphInput(node, source, real))
         vt = TensorVariable(node, example, source=source)
         self._input_by_source[source] = vt
+        self._input_by_id[id(real)] = vt
+        self._real_by_node[node] = real
         self.guards.add(source, "TENSOR_MATCH", real)
         return vt
+
+    def guard_distinct_inputs(self):
+        """Tensors the graph takes as distinct inputs must stay distinct objects: the capture
+        answered `a is b` and chose one input per object from what it saw."""
+        if len(self.inputs) > 1:
+            self.guards.add(None, "DISTINCT", tuple(inp.source for inp in self.inputs))
+
+    def real_tensor(self, vt):
+        """The real tensor behind a graph input or attribute's tracker, or None for a tensor the
+        graph computes."""
+        return self._real_by_node.get(vt.node)
 
     def add_attr(self, real: torch.Tensor, source: Source):
         """A get_attr node for a parameter or buffer: the graph module keeps the tensor itself."""
@@ -102,6 +144,7 @@ class OutputGraph:
         target = self.unique_name(_source_var_name(source))
         self.attrs[target] = real
         node = self.graph.get_attr(target)
+        self._real_by_node[node] = real
         example = self.fake(real, alone=True)
         node.meta["example_value"] = example
         vt = TensorVariable(node, example, source=source)
@@ -120,9 +163,12 @@ class OutputGraph:
         keep = nodes.index(last) + 1 if last is not None else 0
         for node in reversed(nodes[keep:]):
             self.graph.erase_node(node)
-        for inp in self.inputs[n_inputs:]:
-            del self._input_by_source[inp.source]
+            self._real_by_node.pop(node, None)
         del self.inputs[n_inputs:]
+        live = {inp.node for inp in self.inputs}
+        self._input_by_source = {s: vt for s, vt in self._input_by_source.items()
+                                 if vt.node in live}
+        self._input_by_id = {k: vt for k, vt in self._input_by_id.items() if vt.node in live}
         for target in set(self.attrs) - set(attrs):
             real = self.attrs.pop(target)
             self._attr_by_id.pop(id(real), None)
@@ -150,7 +196,13 @@ class OutputGraph:
             {k: to_fx_arg(v) for k, v in kwargs.items()},
             name=self.unique_name(_target_name(target)))
         node.meta["example_value"] = result
-        return wrap_fake_result(self, node, result)
+        vt = wrap_fake_result(self, node, result)
+        if isinstance(result, torch.Tensor):
+            for arg in args:  # an in-place op (or out=) returns the very tensor it was given
+                if getattr(arg, "example", None) is result:
+                    vt.alias_of = arg
+                    break
+        return vt
 
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:

@@ -1,4 +1,5 @@
 """Collects the guards a capture installs and builds the C++ guard tree from them."""
+import weakref
 from typing import Dict, List, Tuple
 
 import torch
@@ -31,6 +32,12 @@ class Guard:
                     f"size={tuple(t.shape)} stride={t.stride()} requires_grad={t.requires_grad}")
         if self.kind == "ID_MATCH":
             return f"{where} ID_MATCH {_short_repr(self.value)}"
+        if self.kind in ("HASATTR", "NO_HASATTR"):
+            return f"{where} {self.kind} {self.value!r}"
+        if self.kind == "ALIAS":
+            return f"{where} IS {self.value.name}"
+        if self.kind == "DISTINCT":
+            return f"{', '.join(s.name for s in self.value)} DISTINCT"
         return f"{where} {self.kind}"
 
     def check_tuple(self) -> tuple:
@@ -49,6 +56,14 @@ class Guard:
             return ("dict_keys", tuple(self.value))
         if kind == "GLOBAL_STATE":
             return ("global_state",)
+        if kind == "HASATTR":
+            return ("has_attr", self.value)
+        if kind == "NO_HASATTR":
+            return ("no_attr", self.value)
+        if kind == "ALIAS":
+            return ("is", self.value.guard_path())
+        if kind == "DISTINCT":
+            return ("distinct", tuple(s.guard_path() for s in self.value))
         raise ValueError(f"unknown guard kind {kind}")
 
 
@@ -57,6 +72,9 @@ def _short_repr(value) -> str:
     if name is not None:
         return f"<{type(value).__name__} {name}>"
     return f"<{type(value).__name__} at {id(value):#x}>"
+
+
+_KEYED_BY_VALUE = ("HASATTR", "NO_HASATTR", "ALIAS", "DISTINCT")
 
 
 class GuardSet:
@@ -74,7 +92,9 @@ class GuardSet:
             for i, item in enumerate(value):
                 self.add(ItemSource(source, i), "CONSTANT_MATCH", item)
             return
-        key = (source, kind)
+        # Several of these can sit on one source (two attributes looked up, two other objects
+        # it is compared with): the value is part of what makes one distinct.
+        key = (source, kind, value) if kind in _KEYED_BY_VALUE else (source, kind)
         if key not in self._guards:
             self._guards[key] = Guard(source, kind, value)
 
@@ -87,15 +107,37 @@ class GuardSet:
     def describe(self) -> List[str]:
         return [g.describe() for g in self]
 
-    def build(self, descriptions: List[str] = None):
+    def build(self, descriptions: List[str] = None, code=None):
         """The native guard tree (kiln._C.GuardManager) checking every guard; `descriptions`,
-        when given, are describe()'s, already computed."""
-        manager = _C.GuardManager()
+        when given, are describe()'s, already computed. With `code`, the tree holds the objects
+        of its ID_MATCH guards weakly, and the death of one drops the tree's entry from that
+        code's cache: the entry could never pass again, and what it holds (a graph module with
+        a deleted model's weights) is freed with it."""
+        on_dead, manager_ref = _entry_dropper(code) if code is not None else (None, None)
+        manager = _C.GuardManager(on_dead=on_dead)
+        if manager_ref is not None:
+            manager_ref.append(weakref.ref(manager))
         descriptions = descriptions or self.describe()
         for g, text in zip(self, descriptions):
             path = g.source.guard_path() if g.source is not None else ("local", 0)
             manager.add(path, g.check_tuple(), text)
         return manager
+
+
+def _entry_dropper(code):
+    """The on_dead callback of an entry's guard tree (see GuardSet.build), and the list its
+    manager's weak reference goes into once the manager exists. It holds nothing strongly: a
+    callback must not keep the code or the tree alive."""
+    code_ref = weakref.ref(code)
+    manager_ref = []
+
+    def on_dead(_dead_ref):
+        code_now = code_ref()
+        manager = manager_ref[0]() if manager_ref else None
+        if code_now is not None and manager is not None:
+            _C.drop_entry(code_now, manager)
+
+    return on_dead, manager_ref
 
 
 CONSTANT_TYPES = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device,

@@ -6,6 +6,7 @@ The code object is written as Python source and compiled, then its placeholder c
 replaced by a tuple of the objects it needs (the compiled callable, non-literal constants), so
 nothing is injected into the user's globals.
 """
+import itertools
 import math
 import types
 from typing import Dict, List
@@ -96,8 +97,12 @@ class Reconstructor:
         if isinstance(vt, BaseListVariable):
             return self._build(vt)
         if isinstance(vt, ListIteratorVariable):
+            # One object however often it is reached (a local and the argument of next(), say):
+            # advancing one advances the other.
+            if vt.origin is not None:
+                return self._temp(vt, f"{consts.ref(iterator_at)}({self(vt.origin)}, {vt.index})")
             items = "".join(self(v) + ", " for v in vt.items[vt.index:])
-            return f"iter(({items}))"
+            return self._temp(vt, f"iter(({items}))")
         if isinstance(vt, TensorMethodVariable):
             return f"{self(vt.tensor)}.{vt.name}"
         if isinstance(vt, (BoundBuiltinMethod, BoundContainerMethod)):
@@ -149,6 +154,14 @@ class Reconstructor:
         if isinstance(vt, ListVariable):
             return "[" + ", ".join(parts) + "]"
         return "(" + "".join(p + ", " for p in parts) + ")"
+
+
+def iterator_at(items: list, index: int):
+    """A list iterator over `items` that has yielded its first `index` items."""
+    it = iter(items)
+    for _ in itertools.islice(it, index):
+        pass
+    return it
 
 
 def transformed_code(code: types.CodeType, nslots: int, call_expr: str, body: List[str],

@@ -1,4 +1,5 @@
 """The VariableTracker base class and the conversions every tracker shares."""
+import contextlib
 from typing import Dict, List, Optional
 
 from kiln.exc import Unsupported
@@ -70,6 +71,23 @@ class NullVariable(VariableTracker):
         return "NULL"
 
 
+_walking = set()  # ids of the containers whose items a walk below is inside
+
+
+@contextlib.contextmanager
+def walking(container: VariableTracker):
+    """Marks a walk into `container`'s items: a container met again inside its own items (a
+    list that contains itself) is Unsupported rather than an endless recursion."""
+    key = id(container)
+    if key in _walking:
+        raise Unsupported(f"a {type(container).__name__} that contains itself")
+    _walking.add(key)
+    try:
+        yield
+    finally:
+        _walking.discard(key)
+
+
 def _unwrap(value, tensor_leaf):
     """A tracker (or nested structure of them) as plain Python, tensors via `tensor_leaf`."""
     from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
@@ -78,12 +96,14 @@ def _unwrap(value, tensor_leaf):
     if isinstance(value, TensorVariable):
         return tensor_leaf(value)
     if isinstance(value, BaseListVariable):
-        items = [_unwrap(v, tensor_leaf) for v in value.items]
+        with walking(value):
+            items = [_unwrap(v, tensor_leaf) for v in value.items]
         return items if value.python_type() is list else tuple(items)
     if isinstance(value, SliceVariable):
         return slice(*(_unwrap(v, tensor_leaf) for v in value.parts))
     if isinstance(value, ConstDictVariable):
-        return {k: _unwrap(v, tensor_leaf) for k, v in value.items.items()}
+        with walking(value):
+            return {k: _unwrap(v, tensor_leaf) for k, v in value.items.items()}
     if isinstance(value, VariableTracker):
         return value.as_python_constant()
     return value
@@ -115,8 +135,9 @@ def any_tensor(values) -> bool:
     for v in values:
         if isinstance(v, TensorVariable):
             return True
-        if isinstance(v, BaseListVariable) and any_tensor(v.items):
-            return True
-        if isinstance(v, ConstDictVariable) and any_tensor(v.items.values()):
-            return True
+        if isinstance(v, (BaseListVariable, ConstDictVariable)) and id(v) not in _walking:
+            with walking(v):
+                items = v.items.values() if isinstance(v, ConstDictVariable) else v.items
+                if any_tensor(items):
+                    return True
     return False

@@ -68,25 +68,40 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, torch.nn.Module):
         add("ID_MATCH", value)
         return NNModuleVariable(value, source)
-    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+    is_namedtuple = isinstance(value, tuple) and hasattr(type(value), "_fields")
+    if is_namedtuple or type(value) in (tuple, list, dict):
+        # One tracker per container object, whatever the path it is reached by (f(l, l), a list
+        # that contains itself): the object's identity and contents are one.
+        seen = out.containers.get(value, g)
+        if seen is not None:
+            if g and seen.source is not None and seen.source != source:
+                out.guards.add(source, "ALIAS", seen.source)
+            return seen
+    if is_namedtuple:
         add("TYPE_MATCH", type(value))
-        items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
-                 for i, v in enumerate(value)]
-        return NamedTupleVariable(items, type(value), source)
+        vt = NamedTupleVariable([], type(value), source)
+        out.containers.remember(value, g, vt)
+        vt.items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
+                    for i, v in enumerate(value)]
+        return vt
     if type(value) in (tuple, list):
         add("TYPE_MATCH", type(value))
         add("LEN_MATCH", len(value))
-        items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
-                 for i, v in enumerate(value)]
-        return (TupleVariable if type(value) is tuple else ListVariable)(items, source)
+        vt = (TupleVariable if type(value) is tuple else ListVariable)([], source)
+        out.containers.remember(value, g, vt)
+        vt.items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
+                    for i, v in enumerate(value)]
+        return vt
     if type(value) is dict:
         if not all(is_guardable_constant(k) for k in value):
             raise Unsupported("a dict with non-constant keys")
         add("TYPE_MATCH", dict)
         add("DICT_KEYS", tuple(value))
-        items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
-                 for k, v in value.items()}
-        return ConstDictVariable(items, source)
+        vt = ConstDictVariable({}, source)
+        out.containers.remember(value, g, vt)
+        vt.items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
+                    for k, v in value.items()}
+        return vt
     if _is_torch_object(value):
         add("ID_MATCH", value)
         return TorchVariable(value, source)

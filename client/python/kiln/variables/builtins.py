@@ -18,26 +18,71 @@ _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.co
                                       operator.truth, operator.index, operator.not_}
 
 
-def _identity_of(vt):
-    """The object a tracker stands for, where its identity is known at trace time."""
+def _identity_of(tx, vt):
+    """The object a tracker stands for, where its identity is known at trace time: the tracker
+    itself for objects the frame made (one tracker per object), the real object otherwise."""
+    from kiln.variables.objects import UserDefinedObjectVariable
+
+    if isinstance(vt, TensorVariable):
+        vt = vt.same_object()
+        if vt.source is not None:
+            real = tx.output.real_tensor(vt)
+            if real is not None:
+                return real
+        return vt  # a tensor the graph computes: no other tracker stands for it
     if getattr(vt, "fresh_object", False):
-        return vt  # an object the frame made: one tracker per object
+        return vt
+    if isinstance(vt, UserDefinedObjectVariable):
+        return vt.value
+    if isinstance(vt, (BaseListVariable, ConstDictVariable)):
+        # A container from outside is the object it was read from; one the frame made is its
+        # tracker.
+        return vt.outside_object if vt.outside_object is not None else vt
     for attr in ("module", "value", "fn", "cls"):
         if hasattr(vt, attr):
             return getattr(vt, attr)
-    if isinstance(vt, TensorVariable):
-        return vt  # distinct trackers may alias; only `is None`-style checks are answered
     raise Unsupported(f"identity of {vt}")
+
+
+def _same_object(tx, a, b) -> bool:
+    """`a is b`, guarded: where neither value's own guards pin which object it is (an instance
+    of a user class, a tensor argument), the answer holds only while the objects are the same,
+    or distinct, again."""
+    from kiln.variables.objects import UserDefinedObjectVariable
+
+    ia, ib = _identity_of(tx, a), _identity_of(tx, b)
+    same = ia is ib
+
+    def unpinned(vt):
+        return vt.source is not None and isinstance(vt, (
+            UserDefinedObjectVariable, TensorVariable, BaseListVariable, ConstDictVariable))
+
+    def made_here(vt):
+        return getattr(vt, "fresh_object", False) or (
+            isinstance(vt, TensorVariable) and _identity_of(tx, vt) is vt.same_object())
+
+    guards = tx.output.guards
+    if not (unpinned(a) or unpinned(b)) or (made_here(a) or made_here(b)):
+        return same
+    if a.source is not None and b.source is not None:
+        if a.source != b.source:
+            guards.add(b.source, "ALIAS", a.source) if same else \
+                guards.add(None, "DISTINCT", (a.source, b.source))
+        return same
+    # One of them comes from outside with no guard on which object it is; the other is a fixed
+    # object (a global read without a source, a constant).
+    x, fixed = (a, ib) if unpinned(a) else (b, ia)
+    if same:
+        guards.add(x.source, "ID_MATCH", fixed)
+    elif type(fixed) is x.python_type():
+        raise Unsupported(f"`is` of {x.source.name} and a fixed object of its type")
+    return same
 
 
 def apply_operator(tx, fn, args):
     """`fn(*args)` for an operator-module function, folded, structural or a graph node."""
     if fn in (operator.is_, operator.is_not):
-        a, b = args
-        if isinstance(a, TensorVariable) and isinstance(b, TensorVariable):
-            same = a.node is b.node
-        else:
-            same = _identity_of(a) is _identity_of(b)
+        same = _same_object(tx, *args)
         return ConstantVariable(same if fn is operator.is_ else not same)
     if fn is operator.not_:
         return ConstantVariable(not args[0].truth(tx))
@@ -65,7 +110,9 @@ def apply_operator(tx, fn, args):
                 if not v.is_python_constant():
                     raise Unsupported("`in` over a container with non-constant items")
             return ConstantVariable(False)
-    if any_tensor(args):
+    if any(isinstance(a, TensorVariable) for a in args):
+        # A tensor operand makes it a tensor op; tensors inside a tuple or list operand do not
+        # (`t += (x,)` concatenates).
         if fn not in _TENSOR_OPERATORS:
             raise Unsupported(f"{fn.__name__} on tensors")
         return tx.output.call("call_function", fn, tuple(args), {})
@@ -86,10 +133,15 @@ def apply_operator(tx, fn, args):
         return type(args[0])(args[0].items * args[1].as_python_constant())
     if fn in (operator.eq, operator.ne) and any(not a.is_python_constant() for a in args):
         for a in args:
-            if getattr(a, "fresh_object", False) and _compares_by_value(a.python_type()):
+            if a.is_python_constant() or not _compares_by_value(a.python_type()):
+                continue
+            if getattr(a, "fresh_object", False):
                 return _fresh_object_compare(tx, fn, args)
+            # An object from outside with a comparison of its own: identity would not answer.
+            raise Unsupported(f"{fn.__name__} of a {a.python_type().__qualname__}, which "
+                              "compares by value")
         try:
-            same = _identity_of(args[0]) is _identity_of(args[1])
+            same = _same_object(tx, args[0], args[1])
         except Unsupported:
             raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
         return ConstantVariable(same if fn is operator.eq else not same)
@@ -188,24 +240,37 @@ def _getattr(tx, obj, name, default=None):
     try:
         return obj.var_getattr(tx, name.as_python_constant())
     except Unsupported:
-        if default is not None and not _has_attr(obj, name.as_python_constant()):
+        if default is not None and not _has_attr(tx, obj, name.as_python_constant()):
             return default
         raise
 
 
-def _has_attr(obj, name) -> bool:
+def _has_attr(tx, obj, name) -> bool:
+    """hasattr(obj, name) at trace time, guarded: the answer of an object from outside the frame
+    can change between calls (`obj.flag = True`), so its source gets a HASATTR or NO_HASATTR
+    guard. Objects the frame made answer from their own trackers."""
     if hasattr(obj, "has_attr"):
-        return obj.has_attr(name)
+        return obj.has_attr(tx, name)
+    from kiln.variables.side_effects import mutations_of
+
+    value = None
     for attr in ("module", "value", "fn", "cls"):
         if hasattr(obj, attr):
-            return hasattr(getattr(obj, attr), name)
-    if isinstance(obj, TensorVariable):
-        return hasattr(torch.Tensor, name)
-    raise Unsupported(f"hasattr on {obj}")
+            value = getattr(obj, attr)
+            break
+    else:
+        if not isinstance(obj, TensorVariable):
+            raise Unsupported(f"hasattr on {obj}")
+    if value is not None and mutations_of(tx.output).load(value, name) is not None:
+        return True  # a store this frame made, pending until the trace ends
+    found = hasattr(value, name) if value is not None else hasattr(torch.Tensor, name)
+    if obj.source is not None:
+        tx.output.guards.add(obj.source, "HASATTR" if found else "NO_HASATTR", name)
+    return found
 
 
 def _hasattr(tx, obj, name):
-    return ConstantVariable(_has_attr(obj, name.as_python_constant()))
+    return ConstantVariable(_has_attr(tx, obj, name.as_python_constant()))
 
 
 def _minmax(fn):
@@ -263,7 +328,18 @@ def _reversed(tx, obj):
 
 
 def _iter(tx, obj):
-    return ListIteratorVariable(obj.unpack(tx))
+    return ListIteratorVariable.of(tx, obj)
+
+
+def _next(tx, it, default=None):
+    if not isinstance(it, ListIteratorVariable):
+        raise Unsupported(f"next() of {it}")
+    item = it.next_item()
+    if item is not None:
+        return item
+    if default is None:
+        raise Unsupported("next() raised StopIteration")
+    return default
 
 
 def _sum(tx, obj, start=None):
@@ -310,7 +386,7 @@ def _callable(tx, obj):
     if isinstance(obj, (UserFunctionVariable, UserMethodVariable, NestedFunctionVariable,
                         BuiltinVariable)):
         return ConstantVariable(True)
-    return ConstantVariable(callable(_identity_of(obj)))
+    return ConstantVariable(callable(_identity_of(tx, obj)))
 
 
 def _super(tx, *args):
@@ -332,6 +408,7 @@ _HANDLERS = {
     zip: _zip,
     reversed: _reversed,
     iter: _iter,
+    next: _next,
     sum: _sum,
     type: _type,
     all: _all_any(all),

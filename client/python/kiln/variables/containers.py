@@ -1,8 +1,9 @@
 """Tuples, lists, dicts, slices and iterators built or read by the frame."""
+import reprlib
 from typing import Dict, List
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker, constant_args
+from kiln.variables.base import VariableTracker, constant_args, walking
 from kiln.variables.constant import ConstantVariable
 
 # Counts mutations of containers made in the frame; a graph break cannot resume after an
@@ -39,9 +40,11 @@ class BaseListVariable(VariableTracker):
         # CPython makes fresh for each call (*args, **kwargs).
         self.mutable = source is None
         self.serial = new_serial()
+        self.outside_object = None  # the object read from outside the frame, if it was
 
     def as_python_constant(self):
-        return self.python_type()(v.as_python_constant() for v in self.items)
+        with walking(self):
+            return self.python_type()(v.as_python_constant() for v in self.items)
 
     def unpack(self, tx):
         return list(self.items)
@@ -78,6 +81,7 @@ class BaseListVariable(VariableTracker):
             return self.getitem(tx, args[0])
         raise Unsupported(f"{self.python_type().__name__}.{name}()")
 
+    @reprlib.recursive_repr()
     def __repr__(self):
         return f"{type(self).__name__}({self.items!r})"
 
@@ -108,7 +112,8 @@ class NamedTupleVariable(TupleVariable):
         return self.tuple_type
 
     def as_python_constant(self):
-        values = tuple(v.as_python_constant() for v in self.items)
+        with walking(self):
+            values = tuple(v.as_python_constant() for v in self.items)
         return self.tuple_type._make(values) if self.is_collections else self.tuple_type(values)
 
     def var_getattr(self, tx, name):
@@ -194,6 +199,7 @@ class ConstDictVariable(VariableTracker):
         self.user_type = user_type
         self.mutable = source is None
         self.serial = new_serial()
+        self.outside_object = None  # the object read from outside the frame, if it was
 
     def _check_mutable(self):
         if not self.mutable:
@@ -204,7 +210,8 @@ class ConstDictVariable(VariableTracker):
         return self.user_type
 
     def as_python_constant(self):
-        return {k: v.as_python_constant() for k, v in self.items.items()}
+        with walking(self):
+            return {k: v.as_python_constant() for k, v in self.items.items()}
 
     def truth(self, tx):
         return len(self.items) > 0
@@ -278,21 +285,53 @@ class ConstDictVariable(VariableTracker):
 
 
 class ListIteratorVariable(VariableTracker):
-    """The iterator FOR_ITER walks: loops over known-length things unroll at trace time."""
+    """An iterator the frame made (GET_ITER, iter(), enumerate(), a generator run to its end):
+    loops over known-length things unroll at trace time, next() advances it.
 
-    def __init__(self, items: List[VariableTracker]):
+    Over a list it is a list iterator: it reads the list's items live at its position (so a list
+    that grows while it is iterated is seen as eager sees it) and is rebuilt after the graph as an
+    iterator over that very list at that position. Over anything else it holds the items it will
+    yield. Its position is state: advancing an iterator made before a graph break's checkpoint is
+    a mutation like any other."""
+
+    def __init__(self, items: List[VariableTracker], origin: "ListVariable" = None):
         super().__init__(None)
-        self.items = list(items)
+        self._items = None if origin is not None else list(items)
+        self.origin = origin
         self.index = 0
+        self.serial = new_serial()
+
+    @classmethod
+    def of(cls, tx, obj: VariableTracker) -> "ListIteratorVariable":
+        """iter(obj): an iterator is its own iterator; a list is iterated live."""
+        if isinstance(obj, ListIteratorVariable):
+            return obj
+        if type(obj) is ListVariable:
+            return cls([], origin=obj)
+        return cls(obj.unpack(tx))
+
+    @property
+    def items(self) -> List[VariableTracker]:
+        return self.origin.items if self.origin is not None else self._items
+
+    def python_type(self):
+        return type(iter([])) if self.origin is not None else type(iter(()))
 
     def next_item(self):
-        if self.index >= len(self.items):
+        items = self.items
+        if self.index >= len(items):
             return None
-        item = self.items[self.index]
+        item = items[self.index]
+        note_mutation(self.serial)
         self.index += 1
         return item
 
     def unpack(self, tx):
         rest = self.items[self.index:]
-        self.index = len(self.items)
+        if rest:
+            note_mutation(self.serial)
+        self.index += len(rest)
         return rest
+
+    def __repr__(self):
+        return f"ListIteratorVariable(at {self.index} of {len(self.items)})"

@@ -98,12 +98,15 @@ class FreshObjectVariable(VariableTracker):
         source = AttrSource(self.cls_source, name) if self.cls_source is not None else None
         return _class_attr(tx, cls, name, self, source, source_is_plain=True)
 
-    def has_attr(self, name) -> bool:
-        if name in self.attrs or hasattr(self.obj_cls, name):
+    def has_attr(self, tx, name) -> bool:
+        if name in self.attrs:
             return True
         if inspect.getattr_static(self.obj_cls, "__getattr__", None) is not None:
             raise Unsupported(f"hasattr on a {self.obj_cls.__qualname__} (it has __getattr__)")
-        return False
+        found = hasattr(self.obj_cls, name)
+        if self.cls_source is not None:  # the class may gain or lose it between calls
+            tx.output.guards.add(self.cls_source, "HASATTR" if found else "NO_HASATTR", name)
+        return found
 
     def store_attr(self, tx, name, value):
         """`obj.name = value`: the class's own Python __setattr__ inlined, a property's setter

@@ -19,6 +19,17 @@ from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 _nn_hooks = torch.nn.modules.module
 
 
+_MISSING = object()
+
+
+def _class_attr_or_missing(cls, name):
+    """`name` as found in cls.__mro__'s dicts (no instance, no __getattr__), or _MISSING."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
 def _is_torch_nn_class(cls) -> bool:
     return cls.__module__.startswith("torch.nn.")
 
@@ -58,38 +69,56 @@ class NNModuleVariable(VariableTracker):
             tx.output.guards.add(src, "DICT_KEYS", tuple(self.module.__dict__[registry]))
 
     def var_getattr(self, tx, name):
+        """`module.name` in the order Python finds it: a data descriptor of the class (a
+        property), then the instance __dict__, then any other class attribute (a method shadows
+        a submodule of the same name), then Module.__getattr__'s parameters, buffers and
+        submodules."""
         from kiln.variables.builder import wrap
 
         mod = self.module
+        cls = type(mod)
         if name == "__class__":
             # The module's identity is guarded (ID_MATCH), and with it its class.
-            return wrap(tx, type(mod), None)
+            return wrap(tx, cls, None)
+        if inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__:
+            raise Unsupported(f"{cls.__name__} has its own __getattribute__")
+        static = _class_attr_or_missing(cls, name)
+        if static is not _MISSING and hasattr(type(static), "__set__"):
+            return self._class_attr(tx, name, static)
         d = mod.__dict__
-        for registry in ("_parameters", "_buffers", "_modules"):
-            if name in d.get(registry, ()):
-                return self._child(tx, name, registry)
         if name in d:
             value = d[name]
             source = InstanceAttrSource(self.source, name) if self.source else None
             if is_guardable_constant(value) or (isinstance(value, tuple) and all(
                     is_guardable_constant(v) for v in value)):
                 guard = name == "training" or config.guard_nn_module_constants or (
-                    not _is_torch_nn_class(type(mod)))
+                    not _is_torch_nn_class(cls))
                 if guard and source is not None:
                     tx.output.guards.add(source, "CONSTANT_MATCH", value)
                 return ConstantVariable(value)
             return wrap(tx, value, source)
-        try:
-            static = inspect.getattr_static(mod, name)
-        except AttributeError:
-            raise Unsupported(f"{type(mod).__name__} has no attribute {name!r}") from None
+        if static is not _MISSING:
+            return self._class_attr(tx, name, static)
+        if inspect.getattr_static(cls, "__getattr__") is not torch.nn.Module.__getattr__:
+            raise Unsupported(f"{cls.__name__} has its own __getattr__")
+        for registry in ("_parameters", "_buffers", "_modules"):
+            if name in d.get(registry, ()):
+                return self._child(tx, name, registry)
+        raise Unsupported(f"{cls.__name__} has no attribute {name!r}")
+
+    def _class_attr(self, tx, name, static):
+        from kiln.variables.builder import wrap
+
+        mod = self.module
         if isinstance(static, staticmethod):
             return UserFunctionVariable(static.__func__)
         if isinstance(static, classmethod):
             return UserMethodVariable(static.__func__, wrap(tx, type(mod), None))
         if isinstance(static, types.FunctionType):
             return UserMethodVariable(static, self)
-        if isinstance(static, property) and static.fget is not None:
+        if isinstance(static, property):
+            if static.fget is None:
+                raise Unsupported(f"property {type(mod).__name__}.{name} has no getter")
             return tx.inline_call(static.fget, [self], {}, fn_source=None)
         if is_guardable_constant(static):
             if self.source is not None and not _is_torch_nn_class(type(mod)):
@@ -176,6 +205,48 @@ class NNModuleVariable(VariableTracker):
 
     def __repr__(self):
         return f"NNModuleVariable({type(self.module).__name__})"
+
+
+def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":
+    """`cls(*args, **kwargs)` for a torch.nn module class built inside the frame (a loss, an
+    activation: `nn.CrossEntropyLoss()(pred, y)`). The module is built at trace time from the
+    constant arguments: torch.nn's constructors are plain functions of them, so that object is
+    exactly what each call builds. Only modules with no parameters and no tensor buffers are
+    modelled: those would be new tensors each call (random weights, fresh running stats)."""
+    if not _is_torch_nn_class(cls):
+        raise Unsupported(f"constructing {cls.__qualname__} inside a compiled frame")
+    try:
+        const_args = [a.as_python_constant() for a in args]
+        const_kwargs = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"constructing {cls.__qualname__} from non-constant arguments") from None
+    try:
+        module = cls(*const_args, **const_kwargs)
+    except Exception as e:
+        raise Unsupported(f"{cls.__qualname__}() raised {type(e).__name__}: {e}") from None
+    if any(True for _ in module.parameters()) or any(
+            b is not None for _, b in module.named_buffers()):
+        raise Unsupported(f"constructing {cls.__qualname__} (it has parameters or buffers) "
+                          "inside a compiled frame")
+    return FreshModuleVariable(module, tuple(const_args), const_kwargs)
+
+
+class FreshModuleVariable(NNModuleVariable):
+    """A torch.nn module made in the frame (see construct_module): no source, no guards on its
+    state, and rebuilt by calling its class again where the frame hands it out."""
+
+    def __init__(self, module, args: tuple, kwargs: dict):
+        super().__init__(module, None)
+        self.args = args
+        self.kwargs = kwargs
+        self.fresh_object = True  # made in the frame: the tracker is its identity
+
+    def rebuild_expr(self, rebuild, consts) -> str:
+        return (f"{consts.ref(type(self.module))}(*{consts.ref(self.args)}, "
+                f"**{consts.ref(self.kwargs)})")
+
+    def __repr__(self):
+        return f"FreshModuleVariable({type(self.module).__name__})"
 
 
 class ModuleContainerSliceVariable(VariableTracker):

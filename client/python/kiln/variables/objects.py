@@ -3,6 +3,8 @@ import enum
 import inspect
 import types
 
+import torch
+
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource, InstanceAttrSource, InstanceDictSource, TypeSource
@@ -113,6 +115,10 @@ class UserDefinedClassVariable(VariableTracker):
 
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
+        if issubclass(self.cls, torch.nn.Module):
+            from kiln.variables.nn_module import construct_module
+
+            return construct_module(tx, self.cls, args, kwargs)
         if can_construct(self.cls):
             return construct(tx, self.cls, self.source, args, kwargs)
         raise Unsupported(f"constructing {self.cls.__qualname__} inside a compiled frame")
@@ -229,29 +235,41 @@ class SuperVariable(VariableTracker):
         self.obj = obj
 
     def var_getattr(self, tx, name):
-        obj_type = self.obj.python_type()
-        mro = obj_type.__mro__
-        start = mro.index(self.cls) + 1
-        for klass in mro[start:]:
-            if name in klass.__dict__:
-                attr = klass.__dict__[name]
+        # As CPython's super(): the MRO searched is type(obj)'s for an instance, obj's own for a
+        # class (super() inside a classmethod), and what is found is bound accordingly.
+        of_class = isinstance(self.obj, UserDefinedClassVariable)
+        start = self.obj.cls if of_class else self.obj.python_type()
+        if not (isinstance(start, type) and issubclass(start, self.cls)):
+            raise Unsupported(f"super({self.cls.__qualname__}, ...) of {self.obj}")
+        mro = start.__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name not in klass.__dict__:
+                continue
+            attr = klass.__dict__[name]
+            if isinstance(attr, classmethod):
+                return UserMethodVariable(attr.__func__, self.obj if of_class
+                                          else UserDefinedClassVariable(start))
+            if isinstance(attr, staticmethod):
+                return UserFunctionVariable(attr.__func__)
+            if of_class:
                 if isinstance(attr, types.FunctionType):
-                    return UserMethodVariable(attr, self.obj)
-                if isinstance(attr, staticmethod):
-                    return UserFunctionVariable(attr.__func__)
-                if isinstance(attr, property) and attr.fget is not None:
-                    return tx.inline_call(attr.fget, [self.obj], {}, fn_source=None)
-                if attr is object.__init__:
-                    return _NoOpMethod()
-                if attr is object.__getattribute__ and hasattr(self.obj, "generic_getattr"):
-                    return _GenericGetattr(self.obj)
-                if attr is object.__setattr__:
-                    from kiln.variables.fresh_object import ObjectSetattrVariable
+                    return UserFunctionVariable(attr)
+                raise Unsupported(f"super().{name} of kind {type(attr).__name__} on a class")
+            if isinstance(attr, types.FunctionType):
+                return UserMethodVariable(attr, self.obj)
+            if isinstance(attr, property) and attr.fget is not None:
+                return tx.inline_call(attr.fget, [self.obj], {}, fn_source=None)
+            if attr is object.__init__:
+                return _NoOpMethod()
+            if attr is object.__getattribute__ and hasattr(self.obj, "generic_getattr"):
+                return _GenericGetattr(self.obj)
+            if attr is object.__setattr__:
+                from kiln.variables.fresh_object import ObjectSetattrVariable
 
-                    return ObjectSetattrVariable(self.obj)
-                if klass in _MODELLED_BASES:
-                    return BuiltinBaseMethodVariable(klass, name, self.obj)
-                raise Unsupported(f"super().{name} of kind {type(attr).__name__}")
+                return ObjectSetattrVariable(self.obj)
+            if klass in _MODELLED_BASES:
+                return BuiltinBaseMethodVariable(klass, name, self.obj)
+            raise Unsupported(f"super().{name} of kind {type(attr).__name__}")
         raise Unsupported(f"super() has no attribute {name!r}")
 
 

@@ -23,6 +23,16 @@ class TensorVariable(VariableTracker):
         super().__init__(source)
         self.node = node
         self.example = example
+        # The tracker of the tensor object this one is, where an op returned one of its inputs
+        # (x.add_(1) returns x itself): `y is x` holds, as in eager.
+        self.alias_of = None
+
+    def same_object(self) -> "TensorVariable":
+        """The first tracker of the tensor object this one stands for."""
+        vt = self
+        while vt.alias_of is not None:
+            vt = vt.alias_of
+        return vt
 
     def python_type(self):
         return torch.Tensor  # examples are FakeTensors; the guards pin the real class

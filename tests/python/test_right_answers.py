@@ -1,0 +1,402 @@
+"""Captures that once returned wrong answers or failed inside kiln: each compiled result is
+compared with eager on random inputs, across the calls where a stale entry would show."""
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter
+
+
+@kiln.disable
+def opaque(x):
+    """A call kiln does not capture: a graph break wherever a frame calls it."""
+    return x
+
+
+def _compare(fn, *args, backend="eager", calls=1):
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(calls):
+        got, want = compiled(*args), fn(*args)
+        _assert_same(got, want)
+    return compiled
+
+
+def _assert_same(got, want):
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    elif isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want), (got, want)
+        for g, w in zip(got, want):
+            _assert_same(g, w)
+    else:
+        assert got == want, (got, want)
+
+
+# -- iterators across graph breaks --------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [list, tuple, lambda xs: range(len(xs))],
+                         ids=["list", "tuple", "range"])
+@pytest.mark.parametrize("default", [False, True], ids=["next", "next_with_default"])
+def test_iterator_keeps_its_position_across_a_graph_break(make, default):
+    def f(x, xs):
+        it = iter(xs)
+        a = next(it)
+        x = opaque(x)
+        b = next(it, None) if default else next(it)
+        c = next(it, -1) if default else next(it)
+        return x + a, b, c
+
+    _compare(f, torch.randn(3), make([1, 2, 3]), calls=2)
+
+
+def test_iterator_returned_after_graph_breaks_continues_where_it_was():
+    def f(x):
+        it = iter(tuple(range(10)))
+        x = x + next(it)
+        x = opaque(x)
+        x = x + next(it)
+        x = opaque(x)
+        x = x + next(it)
+        return x, it
+
+    x = torch.randn(4)
+    got_x, got_it = kiln.compile(f, backend="eager")(x)
+    want_x, want_it = f(x)
+    torch.testing.assert_close(got_x, want_x)
+    assert list(got_it) == list(want_it)
+
+
+def test_list_iterator_sees_the_list_grow_after_a_graph_break():
+    def f(x):
+        xs = [1, 2]
+        it = iter(xs)
+        a = next(it)
+        x = opaque(x)
+        xs.append(3)
+        return x + a, list(it)
+
+    _compare(f, torch.randn(3), calls=2)
+
+
+def test_iter_of_an_iterator_is_the_iterator():
+    def f(x):
+        it = iter([1, 2, 3])
+        same = iter(it)
+        next(same)
+        return x + next(it), same is it
+
+    _compare(f, torch.randn(3))
+
+
+# -- values read without a guard ----------------------------------------------------------------
+
+class Config:
+    def __init__(self):
+        self.val = 0.5
+
+
+def test_getattr_with_a_default_recompiles_when_the_attribute_appears_or_goes():
+    def f(x, cfg):
+        if getattr(cfg, "just_add_7", False):
+            return x + 7
+        return x + cfg.val
+
+    cfg = Config()
+    x = torch.zeros(1)
+    compiled = kiln.compile(f, backend="eager")
+    assert compiled(x, cfg).item() == 0.5
+    cfg.just_add_7 = True
+    assert compiled(x, cfg).item() == 7
+    del cfg.just_add_7
+    assert compiled(x, cfg).item() == 0.5
+
+
+def test_hasattr_recompiles_when_its_answer_changes():
+    def f(x, cfg):
+        return x + 1 if hasattr(cfg, "flag") else x - 1
+
+    cfg = Config()
+    x = torch.zeros(1)
+    compiled = kiln.compile(f, backend="eager")
+    assert compiled(x, cfg).item() == -1
+    cfg.flag = None
+    assert compiled(x, cfg).item() == 1
+    Config.flag = 3  # a class attribute counts too
+    del cfg.flag
+    try:
+        assert compiled(x, cfg).item() == 1
+    finally:
+        del Config.flag
+    assert compiled(x, cfg).item() == -1
+
+
+class _PrecedenceBase(torch.nn.Module):
+    def linear(self, x):
+        return x * 2.0
+
+
+class _Precedence(_PrecedenceBase):
+    def __init__(self):
+        super().__init__()
+        self.activation = torch.nn.ReLU()       # a submodule; the method below wins
+        self.linear = torch.nn.Linear(10, 10)   # a submodule; the base's method wins
+        self.initializer = torch.ones([10, 10])  # an instance attribute; it wins
+        self.scale = 0.5                        # likewise
+
+    def activation(self, x):
+        return x * 1.2
+
+    def initializer(self):
+        return torch.zeros([10, 10])
+
+    def scale(self):
+        return 2.0
+
+    def forward(self, x):
+        return self.activation(self.linear(self.initializer + x)) * self.scale
+
+
+class _PropertyOverSubmodule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.__dict__["shadow"] = 10.0
+
+    @property
+    def shadow(self):  # a data descriptor: wins over the instance __dict__
+        return 3.0
+
+    def forward(self, x):
+        return self.inner(x) * self.shadow
+
+
+@pytest.mark.parametrize("module,shape", [(_Precedence, (10, 10)),
+                                          (_PropertyOverSubmodule, (2, 4))],
+                         ids=["method_instance_submodule", "property_over_instance"])
+def test_module_attributes_resolve_in_pythons_order(module, shape):
+    m = module()
+    x = torch.randn(*shape)
+    torch.testing.assert_close(kiln.compile(m, backend="eager", fullgraph=True)(x), m(x))
+
+
+def test_is_between_objects_from_outside_is_guarded():
+    def f(x, a, b):
+        return x + 1 if a is b else x - 1
+
+    a, b = Config(), Config()
+    x = torch.zeros(1)
+    compiled = kiln.compile(f, backend="eager")
+    assert compiled(x, a, a).item() == 1
+    assert compiled(x, a, b).item() == -1
+    assert compiled(x, b, b).item() == 1
+
+
+def test_equality_of_an_object_that_compares_by_value_is_not_identity():
+    class Point:
+        def __init__(self, v):
+            self.v = v
+
+        def __eq__(self, other):
+            return isinstance(other, Point) and self.v == other.v
+
+    def f(x, a, b):
+        return x + 1 if a == b else x - 1
+
+    _compare(f, torch.zeros(1), Point(1), Point(1))
+
+
+# -- tensors that alias ------------------------------------------------------------------------
+
+def test_the_same_tensor_passed_twice_is_one_graph_input_and_is_holds():
+    def f(a, b):
+        return (a + 1, a is b) if a is b else (a - b, a is b)
+
+    counter = CompileCounter()
+    compiled = kiln.compile(f, backend=counter)
+    x, y = torch.randn(3), torch.randn(3)
+    for args in [(x, x), (x, y), (y, y), (y, x)]:
+        _assert_same(compiled(*args), f(*args))
+    assert counter.frame_count == 2  # one entry for "same", one for "distinct"
+
+
+def test_tensors_traced_as_distinct_recompile_when_they_are_the_same():
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+
+    compiled = kiln.compile(f, backend="eager")
+    x, y = torch.randn(3), torch.randn(3)
+    xe, ye = x.clone(), y.clone()
+    torch.testing.assert_close(compiled(x, y), f(xe, ye))
+    torch.testing.assert_close(compiled(x, x), f(xe, xe))
+    torch.testing.assert_close(x, xe)
+
+
+def test_an_in_place_result_is_its_input_and_an_op_result_is_not():
+    def f(x):
+        y = x.add_(1)
+        z = x.relu()
+        return y is x, z is x, z is y, x * 1
+
+    x = torch.randn(3)
+    _assert_same(kiln.compile(f, backend="eager")(x.clone()), f(x.clone()))
+
+
+# -- tensor metadata read in the frame ----------------------------------------------------------
+
+def test_is_leaf_and_requires_grad_of_results_in_a_resumed_frame_match_eager():
+    def f(x):
+        y = x.detach().requires_grad_(True)
+        y = opaque(y)
+        z = y * 2
+        w = z.relu()
+        return z.is_leaf, z.requires_grad, w.is_leaf, y.is_leaf, z.grad_fn is None
+
+    _compare(f, torch.randn(3), calls=2)
+
+
+def test_contiguous_of_a_channels_last_tensor_is_row_major():
+    def f(x):
+        y = x.contiguous()
+        return y.stride(), y.is_contiguous(), y * 2
+
+    _compare(f, torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last))
+
+
+# -- constructs that failed inside kiln ----------------------------------------------------------
+
+class _Maker:
+    @classmethod
+    def make(cls, x):
+        return x + 1
+
+
+class _SubMaker(_Maker):
+    @classmethod
+    def make(cls, x):
+        return super().make(x) * 2
+
+
+def test_super_inside_a_classmethod_calls_the_base_classmethod():
+    def f(x):
+        return _SubMaker.make(x)
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f, backend="eager", fullgraph=True)(x), f(x))
+
+
+def test_a_list_that_contains_itself_is_captured():
+    def f(xs):
+        return xs[0] + 1, xs[1] is xs, len(xs[1])
+
+    xs = [torch.randn(3)]
+    xs.append(xs)
+    got = kiln.compile(f, backend="eager", fullgraph=True)(xs)
+    _assert_same(got, f(xs))
+    ys = [torch.randn(3), [1, 2]]  # the same shape of list, not containing itself
+    _assert_same(kiln.compile(f, backend="eager")(ys), f(ys))
+
+
+def test_augmented_assignment_of_a_tuple_of_tensors_concatenates():
+    def f(x):
+        a, b = x, x + 1
+        t = (a, b)
+        t += (x * 2,)
+        t *= 2
+        return t
+
+    x = torch.randn(3)
+    _assert_same(kiln.compile(f, backend="eager", fullgraph=True)(x), f(x))
+
+
+def test_a_deleted_module_and_its_weights_are_freed_with_their_entry():
+    mod = torch.nn.Linear(10, 10)
+    weight_ref = weakref.ref(mod.weight)
+    mod_ref = weakref.ref(mod)
+
+    def drop_graph(gm, example_inputs):
+        def run(*args):
+            return (torch.zeros(1),)
+
+        return run  # keeps nothing of gm
+
+    def f(m, x):
+        return m(x)
+
+    compiled = kiln.compile(f, backend=drop_graph)
+    compiled(mod, torch.randn(2, 10))
+    assert len(kiln.debug.cache_entries(compiled)) == 1
+    del mod
+    gc.collect()
+    assert mod_ref() is None and weight_ref() is None
+    assert kiln.debug.cache_entries(compiled) == []  # the entry went with its module
+
+
+def test_frames_run_eagerly_while_torch_jit_trace_runs():
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x)) + 1
+
+    inner = kiln.compile(Inner(), backend="eager")
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+    outer = Outer()
+    x = torch.randn(2, 3)
+    outer(x)  # compiled outside the trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(outer, x)  # checks the trace against eager: must agree
+    y = torch.randn(2, 3)
+    torch.testing.assert_close(traced(y), outer(y))
+
+
+def test_a_loss_module_built_inside_the_frame_compiles_once():
+    model = torch.nn.Linear(4, 3)
+
+    def train(x, y):
+        pred = model(x)
+        return torch.nn.CrossEntropyLoss()(pred, y), torch.nn.CrossEntropyLoss(
+            reduction="sum", label_smoothing=0.1)(pred, y)
+
+    counter = CompileCounter()
+    compiled = kiln.compile(train, backend=counter, fullgraph=True)
+    for _ in range(4):
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        _assert_same(compiled(x, y), train(x, y))
+    assert counter.frame_count == 1
+
+
+def test_a_module_built_inside_the_frame_and_returned_is_a_new_one_each_call():
+    def f(x):
+        act = torch.nn.LeakyReLU(0.2)
+        return act(x), act
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    y1, m1 = compiled(x)
+    y2, m2 = compiled(x)
+    torch.testing.assert_close(y1, f(x)[0])
+    assert type(m1) is torch.nn.LeakyReLU and m1.negative_slope == 0.2 and m1 is not m2
+
+
+def test_a_module_with_parameters_built_inside_the_frame_is_not_captured():
+    def f(x):
+        return torch.nn.Linear(4, 4)(x)  # new random weights each call
+
+    with pytest.raises(kiln.exc.Unsupported):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(2, 4))
