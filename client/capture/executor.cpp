@@ -386,16 +386,23 @@ class Translator {
   py::object Unpack(const py::object& v) { return v.attr("unpack")(Self()); }
   py::object AsConstant(const py::object& v) { return v.attr("as_python_constant")(); }
   bool Truth(const py::object& v) { return v.attr("truth")(Self()).cast<bool>(); }
-  py::object WrapDefault(py::handle value) {
-    // Defaults belong to the function object, whose identity is guarded (or which is fixed, for
-    // functions made in the frame): they need no guards of their own.
+  // A default of the function being bound: trackers (functions made in the frame) as they are;
+  // a value from a function object is read through `source` (its __defaults__[i] or
+  // __kwdefaults__[name]) and guarded there: the function's identity does not pin its
+  // defaults (reassigned __defaults__, a mutable default the call mutates).
+  py::object WrapDefault(py::handle value, py::object source) {
     if (py::isinstance(value, N().VariableTracker)) return py::reinterpret_borrow<py::object>(value);
-    return N().wrap(Self(), value, py::none(), py::arg("guard") = false);
+    const bool guard = !source.is_none();
+    return N().wrap(Self(), value, source, py::arg("guard") = guard);
   }
   py::object LoadGlobal(const py::object& name);
   py::object ClassCellValue();
+  // `defaults_source` / `kwdefaults_source`: sources of the function's __defaults__ and
+  // __kwdefaults__, or None (defaults that are trackers, or a library's fixed functions).
   py::dict BindCode(const py::object& code, py::sequence args, py::dict kwargs,
-                    py::tuple defaults, py::dict kwdefaults);
+                    py::tuple defaults, py::dict kwdefaults,
+                    py::object defaults_source = py::none(),
+                    py::object kwdefaults_source = py::none());
   py::object RunChild(py::object code, py::object f_globals, py::dict bound, py::dict cells,
                       bool generator);
   void SetItem(const py::object& obj, const py::object& index, const py::object& value);
@@ -586,7 +593,8 @@ py::object Translator::MakeSuper(py::sequence args) {
 
 // Maps call arguments to the callee's parameter names, as CPython's call does.
 py::dict Translator::BindCode(const py::object& code, py::sequence args_in, py::dict kwargs,
-                              py::tuple defaults, py::dict kwdefaults) {
+                              py::tuple defaults, py::dict kwdefaults,
+                              py::object defaults_source, py::object kwdefaults_source) {
   const int nargs = code.attr("co_argcount").cast<int>();
   const int nkw = code.attr("co_kwonlyargcount").cast<int>();
   const int posonly = code.attr("co_posonlyargcount").cast<int>();
@@ -630,14 +638,20 @@ py::dict Translator::BindCode(const py::object& code, py::sequence args_in, py::
     if (bound.contains(names[i])) continue;
     const int j = i - (nargs - ndefaults);
     if (j < 0) Unsupported(co_name + "() missing argument " + Repr(names[i]));
-    bound[names[i]] = WrapDefault(defaults[j]);
+    py::object source = defaults_source.is_none()
+                            ? py::none()
+                            : N().ItemSource(defaults_source, py::int_(j));
+    bound[names[i]] = WrapDefault(defaults[j], source);
   }
   for (int i = nargs; i < nargs + nkw; ++i) {
     if (bound.contains(names[i])) continue;
     if (!kwdefaults.contains(names[i])) {
       Unsupported(co_name + "() missing keyword-only argument " + Repr(names[i]));
     }
-    bound[names[i]] = WrapDefault(kwdefaults[names[i]]);
+    py::object source = kwdefaults_source.is_none()
+                            ? py::none()
+                            : N().ItemSource(kwdefaults_source, names[i]);
+    bound[names[i]] = WrapDefault(kwdefaults[names[i]], source);
   }
   int idx = nargs + nkw;
   if (varargs) bound[names[idx++]] = N().TupleVariable(extra_pos);
@@ -678,9 +692,20 @@ py::object Translator::InlineCall(py::object fn, py::sequence args, py::dict kwa
   }
   py::object defaults = fn.attr("__defaults__");
   py::object kwdefaults = fn.attr("__kwdefaults__");
+  // A library's functions are fixed; anyone else's defaults are read through the function
+  // object itself (which the guards then hold) and guarded.
+  py::object defaults_source = py::none();
+  py::object kwdefaults_source = py::none();
+  if (!N().is_torch_file(code.attr("co_filename")).cast<bool>()) {
+    py::object fn_source = N().ObjectSource(fn, py::str("<function " +
+                                                        Str(fn.attr("__qualname__")) + ">"));
+    defaults_source = N().AttrSource(fn_source, "__defaults__");
+    kwdefaults_source = N().AttrSource(fn_source, "__kwdefaults__");
+  }
   py::dict bound = BindCode(code, args, kwargs,
                             defaults.is_none() ? py::tuple() : py::tuple(defaults),
-                            kwdefaults.is_none() ? py::dict() : py::dict(kwdefaults));
+                            kwdefaults.is_none() ? py::dict() : py::dict(kwdefaults),
+                            defaults_source, kwdefaults_source);
   py::dict cells;
   py::object closure = fn.attr("__closure__");
   if (!closure.is_none()) {

@@ -614,6 +614,34 @@ class HasAttrCheck : public LeafCheck {
   bool present_;
 };
 
+// ("no_item", key): the value, a dict, has no item `key` (an instance __dict__ that must keep
+// not shadowing a method of the class).
+class NoItemCheck : public LeafCheck {
+ public:
+  NoItemCheck(PyObject* key, std::string description)  // key: owned
+      : LeafCheck(std::move(description), kCheap), key_(key) {}
+  ~NoItemCheck() override { Py_DECREF(key_); }
+
+  bool Run(PyObject* value, std::string* why) const override {
+    if (!PyDict_Check(value)) {
+      if (why) *why = "expected a dict, got " + TypeName(Py_TYPE(value));
+      return false;
+    }
+    int present = PyDict_Contains(value, key_);
+    if (present == 0) return true;
+    if (present < 0) {
+      std::string error = TakeError(why != nullptr);
+      if (why) *why = "looking up " + Repr(key_) + " raised " + error;
+      return false;
+    }
+    if (why) *why = Repr(key_) + " is now in it";
+    return false;
+  }
+
+ private:
+  PyObject* key_;
+};
+
 // ("is", source): the value is the very object found at another source of the frame (the same
 // tensor passed twice, a list that contains itself).
 class AliasCheck : public LeafCheck {
@@ -1116,6 +1144,15 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::s
     }
     return std::make_unique<HasAttrCheck>(name, present, std::move(description));
   }
+  if (KindIs(kind, "no_item")) {
+    if (!Arity(check, 2, "('no_item', key)", error)) return nullptr;
+    PyObject* key = PyTuple_GET_ITEM(check, 1);
+    if (PyObject_Hash(key) == -1) {
+      *error = "('no_item', key) needs a hashable key: " + TakeError(true);
+      return nullptr;
+    }
+    return std::make_unique<NoItemCheck>(Py_NewRef(key), std::move(description));
+  }
   if (KindIs(kind, "is")) {
     if (!Arity(check, 2, "('is', source)", error)) return nullptr;
     std::vector<Accessor> other;
@@ -1136,7 +1173,8 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::s
     return std::make_unique<DistinctCheck>(std::move(paths), std::move(description));
   }
   *error = "unknown check kind '" + std::string(kind) +
-           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, is, distinct or "
+           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, is, "
+           "distinct or "
            "global_state)";
   return nullptr;
 }

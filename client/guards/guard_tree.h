@@ -48,6 +48,7 @@ class Node;
 //   ("has_attr", name)     hasattr(x, name); ("no_attr", name): not hasattr(x, name). Looked up as
 //                          getattr does: class attributes and __getattr__ count, and an error
 //                          other than AttributeError fails the check.
+//   ("no_item", key)       x is a dict (or a subclass) without the key `key`
 //   ("is", source)         x is the object at another source of the same frame
 //   ("distinct", sources)  the objects at these sources (a tuple of two or more) are pairwise not
 //                          the same object. Like global_state it reads no one value: its own

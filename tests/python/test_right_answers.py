@@ -38,19 +38,25 @@ def _assert_same(got, want):
 
 # -- iterators across graph breaks --------------------------------------------------------------
 
-@pytest.mark.parametrize("make", [list, tuple, lambda xs: range(len(xs))],
-                         ids=["list", "tuple", "range"])
+def _iterate_across_a_break(x, xs, default):
+    # Module-level (no closure): a frame with free variables runs eagerly instead of breaking.
+    it = iter(xs if xs is not None else range(1, 4))
+    a = next(it)
+    x = opaque(x)
+    b = next(it, None) if default else next(it)
+    c = next(it, -1) if default else next(it)
+    return x + a, b, c
+
+
+@pytest.mark.parametrize("make", [list, tuple, lambda xs: None],
+                         ids=["list", "tuple", "range_made_in_the_frame"])
 @pytest.mark.parametrize("default", [False, True], ids=["next", "next_with_default"])
 def test_iterator_keeps_its_position_across_a_graph_break(make, default):
-    def f(x, xs):
-        it = iter(xs)
-        a = next(it)
-        x = opaque(x)
-        b = next(it, None) if default else next(it)
-        c = next(it, -1) if default else next(it)
-        return x + a, b, c
-
-    _compare(f, torch.randn(3), make([1, 2, 3]), calls=2)
+    compiled = _compare(_iterate_across_a_break, torch.randn(3), make([1, 2, 3]), default,
+                        calls=2)
+    assert kiln.explain(_iterate_across_a_break)(torch.randn(3), make([1, 2, 3]),
+                                                 default).graph_break_count >= 1
+    assert compiled is not None
 
 
 def test_iterator_returned_after_graph_breaks_continues_where_it_was():
@@ -226,13 +232,13 @@ def test_the_same_tensor_passed_twice_is_one_graph_input_and_is_holds():
 def test_tensors_traced_as_distinct_recompile_when_they_are_the_same():
     def f(a, b):
         a.add_(1)
-        return b * 2
+        return b * 2, a is b
 
     compiled = kiln.compile(f, backend="eager")
     x, y = torch.randn(3), torch.randn(3)
     xe, ye = x.clone(), y.clone()
-    torch.testing.assert_close(compiled(x, y), f(xe, ye))
-    torch.testing.assert_close(compiled(x, x), f(xe, xe))
+    _assert_same(compiled(x, y), f(xe, ye))
+    _assert_same(compiled(x, x), f(xe, xe))
     torch.testing.assert_close(x, xe)
 
 
@@ -248,15 +254,16 @@ def test_an_in_place_result_is_its_input_and_an_op_result_is_not():
 
 # -- tensor metadata read in the frame ----------------------------------------------------------
 
-def test_is_leaf_and_requires_grad_of_results_in_a_resumed_frame_match_eager():
-    def f(x):
-        y = x.detach().requires_grad_(True)
-        y = opaque(y)
-        z = y * 2
-        w = z.relu()
-        return z.is_leaf, z.requires_grad, w.is_leaf, y.is_leaf, z.grad_fn is None
+def _leaf_after_requires_grad(x):
+    y = x.detach().requires_grad_(True)
+    y = opaque(y)
+    z = y * 2
+    w = z.relu()
+    return z.is_leaf, z.requires_grad, w.is_leaf, y.is_leaf
 
-    _compare(f, torch.randn(3), calls=2)
+
+def test_is_leaf_and_requires_grad_of_results_in_a_resumed_frame_match_eager():
+    _compare(_leaf_after_requires_grad, torch.randn(3), calls=2)
 
 
 def test_contiguous_of_a_channels_last_tensor_is_row_major():
@@ -400,3 +407,99 @@ def test_a_module_with_parameters_built_inside_the_frame_is_not_captured():
 
     with pytest.raises(kiln.exc.Unsupported):
         kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(2, 4))
+
+
+# -- values the audit found read without a guard -------------------------------------------------
+
+def _appends(x, acc=[]):  # noqa: B006 (the mutable default is the point)
+    acc.append(1)
+    return x * len(acc)
+
+
+def test_a_mutable_default_mutated_by_an_inlined_function_keeps_its_mutations():
+    def f(x):
+        return _appends(x)
+
+    del _appends.__defaults__[0][:]
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    got = [compiled(x)[0].item() for _ in range(3)]
+    assert got == [1.0, 2.0, 3.0]  # the default list grows by one each call, as in eager
+
+
+def _scaled(x, k=2, *, shift=0):
+    return x * k + shift
+
+
+def test_reassigned_defaults_of_an_inlined_function_recompile():
+    def f(x):
+        return _scaled(x)
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    saved = (_scaled.__defaults__, _scaled.__kwdefaults__)
+    try:
+        assert compiled(x)[0].item() == 2
+        _scaled.__defaults__ = (5,)
+        assert compiled(x)[0].item() == 5
+        _scaled.__kwdefaults__ = {"shift": 1}
+        assert compiled(x)[0].item() == 6
+    finally:
+        _scaled.__defaults__, _scaled.__kwdefaults__ = saved
+
+
+class _Patched:
+    def m(self, x):
+        return x + 1
+
+    @classmethod
+    def c(cls, x):
+        return x + 2
+
+
+def test_a_method_replaced_on_the_class_or_the_instance_recompiles():
+    def f(x, obj):
+        return obj.m(x) + obj.c(x)
+
+    obj = _Patched()
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.zeros(2)
+    saved_m, saved_c = _Patched.m, _Patched.__dict__["c"]
+    try:
+        assert compiled(x, obj)[0].item() == 3
+        _Patched.m = lambda self, x: x + 100
+        assert compiled(x, obj)[0].item() == 102
+        _Patched.c = classmethod(lambda cls, x: x + 200)
+        assert compiled(x, obj)[0].item() == 300
+        obj.m = lambda x: x + 1000  # an instance attribute shadows the class's method
+        assert compiled(x, obj)[0].item() == 1200
+    finally:
+        _Patched.m, _Patched.c = saved_m, saved_c
+
+
+def test_a_module_level_constant_changed_after_compiling_recompiles():
+    import types
+
+    cfg = types.ModuleType("kiln_test_cfg")
+    cfg.SCALE = 2.0
+
+    def f(x):
+        return x * cfg.SCALE
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.ones(2)
+    assert compiled(x)[0].item() == 2
+    cfg.SCALE = 7.0
+    assert compiled(x)[0].item() == 7
+
+
+def test_a_forward_set_on_a_module_instance_is_what_a_call_runs():
+    m = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    compiled = kiln.compile(lambda x: m(x) + 1, backend="eager")
+    torch.testing.assert_close(compiled(x), m(x) + 1)
+    original = m.forward
+    m.forward = lambda x: original(x) * 10  # the instance's own forward, called without self
+    torch.testing.assert_close(compiled(x), m(x) + 1)
+    del m.forward
+    torch.testing.assert_close(compiled(x), m(x) + 1)

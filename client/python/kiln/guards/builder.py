@@ -32,7 +32,7 @@ class Guard:
                     f"size={tuple(t.shape)} stride={t.stride()} requires_grad={t.requires_grad}")
         if self.kind == "ID_MATCH":
             return f"{where} ID_MATCH {_short_repr(self.value)}"
-        if self.kind in ("HASATTR", "NO_HASATTR"):
+        if self.kind in ("HASATTR", "NO_HASATTR", "NO_ITEM"):
             return f"{where} {self.kind} {self.value!r}"
         if self.kind == "ALIAS":
             return f"{where} IS {self.value.name}"
@@ -60,6 +60,8 @@ class Guard:
             return ("has_attr", self.value)
         if kind == "NO_HASATTR":
             return ("no_attr", self.value)
+        if kind == "NO_ITEM":
+            return ("no_item", self.value)
         if kind == "ALIAS":
             return ("is", self.value.guard_path())
         if kind == "DISTINCT":
@@ -74,7 +76,7 @@ def _short_repr(value) -> str:
     return f"<{type(value).__name__} at {id(value):#x}>"
 
 
-_KEYED_BY_VALUE = ("HASATTR", "NO_HASATTR", "ALIAS", "DISTINCT")
+_KEYED_BY_VALUE = ("HASATTR", "NO_HASATTR", "NO_ITEM", "ALIAS", "DISTINCT")
 
 
 class GuardSet:

@@ -96,7 +96,8 @@ class FreshObjectVariable(VariableTracker):
         # Class-level data is guarded through the class, whose lookup (type's or ABCMeta's)
         # is the plain one.
         source = AttrSource(self.cls_source, name) if self.cls_source is not None else None
-        return _class_attr(tx, cls, name, self, source, source_is_plain=True)
+        return _class_attr(tx, cls, name, self, source, source_is_plain=True,
+                           cls_source=self.cls_source)
 
     def has_attr(self, tx, name) -> bool:
         if name in self.attrs:

@@ -10,11 +10,12 @@ import torch
 from kiln import config
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import (AttrSource, InstanceAttrSource, ModuleMemberSource,
-                                ObjectSource, TypeSource)
+from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSource,
+                                ModuleMemberSource, ObjectSource, TypeSource)
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.objects import class_source, guard_class_member
 
 _nn_hooks = torch.nn.modules.module
 
@@ -110,6 +111,7 @@ class NNModuleVariable(VariableTracker):
         from kiln.variables.builder import wrap
 
         mod = self.module
+        self._guard_class_member(tx, name, static, always=False)
         if isinstance(static, staticmethod):
             return UserFunctionVariable(static.__func__)
         if isinstance(static, classmethod):
@@ -145,10 +147,26 @@ class NNModuleVariable(VariableTracker):
         for name, hooks in (("forward hooks", _nn_hooks._global_forward_hooks),
                             ("forward pre-hooks", _nn_hooks._global_forward_pre_hooks)):
             tx.output.guards.add(ObjectSource(hooks, f"<global {name}>"), "LEN_MATCH", 0)
-        forward = inspect.getattr_static(self.module, "forward")
+        if "forward" in self.module.__dict__:
+            # An instance's own forward (a hook library's wrapper): Module.__call__ calls it as
+            # it is, without self.
+            forward = self.var_getattr(tx, "forward")
+            return forward.call_function(tx, args, kwargs)
+        forward = _class_attr_or_missing(type(self.module), "forward")
         if not isinstance(forward, types.FunctionType):
             raise Unsupported(f"{type(self.module).__name__}.forward is not a Python function")
+        self._guard_class_member(tx, "forward", forward)
         return tx.inline_call(forward, [self, *args], kwargs, fn_source=None)
+
+    def _guard_class_member(self, tx, name, static, always=True):
+        """Guards a method or property found on the module's class: the class still has it, and
+        the instance has not gained an attribute of that name that would come first (a
+        non-data descriptor). `always=False` leaves torch.nn's own classes unguarded."""
+        if self.source is None or (not always and _is_torch_nn_class(type(self.module))):
+            return
+        guard_class_member(tx, class_source(type(self.module)), name, static)
+        if not hasattr(type(static), "__set__"):
+            tx.output.guards.add(InstanceDictSource(self.source), "NO_ITEM", name)
 
     # Containers: Sequential, ModuleList, ModuleDict.
     def _children(self, tx):

@@ -15,8 +15,8 @@ from kiln.variables.side_effects import mutations_of
 
 
 class PythonModuleVariable(VariableTracker):
-    """An imported module (math, a user's helpers). Its attributes are taken as fixed once the
-    module itself is guarded, as Python programs rarely rebind a module's functions."""
+    """An imported module (math, a user's helpers). Every attribute read is guarded like a global
+    of the frame."""
 
     def __init__(self, module: types.ModuleType, source=None):
         super().__init__(source)
@@ -36,24 +36,30 @@ class PythonModuleVariable(VariableTracker):
         except AttributeError:
             raise Unsupported(f"module {self.module.__name__} has no attribute {name!r}") from None
         source = AttrSource(self.source, name) if self.source is not None else None
-        return wrap(tx, value, source, guard=False)
+        # A module's globals are as mutable as the frame's own (`config.SCALE = 3`, a function
+        # swapped for another): each one read is guarded.
+        return wrap(tx, value, source)
 
 
-def _class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False):
+def _class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_source=None):
     """Looks `name` up on the class (no instance dict), binding functions to `self_vt`.
     `source` reads the same attribute through the object the lookup started from: plain
     data found on the class (a dict, a list) is guarded through it, where that read is a plain
-    lookup (`source_is_plain`, or the class's instances have no getattr of their own)."""
+    lookup (`source_is_plain`, or the class's instances have no getattr of their own).
+    `cls_source`, when given, reads the class itself: the function, property or descriptor found
+    is guarded through it (`K.method = other` after compiling must recompile)."""
     from kiln.variables.builder import wrap
 
     try:
         static = inspect.getattr_static(cls, name)
     except AttributeError:
         raise Unsupported(f"{cls.__name__} has no attribute {name!r}") from None
+    if cls_source is not None:
+        guard_class_member(tx, cls_source, name, static)
     if isinstance(static, staticmethod):
         return UserFunctionVariable(static.__func__)
     if isinstance(static, classmethod):
-        return UserMethodVariable(static.__func__, UserDefinedClassVariable(cls))
+        return UserMethodVariable(static.__func__, UserDefinedClassVariable(cls, cls_source))
     if isinstance(static, types.FunctionType):
         if self_vt is None:
             return UserFunctionVariable(static)
@@ -64,19 +70,48 @@ def _class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False):
         if source is not None:
             tx.output.guards.add(source, "ID_MATCH", static)
         return ConstantVariable(static)
-    if is_guardable_constant(static) or (isinstance(static, (tuple, frozenset)) and all(
+    if is_guardable_constant(static) or (isinstance(static, tuple) and all(
             is_guardable_constant(v) for v in static)):
-        if source is not None and is_guardable_constant(static):
+        if source is not None:
             # `K.s = 4.0` after compiling must recompile.
             tx.output.guards.add(source, "CONSTANT_MATCH", static)
         return ConstantVariable(static)
-    if isinstance(static, type):
-        return wrap(tx, static, None)
+    if isinstance(static, frozenset) and all(is_guardable_constant(v) for v in static):
+        if source is not None:  # immutable: its identity says all
+            tx.output.guards.add(source, "ID_MATCH", static)
+        return ConstantVariable(static)
     if source is not None and not hasattr(type(static), "__get__") and (
             source_is_plain or _plain_getattr(cls)):
         # Class-level data is as mutable as any other object: guarded like one.
         return wrap(tx, static, source)
+    if isinstance(static, type):
+        return wrap(tx, static, None)
     raise Unsupported(f"attribute {cls.__name__}.{name} of kind {type(static).__name__}")
+
+
+def guard_class_member(tx, cls_source, name, static):
+    """Guards that `cls.name` (read through `cls_source`, a source of the class) is still the
+    function, property or method descriptor `static` found there: what getattr on the class
+    gives back is the function for a function or staticmethod, the property itself, and a bound
+    method whose __func__ is the function for a classmethod."""
+    from kiln.guards.source import AttrSource
+
+    member = AttrSource(cls_source, name)
+    if isinstance(static, staticmethod):
+        tx.output.guards.add(member, "ID_MATCH", static.__func__)
+    elif isinstance(static, classmethod):
+        tx.output.guards.add(AttrSource(member, "__func__"), "ID_MATCH", static.__func__)
+    elif isinstance(static, (types.FunctionType, property)):
+        tx.output.guards.add(member, "ID_MATCH", static)
+
+
+def class_source(cls):
+    """A source for a class the capture found through an object whose type is pinned (a
+    TYPE_MATCH or ID_MATCH on it): the class itself, read by identity. One per class, so that
+    many instances share its guards."""
+    from kiln.guards.source import ObjectSource
+
+    return ObjectSource(cls, f"<class {cls.__module__}.{cls.__qualname__}>")
 
 
 def _plain_getattr(cls) -> bool:
@@ -107,7 +142,8 @@ class UserDefinedClassVariable(VariableTracker):
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
-        return _class_attr(tx, self.cls, name, None, source)
+        cls_source = self.source if source is not None else None
+        return _class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
 
     def call_function(self, tx, args, kwargs):
         from kiln.variables.fresh_object import can_construct, construct
@@ -173,12 +209,18 @@ class UserDefinedObjectVariable(VariableTracker):
             return wrap(tx, d[name], source)
         if self.source is None:
             return _class_attr(tx, cls, name, self, None)
+        if d is not None and not _is_data_descriptor(cls, name):
+            # The instance must not gain an attribute that would shadow the class's.
+            tx.output.guards.add(InstanceDictSource(self.source), "NO_ITEM", name)
+        # TYPE_MATCH pins type(value): the class is read by identity.
+        cls_source = class_source(cls)
         if _plain_getattr(cls):
-            return _class_attr(tx, cls, name, self, AttrSource(self.source, name))
+            return _class_attr(tx, cls, name, self, AttrSource(self.source, name),
+                               cls_source=cls_source)
         # Guards read class-level data through the type: getattr on the instance would run
         # the class's own lookup.
         return _class_attr(tx, cls, name, self, AttrSource(TypeSource(self.source), name),
-                           source_is_plain=True)
+                           source_is_plain=True, cls_source=cls_source)
 
     def _dunder(self, name):
         """The class's Python implementation of a special method, or None."""
