@@ -269,6 +269,8 @@ class Accessor {
     return nullptr;
   }
 
+  Access kind() const { return kind_; }
+
   // How failure reasons name this step.
   std::string Name() const {
     switch (kind_) {
@@ -352,6 +354,13 @@ class LeafCheck {
   // they sit at the root.
   virtual bool ReadsValue() const { return true; }
 
+  // What keeps a check's last answer valid (see Node::Run's fast path): kSameObject, the value
+  // is the same object as then (its identity, or an immutable constant, decides the answer);
+  // kSameDict, the value is a dict with the same version tag as then (its keys or length
+  // decide it); kNothing, the check must run again.
+  enum class Stability { kNothing, kSameObject, kSameDict };
+  virtual Stability stability() const { return Stability::kNothing; }
+
   const std::string& description() const { return description_; }
   Cost cost() const { return cost_; }
 
@@ -367,6 +376,13 @@ class TypeCheck : public LeafCheck {
     Py_INCREF(type_);
   }
   ~TypeCheck() override { Py_DECREF(type_); }
+
+  // An instance of a static type (int, tuple, ...) can never change class; a heap type's can
+  // (obj.__class__ = Other).
+  Stability stability() const override {
+    return type_->tp_flags & Py_TPFLAGS_HEAPTYPE ? Stability::kNothing : Stability::kSameObject;
+  }
+  bool exact_tuple() const { return type_ == &PyTuple_Type; }
 
   bool Run(PyObject* value, std::string* why) const override {
     if (Py_TYPE(value) == type_) return true;
@@ -395,6 +411,8 @@ class IdCheck : public LeafCheck {
     strong_ = true;
   }
   ~IdCheck() override { Py_DECREF(ref_); }
+  // The same value object: a weakly held expected object it is cannot have died.
+  Stability stability() const override { return Stability::kSameObject; }
 
   bool Run(PyObject* value, std::string* why) const override {
     PyObject* object = ref_;
@@ -443,6 +461,8 @@ class ConstantCheck : public LeafCheck {
     }
   }
   ~ConstantCheck() override { Py_DECREF(value_); }
+  // Constants are immutable objects of types whose class cannot be reassigned.
+  Stability stability() const override { return Stability::kSameObject; }
 
   bool Run(PyObject* value, std::string* why) const override {
     bool ok = false;
@@ -499,6 +519,7 @@ class LenCheck : public LeafCheck {
  public:
   LenCheck(Py_ssize_t length, std::string description)
       : LeafCheck(std::move(description), kCheap), length_(length) {}
+  Stability stability() const override { return Stability::kSameDict; }
 
   bool Run(PyObject* value, std::string* why) const override {
     // Subclasses count by their C-level size: torch.Size is a tuple, OrderedDict a dict.
@@ -530,6 +551,7 @@ class DictKeysCheck : public LeafCheck {
   DictKeysCheck(PyObject* keys, std::string description)  // keys: a tuple
       : LeafCheck(std::move(description), kContainer), keys_(Py_NewRef(keys)) {}
   ~DictKeysCheck() override { Py_DECREF(keys_); }
+  Stability stability() const override { return Stability::kSameDict; }
 
   bool Run(PyObject* value, std::string* why) const override {
     if (!PyDict_CheckExact(value)) {
@@ -621,6 +643,7 @@ class NoItemCheck : public LeafCheck {
   NoItemCheck(PyObject* key, std::string description)  // key: owned
       : LeafCheck(std::move(description), kCheap), key_(key) {}
   ~NoItemCheck() override { Py_DECREF(key_); }
+  Stability stability() const override { return Stability::kSameDict; }
 
   bool Run(PyObject* value, std::string* why) const override {
     if (!PyDict_Check(value)) {
@@ -1181,6 +1204,21 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::s
 
 }  // namespace
 
+// A dict's version tag: globally unique, and changed by every mutation that stores another
+// object or removes a key (PEP 509; CPython 3.11 and 3.12 keep it though 3.12 deprecates it for
+// extensions). 0 where it is not available: never equal to a recorded one.
+uint64_t DictVersion(PyObject* dict) {
+#if PY_VERSION_HEX < 0x030E0000
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+#else
+  (void)dict;
+  return 0;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // The tree.
 
@@ -1205,15 +1243,54 @@ class Node {
     checks_.insert(at, std::move(check));
   }
 
-  bool Run(PyObject* value, const Eval& eval) {
+  // Works out, after guards were added, what the fast path of Run may skip.
+  void Prepare() {
+    for (const std::unique_ptr<Node>& child : children_) child->Prepare();
+    // A value checked to be exactly a tuple is immutable: its length and items are decided by
+    // the object too.
+    bool tuple = false;
     for (const std::unique_ptr<LeafCheck>& check : checks_) {
-      if (!check->RunIn(value, eval.frame, eval.why)) {
-        if (eval.why) *eval.why = check->description() + ": " + *eval.why;
-        return false;
+      auto* type = dynamic_cast<const TypeCheck*>(check.get());
+      tuple = tuple || (type != nullptr && type->exact_tuple());
+    }
+    own_same_dict_ = true;
+    same_object_ = accessor_.kind() == Access::kItem;
+    for (const std::unique_ptr<LeafCheck>& check : checks_) {
+      LeafCheck::Stability s = check->stability();
+      own_same_dict_ = own_same_dict_ && s != LeafCheck::Stability::kNothing;
+      same_object_ = same_object_ && (s == LeafCheck::Stability::kSameObject ||
+                                      (tuple && s == LeafCheck::Stability::kSameDict));
+    }
+    for (const std::unique_ptr<Node>& child : children_) {
+      same_object_ = same_object_ && tuple && child->same_object_;
+    }
+    seen_version_ = 0;
+  }
+
+  // The fast path (when no reason is asked for): a node whose value is a dict remembers the
+  // version tag it last passed with. While the dict has that version, its items are the same
+  // objects, so the checks whose answer only those decide are skipped: its own checks on its
+  // keys and length, and its items' identity and constant checks (an instance __dict__ of
+  // module constants, a module's _parameters). Everything else runs.
+  bool Run(PyObject* value, const Eval& eval) {
+    uint64_t version = 0;
+    bool unchanged = false;
+    // Exact dicts only: a subclass's __getitem__ may answer otherwise for the same contents.
+    if (eval.why == nullptr && value != nullptr && PyDict_CheckExact(value)) {
+      version = DictVersion(value);
+      unchanged = version != 0 && version == seen_version_;
+    }
+    if (!(unchanged && own_same_dict_)) {
+      for (const std::unique_ptr<LeafCheck>& check : checks_) {
+        if (!check->RunIn(value, eval.frame, eval.why)) {
+          if (eval.why) *eval.why = check->description() + ": " + *eval.why;
+          return false;
+        }
       }
     }
     for (size_t i = 0; i < children_.size(); ++i) {
       Node* child = children_[i].get();
+      if (unchanged && child->same_object_) continue;
       PyObject* child_value = child->accessor_.Read(value, eval.frame, eval.why);
       bool ok = false;
       if (child_value != nullptr) {
@@ -1227,6 +1304,9 @@ class Node {
         return false;
       }
     }
+    // The version read before the checks: a mutation made by a property a check read makes
+    // the next evaluation a full one.
+    if (version != 0) seen_version_ = version;
     return true;
   }
 
@@ -1259,6 +1339,9 @@ class Node {
   std::vector<std::unique_ptr<LeafCheck>> checks_;
   std::vector<std::unique_ptr<Node>> children_;
   uint64_t failures_ = 0;
+  uint64_t seen_version_ = 0;     // the dict version this node last passed with, or 0
+  bool own_same_dict_ = false;  // its own checks hold while its dict is unchanged
+  bool same_object_ = false;    // an item whose whole subtree holds while it is the same object
 };
 
 GuardTree::GuardTree(PyObject* on_dead)
@@ -1286,6 +1369,7 @@ bool GuardTree::Add(PyObject* source, PyObject* check, std::string description,
   }
   node->AddCheck(std::move(leaf));
   ++num_checks_;
+  prepared_ = false;
   return true;
 }
 
@@ -1294,6 +1378,10 @@ bool GuardTree::Check(PyObject* const* slots, Py_ssize_t nslots, PyObject* func,
                                    ? reinterpret_cast<PyFunctionObject*>(func)
                                    : nullptr;
   const Eval eval{{slots, nslots, function}, why, &active_};
+  if (!prepared_ && active_ == 0) {
+    root_->Prepare();
+    prepared_ = true;
+  }
   ++active_;
   bool ok = false;
   try {

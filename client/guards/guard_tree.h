@@ -61,7 +61,10 @@ class Node;
 //
 // Within a node cheap checks run before tensor checks, and a node's checks run before its
 // children are read, so a type check on L['self'] protects the attribute reads below it. Children
-// that fail often move towards the front of their node.
+// that fail often move towards the front of their node. A node whose value is a dict skips, while
+// the dict's version tag is the one it last passed with, the checks that only its contents decide
+// (its keys and length; the identity and constant checks of its items): a module's constants and
+// parameters cost one comparison until the module changes.
 //
 // Not thread-safe beyond what the GIL gives: every method must be called with the GIL held.
 class GuardTree {
@@ -95,6 +98,7 @@ class GuardTree {
   std::unique_ptr<Node> root_;
   PyObject* on_dead_;  // owned, or null
   size_t num_checks_ = 0;
+  bool prepared_ = false;  // the nodes' fast-path flags are current (see Node::Prepare)
   // Evaluations in progress on this tree: a guard reading a property runs Python code, which may
   // release the GIL or evaluate this tree again. Children are reordered only by the sole one.
   int active_ = 0;

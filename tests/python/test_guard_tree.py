@@ -536,3 +536,139 @@ def test_malformed_source_adds_nothing_to_the_tree():
         g.add(("attr", ("attr", L0, "a"), 7), ("constant", 1), "bad")
     assert g.describe() == ["ok"]
     assert g.check((1,), frame_func)
+
+
+# --- the checks identity and attribute lookups need ---------------------------------------------
+
+
+class _Obj:
+    pass
+
+
+def test_has_attr_and_no_attr_follow_getattr():
+    o = _Obj()
+    g = manager((L0, ("no_attr", "flag"), "L['o'] NO_HASATTR 'flag'"))
+    assert g.check((o,), frame_func)
+    o.flag = 1
+    assert g.failure_reason((o,), frame_func) == "L['o'] NO_HASATTR 'flag': attribute 'flag' now exists"
+    h = manager((L0, ("has_attr", "flag"), "L['o'] HASATTR 'flag'"))
+    assert h.check((o,), frame_func)
+    del o.flag
+    assert not h.check((o,), frame_func)
+    _Obj.flag = 2  # a class attribute counts, as for getattr
+    try:
+        assert h.check((o,), frame_func)
+    finally:
+        del _Obj.flag
+
+
+def test_no_item_fails_once_the_key_is_there():
+    g = manager((("instance_dict", L0), ("no_item", "m"), "no m"))
+    o = _Obj()
+    assert g.check((o,), frame_func)
+    o.m = 1
+    assert not g.check((o,), frame_func)
+    with pytest.raises(ValueError, match="hashable"):
+        manager((L0, ("no_item", []), "bad"))
+
+
+def test_is_and_distinct_compare_objects_of_the_same_frame():
+    same = manager((L1, ("is", L0), "L['b'] IS L['a']"))
+    distinct = manager((L0, ("distinct", (L0, L1)), "L['a'], L['b'] DISTINCT"))
+    a, b = object(), object()
+    assert same.check((a, a), frame_func) and not same.check((a, b), frame_func)
+    assert distinct.check((a, b), frame_func) and not distinct.check((a, a), frame_func)
+    assert not distinct.check((a,), frame_func)  # a source that cannot be read fails
+    with pytest.raises(ValueError, match="two or more"):
+        manager((L0, ("distinct", (L0,)), "one"))
+
+
+def test_id_match_holds_its_object_weakly_and_tells_when_it_dies():
+    deaths = []
+    g = _C.GuardManager(on_dead=deaths.append)
+    o = _Obj()
+    ref = weakref.ref(o)
+    g.add(L0, ("id", o), "L['o'] ID_MATCH")
+    assert g.check((o,), frame_func)
+    del o
+    gc.collect()
+    assert ref() is None and len(deaths) == 1
+    assert not g.check((None,), frame_func)
+    assert "no longer exists" in g.failure_reason((None,), frame_func)
+
+
+def test_id_match_keeps_objects_without_weak_references_alive():
+    g = _C.GuardManager(on_dead=lambda ref: None)
+    value = (1, 2)  # tuples take no weak references: held strongly
+    g.add(L0, ("id", value), "L['t'] ID_MATCH")
+    assert g.check((value,), frame_func) and not g.check(((1, 2, 3),), frame_func)
+
+
+# --- the fast path over unchanged dicts ---------------------------------------------------------
+
+
+def _module_like():
+    o = _Obj()
+    o.eps = 1e-5
+    o.stride = (1, 2)
+    o.items = []
+    return o
+
+
+def _dict_guards():
+    d = ("instance_dict", L0)
+    return manager((("item", d, "eps"), ("constant", 1e-5), "eps"),
+                   (("item", d, "stride"), ("type", tuple), "stride type"),
+                   (("item", d, "stride"), ("len", 2), "stride len"),
+                   (("item", ("item", d, "stride"), 0), ("constant", 1), "stride[0]"),
+                   (("item", ("item", d, "stride"), 1), ("constant", 2), "stride[1]"),
+                   (("item", d, "items"), ("len", 0), "items len"),
+                   (d, ("no_item", "forward"), "no forward"))
+
+
+def test_an_unchanged_dict_still_fails_what_its_items_changed_inside():
+    o = _module_like()
+    g = _dict_guards()
+    assert g.check((o,), frame_func) and g.check((o,), frame_func)  # the second is fast
+    o.items.append(1)  # mutated in place: the dict's version does not move
+    assert not g.check((o,), frame_func)
+
+
+@pytest.mark.parametrize("change", ["eps", "stride", "forward", "del_eps"])
+def test_a_changed_dict_runs_its_checks_again(change):
+    o = _module_like()
+    g = _dict_guards()
+    assert g.check((o,), frame_func) and g.check((o,), frame_func)
+    if change == "eps":
+        o.eps = 1e-3
+    elif change == "stride":
+        o.stride = (1, 3)
+    elif change == "forward":
+        o.forward = print
+    else:
+        del o.eps
+    assert not g.check((o,), frame_func)
+    assert g.failure_reason((o,), frame_func) is not None
+
+
+def test_another_object_with_an_equal_dict_is_checked_in_full():
+    g = _dict_guards()
+    a, b = _module_like(), _module_like()
+    assert g.check((a,), frame_func)
+    b.eps = 2.0
+    assert not g.check((b,), frame_func)
+    assert g.check((a,), frame_func)
+
+
+def test_a_dict_subclass_is_always_checked_in_full():
+    class Answering(dict):
+        answer = 1
+
+        def __getitem__(self, key):  # answers from outside the dict's own contents
+            return Answering.answer
+
+    d = Answering(k=1)
+    g = manager((("item", L0, "k"), ("constant", 1), "d['k'] CONSTANT_MATCH 1"))
+    assert g.check((d,), frame_func) and g.check((d,), frame_func)
+    Answering.answer = 5  # the dict itself is unchanged
+    assert not g.check((d,), frame_func)

@@ -503,3 +503,23 @@ def test_a_forward_set_on_a_module_instance_is_what_a_call_runs():
     torch.testing.assert_close(compiled(x), m(x) + 1)
     del m.forward
     torch.testing.assert_close(compiled(x), m(x) + 1)
+
+
+def test_constant_tuples_concatenate_with_tuples_of_tensors():
+    def f(x):
+        out = () + (x, x + 1) + ()
+        out = (None,) + out + (None,)
+        return out[1] + out[2], len(out), 2 * (x,), [x] * 2
+
+    x = torch.randn(3)
+    _assert_same(kiln.compile(f, backend="eager", fullgraph=True)(x), f(x))
+
+
+def test_in_place_repetition_of_a_list_is_seen_through_its_aliases():
+    def f(x):
+        a = [x]
+        b = a
+        a *= 3
+        return len(b), b is a
+
+    _compare(f, torch.randn(2))

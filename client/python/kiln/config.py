@@ -21,9 +21,11 @@ default_backend = os.environ.get("KILN_BACKEND", "kiln")
 log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())
 
 # Guard module attributes that are plain constants (ints, strings, tuples) of torch.nn's own
-# modules too. Off: their configuration (stride, eps, ...) is taken as fixed once the module's
-# identity is guarded; `training` is always guarded.
-guard_nn_module_constants = False
+# modules too (a changed dropout p or batch-norm eps recompiles). On: the guard tree checks a
+# module's constants by its __dict__'s version tag, one comparison while nothing changed. Off:
+# their configuration (stride, eps, ...) is taken as fixed once the module's identity is
+# guarded; `training` is always guarded.
+guard_nn_module_constants = True
 
 
 def logs(topic: str) -> bool:

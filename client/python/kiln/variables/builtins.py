@@ -122,6 +122,10 @@ def apply_operator(tx, fn, args):
             return ConstantVariable(fn(*const[0]))
         except Exception as e:
             raise Unsupported(f"{fn.__name__} raised {type(e).__name__} at trace time") from None
+    if fn in (operator.add, operator.iadd, operator.mul, operator.imul):
+        # A constant tuple or list concatenated with one holding tensors: () + (x, y).
+        args = [_as_sequence(a) if any(isinstance(o, BaseListVariable) for o in args) else a
+                for a in args]
     if fn in (operator.add, operator.iadd) and all(isinstance(a, BaseListVariable) for a in args):
         a, b = args
         if fn is operator.iadd and isinstance(a, ListVariable):
@@ -129,8 +133,14 @@ def apply_operator(tx, fn, args):
             a.items.extend(b.items)
             return a
         return type(a)(a.items + b.items)
+    if fn is operator.imul and isinstance(args[0], ListVariable):  # in place, as list.__imul__
+        args[0]._check_mutable()
+        args[0].items[:] = args[0].items * args[1].as_python_constant()
+        return args[0]
     if fn in (operator.mul, operator.imul) and isinstance(args[0], BaseListVariable):
         return type(args[0])(args[0].items * args[1].as_python_constant())
+    if fn is operator.mul and isinstance(args[1], BaseListVariable):  # 2 * (x,)
+        return type(args[1])(args[1].items * args[0].as_python_constant())
     if fn in (operator.eq, operator.ne) and any(not a.is_python_constant() for a in args):
         for a in args:
             if a.is_python_constant() or not _compares_by_value(a.python_type()):
@@ -146,6 +156,15 @@ def apply_operator(tx, fn, args):
             raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
         return ConstantVariable(same if fn is operator.eq else not same)
     raise Unsupported(f"{fn.__name__} of {', '.join(map(repr, args))}")
+
+
+def _as_sequence(vt):
+    """A constant tuple or list as the tracker of a tuple or list of constants; anything else as
+    it is."""
+    if isinstance(vt, ConstantVariable) and type(vt.value) in (tuple, list):
+        items = [ConstantVariable(v) for v in vt.value]
+        return TupleVariable(items) if type(vt.value) is tuple else ListVariable(items)
+    return vt
 
 
 def _compares_by_value(cls) -> bool:
