@@ -523,3 +523,12 @@ def test_in_place_repetition_of_a_list_is_seen_through_its_aliases():
         return len(b), b is a
 
     _compare(f, torch.randn(2))
+
+
+def test_a_torch_nn_modules_own_constant_changed_after_compiling_recompiles():
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.1))
+    compiled = kiln.compile(m, backend="eager")
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(compiled(x), m(x))
+    m[1].negative_slope = 0.5
+    torch.testing.assert_close(compiled(x), m(x))
