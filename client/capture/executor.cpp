@@ -465,14 +465,14 @@ Snapshot Translator::TakeSnapshot() {
   s.kw_names = kw_names_;
   s.graph = py::make_tuple(output_.attr("checkpoint")(),
                            N().mutations_of(output_).attr("checkpoint")());
-  s.mutations = N().mutation_count[py::int_(0)].cast<long>();
+  s.mutations = N().mutation_count().cast<long>();
   s.lineno = lineno_;
   N().mark_checkpoint();
   return s;
 }
 
 bool Translator::CanBreakAt(const Snapshot& s, const Instruction& inst) {
-  return s.mutations == N().mutation_count[py::int_(0)].cast<long>() &&
+  return s.mutations == N().mutation_count().cast<long>() &&
          !N().offset_in_exception_table(code_, inst.offset).cast<bool>();
 }
 
@@ -1261,6 +1261,13 @@ void RegisterPython(py::module_& m) {
             return tx.InlineCall(fn, args, kwargs, true).attr("unpack")(py::cast(&tx));
           },
           py::arg("fn"), py::arg("args"), py::arg("kwargs"))
+      .def(
+          "wrap",
+          [](py::object self, py::object value, py::object source, bool guard) {
+            // The tracker of a value read from outside the frame, guarded on `source`.
+            return N().wrap(self, value, source, py::arg("guard") = guard);
+          },
+          py::arg("value"), py::arg("source") = py::none(), py::arg("guard") = true)
       .def("inline_nested", &Translator::InlineNested)
       .def("make_super", &Translator::MakeSuper)
       .def("load_deref", &Translator::LoadDeref)

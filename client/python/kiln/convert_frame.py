@@ -6,26 +6,21 @@ import itertools
 import logging
 import sys
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
 
 from kiln import _C, config
-from kiln.capture.graph_break import GraphBreak
-from kiln.exc import BackendCompilerFailed, Unsupported
-from kiln.graph.output_graph import OutputGraph, realized
+from kiln.capture.frame import capture_frame
+from kiln.exc import BackendCompilerFailed
+from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
-from kiln.transform.resume import make_resume_code
-from kiln.variables.base import NullVariable
-from kiln.variables.side_effects import finish as finish_attribute_stores
-from kiln.variables.side_effects import mutations_of
+from kiln.transform.graph_break import break_body
 
 log = logging.getLogger("kiln")
 
 _compile_ids = itertools.count()
-_resume_ids = itertools.count(1)
 
 
 @dataclass
@@ -51,35 +46,21 @@ class EntryInfo:
 # -- capture -----------------------------------------------------------------------------------
 
 def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False):
-    """Captures the frame of `func` about to run with argument `slots`. Returns the hook's
-    (guard_manager, transformed_code, info). Raises Unsupported (a frame kiln cannot capture
-    even in part, or any break with fullgraph) or BackendCompilerFailed."""
-    t0 = time.perf_counter()
-    output = OutputGraph()
-    tx = _C.Translator.root(func, code, slots, output, may_break=not fullgraph)
-    graph_break = None
-    grad_enabled = torch.is_grad_enabled()
-    try:
-        result = tx.run()
-    except GraphBreak as gb:
-        graph_break = gb
-        graph_ckpt, mutations_ckpt = gb.checkpoint.graph
-        output.restore(graph_ckpt)
-        mutations_of(output).restore(mutations_ckpt)
-    finally:
-        torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
-    output.guards.add(None, "GLOBAL_STATE")
-    output.guard_distinct_inputs()
-    finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
-
+    """Captures the frame of `func` about to run with argument `slots`, compiles its graph with
+    the backend and writes the transformed code: capture -> backend -> transform -> guards.
+    Returns the hook's (guard_manager, transformed_code, info). Raises Unsupported (a frame
+    kiln cannot capture even in part, or any break with fullgraph) or BackendCompilerFailed."""
+    capture = capture_frame(func, code, slots, may_break=not fullgraph)
+    output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
     rebuild = Reconstructor(consts, use_graph=op_count > 0)
+    graph_break = capture.graph_break
     if graph_break is None:
-        body = [f"return {rebuild(result)}"]
+        body = [f"return {rebuild(capture.returned)}"]
         resumes = []
     else:
-        body, resumes = _break_body(func, code, graph_break, rebuild, consts)
+        body, resumes = break_body(func, code, graph_break, rebuild, consts)
     body = rebuild.prelude + body
     compile_id = next(_compile_ids)
     name = f"__compiled_fn_{compile_id}"
@@ -108,78 +89,13 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     info = EntryInfo(compile_id=compile_id, name=name, graph_module=gm, compiled_fn=compiled,
                      guards=guards, original_code=code,
                      transformed_code=new_code, transformed_source=src, op_count=op_count,
-                     capture_seconds=t1 - t0, backend_seconds=t2 - t1)
+                     capture_seconds=capture.seconds, backend_seconds=t2 - t1)
     if graph_break is not None:
         info.break_reason = graph_break.reason
         info.break_where = graph_break.where
         info.resume_codes = resumes
     _print_debug(info)
     return manager, new_code, info
-
-
-def _break_body(func, code, gb, rebuild, consts):
-    """Statements that finish the frame after its graph: run the breaking instruction in
-    Python, then return what a resume function computes from there."""
-    inst = gb.inst
-    ckpt = gb.checkpoint
-    stack = list(ckpt.stack)
-    varnames = code.co_varnames
-    unbound = [n for n in varnames if n not in ckpt.locals]
-    local_exprs = [rebuild(ckpt.locals[n]) if n in ckpt.locals else "None" for n in varnames]
-    next_offset = inst.next_offset
-    body = []
-    resumes = []
-
-    def resume_call(target_offset, stack_vts):
-        """A call of a new resume function; `stack_vts` holds trackers, or expressions (str)."""
-        is_null = [isinstance(v, NullVariable) for v in stack_vts]
-        n = next(_resume_ids)
-        rname = f"__resume_at_{target_offset}_{n}"
-        rcode = make_resume_code(code, target_offset, is_null, unbound, rname)
-        fn = types.FunctionType(rcode, func.__globals__, rname)
-        resumes.append(rcode)
-        args = local_exprs + [v if isinstance(v, str) else rebuild(v)
-                              for v in stack_vts if not isinstance(v, NullVariable)]
-        return f"{consts.ref(fn)}({', '.join(args)})"
-
-    if inst.opname == "CALL":
-        argc = inst.arg
-        kw_names = ckpt.kw_names or ()
-        args = stack[len(stack) - argc:]
-        fn = stack[len(stack) - argc - 1]
-        below = stack[len(stack) - argc - 2]
-        rest = stack[:len(stack) - argc - 2]
-        if not isinstance(below, NullVariable):  # [callable, self, args...]
-            args = [fn, *args]
-            fn = below
-        npos = len(args) - len(kw_names)
-        parts = [rebuild(a) for a in args[:npos]]
-        parts += [f"{k}={rebuild(v)}" for k, v in zip(kw_names, args[npos:])]
-        body.append(f"__kiln_r = {rebuild(fn)}({', '.join(parts)})")
-        body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
-    elif inst.opname == "CALL_FUNCTION_EX":
-        kwargs_vt = stack[-1] if inst.arg & 1 else None
-        rest = stack[:-1] if kwargs_vt is not None else stack
-        args_vt, fn, below, rest = rest[-1], rest[-2], rest[-3], rest[:-3]
-        call = f"{rebuild(fn)}(*{rebuild(args_vt)}"
-        if kwargs_vt is not None:
-            call += f", **{rebuild(kwargs_vt)}"
-        if not isinstance(below, NullVariable):
-            raise Unsupported("CALL_FUNCTION_EX without NULL")
-        body.append(f"__kiln_r = {call})")
-        body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
-    elif inst.opname.startswith("POP_JUMP"):
-        cond = stack[-1]
-        rest = stack[:-1]
-        jump_if_true = "IF_TRUE" in inst.opname
-        taken = resume_call(inst.argval, rest)
-        fallthrough = resume_call(next_offset, rest)
-        body.append(f"if {rebuild(cond)}:")
-        body.append(f"    return {taken if jump_if_true else fallthrough}")
-        body.append(f"return {fallthrough if jump_if_true else taken}")
-    else:
-        raise Unsupported(f"no graph break at {inst.opname}")
-    return body, resumes
 
 
 def _print_debug(info: EntryInfo):

@@ -51,7 +51,15 @@ class ContainerMemo:
 
 
 class OutputGraph:
-    def __init__(self):
+    """The graph of one capture. The graph knows trackers only through what it is given:
+    `make_tensor(node, example, source)` makes the tracker of a graph input or attribute, and
+    `wrap_result(output, node, result, same_as)` the tracker of an op's result (`same_as`: the
+    argument's tracker when the op returned that argument itself); arguments of ops are
+    trackers read through their protocol (as_fx_arg, as_fake_arg)."""
+
+    def __init__(self, make_tensor, wrap_result):
+        self._make_tensor = make_tensor
+        self._wrap_result = wrap_result
         self.graph = torch.fx.Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
@@ -99,8 +107,6 @@ class OutputGraph:
 
     def add_input(self, real: torch.Tensor, source: Source):
         """A placeholder for a tensor the transformed code loads from `source` on every call."""
-        from kiln.variables.tensor import TensorVariable
-
         vt = self._input_by_source.get(source)
         if vt is not None:
             return vt
@@ -116,7 +122,7 @@ class OutputGraph:
         example = self.fake(real)
         node.meta["example_value"] = example
         self.inputs.append(GraphInput(node, source, real))
-        vt = TensorVariable(node, example, source=source)
+        vt = self._make_tensor(node, example, source)
         self._input_by_source[source] = vt
         self._input_by_id[id(real)] = vt
         self._real_by_node[node] = real
@@ -136,8 +142,6 @@ class OutputGraph:
 
     def add_attr(self, real: torch.Tensor, source: Source):
         """A get_attr node for a parameter or buffer: the graph module keeps the tensor itself."""
-        from kiln.variables.tensor import TensorVariable
-
         vt = self._attr_by_id.get(id(real))
         if vt is not None:
             return vt
@@ -147,7 +151,7 @@ class OutputGraph:
         self._real_by_node[node] = real
         example = self.fake(real, alone=True)
         node.meta["example_value"] = example
-        vt = TensorVariable(node, example, source=source)
+        vt = self._make_tensor(node, example, source)
         self._attr_by_id[id(real)] = vt
         return vt
 
@@ -176,33 +180,28 @@ class OutputGraph:
     # -- ops -----------------------------------------------------------------------------------
 
     def call(self, kind: str, target, args: tuple, kwargs: dict):
-        """Records `target(*args, **kwargs)` (kind: call_function or call_method), computes its
-        fake result and wraps it. Non-tensor results (sizes, dtypes) become constants and leave
-        no node behind."""
-        from kiln.variables.base import to_fx_arg, to_fake_arg
-        from kiln.variables.builder import wrap_fake_result
-
-        fake_args = tuple(to_fake_arg(a) for a in args)
-        fake_kwargs = {k: to_fake_arg(v) for k, v in kwargs.items()}
+        """Records `target(*args, **kwargs)` (kind: call_function or call_method; arguments are
+        trackers), computes its fake result and wraps it. Non-tensor results (sizes, dtypes)
+        become constants and leave no node behind."""
+        fake_args = tuple(a.as_fake_arg() for a in args)
+        fake_kwargs = {k: v.as_fake_arg() for k, v in kwargs.items()}
         result = shortcut(self.fake_mode, kind, target, fake_args, fake_kwargs)
         if result is None:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
             if result is not None and not _contains_tensor(result):
                 # Sizes, dtypes, flags: constants, no node. (None comes from ops run for their
                 # effect, such as setitem: those are nodes.)
-                return wrap_fake_result(self, None, result)
+                return self._wrap_result(self, None, result, None)
         node = self.graph.create_node(
-            kind, target, tuple(to_fx_arg(a) for a in args),
-            {k: to_fx_arg(v) for k, v in kwargs.items()},
+            kind, target, tuple(a.as_fx_arg() for a in args),
+            {k: v.as_fx_arg() for k, v in kwargs.items()},
             name=self.unique_name(_target_name(target)))
         node.meta["example_value"] = result
-        vt = wrap_fake_result(self, node, result)
-        if isinstance(result, torch.Tensor):
-            for arg in args:  # an in-place op (or out=) returns the very tensor it was given
-                if getattr(arg, "example", None) is result:
-                    vt.alias_of = arg
-                    break
-        return vt
+        # An in-place op (or out=) returns the very tensor it was given: its tracker says so.
+        same_as = next((arg for arg, fake in zip((*args, *kwargs.values()),
+                                                 (*fake_args, *fake_kwargs.values()))
+                        if fake is result and isinstance(result, torch.Tensor)), None)
+        return self._wrap_result(self, node, result, same_as)
 
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:

@@ -6,19 +6,12 @@ The code object is written as Python source and compiled, then its placeholder c
 replaced by a tuple of the objects it needs (the compiled callable, non-literal constants), so
 nothing is injected into the user's globals.
 """
-import itertools
 import math
 import types
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from kiln import _C
 from kiln.exc import Unsupported
-from kiln.variables.base import NullVariable, VariableTracker
-from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
-                                       ListVariable, NamedTupleVariable, SetVariable)
-from kiln.variables.functions import BoundBuiltinMethod, BoundContainerMethod, UserMethodVariable
-from kiln.variables.tensor import TensorMethodVariable, TensorVariable
 
 _CONSTS_PLACEHOLDER = "__kiln_consts__"
 _LITERAL_TYPES = (bool, int, str, type(None), bytes)
@@ -47,21 +40,26 @@ class OutputCollector:
         self.nodes: List = []
         self._index: Dict = {}
 
-    def slot(self, tensor: TensorVariable) -> int:
-        i = self._index.get(tensor.node)
+    def slot(self, node) -> int:
+        i = self._index.get(node)
         if i is None:
             i = len(self.nodes)
-            self.nodes.append(tensor.node)
-            self._index[tensor.node] = i
+            self.nodes.append(node)
+            self._index[node] = i
         return i
 
 
 class Reconstructor:
-    """Writes Python expressions that rebuild trackers in the transformed code.
+    """Writes the Python expressions that rebuild values in the transformed code. Calling it on a
+    tracker asks the tracker (its `reconstruct(codegen)`), which calls back for its parts:
 
-    With `use_graph`, tensors come from the compiled graph's outputs; without (no op was
-    recorded), from their sources. A mutable container reached twice (on the stack and in a
-    local, say) is built once into a temporary, so the aliasing the program sees is kept."""
+    - `codegen(vt)`: the expression of a nested tracker;
+    - `codegen.constant(value)`: a literal, or a reference into the constants tuple;
+    - `codegen.tensor(vt)`: a tensor, from the compiled graph's outputs with `use_graph`, else
+      from its source (no op was recorded);
+    - `codegen.temp(vt, build)`: a mutable object built once into a temporary however often it
+      is reached (a list on the stack and in a local), so the aliasing the program sees is kept;
+    - `codegen.fresh_object(vt, cls, attrs)`: an object the frame made, from its attributes."""
 
     def __init__(self, consts: ConstTable, use_graph: bool = True):
         self.consts = consts
@@ -70,66 +68,31 @@ class Reconstructor:
         self.prelude: List[str] = []
         self._memo: Dict[int, str] = {}
 
-    def __call__(self, vt: VariableTracker) -> str:
-        consts = self.consts
-        if isinstance(vt, TensorVariable):
-            if self.use_graph:
-                return f"__kiln_out[{self.outputs.slot(vt)}]"
-            if vt.source is None:
-                raise Unsupported("a tensor with no source and no graph to compute it")
-            return vt.source.expr(consts)
-        if isinstance(vt, SetVariable) and vt.source is None:
-            return self._temp(vt, f"set({consts.ref(frozenset(vt.value))})")
-        if isinstance(vt, (BaseListVariable, ConstDictVariable)) and vt.source is not None:
-            # The program's own object: it may be mutated or compared by identity later.
-            return vt.source.expr(consts)
-        if isinstance(vt, NamedTupleVariable):
-            items = "".join(self(v) + ", " for v in vt.items)
-            return f"{consts.ref(vt.tuple_type)}._make(({items}))" if vt.is_collections \
-                else f"{consts.ref(vt.tuple_type)}(({items}))"
-        if isinstance(vt, ConstantVariable):
-            v = vt.value
-            if type(v) in _LITERAL_TYPES or (type(v) is float and math.isfinite(v)):
-                return repr(v)
-            return consts.ref(v)
-        if isinstance(vt, (ListVariable, ConstDictVariable)):
-            return self._temp(vt, None)
-        if isinstance(vt, BaseListVariable):
-            return self._build(vt)
-        if isinstance(vt, ListIteratorVariable):
-            # One object however often it is reached (a local and the argument of next(), say):
-            # advancing one advances the other.
-            if vt.origin is not None:
-                return self._temp(vt, f"{consts.ref(iterator_at)}({self(vt.origin)}, {vt.index})")
-            items = "".join(self(v) + ", " for v in vt.items[vt.index:])
-            return self._temp(vt, f"iter(({items}))")
-        if isinstance(vt, TensorMethodVariable):
-            return f"{self(vt.tensor)}.{vt.name}"
-        if isinstance(vt, (BoundBuiltinMethod, BoundContainerMethod)):
-            return f"{self(vt.obj)}.{vt.name}"
-        if isinstance(vt, UserMethodVariable):
-            return f"{consts.ref(vt.fn)}.__get__({self(vt.obj)})"
-        if isinstance(vt, NullVariable):
-            raise Unsupported("rebuilding NULL")
-        if hasattr(vt, "rebuild_expr"):  # objects that know how to rebuild themselves
-            return vt.rebuild_expr(self, self.consts)
-        if vt.source is not None:
-            return vt.source.expr(consts)
-        try:
-            return consts.ref(vt.as_python_constant())
-        except Unsupported:
-            raise Unsupported(f"kiln cannot rebuild {vt} after the graph") from None
+    def __call__(self, vt) -> str:
+        return vt.reconstruct(self)
 
-    def _temp(self, vt, expr) -> str:
-        """A mutable container built once into a temporary, however often it is reached."""
+    def constant(self, value) -> str:
+        if type(value) in _LITERAL_TYPES or (type(value) is float and math.isfinite(value)):
+            return repr(value)
+        return self.consts.ref(value)
+
+    def tensor(self, vt) -> str:
+        if self.use_graph:
+            return f"__kiln_out[{self.outputs.slot(vt.node)}]"
+        if vt.source is None:
+            raise Unsupported("a tensor with no source and no graph to compute it")
+        return vt.source.expr(self.consts)
+
+    def temp(self, vt, build: Callable[[], str]) -> str:
+        """`build()`'s object in a temporary, built once per tracker."""
         name = self._memo.get(id(vt))
         if name is None:
             name = f"__kiln_t{len(self._memo)}"
             self._memo[id(vt)] = name
-            self.prelude.append(f"{name} = {expr if expr is not None else self._build(vt)}")
+            self.prelude.append(f"{name} = {build()}")
         return name
 
-    def fresh_object(self, vt, cls, attrs: Dict[str, VariableTracker]) -> str:
+    def fresh_object(self, vt, cls, attrs: Dict[str, object]) -> str:
         """An object the frame made, built once: object.__new__(cls) into a temporary first (so
         attributes that lead back to it, or to each other, see the one object), then its
         instance __dict__ in the order the frame wrote it."""
@@ -143,25 +106,6 @@ class Reconstructor:
             if values:
                 self.prelude.append(f"{name}.__dict__.update({{{', '.join(values)}}})")
         return name
-
-    def _build(self, vt) -> str:
-        if isinstance(vt, ConstDictVariable):
-            if vt.user_type is not dict:
-                raise Unsupported(f"rebuilding a {vt.user_type.__name__}")
-            items = [f"{self(ConstantVariable(k))}: {self(v)}" for k, v in vt.items.items()]
-            return "{" + ", ".join(items) + "}"
-        parts = [self(v) for v in vt.items]
-        if isinstance(vt, ListVariable):
-            return "[" + ", ".join(parts) + "]"
-        return "(" + "".join(p + ", " for p in parts) + ")"
-
-
-def iterator_at(items: list, index: int):
-    """A list iterator over `items` that has yielded its first `index` items."""
-    it = iter(items)
-    for _ in itertools.islice(it, index):
-        pass
-    return it
 
 
 def transformed_code(code: types.CodeType, nslots: int, call_expr: str, body: List[str],

@@ -1,15 +1,31 @@
-"""The VariableTracker base class and the conversions every tracker shares."""
+"""The VariableTracker protocol: every operation the executor (client/capture) and the
+transformed code's writer (kiln/transform) may ask of a tracker, each defaulting to
+Unsupported, so that a tracker says what it models by overriding and nothing probes for
+methods. Modelled on TorchDynamo's variables/base.py."""
 import contextlib
 from typing import Dict, List, Optional
 
 from kiln.exc import Unsupported
 from kiln.guards.source import Source
+from kiln.variables.side_effects import mutations_of
 
 
 class VariableTracker:
     """A Python value as the symbolic executor sees it. `source` says where it was read from,
     when it came from outside the frame; guards were installed on that source when it was read.
+
+    `tx` below is the executor of the frame being traced (kiln._C.Translator): trackers reach
+    the capture's graph and guards through `tx.output`, make trackers of outside values through
+    `tx.wrap`, and inline calls through `tx.inline_call`.
     """
+
+    # An object the frame made: the tracker is its identity (`is` compares trackers).
+    fresh_object = False
+    # The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR put below a callable.
+    is_null = False
+    # Whether the guards installed when the value was read pin which object it is (ID_MATCH,
+    # or a constant's value): `is` between values that are not pinned must be guarded itself.
+    identity_pinned = True
 
     def __init__(self, source: Optional[Source] = None):
         self.source = source
@@ -29,6 +45,27 @@ class VariableTracker:
     def as_python_constant(self):
         raise Unsupported(f"{self} is not a Python constant")
 
+    def identity(self, tx):
+        """The object `is` compares: the real object where the tracker stands for one, the
+        tracker itself for an object the frame made."""
+        if self.fresh_object:
+            return self
+        raise Unsupported(f"identity of {self}")
+
+    def contains_tensor(self) -> bool:
+        """Whether the value is, or holds, a tensor of the graph."""
+        return False
+
+    def as_fx_arg(self):
+        """The value as an FX node argument (tensors as their nodes)."""
+        return self.as_python_constant()
+
+    def as_fake_arg(self):
+        """The value as the argument an op runs on at trace time (tensors as fake tensors)."""
+        return self.as_python_constant()
+
+    # -- what one can do with it ---------------------------------------------------------------
+
     def unpack(self, tx) -> List["VariableTracker"]:
         """The items, for iteration and unpacking."""
         raise Unsupported(f"cannot iterate over {self}")
@@ -37,14 +74,73 @@ class VariableTracker:
         """bool(value) at trace time, or Unsupported when it depends on data."""
         return bool(self.as_python_constant())
 
-    # -- what one can do with it ---------------------------------------------------------------
+    def length(self, tx) -> int:
+        """len(value)."""
+        try:
+            return len(self.as_python_constant())
+        except TypeError:
+            raise Unsupported(f"len() of {self}") from None
 
     def var_getattr(self, tx, name: str) -> "VariableTracker":
         raise Unsupported(f"attribute {name!r} of {self}")
 
+    def has_attr(self, tx, name: str) -> bool:
+        """hasattr(value, name). A value from outside the frame answers from the real object
+        and guards the answer on its source (`obj.flag = True` later must recompile)."""
+        value = self.identity(tx)
+        if self.fresh_object:
+            raise Unsupported(f"hasattr on {self}")
+        if mutations_of(tx.output).load(value, name) is not None:
+            return True  # a store this frame made, pending until the trace ends
+        found = hasattr(value, name)
+        if self.source is not None:
+            tx.output.guards.add(self.source, "HASATTR" if found else "NO_HASATTR", name)
+        return found
+
+    def store_attr(self, tx, name: str, value: "VariableTracker") -> None:
+        raise Unsupported(f"assignment to attribute {name!r} of {self}")
+
+    def object_setattr(self, tx, name: str, value: "VariableTracker") -> None:
+        """object.__setattr__(value, name, new): the store below the class's own __setattr__."""
+        raise Unsupported(f"object.__setattr__ on {self}")
+
+    def del_attr(self, tx, name: str) -> None:
+        raise Unsupported(f"del of attribute {name!r} of {self}")
+
+    def getitem(self, tx, index: "VariableTracker") -> "VariableTracker":
+        raise Unsupported(f"indexing {self}")
+
+    def setitem(self, tx, index: "VariableTracker", value: "VariableTracker") -> None:
+        raise Unsupported(f"item assignment on {self}")
+
+    def contains(self, tx, item: "VariableTracker") -> "VariableTracker":
+        """`item in value`, as a tracker."""
+        raise Unsupported(f"`in` on {self}")
+
     def call_function(self, tx, args: List["VariableTracker"],
                       kwargs: Dict[str, "VariableTracker"]) -> "VariableTracker":
         raise Unsupported(f"call of {self}")
+
+    def call_method(self, tx, name: str, args: List["VariableTracker"],
+                    kwargs: Dict[str, "VariableTracker"]) -> "VariableTracker":
+        raise Unsupported(f"{self}.{name}()")
+
+    def enter(self, tx) -> "VariableTracker":
+        """`with value:` (BEFORE_WITH): enters, and returns the bound __exit__."""
+        raise Unsupported(f"`with` over {self}")
+
+    # -- after the graph -----------------------------------------------------------------------
+
+    def reconstruct(self, codegen) -> str:
+        """A Python expression that gives this value in the transformed code, after the graph
+        ran (`codegen`: kiln.transform.codegen.Reconstructor). By default the value is read
+        again from its source, or is a constant object."""
+        if self.source is not None:
+            return self.source.expr(codegen.consts)
+        try:
+            return codegen.constant(self.as_python_constant())
+        except Unsupported:
+            raise Unsupported(f"kiln cannot rebuild {self} after the graph") from None
 
     def __repr__(self):
         return f"{type(self).__name__}()"
@@ -63,9 +159,17 @@ class ValueVariable(VariableTracker):
     def as_python_constant(self):
         return self.value
 
+    def identity(self, tx):
+        return self.value
+
 
 class NullVariable(VariableTracker):
     """The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR put below a callable."""
+
+    is_null = True
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported("rebuilding NULL")
 
     def __repr__(self):
         return "NULL"
@@ -88,35 +192,19 @@ def walking(container: VariableTracker):
         _walking.discard(key)
 
 
-def _unwrap(value, tensor_leaf):
-    """A tracker (or nested structure of them) as plain Python, tensors via `tensor_leaf`."""
-    from kiln.variables.containers import BaseListVariable, ConstDictVariable, SliceVariable
-    from kiln.variables.tensor import TensorVariable
-
-    if isinstance(value, TensorVariable):
-        return tensor_leaf(value)
-    if isinstance(value, BaseListVariable):
-        with walking(value):
-            items = [_unwrap(v, tensor_leaf) for v in value.items]
-        return items if value.python_type() is list else tuple(items)
-    if isinstance(value, SliceVariable):
-        return slice(*(_unwrap(v, tensor_leaf) for v in value.parts))
-    if isinstance(value, ConstDictVariable):
-        with walking(value):
-            return {k: _unwrap(v, tensor_leaf) for k, v in value.items.items()}
-    if isinstance(value, VariableTracker):
-        return value.as_python_constant()
-    return value
+def walked(container: VariableTracker) -> bool:
+    """Whether a walk into `container`'s items is already under way (it contains itself)."""
+    return id(container) in _walking
 
 
 def to_fx_arg(value):
     """A tracker (or nested structure of them) as an FX node argument."""
-    return _unwrap(value, lambda t: t.node)
+    return value.as_fx_arg() if isinstance(value, VariableTracker) else value
 
 
 def to_fake_arg(value):
     """A tracker (or nested structure of them) as the fake value an op runs on."""
-    return _unwrap(value, lambda t: t.example)
+    return value.as_fake_arg() if isinstance(value, VariableTracker) else value
 
 
 def constant_args(args, kwargs):
@@ -129,15 +217,4 @@ def constant_args(args, kwargs):
 
 
 def any_tensor(values) -> bool:
-    from kiln.variables.containers import BaseListVariable, ConstDictVariable
-    from kiln.variables.tensor import TensorVariable
-
-    for v in values:
-        if isinstance(v, TensorVariable):
-            return True
-        if isinstance(v, (BaseListVariable, ConstDictVariable)) and id(v) not in _walking:
-            with walking(v):
-                items = v.items.values() if isinstance(v, ConstDictVariable) else v.items
-                if any_tensor(items):
-                    return True
-    return False
+    return any(v.contains_tensor() for v in values)

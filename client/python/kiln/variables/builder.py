@@ -8,7 +8,7 @@ import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import ItemSource
+from kiln.guards.source import AttrSource, ItemSource
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
@@ -19,25 +19,7 @@ from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
 from kiln.variables.tensor import TensorVariable
-from kiln.variables.torch import TorchVariable
-
-
-def _is_torch_object(value) -> bool:
-    if isinstance(value, types.ModuleType):
-        return value.__name__ == "torch" or value.__name__.startswith("torch.")
-    if isinstance(value, type):
-        return value.__module__.startswith("torch") and not issubclass(value, torch.nn.Module)
-    mod = getattr(value, "__module__", None) or ""
-    if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverloadPacket,
-                          torch._ops.OpOverload)):
-        self_obj = getattr(value, "__self__", None)
-        return mod.startswith("torch") or (
-            isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch")) \
-            or type(self_obj).__name__ == "_VariableFunctionsClass" \
-            or isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
-    if isinstance(value, types.FunctionType):
-        return mod.startswith("torch.") or mod == "torch"
-    return False
+from kiln.variables.torch import TorchVariable, is_torch_object
 
 
 def wrap(tx, value, source, guard: bool = True):
@@ -102,7 +84,7 @@ def wrap(tx, value, source, guard: bool = True):
         vt.items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
                     for k, v in value.items()}
         return vt
-    if _is_torch_object(value):
+    if is_torch_object(value):
         add("ID_MATCH", value)
         return TorchVariable(value, source)
     if isinstance(value, types.FunctionType):
@@ -111,8 +93,6 @@ def wrap(tx, value, source, guard: bool = True):
             return BuiltinVariable(value, source)
         return UserFunctionVariable(value, source)
     if isinstance(value, types.MethodType):
-        from kiln.guards.source import AttrSource
-
         self_source = AttrSource(source, "__self__") if source is not None else None
         obj = wrap(tx, value.__self__, self_source, guard)
         if isinstance(value.__func__, types.FunctionType):
@@ -144,45 +124,3 @@ def _is_modelled_builtin(value) -> bool:
         return value in KNOWN_BUILTINS or value in _PURE_BUILTINS or value in PURE_OPERATORS
     except TypeError:
         return False
-
-
-def wrap_unguarded(tx, value):
-    """Attributes of torch's namespace: fixed for the life of the process."""
-    if is_guardable_constant(value) or type(value) is torch.Size:
-        return ConstantVariable(value)
-    if isinstance(value, types.ModuleType) or _is_torch_object(value):
-        return TorchVariable(value)
-    return wrap(tx, value, None, guard=False)
-
-
-def wrap_builtin(tx, name):
-    value = getattr(builtins, name)
-    return wrap(tx, value, None, guard=False)
-
-
-def wrap_fake_result(output, node, result):
-    """The tracker for a graph op's result: tensors become graph values, the rest constants."""
-    if result is None:
-        return ConstantVariable(None)
-    if isinstance(result, torch.Tensor):
-        return TensorVariable(node, result)
-    if isinstance(result, (tuple, list)) and node is not None:
-        items = []
-        tuple_type = type(result) if type(result) not in (tuple, list) else None
-        for i, item in enumerate(result):
-            if isinstance(item, torch.Tensor):
-                items.append(TensorVariable(output.getitem_node(node, i, item), item))
-            elif isinstance(item, (tuple, list)):
-                raise Unsupported("nested sequences of tensors from one op")
-            else:
-                items.append(ConstantVariable(item))
-        if type(result) is list:
-            return ListVariable(items)
-        if tuple_type is not None:
-            return NamedTupleVariable(items, tuple_type)
-        return TupleVariable(items)
-    if type(result) is torch.Size:
-        return ConstantVariable(result)
-    if is_guardable_constant(result) or isinstance(result, (tuple, list)):
-        return ConstantVariable(result)
-    raise Unsupported(f"an op returned a {type(result).__name__}")

@@ -18,48 +18,18 @@ _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.co
                                       operator.truth, operator.index, operator.not_}
 
 
-def _identity_of(tx, vt):
-    """The object a tracker stands for, where its identity is known at trace time: the tracker
-    itself for objects the frame made (one tracker per object), the real object otherwise."""
-    from kiln.variables.objects import UserDefinedObjectVariable
-
-    if isinstance(vt, TensorVariable):
-        vt = vt.same_object()
-        if vt.source is not None:
-            real = tx.output.real_tensor(vt)
-            if real is not None:
-                return real
-        return vt  # a tensor the graph computes: no other tracker stands for it
-    if getattr(vt, "fresh_object", False):
-        return vt
-    if isinstance(vt, UserDefinedObjectVariable):
-        return vt.value
-    if isinstance(vt, (BaseListVariable, ConstDictVariable)):
-        # A container from outside is the object it was read from; one the frame made is its
-        # tracker.
-        return vt.outside_object if vt.outside_object is not None else vt
-    for attr in ("module", "value", "fn", "cls"):
-        if hasattr(vt, attr):
-            return getattr(vt, attr)
-    raise Unsupported(f"identity of {vt}")
-
-
 def _same_object(tx, a, b) -> bool:
     """`a is b`, guarded: where neither value's own guards pin which object it is (an instance
     of a user class, a tensor argument), the answer holds only while the objects are the same,
     or distinct, again."""
-    from kiln.variables.objects import UserDefinedObjectVariable
-
-    ia, ib = _identity_of(tx, a), _identity_of(tx, b)
+    ia, ib = a.identity(tx), b.identity(tx)
     same = ia is ib
 
     def unpinned(vt):
-        return vt.source is not None and isinstance(vt, (
-            UserDefinedObjectVariable, TensorVariable, BaseListVariable, ConstDictVariable))
+        return vt.source is not None and not vt.identity_pinned
 
-    def made_here(vt):
-        return getattr(vt, "fresh_object", False) or (
-            isinstance(vt, TensorVariable) and _identity_of(tx, vt) is vt.same_object())
+    def made_here(vt):  # its identity is a tracker: no object outside the frame is it
+        return isinstance(vt.identity(tx), VariableTracker)
 
     guards = tx.output.guards
     if not (unpinned(a) or unpinned(b)) or (made_here(a) or made_here(b)):
@@ -92,24 +62,7 @@ def apply_operator(tx, fn, args):
         return getitem(tx, args[0], args[1])
     if fn is operator.contains:
         container, item = args
-        if isinstance(container, ConstDictVariable):
-            return ConstantVariable(item.as_python_constant() in container.items)
-        if isinstance(container, TensorVariable) or isinstance(item, TensorVariable):
-            if isinstance(container, TensorVariable):
-                return tx.output.call("call_method", "__contains__", (container, item), {})
-            raise Unsupported("`tensor in container` compares tensors' values")
-        if hasattr(container, "contains"):
-            return container.contains(tx, item)
-        if isinstance(container, BaseListVariable):
-            if not item.is_python_constant():
-                raise Unsupported("`in` with a non-constant item")
-            target = item.as_python_constant()
-            for v in container.items:
-                if v.is_python_constant() and v.as_python_constant() == target:
-                    return ConstantVariable(True)
-                if not v.is_python_constant():
-                    raise Unsupported("`in` over a container with non-constant items")
-            return ConstantVariable(False)
+        return container.contains(tx, item)
     if any(isinstance(a, TensorVariable) for a in args):
         # A tensor operand makes it a tensor op; tensors inside a tuple or list operand do not
         # (`t += (x,)` concatenates).
@@ -145,7 +98,7 @@ def apply_operator(tx, fn, args):
         for a in args:
             if a.is_python_constant() or not _compares_by_value(a.python_type()):
                 continue
-            if getattr(a, "fresh_object", False):
+            if a.fresh_object:
                 return _fresh_object_compare(tx, fn, args)
             # An object from outside with a comparison of its own: identity would not answer.
             raise Unsupported(f"{fn.__name__} of a {a.python_type().__qualname__}, which "
@@ -175,7 +128,7 @@ def _fresh_object_compare(tx, fn, args):
     """`a == b` / `a != b` where an object the frame made has a comparison of its own (a
     dataclass's __eq__): the left operand's Python method inlined, else Unsupported."""
     a, b = args
-    cls = a.python_type() if getattr(a, "fresh_object", False) else None
+    cls = a.python_type() if a.fresh_object else None
     name = "__eq__" if fn is operator.eq else "__ne__"
     method = inspect.getattr_static(cls, name, None) if cls is not None else None
     if fn is operator.ne and method is object.__ne__:
@@ -190,30 +143,11 @@ def _fresh_object_compare(tx, fn, args):
 
 
 def getitem(tx, obj, index):
-    if isinstance(obj, TensorVariable):
-        return tx.output.call("call_function", operator.getitem, (obj, index), {})
-    if hasattr(obj, "getitem"):
-        return obj.getitem(tx, index)
-    if isinstance(obj, ConstantVariable):
-        try:
-            return ConstantVariable(obj.value[index.as_python_constant()])
-        except Exception as e:
-            raise Unsupported(f"indexing {type(obj.value).__name__}: {e}") from None
-    raise Unsupported(f"indexing {obj}")
+    return obj.getitem(tx, index)
 
 
 def length(tx, obj) -> int:
-    if isinstance(obj, TensorVariable):
-        if obj.example.dim() == 0:
-            raise Unsupported("len() of a 0-d tensor")
-        return obj.example.shape[0]
-    if isinstance(obj, (BaseListVariable,)):
-        return len(obj.items)
-    if isinstance(obj, ConstDictVariable):
-        return len(obj.items)
-    if hasattr(obj, "length"):
-        return obj.length(tx)
-    return len(obj.as_python_constant())
+    return obj.length(tx)
 
 
 def _isinstance(tx, obj, classes):
@@ -259,37 +193,13 @@ def _getattr(tx, obj, name, default=None):
     try:
         return obj.var_getattr(tx, name.as_python_constant())
     except Unsupported:
-        if default is not None and not _has_attr(tx, obj, name.as_python_constant()):
+        if default is not None and not obj.has_attr(tx, name.as_python_constant()):
             return default
         raise
 
 
-def _has_attr(tx, obj, name) -> bool:
-    """hasattr(obj, name) at trace time, guarded: the answer of an object from outside the frame
-    can change between calls (`obj.flag = True`), so its source gets a HASATTR or NO_HASATTR
-    guard. Objects the frame made answer from their own trackers."""
-    if hasattr(obj, "has_attr"):
-        return obj.has_attr(tx, name)
-    from kiln.variables.side_effects import mutations_of
-
-    value = None
-    for attr in ("module", "value", "fn", "cls"):
-        if hasattr(obj, attr):
-            value = getattr(obj, attr)
-            break
-    else:
-        if not isinstance(obj, TensorVariable):
-            raise Unsupported(f"hasattr on {obj}")
-    if value is not None and mutations_of(tx.output).load(value, name) is not None:
-        return True  # a store this frame made, pending until the trace ends
-    found = hasattr(value, name) if value is not None else hasattr(torch.Tensor, name)
-    if obj.source is not None:
-        tx.output.guards.add(obj.source, "HASATTR" if found else "NO_HASATTR", name)
-    return found
-
-
 def _hasattr(tx, obj, name):
-    return ConstantVariable(_has_attr(tx, obj, name.as_python_constant()))
+    return ConstantVariable(obj.has_attr(tx, name.as_python_constant()))
 
 
 def _minmax(fn):
@@ -369,9 +279,7 @@ def _sum(tx, obj, start=None):
 
 
 def _type(tx, obj):
-    from kiln.variables.builder import wrap
-
-    return wrap(tx, obj.python_type(), None)
+    return tx.wrap(obj.python_type(), None)
 
 
 def _all_any(fn):
@@ -397,15 +305,8 @@ def _sorted(tx, obj, **kwargs):
 
 
 def _callable(tx, obj):
-    if isinstance(obj, TensorVariable):
-        return ConstantVariable(False)
-    from kiln.variables.functions import (NestedFunctionVariable, UserFunctionVariable,
-                                          UserMethodVariable)
-
-    if isinstance(obj, (UserFunctionVariable, UserMethodVariable, NestedFunctionVariable,
-                        BuiltinVariable)):
-        return ConstantVariable(True)
-    return ConstantVariable(callable(_identity_of(tx, obj)))
+    # callable(x) asks whether type(x) has __call__.
+    return ConstantVariable(hasattr(obj.python_type(), "__call__"))
 
 
 def _super(tx, *args):

@@ -1,8 +1,9 @@
-"""Python constants: numbers, strings, None, dtypes, devices, torch.Size and tuples of them."""
+"""Python constants: numbers, strings, None, dtypes, devices, torch.Size and tuples of them; and
+the methods of constants, run at trace time."""
 import operator
 
 from kiln.exc import Unsupported
-from kiln.variables.base import ValueVariable
+from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 
 
 class ConstantVariable(ValueVariable):
@@ -15,8 +16,6 @@ class ConstantVariable(ValueVariable):
             raise Unsupported(f"cannot iterate over {type(self.value).__name__}") from None
 
     def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundBuiltinMethod
-
         try:
             attr = getattr(self.value, name)
         except AttributeError as e:
@@ -25,8 +24,45 @@ class ConstantVariable(ValueVariable):
             return BoundBuiltinMethod(self, name)
         return ConstantVariable(attr)
 
+    def has_attr(self, tx, name):
+        return hasattr(self.value, name)  # the value is guarded as a whole
+
+    def getitem(self, tx, index):
+        try:
+            return ConstantVariable(self.value[index.as_python_constant()])
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(f"indexing {type(self.value).__name__}: {e}") from None
+
+    def contains(self, tx, item):
+        try:
+            return ConstantVariable(item.as_python_constant() in self.value)
+        except TypeError as e:
+            raise Unsupported(f"`in` on a {type(self.value).__name__}: {e}") from None
+
     def __repr__(self):
         return f"ConstantVariable({self.value!r})"
+
+
+class BoundBuiltinMethod(VariableTracker):
+    """A method of a constant (str.format, tuple.index, ...), run at trace time."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        const = constant_args(args, kwargs)
+        if const is None:
+            raise Unsupported(f"{type(self.obj.as_python_constant()).__name__}.{self.name} "
+                              "with non-constant arguments")
+        value = getattr(self.obj.as_python_constant(), self.name)(*const[0], **const[1])
+        return ConstantVariable(value)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen(self.obj)}.{self.name}"
 
 
 # Functions that are safe to run at trace time on constant arguments.

@@ -1,35 +1,49 @@
 """Tuples, lists, dicts, slices and iterators built or read by the frame."""
+import itertools
 import reprlib
+import threading
 from typing import Dict, List
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker, constant_args, walking
-from kiln.variables.constant import ConstantVariable
+from kiln.variables.base import VariableTracker, constant_args, walked, walking
+from kiln.variables.constant import BoundBuiltinMethod, ConstantVariable
+from kiln.variables.functions import BoundContainerMethod
 
-# Counts mutations of containers made in the frame; a graph break cannot resume after an
-# instruction that mutated one (the rolled-back trace would disagree with the object).
-mutation_count = [0]
-# Every mutable tracker the frame makes takes the next serial. The root frame's checkpoint
-# before a breakable instruction records the next serial to come: a tracker made after it is
-# unreachable from the checkpoint's state (reaching it would have mutated an older one), so a
-# rollback drops it whole and mutating it needs no count.
-_next_serial = [0]
-checkpoint_serial = [0]
+class _MutationState(threading.local):
+    """Per thread (captures in two threads must not count each other's mutations):
+    `mutations` counts mutations of containers made in the frame; a graph break cannot resume
+    after an instruction that mutated one (the rolled-back trace would disagree with the
+    object). Every mutable tracker the frame makes takes the next serial. The root frame's
+    checkpoint before a breakable instruction records the next serial to come: a tracker made
+    after it is unreachable from the checkpoint's state (reaching it would have mutated an
+    older one), so a rollback drops it whole and mutating it needs no count."""
+
+    def __init__(self):
+        self.mutations = 0
+        self.next_serial = 0
+        self.checkpoint_serial = 0
+
+
+_state = _MutationState()
 
 
 def new_serial() -> int:
-    _next_serial[0] += 1
-    return _next_serial[0]
+    _state.next_serial += 1
+    return _state.next_serial
 
 
 def mark_checkpoint():
-    checkpoint_serial[0] = _next_serial[0] + 1
+    _state.checkpoint_serial = _state.next_serial + 1
+
+
+def mutation_count() -> int:
+    return _state.mutations
 
 
 def note_mutation(serial: int):
     """Counts a mutation of the tracker with `serial`, unless it postdates the checkpoint."""
-    if serial < checkpoint_serial[0]:
-        mutation_count[0] += 1
+    if serial < _state.checkpoint_serial:
+        _state.mutations += 1
 
 
 class BaseListVariable(VariableTracker):
@@ -42,15 +56,67 @@ class BaseListVariable(VariableTracker):
         self.serial = new_serial()
         self.outside_object = None  # the object read from outside the frame, if it was
 
+    # Its guards (type, length) do not pin which object it is.
+    identity_pinned = False
+
     def as_python_constant(self):
         with walking(self):
             return self.python_type()(v.as_python_constant() for v in self.items)
+
+    def identity(self, tx):
+        # A container from outside is the object it was read from; one the frame made is its
+        # tracker.
+        return self.outside_object if self.outside_object is not None else self
+
+    def contains_tensor(self) -> bool:
+        if walked(self):
+            return False
+        with walking(self):
+            return any(v.contains_tensor() for v in self.items)
+
+    def as_fx_arg(self):
+        with walking(self):
+            items = [v.as_fx_arg() for v in self.items]
+        return items if self.python_type() is list else tuple(items)
+
+    def as_fake_arg(self):
+        with walking(self):
+            items = [v.as_fake_arg() for v in self.items]
+        return items if self.python_type() is list else tuple(items)
 
     def unpack(self, tx):
         return list(self.items)
 
     def truth(self, tx):
         return len(self.items) > 0
+
+    def length(self, tx):
+        return len(self.items)
+
+    def contains(self, tx, item):
+        if item.contains_tensor():
+            raise Unsupported("`tensor in container` compares tensors' values")
+        if not item.is_python_constant():
+            raise Unsupported("`in` with a non-constant item")
+        target = item.as_python_constant()
+        for v in self.items:
+            if not v.is_python_constant():
+                raise Unsupported("`in` over a container with non-constant items")
+            if v.as_python_constant() == target:
+                return ConstantVariable(True)
+        return ConstantVariable(False)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None and not self.mutable:
+            # The program's own object: it may be mutated or compared by identity later.
+            return self.source.expr(codegen.consts)
+        return self.build(codegen)
+
+    def build(self, codegen) -> str:
+        """A new object with this one's items (a temporary for a list: one object however
+        often the transformed code reaches it)."""
+        parts = "".join(codegen(v) + ", " for v in self.items)
+        return f"({parts})"
 
     def getitem(self, tx, index: VariableTracker):
         key = index.as_python_constant()
@@ -62,8 +128,6 @@ class BaseListVariable(VariableTracker):
             raise Unsupported(f"{self.python_type().__name__} index {key!r}: {e}") from None
 
     def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundContainerMethod
-
         if not hasattr(self.python_type(), name):
             raise Unsupported(f"{self.python_type().__name__} has no attribute {name!r}")
         return BoundContainerMethod(self, name)
@@ -121,6 +185,11 @@ class NamedTupleVariable(TupleVariable):
             return self.items[self.fields.index(name)]
         return super().var_getattr(tx, name)
 
+    def build(self, codegen) -> str:
+        items = "".join(codegen(v) + ", " for v in self.items)
+        cls = codegen.constant(self.tuple_type)
+        return f"{cls}._make(({items}))" if self.is_collections else f"{cls}(({items}))"
+
 
 class SetVariable(ConstantVariable):
     """A set built in the frame, of constants. Trace-time methods act on the real set."""
@@ -128,14 +197,20 @@ class SetVariable(ConstantVariable):
     def python_type(self):
         return set
 
-    def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundBuiltinMethod
+    fresh_object = True  # made in the frame (a set read from outside is no SetVariable)
 
+    def var_getattr(self, tx, name):
         if name in ("add", "discard", "remove", "update", "clear", "pop",
                     "difference_update", "intersection_update"):
-            mutation_count[0] += 1
+            _state.mutations += 1
         return super().var_getattr(tx, name) if not callable(getattr(self.value, name, None)) \
             else BoundBuiltinMethod(self, name)
+
+    def identity(self, tx):
+        return self
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.temp(self, lambda: f"set({codegen.constant(frozenset(self.value))})")
 
 
 class ListVariable(BaseListVariable):
@@ -177,6 +252,9 @@ class ListVariable(BaseListVariable):
         else:
             self.items[key] = value
 
+    def build(self, codegen) -> str:
+        return codegen.temp(self, lambda: "[" + ", ".join(codegen(v) for v in self.items) + "]")
+
 
 class SliceVariable(VariableTracker):
     def __init__(self, parts: List[VariableTracker]):
@@ -188,6 +266,18 @@ class SliceVariable(VariableTracker):
 
     def as_python_constant(self):
         return slice(*(p.as_python_constant() for p in self.parts))
+
+    def contains_tensor(self) -> bool:
+        return any(p.contains_tensor() for p in self.parts)
+
+    def as_fx_arg(self):
+        return slice(*(p.as_fx_arg() for p in self.parts))
+
+    def as_fake_arg(self):
+        return slice(*(p.as_fake_arg() for p in self.parts))
+
+    def reconstruct(self, codegen) -> str:
+        return "slice(" + ", ".join(codegen(p) for p in self.parts) + ")"
 
 
 class ConstDictVariable(VariableTracker):
@@ -209,15 +299,52 @@ class ConstDictVariable(VariableTracker):
     def python_type(self):
         return self.user_type
 
+    identity_pinned = False
+
     def as_python_constant(self):
         with walking(self):
             return {k: v.as_python_constant() for k, v in self.items.items()}
 
+    def identity(self, tx):
+        return self.outside_object if self.outside_object is not None else self
+
+    def contains_tensor(self) -> bool:
+        if walked(self):
+            return False
+        with walking(self):
+            return any(v.contains_tensor() for v in self.items.values())
+
+    def as_fx_arg(self):
+        with walking(self):
+            return {k: v.as_fx_arg() for k, v in self.items.items()}
+
+    def as_fake_arg(self):
+        with walking(self):
+            return {k: v.as_fake_arg() for k, v in self.items.items()}
+
     def truth(self, tx):
         return len(self.items) > 0
 
+    def length(self, tx):
+        return len(self.items)
+
+    def contains(self, tx, item):
+        return ConstantVariable(item.as_python_constant() in self.items)
+
     def unpack(self, tx):
         return [ConstantVariable(k) for k in self.items]
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None and not self.mutable:
+            return self.source.expr(codegen.consts)
+        if self.user_type is not dict:
+            raise Unsupported(f"rebuilding a {self.user_type.__name__}")
+
+        def build():
+            items = [f"{codegen.constant(k)}: {codegen(v)}" for k, v in self.items.items()]
+            return "{" + ", ".join(items) + "}"
+
+        return codegen.temp(self, build)
 
     def getitem(self, tx, index):
         key = index.as_python_constant()
@@ -230,8 +357,6 @@ class ConstDictVariable(VariableTracker):
         self.items[index.as_python_constant()] = value
 
     def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundContainerMethod
-
         return BoundContainerMethod(self, name)
 
     def call_method(self, tx, name, args, kwargs):
@@ -333,5 +458,26 @@ class ListIteratorVariable(VariableTracker):
         self.index += len(rest)
         return rest
 
+    def identity(self, tx):
+        return self
+
+    def reconstruct(self, codegen) -> str:
+        # One object however often it is reached (a local and the argument of next(), say):
+        # advancing one advances the other.
+        if self.origin is not None:
+            return codegen.temp(self, lambda: f"{codegen.constant(iterator_at)}("
+                                              f"{codegen(self.origin)}, {self.index})")
+        return codegen.temp(self, lambda: "iter((" + "".join(
+            codegen(v) + ", " for v in self.items[self.index:]) + "))")
+
     def __repr__(self):
         return f"ListIteratorVariable(at {self.index} of {len(self.items)})"
+
+
+def iterator_at(items: list, index: int):
+    """A list iterator over `items` that has yielded its first `index` items (how the
+    transformed code rebuilds one)."""
+    it = iter(items)
+    for _ in itertools.islice(it, index):
+        pass
+    return it

@@ -19,6 +19,7 @@ import torch
 from kiln.exc import Unsupported
 from kiln.guards.source import AttrSource
 from kiln.variables.base import VariableTracker
+from kiln.variables.class_attr import class_attr
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import new_serial, note_mutation
 
@@ -76,12 +77,9 @@ class FreshObjectVariable(VariableTracker):
     # -- attributes ----------------------------------------------------------------------------
 
     def var_getattr(self, tx, name):
-        from kiln.variables.builder import wrap
-        from kiln.variables.objects import _class_attr
-
         cls = self.obj_cls
         if name == "__class__":
-            return wrap(tx, cls, None)
+            return tx.wrap(cls, None)
         if name == "__dict__":
             raise Unsupported(f"__dict__ of a {cls.__qualname__} made in the frame")
         static = inspect.getattr_static(cls, name, _MISSING)
@@ -96,7 +94,7 @@ class FreshObjectVariable(VariableTracker):
         # Class-level data is guarded through the class, whose lookup (type's or ABCMeta's)
         # is the plain one.
         source = AttrSource(self.cls_source, name) if self.cls_source is not None else None
-        return _class_attr(tx, cls, name, self, source, source_is_plain=True,
+        return class_attr(tx, cls, name, self, source, source_is_plain=True,
                            cls_source=self.cls_source)
 
     def has_attr(self, tx, name) -> bool:
@@ -199,8 +197,8 @@ class FreshObjectVariable(VariableTracker):
 
     # -- after the graph -----------------------------------------------------------------------
 
-    def rebuild_expr(self, rebuild, consts) -> str:
-        return rebuild.fresh_object(self, self.obj_cls, self.attrs)
+    def reconstruct(self, codegen) -> str:
+        return codegen.fresh_object(self, self.obj_cls, self.attrs)
 
     def __repr__(self):
         return f"FreshObjectVariable({self.obj_cls.__qualname__})"
@@ -220,18 +218,11 @@ class ObjectSetattrVariable(VariableTracker):
         self.obj = obj  # bound through super(), or None for the unbound function
 
     def call_function(self, tx, args, kwargs):
-        from kiln.variables.objects import UserDefinedObjectVariable, _object_setattr
-
         args = [self.obj, *args] if self.obj is not None else list(args)
         if kwargs or len(args) != 3:
             raise Unsupported("object.__setattr__ with other than three arguments")
         obj, name, value = args[0], args[1].as_python_constant(), args[2]
-        if isinstance(obj, FreshObjectVariable):
-            obj.object_setattr(tx, name, value)
-        elif isinstance(obj, UserDefinedObjectVariable):
-            _object_setattr(tx, obj, name, value)
-        else:
-            raise Unsupported(f"object.__setattr__ on {obj}")
+        obj.object_setattr(tx, name, value)
         return ConstantVariable(None)
 
     def __repr__(self):

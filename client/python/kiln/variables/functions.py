@@ -2,7 +2,7 @@
 import types
 
 from kiln.exc import Unsupported
-from kiln.variables.base import ValueVariable, VariableTracker, constant_args
+from kiln.variables.base import ValueVariable, VariableTracker
 from kiln.variables.constant import ConstantVariable
 
 
@@ -17,6 +17,9 @@ class UserFunctionVariable(VariableTracker):
         return types.FunctionType
 
     def as_python_constant(self):
+        return self.fn
+
+    def identity(self, tx):
         return self.fn
 
     def call_function(self, tx, args, kwargs):
@@ -47,6 +50,9 @@ class UserMethodVariable(VariableTracker):
 
     def as_python_constant(self):
         return types.MethodType(self.fn, self.obj.as_python_constant())
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen.constant(self.fn)}.__get__({codegen(self.obj)})"
 
     def __repr__(self):
         return f"UserMethodVariable({self.fn.__qualname__})"
@@ -94,23 +100,6 @@ class CellVariable(VariableTracker):
             self.owner_tx.store_deref(self.name, value)
 
 
-class BoundBuiltinMethod(VariableTracker):
-    """A method of a constant (str.format, tuple.index, ...), run at trace time."""
-
-    def __init__(self, obj: VariableTracker, name: str):
-        super().__init__(None)
-        self.obj = obj
-        self.name = name
-
-    def call_function(self, tx, args, kwargs):
-        const = constant_args(args, kwargs)
-        if const is None:
-            raise Unsupported(f"{type(self.obj.as_python_constant()).__name__}.{self.name} "
-                              "with non-constant arguments")
-        value = getattr(self.obj.as_python_constant(), self.name)(*const[0], **const[1])
-        return ConstantVariable(value)
-
-
 class BoundContainerMethod(VariableTracker):
     """A method of a list/tuple/dict tracker, modelled by the tracker's call_method."""
 
@@ -121,6 +110,9 @@ class BoundContainerMethod(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen(self.obj)}.{self.name}"
 
 
 class OpaqueCallableVariable(ValueVariable):

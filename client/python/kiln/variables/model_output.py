@@ -17,8 +17,11 @@ from typing import Dict, List
 
 from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker
+from kiln.variables.class_attr import class_attr
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListVariable, TupleVariable, new_serial, note_mutation
+from kiln.variables.functions import BoundContainerMethod
+from kiln.variables.tensor import TensorVariable
 
 # What @dataclass (with its default options) writes into a class's namespace.
 _DATACLASS_WRITTEN = {"__init__", "__repr__", "__eq__", "__hash__", "__match_args__",
@@ -158,8 +161,6 @@ class ModelOutputVariable(VariableTracker):
             raise Unsupported(f"{cls.__qualname__} has no fields")
         # __post_init__: with every field but the first None and a first field that is not a
         # tensor, ModelOutput treats the first field as an iterator of (key, value) pairs.
-        from kiln.variables.tensor import TensorVariable
-
         first = values[fields[0].name]
         others_none = all(_is_none(values[f.name]) for f in fields[1:])
         if others_none and not isinstance(first, TensorVariable) and not _is_none(first):
@@ -180,21 +181,16 @@ class ModelOutputVariable(VariableTracker):
         return len(self.items)
 
     def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundContainerMethod
-        from kiln.variables.objects import _class_attr
-
         if name in self.attrs:
             return self.attrs[name]
         if name == "__class__":
-            from kiln.variables.builder import wrap
-
-            return wrap(tx, self.output_cls, None)
+            return tx.wrap(self.output_cls, None)
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__",
                     "__setitem__", "__contains__", "__len__"):
             return BoundContainerMethod(self, name)
         if hasattr(OrderedDict, name) and not hasattr(object, name):
             raise Unsupported(f"{self.output_cls.__qualname__}.{name}")
-        return _class_attr(tx, self.output_cls, name, self)
+        return class_attr(tx, self.output_cls, name, self)
 
     def has_attr(self, tx, name) -> bool:
         return name in self.attrs or hasattr(self.output_cls, name)
@@ -259,12 +255,11 @@ class ModelOutputVariable(VariableTracker):
             return ConstantVariable(len(self.items))
         raise Unsupported(f"{self.output_cls.__qualname__}.{name}()")
 
-    def rebuild_expr(self, rebuild, consts) -> str:
-        """A Python expression that rebuilds this object after the graph: `rebuild(vt)` is the
-        expression of a nested tracker, `consts.ref(obj)` that of a constant object."""
-        items = "".join(f"({k!r}, {rebuild(v)}), " for k, v in self.items.items())
-        attrs = "".join(f"({k!r}, {rebuild(v)}), " for k, v in self.attrs.items())
-        return f"{consts.ref(rebuild_model_output)}({consts.ref(self.output_cls)}, ({items}), ({attrs}))"
+    def reconstruct(self, codegen) -> str:
+        items = "".join(f"({k!r}, {codegen(v)}), " for k, v in self.items.items())
+        attrs = "".join(f"({k!r}, {codegen(v)}), " for k, v in self.attrs.items())
+        return (f"{codegen.constant(rebuild_model_output)}({codegen.constant(self.output_cls)}, "
+                f"({items}), ({attrs}))")
 
     def __repr__(self):
         return f"ModelOutputVariable({self.output_cls.__qualname__}, {list(self.items)})"

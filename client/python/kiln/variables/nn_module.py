@@ -13,9 +13,10 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSource,
                                 ModuleMemberSource, ObjectSource, TypeSource)
 from kiln.variables.base import VariableTracker
+from kiln.variables.class_attr import class_source, guard_class_member
 from kiln.variables.constant import ConstantVariable
+from kiln.variables.containers import ListVariable, TupleVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
-from kiln.variables.objects import class_source, guard_class_member
 
 _nn_hooks = torch.nn.modules.module
 
@@ -46,9 +47,10 @@ class NNModuleVariable(VariableTracker):
     def as_python_constant(self):
         return self.module
 
-    def _child(self, tx, name, registry):
-        from kiln.variables.builder import wrap
+    def identity(self, tx):
+        return self if self.fresh_object else self.module
 
+    def _child(self, tx, name, registry):
         value = self.module.__dict__[registry][name]
         source = ModuleMemberSource(self.source, name, registry) if self.source else None
         if isinstance(value, torch.Tensor):
@@ -61,7 +63,7 @@ class NNModuleVariable(VariableTracker):
             if source is not None:
                 tx.output.guards.add(source, "ID_MATCH", None)
             return ConstantVariable(None)
-        return wrap(tx, value, source)
+        return tx.wrap(value, source)
 
     def _guard_registry_keys(self, tx, registry):
         """Iterating over children depends on which there are (Sequential.append...)."""
@@ -74,13 +76,11 @@ class NNModuleVariable(VariableTracker):
         property), then the instance __dict__, then any other class attribute (a method shadows
         a submodule of the same name), then Module.__getattr__'s parameters, buffers and
         submodules."""
-        from kiln.variables.builder import wrap
-
         mod = self.module
         cls = type(mod)
         if name == "__class__":
             # The module's identity is guarded (ID_MATCH), and with it its class.
-            return wrap(tx, cls, None)
+            return tx.wrap(cls, None)
         if inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__:
             raise Unsupported(f"{cls.__name__} has its own __getattribute__")
         static = _class_attr_or_missing(cls, name)
@@ -97,7 +97,7 @@ class NNModuleVariable(VariableTracker):
                 if guard and source is not None:
                     tx.output.guards.add(source, "CONSTANT_MATCH", value)
                 return ConstantVariable(value)
-            return wrap(tx, value, source)
+            return tx.wrap(value, source)
         if static is not _MISSING:
             return self._class_attr(tx, name, static)
         if inspect.getattr_static(cls, "__getattr__") is not torch.nn.Module.__getattr__:
@@ -108,14 +108,12 @@ class NNModuleVariable(VariableTracker):
         raise Unsupported(f"{cls.__name__} has no attribute {name!r}")
 
     def _class_attr(self, tx, name, static):
-        from kiln.variables.builder import wrap
-
         mod = self.module
         self._guard_class_member(tx, name, static, always=False)
         if isinstance(static, staticmethod):
             return UserFunctionVariable(static.__func__)
         if isinstance(static, classmethod):
-            return UserMethodVariable(static.__func__, wrap(tx, type(mod), None))
+            return UserMethodVariable(static.__func__, tx.wrap(type(mod), None))
         if isinstance(static, types.FunctionType):
             return UserMethodVariable(static, self)
         if isinstance(static, property):
@@ -209,8 +207,6 @@ class NNModuleVariable(VariableTracker):
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name in ("items", "keys", "values") and isinstance(self.module, torch.nn.ModuleDict):
-            from kiln.variables.containers import ListVariable, TupleVariable
-
             names = list(self.module._modules)
             if name == "keys":
                 return ListVariable([ConstantVariable(k) for k in names])
@@ -259,9 +255,9 @@ class FreshModuleVariable(NNModuleVariable):
         self.kwargs = kwargs
         self.fresh_object = True  # made in the frame: the tracker is its identity
 
-    def rebuild_expr(self, rebuild, consts) -> str:
-        return (f"{consts.ref(type(self.module))}(*{consts.ref(self.args)}, "
-                f"**{consts.ref(self.kwargs)})")
+    def reconstruct(self, codegen) -> str:
+        return (f"{codegen.constant(type(self.module))}(*{codegen.constant(self.args)}, "
+                f"**{codegen.constant(self.kwargs)})")
 
     def __repr__(self):
         return f"FreshModuleVariable({type(self.module).__name__})"
@@ -298,12 +294,13 @@ class ModuleContainerSliceVariable(VariableTracker):
                                                 self.items[key])
         return self.items[key]
 
-    def rebuild_expr(self, rebuild, consts) -> str:
-        children = ", ".join(rebuild(c) for c in self.items)
+    def reconstruct(self, codegen) -> str:
+        children = ", ".join(codegen(c) for c in self.items)
         if self.container_type is torch.nn.ModuleList:
-            return f"{consts.ref(torch.nn.ModuleList)}([{children}])"
-        pairs = ", ".join(f"({n!r}, {rebuild(c)})" for n, c in zip(self.names, self.items))
-        return f"{consts.ref(torch.nn.Sequential)}({consts.ref(collections.OrderedDict)}([{pairs}]))"
+            return f"{codegen.constant(torch.nn.ModuleList)}([{children}])"
+        pairs = ", ".join(f"({n!r}, {codegen(c)})" for n, c in zip(self.names, self.items))
+        return (f"{codegen.constant(torch.nn.Sequential)}"
+                f"({codegen.constant(collections.OrderedDict)}([{pairs}]))")
 
     def __repr__(self):
         return f"ModuleContainerSliceVariable({self.container_type.__name__}, {self.names})"

@@ -1,5 +1,4 @@
 """Python modules, user-defined classes and their instances, and super()."""
-import enum
 import inspect
 import types
 
@@ -7,10 +6,18 @@ import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import AttrSource, InstanceAttrSource, InstanceDictSource, TypeSource
+from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSource, ItemSource,
+                                TypeSource)
 from kiln.variables.base import VariableTracker
+from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
+                                       object_setattr, plain_getattr)
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.containers import ListVariable
+from kiln.variables.fresh_object import ObjectSetattrVariable, can_construct, construct
+from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
+                                      UserMethodVariable)
+from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
+from kiln.variables.nn_module import construct_module
 from kiln.variables.side_effects import mutations_of
 
 
@@ -28,9 +35,10 @@ class PythonModuleVariable(VariableTracker):
     def as_python_constant(self):
         return self.module
 
-    def var_getattr(self, tx, name):
-        from kiln.variables.builder import wrap
+    def identity(self, tx):
+        return self.module
 
+    def var_getattr(self, tx, name):
         try:
             value = getattr(self.module, name)
         except AttributeError:
@@ -38,87 +46,7 @@ class PythonModuleVariable(VariableTracker):
         source = AttrSource(self.source, name) if self.source is not None else None
         # A module's globals are as mutable as the frame's own (`config.SCALE = 3`, a function
         # swapped for another): each one read is guarded.
-        return wrap(tx, value, source)
-
-
-def _class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_source=None):
-    """Looks `name` up on the class (no instance dict), binding functions to `self_vt`.
-    `source` reads the same attribute through the object the lookup started from: plain
-    data found on the class (a dict, a list) is guarded through it, where that read is a plain
-    lookup (`source_is_plain`, or the class's instances have no getattr of their own).
-    `cls_source`, when given, reads the class itself: the function, property or descriptor found
-    is guarded through it (`K.method = other` after compiling must recompile)."""
-    from kiln.variables.builder import wrap
-
-    try:
-        static = inspect.getattr_static(cls, name)
-    except AttributeError:
-        raise Unsupported(f"{cls.__name__} has no attribute {name!r}") from None
-    if cls_source is not None:
-        guard_class_member(tx, cls_source, name, static)
-    if isinstance(static, staticmethod):
-        return UserFunctionVariable(static.__func__)
-    if isinstance(static, classmethod):
-        return UserMethodVariable(static.__func__, UserDefinedClassVariable(cls, cls_source))
-    if isinstance(static, types.FunctionType):
-        if self_vt is None:
-            return UserFunctionVariable(static)
-        return UserMethodVariable(static, self_vt)
-    if isinstance(static, property) and static.fget is not None and self_vt is not None:
-        return tx.inline_call(static.fget, [self_vt], {}, fn_source=None)
-    if isinstance(static, enum.Enum):
-        if source is not None:
-            tx.output.guards.add(source, "ID_MATCH", static)
-        return ConstantVariable(static)
-    if is_guardable_constant(static) or (isinstance(static, tuple) and all(
-            is_guardable_constant(v) for v in static)):
-        if source is not None:
-            # `K.s = 4.0` after compiling must recompile.
-            tx.output.guards.add(source, "CONSTANT_MATCH", static)
-        return ConstantVariable(static)
-    if isinstance(static, frozenset) and all(is_guardable_constant(v) for v in static):
-        if source is not None:  # immutable: its identity says all
-            tx.output.guards.add(source, "ID_MATCH", static)
-        return ConstantVariable(static)
-    if source is not None and not hasattr(type(static), "__get__") and (
-            source_is_plain or _plain_getattr(cls)):
-        # Class-level data is as mutable as any other object: guarded like one.
-        return wrap(tx, static, source)
-    if isinstance(static, type):
-        return wrap(tx, static, None)
-    raise Unsupported(f"attribute {cls.__name__}.{name} of kind {type(static).__name__}")
-
-
-def guard_class_member(tx, cls_source, name, static):
-    """Guards that `cls.name` (read through `cls_source`, a source of the class) is still the
-    function, property or method descriptor `static` found there: what getattr on the class
-    gives back is the function for a function or staticmethod, the property itself, and a bound
-    method whose __func__ is the function for a classmethod."""
-    from kiln.guards.source import AttrSource
-
-    member = AttrSource(cls_source, name)
-    if isinstance(static, staticmethod):
-        tx.output.guards.add(member, "ID_MATCH", static.__func__)
-    elif isinstance(static, classmethod):
-        tx.output.guards.add(AttrSource(member, "__func__"), "ID_MATCH", static.__func__)
-    elif isinstance(static, (types.FunctionType, property)):
-        tx.output.guards.add(member, "ID_MATCH", static)
-
-
-def class_source(cls):
-    """A source for a class the capture found through an object whose type is pinned (a
-    TYPE_MATCH or ID_MATCH on it): the class itself, read by identity. One per class, so that
-    many instances share its guards."""
-    from kiln.guards.source import ObjectSource
-
-    return ObjectSource(cls, f"<class {cls.__module__}.{cls.__qualname__}>")
-
-
-def _plain_getattr(cls) -> bool:
-    """Whether getattr on instances of `cls` is the default lookup (so a guard's getattr sees
-    what the lookup here saw)."""
-    return (inspect.getattr_static(cls, "__getattribute__") is object.__getattribute__
-            and inspect.getattr_static(cls, "__getattr__", None) is None)
+        return tx.wrap(value, source)
 
 
 class UserDefinedClassVariable(VariableTracker):
@@ -132,28 +60,24 @@ class UserDefinedClassVariable(VariableTracker):
     def as_python_constant(self):
         return self.cls
 
+    def identity(self, tx):
+        return self.cls
+
     def var_getattr(self, tx, name):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.cls, name))
         if self.cls is object and name == "__setattr__":
-            from kiln.variables.fresh_object import ObjectSetattrVariable
-
             return ObjectSetattrVariable()
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
         cls_source = self.source if source is not None else None
-        return _class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
+        return class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
 
     def call_function(self, tx, args, kwargs):
-        from kiln.variables.fresh_object import can_construct, construct
-        from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
-
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
         if issubclass(self.cls, torch.nn.Module):
-            from kiln.variables.nn_module import construct_module
-
             return construct_module(tx, self.cls, args, kwargs)
         if can_construct(self.cls):
             return construct(tx, self.cls, self.source, args, kwargs)
@@ -167,6 +91,8 @@ class UserDefinedObjectVariable(VariableTracker):
     """An instance of a user class: reads from its __dict__ are guarded values; methods and
     properties are inlined."""
 
+    identity_pinned = False  # TYPE_MATCH pins its class, not which object it is
+
     def __init__(self, value, source=None):
         super().__init__(source)
         self.value = value
@@ -174,12 +100,13 @@ class UserDefinedObjectVariable(VariableTracker):
     def python_type(self):
         return type(self.value)
 
-    def var_getattr(self, tx, name):
-        from kiln.variables.builder import wrap
+    def identity(self, tx):
+        return self.value
 
+    def var_getattr(self, tx, name):
         if name == "__class__":
             # type(value) is pinned by the TYPE_MATCH guard installed when it was read.
-            return wrap(tx, type(self.value), None)
+            return tx.wrap(type(self.value), None)
         getattribute = inspect.getattr_static(type(self.value), "__getattribute__")
         if isinstance(getattribute, types.FunctionType):
             # A Python __getattribute__ (transformers' configs map attribute names): inlined;
@@ -190,13 +117,11 @@ class UserDefinedObjectVariable(VariableTracker):
     def generic_getattr(self, tx, name):
         """object.__getattribute__(value, name): pending stores, the instance dict, then the
         class."""
-        from kiln.variables.builder import wrap
-
         cls = type(self.value)
         if name == "__dict__" and self.source is not None and \
                 isinstance(object.__getattribute__(self.value, "__dict__"), dict):
             return InstanceDictVariable(self)
-        if not _is_data_descriptor(cls, name):
+        if not is_data_descriptor(cls, name):
             pending = mutations_of(tx.output).load(self.value, name)
             if pending is not None:
                 return pending
@@ -204,22 +129,22 @@ class UserDefinedObjectVariable(VariableTracker):
             d = object.__getattribute__(self.value, "__dict__")
         except AttributeError:
             d = None
-        if d is not None and name in d and not _is_data_descriptor(cls, name):
+        if d is not None and name in d and not is_data_descriptor(cls, name):
             source = InstanceAttrSource(self.source, name) if self.source is not None else None
-            return wrap(tx, d[name], source)
+            return tx.wrap(d[name], source)
         if self.source is None:
-            return _class_attr(tx, cls, name, self, None)
-        if d is not None and not _is_data_descriptor(cls, name):
+            return class_attr(tx, cls, name, self, None)
+        if d is not None and not is_data_descriptor(cls, name):
             # The instance must not gain an attribute that would shadow the class's.
             tx.output.guards.add(InstanceDictSource(self.source), "NO_ITEM", name)
         # TYPE_MATCH pins type(value): the class is read by identity.
         cls_source = class_source(cls)
-        if _plain_getattr(cls):
-            return _class_attr(tx, cls, name, self, AttrSource(self.source, name),
+        if plain_getattr(cls):
+            return class_attr(tx, cls, name, self, AttrSource(self.source, name),
                                cls_source=cls_source)
         # Guards read class-level data through the type: getattr on the instance would run
         # the class's own lookup.
-        return _class_attr(tx, cls, name, self, AttrSource(TypeSource(self.source), name),
+        return class_attr(tx, cls, name, self, AttrSource(TypeSource(self.source), name),
                            source_is_plain=True, cls_source=cls_source)
 
     def _dunder(self, name):
@@ -251,7 +176,11 @@ class UserDefinedObjectVariable(VariableTracker):
         if setattr_fn is not object.__setattr__:
             raise Unsupported(f"assignment to an attribute of a {cls.__qualname__} "
                               f"(its __setattr__ is {setattr_fn!r})")
-        _object_setattr(tx, self, name, value)
+        object_setattr(tx, self, name, value)
+
+    def object_setattr(self, tx, name, value):
+        """object.__setattr__(value, name, new): a store held pending until the trace ends."""
+        object_setattr(tx, self, name, value)
 
     def call_function(self, tx, args, kwargs):
         call = inspect.getattr_static(type(self.value), "__call__", None)
@@ -261,11 +190,6 @@ class UserDefinedObjectVariable(VariableTracker):
 
     def __repr__(self):
         return f"UserDefinedObjectVariable({type(self.value).__qualname__})"
-
-
-def _is_data_descriptor(cls, name) -> bool:
-    attr = inspect.getattr_static(cls, name, None)
-    return attr is not None and hasattr(type(attr), "__set__")
 
 
 class SuperVariable(VariableTracker):
@@ -306,9 +230,7 @@ class SuperVariable(VariableTracker):
             if attr is object.__getattribute__ and hasattr(self.obj, "generic_getattr"):
                 return _GenericGetattr(self.obj)
             if attr is object.__setattr__:
-                from kiln.variables.fresh_object import ObjectSetattrVariable
-
-                return ObjectSetattrVariable(self.obj)
+                    return ObjectSetattrVariable(self.obj)
             if klass in _MODELLED_BASES:
                 return BuiltinBaseMethodVariable(klass, name, self.obj)
             raise Unsupported(f"super().{name} of kind {type(attr).__name__}")
@@ -344,8 +266,6 @@ class InstanceDictVariable(VariableTracker):
 
     def _lookup(self, tx, key):
         """The tracker of `key`'s value, or None where it is absent."""
-        from kiln.variables.builder import wrap
-
         if not isinstance(key, str):
             raise Unsupported(f"instance __dict__ lookup with a {type(key).__name__} key")
         pending = mutations_of(tx.output).load(self.obj.value, key)
@@ -353,15 +273,13 @@ class InstanceDictVariable(VariableTracker):
             return pending
         d = self._dict()
         if key in d:
-            return wrap(tx, d[key], InstanceAttrSource(self.obj.source, key))
+            return tx.wrap(d[key], InstanceAttrSource(self.obj.source, key))
         if not all(isinstance(k, str) for k in d):
             raise Unsupported("an instance __dict__ with non-string keys")
         tx.output.guards.add(self.source, "DICT_KEYS", tuple(d))
         return None
 
     def var_getattr(self, tx, name):
-        from kiln.variables.functions import BoundContainerMethod
-
         if name not in ("get", "__getitem__", "__contains__"):
             raise Unsupported(f"__dict__.{name} of a {self.obj.python_type().__qualname__}")
         return BoundContainerMethod(self, name)
@@ -419,9 +337,6 @@ _MODELLED_BASES = (dict,)
 
 def _dict_read(tx, obj, name, args, kwargs):
     """A read-only dict method on `obj`, a guarded instance of a dict subclass."""
-    from kiln.guards.source import ItemSource
-    from kiln.variables.builder import wrap
-
     value = getattr(obj, "value", None)
     if not isinstance(value, dict) or obj.source is None:
         raise Unsupported(f"dict.{name} on {obj}")
@@ -436,8 +351,6 @@ def _dict_read(tx, obj, name, args, kwargs):
         return ConstantVariable(len(value))
     if name == "keys":
         _guard_key_set(tx, obj.source, value)
-        from kiln.variables.containers import ListVariable
-
         return ListVariable([ConstantVariable(k) for k in dict.keys(value)])
     key = args[0].as_python_constant()
     if not is_guardable_constant(key):
@@ -448,7 +361,7 @@ def _dict_read(tx, obj, name, args, kwargs):
             tx.output.guards.add(ItemSource(obj.source, key), "TYPE_MATCH",
                                  type(dict.__getitem__(value, key)))
             return ConstantVariable(True)
-        return wrap(tx, dict.__getitem__(value, key), ItemSource(obj.source, key))
+        return tx.wrap(dict.__getitem__(value, key), ItemSource(obj.source, key))
     # Absent: only provable by pinning the whole key set.
     _guard_key_set(tx, obj.source, value)
     if name == "__contains__":
@@ -461,19 +374,8 @@ def _dict_read(tx, obj, name, args, kwargs):
 def _guard_key_set(tx, source, value: dict):
     """Guards that `value`'s keys stay exactly what they are: its length, and each key present
     (a guard on a missing item fails). Keys must be constants."""
-    from kiln.guards.source import ItemSource
-
     if not all(is_guardable_constant(k) for k in value):
         raise Unsupported("a dict subclass with non-constant keys")
     tx.output.guards.add(source, "LEN_MATCH", len(value))
     for k, v in dict.items(value):
         tx.output.guards.add(ItemSource(source, k), "TYPE_MATCH", type(v))
-
-
-def _object_setattr(tx, obj, name, value):
-    """object.__setattr__(obj, name, value) for an object from outside the frame: a store into
-    its __dict__, held pending until the trace ends."""
-    cls = obj.python_type()
-    if _is_data_descriptor(cls, name) or not hasattr(obj.value, "__dict__"):
-        raise Unsupported(f"assignment to {cls.__qualname__}.{name} through a descriptor")
-    mutations_of(tx.output).store(obj.value, obj.source, name, value)

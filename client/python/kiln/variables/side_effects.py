@@ -13,7 +13,6 @@ from typing import Dict, Tuple
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import InstanceAttrSource, Source
-from kiln.variables.base import VariableTracker
 
 _MISSING = object()
 
@@ -23,9 +22,9 @@ class AttributeMutations:
 
     def __init__(self):
         # (id(obj), name) -> (obj, source of obj, tracker of the new value)
-        self._stores: Dict[Tuple[int, str], Tuple[object, Source, VariableTracker]] = {}
+        self._stores: Dict[Tuple[int, str], Tuple[object, Source, object]] = {}
 
-    def store(self, obj, source: Source, name: str, value: VariableTracker):
+    def store(self, obj, source: Source, name: str, value):
         if source is None:
             raise Unsupported(f"assignment to attribute {name!r} of an object with no source")
         self._stores[(id(obj), name)] = (obj, source, value)

@@ -4,8 +4,10 @@ import operator
 import torch
 
 from kiln.exc import Unsupported
+from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
+from kiln.variables.containers import ListVariable, NamedTupleVariable, TupleVariable
 
 # Tensor attributes that are plain metadata: answered from the fake value, no graph node.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_sparse",
@@ -34,6 +36,9 @@ class TensorVariable(VariableTracker):
             vt = vt.alias_of
         return vt
 
+    # TENSOR_MATCH does not pin which tensor object it is.
+    identity_pinned = False
+
     def python_type(self):
         return torch.Tensor  # examples are FakeTensors; the guards pin the real class
 
@@ -43,11 +48,46 @@ class TensorVariable(VariableTracker):
     def as_python_constant(self):
         raise Unsupported("a tensor is not a Python constant")
 
+    def identity(self, tx):
+        vt = self.same_object()
+        if vt.source is not None:
+            real = tx.output.real_tensor(vt)
+            if real is not None:
+                return real
+        return vt  # a tensor the graph computes: no other tracker stands for it
+
+    def contains_tensor(self) -> bool:
+        return True
+
+    def as_fx_arg(self):
+        return self.node
+
+    def as_fake_arg(self):
+        return self.example
+
     def unpack(self, tx):
         if self.example.dim() == 0:
             raise Unsupported("iteration over a 0-d tensor")
         return [tx.output.call("call_function", operator.getitem, (self, ConstantVariable(i)), {})
                 for i in range(self.example.shape[0])]
+
+    def length(self, tx):
+        if self.example.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return self.example.shape[0]
+
+    def getitem(self, tx, index):
+        return tx.output.call("call_function", operator.getitem, (self, index), {})
+
+    def contains(self, tx, item):
+        return tx.output.call("call_method", "__contains__", (self, item), {})
+
+    def has_attr(self, tx, name):
+        # Attributes of a tensor are its class's (instance attributes are not modelled).
+        return hasattr(torch.Tensor, name)
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.tensor(self)
 
     def var_getattr(self, tx, name):
         if name in _META_ATTRS:
@@ -88,6 +128,40 @@ class TensorMethodVariable(VariableTracker):
                                     else value)
         return tx.output.call("call_method", self.name, (self.tensor, *args), kwargs)
 
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen(self.tensor)}.{self.name}"
+
     def __repr__(self):
         return f"TensorMethodVariable({self.name})"
+
+
+def wrap_op_result(output, node, result, same_as=None):
+    """The tracker of a graph op's result: tensors become graph values (the items of a tuple of
+    them, getitem nodes), the rest constants. `same_as`: the tracker of the argument the op
+    returned itself (an in-place op)."""
+    if result is None:
+        return ConstantVariable(None)
+    if isinstance(result, torch.Tensor):
+        vt = TensorVariable(node, result)
+        vt.alias_of = same_as
+        return vt
+    if isinstance(result, (tuple, list)) and node is not None:
+        items = []
+        tuple_type = type(result) if type(result) not in (tuple, list) else None
+        for i, item in enumerate(result):
+            if isinstance(item, torch.Tensor):
+                items.append(TensorVariable(output.getitem_node(node, i, item), item))
+            elif isinstance(item, (tuple, list)):
+                raise Unsupported("nested sequences of tensors from one op")
+            else:
+                items.append(ConstantVariable(item))
+        if type(result) is list:
+            return ListVariable(items)
+        if tuple_type is not None:
+            return NamedTupleVariable(items, tuple_type)
+        return TupleVariable(items)
+    if type(result) is torch.Size or is_guardable_constant(result) or isinstance(
+            result, (tuple, list)):
+        return ConstantVariable(result)
+    raise Unsupported(f"an op returned a {type(result).__name__}")
 

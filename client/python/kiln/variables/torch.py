@@ -10,8 +10,10 @@ import torch
 import torch.fx.experimental.proxy_tensor  # noqa: F401  (for _is_make_fx_tracing)
 
 from kiln.exc import Unsupported
+from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
+from kiln.variables.ctx_manager import GradModeVariable
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
 _GRAPH_OP_MODULES = ("torch.nn.functional", "torch.functional", "torch", "torch._tensor",
@@ -59,6 +61,26 @@ _UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dty
                 torch.seed, torch.use_deterministic_algorithms, torch.set_printoptions}
 
 
+def is_torch_object(value) -> bool:
+    """A module, class or function of torch's own (nn.Module subclasses excepted: user code
+    subclasses them)."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__ == "torch" or value.__name__.startswith("torch.")
+    if isinstance(value, type):
+        return value.__module__.startswith("torch") and not issubclass(value, torch.nn.Module)
+    mod = getattr(value, "__module__", None) or ""
+    if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverloadPacket,
+                          torch._ops.OpOverload)):
+        self_obj = getattr(value, "__self__", None)
+        return mod.startswith("torch") or (
+            isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch")) \
+            or type(self_obj).__name__ == "_VariableFunctionsClass" \
+            or isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
+    if isinstance(value, types.FunctionType):
+        return mod.startswith("torch.") or mod == "torch"
+    return False
+
+
 def is_graph_op(fn) -> bool:
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType,
                        torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
@@ -72,13 +94,16 @@ class TorchVariable(ValueVariable):
     """A torch module, function or class (torch, torch.nn.functional, torch.add, torch.Size)."""
 
     def var_getattr(self, tx, name):
-        from kiln.variables.builder import wrap_unguarded
-
         try:
             attr = getattr(self.value, name)
         except AttributeError:
             raise Unsupported(f"{self.value!r} has no attribute {name!r}") from None
-        return wrap_unguarded(tx, attr)
+        # torch's namespace is fixed for the life of the process: nothing to guard.
+        if is_guardable_constant(attr) or type(attr) is torch.Size:
+            return ConstantVariable(attr)
+        if isinstance(attr, types.ModuleType) or is_torch_object(attr):
+            return TorchVariable(attr)
+        return tx.wrap(attr, None, guard=False)
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
@@ -94,12 +119,8 @@ class TorchVariable(ValueVariable):
             tx.output.guards.add(None, "GLOBAL_STATE")
             return ConstantVariable(torch.get_default_dtype())
         if fn is torch.is_tensor:
-            from kiln.variables.tensor import TensorVariable
-
-            return ConstantVariable(isinstance(args[0], TensorVariable))
+            return ConstantVariable(args[0].python_type() is torch.Tensor)
         if fn in (torch.no_grad, torch.enable_grad) and not args and not kwargs:
-            from kiln.variables.ctx_manager import GradModeVariable
-
             return GradModeVariable(fn is torch.enable_grad)
         if isinstance(fn, type):
             return self._construct(tx, fn, args, kwargs)

@@ -1,0 +1,57 @@
+"""Capturing one frame: the symbolic executor (kiln._C.Translator) runs the frame's bytecode
+with trackers, recording the graph and the guards, and the capture returns one result that the
+later stages (the backend, the transformed code's writer) consume. Nothing after this stage
+needs the executor or the tracker classes: trackers reach it only as values with the protocol
+of kiln.variables.base (reconstruct, is_null)."""
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from kiln import _C
+from kiln.capture.graph_break import GraphBreak
+from kiln.graph.output_graph import OutputGraph
+from kiln.variables.side_effects import finish as finish_attribute_stores
+from kiln.variables.side_effects import mutations_of
+from kiln.variables.tensor import TensorVariable, wrap_op_result
+
+
+@dataclass
+class Capture:
+    """What capturing a frame produced.
+
+    output: the graph (FX graph, inputs with their sources, attributes) and its guards.
+    returned: the tracker of the frame's return value, when the whole frame was captured.
+    graph_break: where the graph ended before the frame did (the instruction, the stack and
+    locals before it, why), with the graph rolled back to that point; None otherwise.
+    seconds: how long the capture took."""
+    output: OutputGraph
+    returned: Optional[object]
+    graph_break: Optional[GraphBreak]
+    seconds: float
+
+
+def capture_frame(func, code, slots, may_break: bool) -> Capture:
+    """Captures the frame of `func` (code `code`) about to run with argument `slots`. Raises
+    kiln.exc.Unsupported when the frame cannot be captured even in part (or breaks while
+    `may_break` is False)."""
+    t0 = time.perf_counter()
+    output = OutputGraph(TensorVariable, wrap_op_result)
+    tx = _C.Translator.root(func, code, slots, output, may_break=may_break)
+    graph_break = None
+    returned = None
+    grad_enabled = torch.is_grad_enabled()
+    try:
+        returned = tx.run()
+    except GraphBreak as gb:
+        graph_break = gb
+        graph_ckpt, mutations_ckpt = gb.checkpoint.graph
+        output.restore(graph_ckpt)
+        mutations_of(output).restore(mutations_ckpt)
+    finally:
+        torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
+    output.guards.add(None, "GLOBAL_STATE")
+    output.guard_distinct_inputs()
+    finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
+    return Capture(output, returned, graph_break, time.perf_counter() - t0)
