@@ -532,3 +532,15 @@ def test_a_torch_nn_modules_own_constant_changed_after_compiling_recompiles():
     torch.testing.assert_close(compiled(x), m(x))
     m[1].negative_slope = 0.5
     torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_a_kwargs_dict_mutated_by_the_frame_is_returned_with_its_changes():
+    def f(x, **kw):
+        kw["b"] = x + 1
+        return kw
+
+    x = torch.randn(3)
+    got = kiln.compile(f, backend="eager", fullgraph=True)(x, a=1)
+    want = f(x, a=1)
+    assert list(got) == list(want) == ["a", "b"]
+    torch.testing.assert_close(got["b"], want["b"])
