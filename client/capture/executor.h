@@ -5,12 +5,16 @@
 // binding and inlining of user functions, and the checkpoints a graph break resumes from.
 //
 // Python sees kiln._C.Translator:
-//   Translator.root(func, code, slots, output, may_break) -> Translator; .run() -> the tracker
-//   the frame returns. Anything the executor cannot model raises kiln.exc.Unsupported with the
-//   user's file and line; in a root frame that may break, at a CALL or a branch, it raises
-//   kiln.capture.graph_break.GraphBreak instead (the graph so far, the instruction to run in
-//   Python, the state to resume with).
-// Trackers call back: output, symbolic_locals, code, inline_call, inline_nested,
+//   Translator.root(func, code, slots, output, host, may_break) -> Translator; .run() -> the
+//   tracker the frame returns. `host` (kiln.capture.host.CaptureHost) is everything the executor
+//   uses of kiln's Python side: it imports nothing of kiln's by name. Anything it cannot model
+//   raises host.Unsupported with the user's file and line; in a root frame that may break, at a
+//   CALL or a branch, it raises host.GraphBreak instead (the graph so far, the instruction to
+//   run in Python, the state to resume with).
+// Instructions are dispatched through a table of member functions indexed by opcode, one per
+// opcode (Translator::Op*), built from the running interpreter's opcode names. Values are
+// asked only what the tracker protocol declares (kiln/variables/base.py).
+// Trackers call back: output, symbolic_locals, code, wrap, inline_call, inline_nested,
 // inline_generator, make_super, load_deref, store_deref.
 #ifndef KILN_CAPTURE_EXECUTOR_H_
 #define KILN_CAPTURE_EXECUTOR_H_

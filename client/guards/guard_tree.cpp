@@ -1119,8 +1119,7 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::s
   }
   if (KindIs(kind, "id")) {
     if (!Arity(check, 2, "('id', obj)", error)) return nullptr;
-    return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), on_dead,
-                                     std::move(description));
+    return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), on_dead, std::move(description));
   }
   if (KindIs(kind, "constant")) {
     if (!Arity(check, 2, "('constant', value)", error)) return nullptr;
@@ -1196,9 +1195,8 @@ std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::s
     return std::make_unique<DistinctCheck>(std::move(paths), std::move(description));
   }
   *error = "unknown check kind '" + std::string(kind) +
-           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, is, "
-           "distinct or "
-           "global_state)";
+           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, "
+           "is, distinct or global_state)";
   return nullptr;
 }
 
@@ -1339,7 +1337,7 @@ class Node {
   std::vector<std::unique_ptr<LeafCheck>> checks_;
   std::vector<std::unique_ptr<Node>> children_;
   uint64_t failures_ = 0;
-  uint64_t seen_version_ = 0;     // the dict version this node last passed with, or 0
+  uint64_t seen_version_ = 0;   // the dict version this node last passed with, or 0
   bool own_same_dict_ = false;  // its own checks hold while its dict is unchanged
   bool same_object_ = false;    // an item whose whole subtree holds while it is the same object
 };

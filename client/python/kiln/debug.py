@@ -4,8 +4,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, List
 
+import torch
+
 from kiln import _C
 from kiln.daemon import protocol
+from kiln.eval_frame import OptimizedModule
+from kiln.state import STATE
 
 
 @dataclass
@@ -23,10 +27,6 @@ class CacheEntry:
 
 def innermost_fn(fn):
     """The user's function behind kiln wrappers, modules and bound methods."""
-    import torch
-
-    from kiln.eval_frame import OptimizedModule
-
     seen = set()
     while id(fn) not in seen:
         seen.add(id(fn))
@@ -54,8 +54,7 @@ def cache_entries(fn) -> List[CacheEntry]:
 def artifacts(fn=None) -> list:
     """What the "kiln" backend built (kiln.backends.kiln_backend.CompiledArtifact), oldest
     first: all of this process's, or those `fn`'s cache entries run."""
-    from kiln.backends.kiln_backend import artifacts as built
-
+    built = STATE.artifacts
     if fn is None:
         return list(built)
     mine = {id(e.info.compiled_fn) for e in cache_entries(fn)}

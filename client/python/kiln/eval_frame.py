@@ -3,25 +3,19 @@ kiln.reset, and the callback the hook calls on a cache miss."""
 import functools
 import logging
 import operator
-import weakref
 
 import torch
+from torch.nn.modules import module
 
 from kiln import _C, config
 from kiln.backends.registry import lookup_backend, prepare_backend
 from kiln.capture.skip_files import is_skipped
 from kiln.convert_frame import convert_frame
 from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
+from kiln.state import STATE
 
 log = logging.getLogger("kiln")
 
-# Every code object kiln made entries for or gave up on, so kiln.reset() can forget them.
-_compiled_codes: "weakref.WeakSet" = weakref.WeakSet()
-_warned_limit: "weakref.WeakSet" = weakref.WeakSet()
-
-
-_STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
-_stance = "default"
 
 
 class FrameCallback:
@@ -41,10 +35,10 @@ class FrameCallback:
     def __call__(self, func, code, slots, cache_full):
         if is_skipped(code):
             return _C.SKIP
-        if cache_full or _stance == "eager_on_recompile":
+        if cache_full or STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
         entries = _C.cache_entries(code)
-        if entries and _stance == "fail_on_recompile":
+        if entries and STATE.stance == "fail_on_recompile":
             reasons = [e[0].failure_reason(slots, func) for e in entries]
             raise RecompileError(
                 f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}) needs a new "
@@ -55,8 +49,8 @@ class FrameCallback:
             log.warning("kiln: recompiling %s: %s", code.co_qualname, "; ".join(
                 r for r in reasons if r))
         if len(entries) >= config.cache_size_limit:
-            if code not in _warned_limit:
-                _warned_limit.add(code)
+            if code not in STATE.warned_limit:
+                STATE.warned_limit.add(code)
                 reason = entries[-1][0].failure_reason(slots, func)
                 log.warning("kiln: %s (%s:%d) reached cache_size_limit (%d); running it eagerly "
                             "from now on. Last guard that failed: %s", code.co_qualname,
@@ -72,13 +66,13 @@ class FrameCallback:
             log.info("kiln: running %s eagerly: %s", code.co_qualname, e)
             if self.observer is not None:
                 self.observer.eager(code, e)
-            _compiled_codes.add(code)
+            STATE.compiled_codes.add(code)
             return _C.SKIP
         except BackendCompilerFailed as e:
             if self.fullgraph:
                 raise
             log.warning("kiln: %s; running %s eagerly", e, code.co_qualname)
-            _compiled_codes.add(code)
+            STATE.compiled_codes.add(code)
             return _C.SKIP
         except KilnError:
             raise
@@ -87,9 +81,9 @@ class FrameCallback:
                 raise
             log.warning("kiln: internal error while capturing %s, running it eagerly: %s: %s",
                         code.co_qualname, type(e).__name__, e)
-            _compiled_codes.add(code)
+            STATE.compiled_codes.add(code)
             return _C.SKIP
-        _compiled_codes.add(code)
+        STATE.compiled_codes.add(code)
         if self.observer is not None:
             self.observer.entry(entry[2])
         return entry
@@ -98,8 +92,6 @@ class FrameCallback:
 def _module_call():
     """What torch.nn.Module.__call__ consults before it calls forward, for the region's check
     that a call would go straight to forward (client/hook/eval_frame.c, module_forward)."""
-    from torch.nn.modules import module
-
     hooks = (module._global_backward_pre_hooks, module._global_backward_hooks,
              module._global_forward_hooks, module._global_forward_pre_hooks)
     return (torch.nn.Module.__call__, torch.nn.Module._call_impl, hooks)
@@ -247,11 +239,10 @@ def set_stance(stance: str = "default"):
     "default": compile on a miss; "eager_on_recompile": use what is compiled, run misses
     eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
     the failed guards instead of compiling again; "force_eager": ignore kiln entirely."""
-    global _stance
-    if stance not in _STANCES:
-        raise ValueError(f"unknown stance {stance!r}; one of {', '.join(_STANCES)}")
-    prior = _stance
-    _stance = stance
+    if stance not in STATE.STANCES:
+        raise ValueError(f"unknown stance {stance!r}; one of {', '.join(STATE.STANCES)}")
+    prior = STATE.stance
+    STATE.stance = stance
     _C.set_force_eager(stance == "force_eager")
     return _Stance(stance, prior)
 
@@ -264,10 +255,6 @@ def run():
 
 def reset():
     """Forgets every compiled entry: the next call of any compiled function captures again."""
-    for code in list(_compiled_codes):
+    for code in list(STATE.compiled_codes):
         _C.reset_code(code)
-    _compiled_codes.clear()
-    _warned_limit.clear()
-    from kiln.backends import kiln_backend
-
-    kiln_backend.reset()
+    STATE.reset()

@@ -6,11 +6,13 @@ class KilnError(RuntimeError):
 
 
 class Unsupported(KilnError):
-    """Capture met something it cannot model (raised to the user only with fullgraph=True)."""
+    """Capture met something it cannot model (raised to the user only with fullgraph=True).
+    `located`: the executor has added the user's file and line (the innermost frame's, once)."""
 
     def __init__(self, msg: str, *, source_line: str = ""):
         self.reason = msg
         self.source_line = source_line
+        self.located = bool(source_line)
         super().__init__(f"{msg}\n{source_line}" if source_line else msg)
 
 

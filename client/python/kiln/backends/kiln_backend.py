@@ -6,27 +6,23 @@ another device runs eagerly. Any plumbing failure (no daemon, compile error, rej
 load failure) runs the graph eagerly with one warning per kind of failure.
 """
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
 import torch
 
+from kiln import config
 from kiln.backends.registry import register_backend
+from kiln.debug import format_artifact
+from kiln.state import STATE
 
 log = logging.getLogger("kiln")
 
-_warned: set = set()
-_warn_lock = threading.Lock()
-
-
 def _warn_once(kind: str, message: str) -> None:
-    with _warn_lock:
-        if kind in _warned:
-            log.debug("kiln: %s", message)
-            return
-        _warned.add(kind)
+    if not STATE.first_warning(f"kiln backend: {kind}"):
+        log.debug("kiln: %s", message)
+        return
     log.warning("kiln: %s; running the graph eagerly", message)
 
 
@@ -41,10 +37,6 @@ class CompiledArtifact:
     body: Any                # the verified kiln.v1.ArtifactBody
     plan: Any                # kiln._C.Plan
     aten_graph: Optional[torch.fx.GraphModule] = None
-
-
-# Every artifact the backend loaded, newest last (kiln.debug.artifacts reads it).
-artifacts: List[CompiledArtifact] = []
 
 
 def _fallback_reasons(gm, example_inputs) -> Optional[str]:
@@ -106,21 +98,10 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list):
         _warn_once("load", f"cannot load the artifact ({e})")
         return gm.forward
     compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
-    artifacts.append(compiled)
-    from kiln import config
-
+    STATE.artifacts.append(compiled)
     if config.logs("codegen"):
-        from kiln.debug import format_artifact
-
         print(format_artifact(compiled))
     return compiled.plan
-
-
-def reset() -> None:
-    """Forgets the artifacts and the warnings given (kiln.reset)."""
-    artifacts.clear()
-    with _warn_lock:
-        _warned.clear()
 
 
 class CompileFailed(RuntimeError):

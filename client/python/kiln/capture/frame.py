@@ -11,6 +11,7 @@ import torch
 
 from kiln import _C
 from kiln.capture.graph_break import GraphBreak
+from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
@@ -38,7 +39,7 @@ def capture_frame(func, code, slots, may_break: bool) -> Capture:
     `may_break` is False)."""
     t0 = time.perf_counter()
     output = OutputGraph(TensorVariable, wrap_op_result)
-    tx = _C.Translator.root(func, code, slots, output, may_break=may_break)
+    tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None
     grad_enabled = torch.is_grad_enabled()

@@ -13,7 +13,9 @@ past the prologue.
 """
 import dis
 import types
-from typing import List, Sequence, Tuple
+from typing import Sequence
+
+from kiln.capture.code_layout import parse_exception_table
 
 _OP = dis.opmap
 _NO_LOCATION = 15  # line table entry code: no source position
@@ -31,17 +33,6 @@ def _emit(out: bytearray, opname: str, arg: int = 0):
     out += bytes((op, arg & 0xFF))
 
 
-def _read_varint(data: bytes, i: int) -> Tuple[int, int]:
-    b = data[i]
-    value = b & 63
-    i += 1
-    while b & 64:
-        b = data[i]
-        value = (value << 6) | (b & 63)
-        i += 1
-    return value, i
-
-
 def _write_varint(value: int, first: bool) -> bytes:
     chunks = [value & 63]
     value >>= 6
@@ -56,19 +47,6 @@ def _write_varint(value: int, first: bool) -> bytes:
     return bytes(out)
 
 
-def parse_exception_table(table: bytes) -> List[Tuple[int, int, int, int]]:
-    """Entries (start, end, target, depth_lasti) in code units, end exclusive."""
-    entries = []
-    i = 0
-    while i < len(table):
-        start, i = _read_varint(table, i)
-        length, i = _read_varint(table, i)
-        target, i = _read_varint(table, i)
-        dl, i = _read_varint(table, i)
-        entries.append((start, start + length, target, dl))
-    return entries
-
-
 def write_exception_table(entries) -> bytes:
     out = bytearray()
     for start, end, target, dl in entries:
@@ -77,19 +55,6 @@ def write_exception_table(entries) -> bytes:
         out += _write_varint(target, False)
         out += _write_varint(dl, False)
     return bytes(out)
-
-
-def offset_in_exception_table(code: types.CodeType, offset: int) -> bool:
-    """True when the instruction at byte `offset` is covered by a try/with handler."""
-    unit = offset // 2
-    return any(start <= unit < end
-               for start, end, _, _ in parse_exception_table(code.co_exceptiontable))
-
-
-def can_split(code: types.CodeType) -> bool:
-    """Whether a graph break can resume inside `code` (see the module docstring)."""
-    return not (code.co_cellvars or code.co_freevars or code.co_flags & (
-        0x20 | 0x80 | 0x100 | 0x200))  # generator, coroutine, iterable coroutine, async gen
 
 
 def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Sequence[bool],

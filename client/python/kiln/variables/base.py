@@ -125,6 +125,10 @@ class VariableTracker:
                     kwargs: Dict[str, "VariableTracker"]) -> "VariableTracker":
         raise Unsupported(f"{self}.{name}()")
 
+    def owned_by_frame(self) -> None:
+        """The value is an argument CPython made for this very call (*args, **kwargs): nothing
+        outside the frame can see it, so the frame may mutate it."""
+
     def enter(self, tx) -> "VariableTracker":
         """`with value:` (BEFORE_WITH): enters, and returns the bound __exit__."""
         raise Unsupported(f"`with` over {self}")

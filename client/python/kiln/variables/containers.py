@@ -84,6 +84,9 @@ class BaseListVariable(VariableTracker):
             items = [v.as_fake_arg() for v in self.items]
         return items if self.python_type() is list else tuple(items)
 
+    def owned_by_frame(self):
+        self.mutable = True
+
     def unpack(self, tx):
         return list(self.items)
 
@@ -330,6 +333,9 @@ class ConstDictVariable(VariableTracker):
 
     def contains(self, tx, item):
         return ConstantVariable(item.as_python_constant() in self.items)
+
+    def owned_by_frame(self):
+        self.mutable = True
 
     def unpack(self, tx):
         return [ConstantVariable(k) for k in self.items]

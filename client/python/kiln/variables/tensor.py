@@ -79,6 +79,9 @@ class TensorVariable(VariableTracker):
     def getitem(self, tx, index):
         return tx.output.call("call_function", operator.getitem, (self, index), {})
 
+    def setitem(self, tx, index, value):
+        tx.output.call("call_function", operator.setitem, (self, index, value), {})
+
     def contains(self, tx, item):
         return tx.output.call("call_method", "__contains__", (self, item), {})
 
