@@ -61,10 +61,15 @@ std::string FormatStats(const kiln::v1::StatsResponse& s) {
   return absl::StrFormat(
       "hits: %d\nmisses: %d\ncompiles: %d\ncompile_errors: %d\ncompile_seconds: %.3f\n"
       "bytes_stored: %d\nentries: %d\nqueue_depth: %d\nin_flight: %d\nremote_hits: %d\n"
-      "evictions: %d\ncorrupt_records: %d\nrejected: %d\nwaiting: %d\nuptime_seconds: %.1f\n",
+      "evictions: %d\ncorrupt_records: %d\nrejected: %d\nwaiting: %d\nuptime_seconds: %.1f\n"
+      "damaged_files: %d\nwal_damaged: %d\nstore_repairs: %d\ncompactions: %d\n"
+      "remote_errors: %d\nremote_skipped: %d\nremote_writes: %d\nremote_writes_dropped: %d\n"
+      "remote_down: %d\n",
       s.hits(), s.misses(), s.compiles(), s.compile_errors(), s.compile_seconds(), s.bytes_stored(),
       s.entries(), s.queue_depth(), s.in_flight(), s.remote_hits(), s.evictions(),
-      s.corrupt_records(), s.rejected(), s.waiting(), s.uptime_seconds());
+      s.corrupt_records(), s.rejected(), s.waiting(), s.uptime_seconds(), s.damaged_files(),
+      s.wal_damaged(), s.store_repairs(), s.compactions(), s.remote_errors(), s.remote_skipped(),
+      s.remote_writes(), s.remote_writes_dropped(), s.remote_down() ? 1 : 0);
 }
 
 }  // namespace kiln::daemon

@@ -108,16 +108,9 @@ absl::Status Daemon::Start() {
   store_ = *std::move(store);
 
   if (!config_.redis.empty()) {
-    cache::RedisStoreOptions redis;
-    size_t colon = config_.redis.rfind(':');
-    if (colon == std::string::npos ||
-        !absl::SimpleAtoi(config_.redis.substr(colon + 1), &redis.port)) {
-      return absl::InvalidArgumentError("--redis takes HOST:PORT");
-    }
-    redis.host = config_.redis.substr(0, colon);
-    redis.read_only = config_.redis_read_only;
-    redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version());
-    remote_ = std::make_unique<cache::RedisStore>(redis);
+    absl::StatusOr<std::unique_ptr<cache::RemoteStore>> remote = OpenRedis();
+    if (!remote.ok()) return remote.status();
+    remote_ = *std::move(remote);
   }
   cache_ = std::make_unique<cache::ArtifactCache>(store_.get(), remote_.get(), mac_.get());
   pool_ = std::make_unique<WorkerPool>(config_.workers, config_.queue_limit);
@@ -172,6 +165,31 @@ absl::Status Daemon::Start() {
   }
   ::chmod(config_.socket_path.c_str(), 0600);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<cache::RemoteStore>> Daemon::OpenRedis() const {
+  cache::RedisStoreOptions redis;
+  if (absl::Status s = cache::ParseRedisAddress(config_.redis, &redis.endpoint); !s.ok()) return s;
+  redis.endpoint.user = config_.redis_user;
+  if (!config_.redis_password_file.empty()) {
+    absl::StatusOr<std::string> password =
+        ReadFileNamed(config_.redis_password_file, "Redis password file", true);
+    if (!password.ok()) return password.status();
+    redis.endpoint.password = std::string(absl::StripAsciiWhitespace(*password));
+  }
+  redis.endpoint.tls = config_.redis_tls;
+  redis.endpoint.tls_ca_file = config_.redis_tls_ca;
+  redis.endpoint.tls_cert_file = config_.redis_tls_cert;
+  redis.endpoint.tls_key_file = config_.redis_tls_key;
+  redis.endpoint.tls_server_name = config_.redis_tls_server_name;
+  redis.read_only = config_.redis_read_only;
+  redis.timeout = std::chrono::milliseconds(config_.redis_timeout_ms);
+  // Daemons of another compiler, or signing with another key, neither read nor overwrite ours.
+  redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version(), ":", mac_->Fingerprint());
+  absl::StatusOr<std::unique_ptr<cache::RedisStore>> store =
+      cache::RedisStore::Create(std::move(redis));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<cache::RemoteStore>(*std::move(store));
 }
 
 void Daemon::RequestShutdown() {
