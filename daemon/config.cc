@@ -172,6 +172,8 @@ absl::Status SetOption(DaemonConfig& c, const std::string& name, const std::stri
     c.redis_tls_server_name = value;
   else if (name == "log-level")
     c.log_level = value;
+  else if (name == "log-file")
+    c.log_file = value;
   else
     return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
   return absl::OkStatus();
@@ -237,10 +239,11 @@ absl::Status FinishConfig(DaemonConfig& c) {
                         : absl::StrCat(HomeCache(), "/kilnd.sock");
   }
   if (c.mac_key_file.empty()) c.mac_key_file = absl::StrCat(c.cache_dir, "/mac.key");
+  if (c.log_file.empty()) c.log_file = absl::StrCat(c.cache_dir, "/kilnd.log");
   // Absolute, because a detached kilnd runs from "/".
-  for (std::string* path :
-       {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key, &c.token_file,
-        &c.redis_password_file, &c.redis_tls_ca, &c.redis_tls_cert, &c.redis_tls_key}) {
+  for (std::string* path : {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key,
+                            &c.token_file, &c.redis_password_file, &c.redis_tls_ca,
+                            &c.redis_tls_cert, &c.redis_tls_key, &c.log_file}) {
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
   }
   if (c.workers <= 0) c.workers = std::max(1u, std::thread::hardware_concurrency());
@@ -298,6 +301,9 @@ Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
   --redis-tls              TLS to Redis; --redis-tls-ca FILE (default: system CAs),
                            --redis-tls-cert/--redis-tls-key FILE, --redis-tls-server-name NAME
   --log-level LEVEL        trace|debug|info|warn|error|off (warn)
+  --log-file PATH          where a detached kilnd logs, rotated at 4 MiB, 3 kept
+                           (default <cache-dir>/kilnd.log; --foreground logs to stderr,
+                           in the journal's format under systemd)
 )";
 }
 

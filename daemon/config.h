@@ -48,6 +48,8 @@ struct DaemonConfig {
   std::string redis_tls_server_name;  // Name Redis's certificate must carry; default: its host.
   bool foreground = false;            // Stay attached to the terminal, log to stderr.
   std::string log_level = "warn";     // spdlog level: trace, debug, info, warn, error, off.
+  // Where a detached kilnd logs (rotated; see logging.h). Default: <cache_dir>/kilnd.log.
+  std::string log_file;
 };
 
 // What the kilnd command line asks for.

@@ -24,7 +24,11 @@ class ActiveCall {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Never INTERNAL without details: that is how gRPC answers bytes that do not decode, which
+  // RequestDecodingInterceptorFactory turns into INVALID_ARGUMENT.
+  std::string message(status.message());
+  if (message.empty()) message = absl::StatusCodeToString(status.code());
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* compiler,

@@ -68,8 +68,8 @@ TEST(KilndConfig, RefusesUnknownOptionsAndBadValues) {
 
 TEST(KilndConfig, RedisAuthAndTlsOptionsNeedRedisAndGoTogether) {
   auto parsed = ParseCommandLine({"--redis", "cache:6380", "--redis-tls", "--redis-tls-ca",
-                                  "ca.pem", "--redis-user", "kilnd", "--redis-password-file",
-                                  "pw", "--redis-timeout-ms", "250"});
+                                  "ca.pem", "--redis-user", "kilnd", "--redis-password-file", "pw",
+                                  "--redis-timeout-ms", "250"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_TRUE(parsed->config.redis_tls);
   EXPECT_EQ(parsed->config.redis_user, "kilnd");
