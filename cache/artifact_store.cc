@@ -123,6 +123,13 @@ ArtifactStore::~ArtifactStore() {
     if (db_.db != nullptr) db_.db->DisableManualCompaction();  // a compaction running now stops
   }
   if (background_.joinable()) background_.join();
+  if (db_.db != nullptr) {
+    // Into table files, so that the next start replays no log (and a log damaged while kilnd
+    // was down costs nothing).
+    rocksdb::FlushOptions flush;
+    flush.wait = true;
+    db_.db->Flush(flush, db_.handles).PermitUncheckedError();
+  }
   db_.Close();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }

@@ -3,6 +3,8 @@
 // serves exactly the entries that verify, counts what it dropped, and frees the disk after
 // evictions.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <random>
@@ -40,14 +42,27 @@ std::unique_ptr<ArtifactStore> OpenStore(const std::string& path, uint64_t max_b
   return store.ok() ? *std::move(store) : nullptr;
 }
 
-// Writes kEntries entries of `size` bytes; with `to_tables`, compacts them out of the log into
-// table files.
-void Fill(const std::string& path, size_t size, bool to_tables) {
+// Writes kEntries entries of `size` bytes and closes the store, which leaves them in table
+// files.
+void Fill(const std::string& path, size_t size) {
   auto store = OpenStore(path);
   for (int i = 0; i < kEntries; ++i) ASSERT_TRUE(store->Put(Key(i), Payload(i, size)).ok());
-  if (to_tables) {
-    ASSERT_TRUE(store->Compact().ok());
+}
+
+// The same in a child process that then dies as kill -9 would leave it: the entries are in the
+// write-ahead log only.
+void FillThenCrash(const std::string& path, size_t size) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto store = ArtifactStore::Open({path, 1 << 30});
+    for (int i = 0; i < kEntries; ++i) {
+      if (!store.ok() || !(*store)->Put(Key(i), Payload(i, size)).ok()) ::_exit(1);
+    }
+    ::_exit(0);
   }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 // The entries that read back, each checked byte for byte against what was written.
@@ -68,7 +83,7 @@ int IntactEntries(ArtifactStore& store, size_t size) {
 TEST(StoreRecovery, FlippedByteInATableFileSetsItAsideAndKeepsTheOtherEntries) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, true);
+  Fill(db, 3000);
   FlipByte(LargestFile(db, ".sst"), 0.3);
 
   auto store = OpenStore(db);
@@ -87,7 +102,7 @@ TEST(StoreRecovery, FlippedByteInATableFileSetsItAsideAndKeepsTheOtherEntries) {
 TEST(StoreRecovery, TruncatedTableFileIsRepairedAndTheStoreServes) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, true);
+  Fill(db, 3000);
   const std::string table = LargestFile(db, ".sst");
   fs::resize_file(table, fs::file_size(table) / 2);
 
@@ -104,7 +119,7 @@ TEST(StoreRecovery, TruncatedTableFileIsRepairedAndTheStoreServes) {
 TEST(StoreRecovery, DamagedManifestIsRepairedWithEveryEntryKept) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, true);
+  Fill(db, 3000);
   std::string manifest;
   for (const auto& e : fs::directory_iterator(db)) {
     if (e.path().filename().string().rfind("MANIFEST-", 0) == 0) manifest = e.path().string();
@@ -122,7 +137,7 @@ TEST(StoreRecovery, DamagedWriteAheadLogIsReportedAndReplaysTheRecordsThatVerify
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
   // Artifacts are tens of kilobytes and more: each spans several of the log's 32 KiB blocks.
-  Fill(db, 40'000, false);
+  FillThenCrash(db, 40'000);
   FlipByte(LargestFile(db, ".log"), 0.10);
 
   auto store = OpenStore(db);
@@ -136,7 +151,7 @@ TEST(StoreRecovery, DamagedWriteAheadLogIsReportedAndReplaysTheRecordsThatVerify
 TEST(StoreRecovery, TornLastWriteOfACrashIsNoDamage) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, false);
+  FillThenCrash(db, 3000);
   const std::string log = LargestFile(db, ".log");
   fs::resize_file(log, fs::file_size(log) - 1000);
 
@@ -150,7 +165,7 @@ TEST(StoreRecovery, TornLastWriteOfACrashIsNoDamage) {
 TEST(StoreRecovery, DatabaseRepairCannotFixIsMovedAsideForAnEmptyOne) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, true);
+  Fill(db, 3000);
   // CURRENT names the MANIFEST; as a folder it can be neither read nor rewritten by RepairDB.
   fs::remove(db + "/CURRENT");
   fs::create_directory(db + "/CURRENT");
@@ -167,7 +182,7 @@ TEST(StoreRecovery, DatabaseRepairCannotFixIsMovedAsideForAnEmptyOne) {
 TEST(StoreRecovery, DamagedBlockMetWhileServingIsSetAsideInTheBackground) {
   testing::TempDir dir;
   const std::string db = dir.Sub("db");
-  Fill(db, 3000, true);
+  Fill(db, 3000);
   auto store = OpenStore(db);
   ASSERT_NE(store, nullptr);
   FlipByte(LargestFile(db, ".sst"), 0.5);  // not read since Open: no block of it is cached
