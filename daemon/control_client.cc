@@ -2,7 +2,10 @@
 #include "daemon/control_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +14,8 @@
 
 namespace kiln::daemon {
 namespace {
+
+constexpr auto kProbe = std::chrono::seconds(2);
 
 std::unique_ptr<kiln::v1::KilnService::Stub> Connect(const std::string& socket_path) {
   return kiln::v1::KilnService::NewStub(
@@ -38,6 +43,13 @@ absl::StatusOr<kiln::v1::StatsResponse> QueryStats(const std::string& socket_pat
 absl::Status StopDaemon(const std::string& socket_path, std::chrono::milliseconds timeout) {
   auto stub = Connect(socket_path);
   auto deadline = std::chrono::system_clock::now() + timeout;
+  int64_t pid = 0;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::min(deadline, std::chrono::system_clock::now() + kProbe));
+    kiln::v1::HealthResponse health;
+    if (stub->Health(&context, kiln::v1::HealthRequest(), &health).ok()) pid = health.pid();
+  }
   {
     grpc::ClientContext context;
     context.set_deadline(deadline);
@@ -45,14 +57,16 @@ absl::Status StopDaemon(const std::string& socket_path, std::chrono::millisecond
     grpc::Status status = stub->Shutdown(&context, kiln::v1::ShutdownRequest(), &response);
     if (!status.ok()) return Unavailable(socket_path, status);
   }
+  // Gone once it no longer answers and (on this machine: a Unix socket) its process has exited,
+  // its database closed: what comes next may use the cache directory.
   while (std::chrono::system_clock::now() < deadline) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     kiln::v1::HealthResponse response;
-    if (!stub->Health(&context, kiln::v1::HealthRequest(), &response).ok()) {
-      return absl::OkStatus();
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const bool answers = stub->Health(&context, kiln::v1::HealthRequest(), &response).ok();
+    const bool running = pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    if (!answers && !running) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return absl::DeadlineExceededError("kilnd is still draining");
 }

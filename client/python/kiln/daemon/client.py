@@ -200,7 +200,7 @@ class DaemonClient:
             except DaemonUnavailable as e:
                 call.cancel()
                 self._give_up(f"kilnd stopped answering during {method} ({e})", HUNG_BACKOFF)
-                raise DaemonUnavailable(self._down_reason) from None
+                raise DaemonHung(self._down_reason) from None
 
     def health(self, timeout: float = PROBE_SECONDS):
         return self._call("Health", self.pb.service.HealthRequest(), timeout)
@@ -209,12 +209,25 @@ class DaemonClient:
         return self._call("Stats", self.pb.service.StatsRequest(), timeout)
 
     def compile(self, request, timeout: Optional[float] = None):
-        self.ensure_running()
-        return self._watched_call("Compile", request, timeout or self.timeout)
+        return self._call_running("Compile", request, timeout or self.timeout)
 
     def lookup_key(self, key: str, timeout: float = 10.0):
+        return self._call_running("Lookup", self.pb.service.LookupRequest(key=key), timeout)
+
+    def _call_running(self, method: str, request, timeout: float):
+        """A watched call on a running daemon. A local daemon found dead (killed, crashed, idle
+        exit) is started again and the call made once more, so the graph is still compiled."""
         self.ensure_running()
-        return self._watched_call("Lookup", self.pb.service.LookupRequest(key=key), timeout)
+        try:
+            return self._watched_call(method, request, timeout)
+        except (DaemonHung, DaemonRefused):
+            raise
+        except DaemonUnavailable as e:
+            if not self.autostart:
+                raise
+            log.debug("kiln: %s; starting kilnd again", e)
+        self.ensure_running()
+        return self._watched_call(method, request, timeout)
 
     # -- the daemon's state ------------------------------------------------------------------
 
