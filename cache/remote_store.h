@@ -55,7 +55,7 @@ struct RedisStoreOptions {
   // Once the circuit is open, the first probe comes after retry_after, then twice as long after
   // each failed probe, up to max_retry_after.
   std::chrono::milliseconds retry_after{1000};
-  std::chrono::milliseconds max_retry_after{30000};
+  std::chrono::milliseconds max_retry_after{10000};
   size_t idle_connections = 8;                // Connections kept open between calls.
   uint64_t write_queue_bytes = 256ull << 20;  // Values waiting to be written, at most.
 };

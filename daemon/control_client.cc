@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +18,17 @@ namespace kiln::daemon {
 namespace {
 
 constexpr auto kProbe = std::chrono::seconds(2);
+
+// True while `pid` runs: it exists and is not a zombie (a daemon that exited but whose parent,
+// a test or a supervisor, has not reaped it yet has closed everything it held).
+bool ProcessRunning(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');  // the command name may hold spaces and parentheses
+  return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
+}
 
 std::unique_ptr<kiln::v1::KilnService::Stub> Connect(const std::string& socket_path) {
   return kiln::v1::KilnService::NewStub(
@@ -64,7 +77,7 @@ absl::Status StopDaemon(const std::string& socket_path, std::chrono::millisecond
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     kiln::v1::HealthResponse response;
     const bool answers = stub->Health(&context, kiln::v1::HealthRequest(), &response).ok();
-    const bool running = pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+    const bool running = pid > 0 && ProcessRunning(static_cast<pid_t>(pid));
     if (!answers && !running) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

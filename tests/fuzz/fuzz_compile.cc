@@ -22,20 +22,12 @@
 #include "compiler/ir_validator.h"
 #include "compiler/op_allowlist.h"
 #include "kiln/v1/service.pb.h"
+#include "tests/fuzz/fuzz_checks.h"
 
 namespace {
 
-const kiln::compiler::OpAllowlist& Allowlist() {
-  static const kiln::compiler::OpAllowlist allowlist = kiln::compiler::OpAllowlist::Default();
-  return allowlist;
-}
-
-void Check(bool holds, const char* what, std::string_view detail = {}) {
-  if (holds) return;
-  std::fprintf(stderr, "kiln compiler fuzz invariant broken: %s %.*s\n", what,
-               static_cast<int>(detail.size()), detail.data());
-  std::abort();
-}
+using kiln::fuzz::Allowlist;
+using kiln::fuzz::Check;
 
 void CheckSteps(const google::protobuf::RepeatedPtrField<kiln::v1::PlanStep>& steps,
                 const std::unordered_set<uint32_t>& described, const std::string& source,

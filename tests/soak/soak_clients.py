@@ -78,9 +78,25 @@ def group_env(slot: int) -> None:
             os.environ[key[len(prefix):]] = value
 
 
+def warm_up() -> None:
+    """What every client would otherwise import on its first graph (lowering, decompositions,
+    grpc and the kiln.v1 messages), done once here and shared. No channel is opened, and torch
+    runs on one thread, so forking afterwards is safe."""
+    torch.set_num_threads(1)
+    from kiln.daemon import protocol
+    from kiln.graph import lowering  # noqa: F401
+
+    protocol.messages()
+    x = torch.randn(2, 16)
+    for fn in FUNCTIONS.values():
+        kiln.compile(fn, backend="eager")(x)
+    kiln.reset()
+
+
 def main() -> None:
     out, clients, end, seed = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), \
         int(sys.argv[4])
+    warm_up()
     start = float(os.environ.get("SOAK_START", time.time()))
     pids = {}
 

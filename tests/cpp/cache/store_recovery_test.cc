@@ -10,6 +10,7 @@
 #include <random>
 
 #include "cache/artifact_store.h"
+#include "tests/cpp/support/artifact_store_for_tests.h"
 #include "tests/cpp/support/tamper.h"
 #include "tests/cpp/support/temp_dir.h"
 
@@ -20,6 +21,7 @@ namespace fs = std::filesystem;
 using kiln::testing::DirectoryBytes;
 using kiln::testing::FlipByte;
 using kiln::testing::LargestFile;
+using kiln::testing::OpenStore;
 
 constexpr int kEntries = 20;
 
@@ -32,15 +34,6 @@ std::string Payload(int i, size_t size) {
 }
 
 std::string Key(int i) { return "key-" + std::to_string(100 + i); }
-
-std::unique_ptr<ArtifactStore> OpenStore(const std::string& path, uint64_t max_bytes = 1 << 30) {
-  ArtifactStoreOptions options;
-  options.path = path;
-  options.max_bytes = max_bytes;
-  auto store = ArtifactStore::Open(options);
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? *std::move(store) : nullptr;
-}
 
 // Writes kEntries entries of `size` bytes and closes the store, which leaves them in table
 // files.

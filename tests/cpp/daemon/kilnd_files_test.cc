@@ -46,9 +46,9 @@ TEST(KilndFiles, DetachedDaemonLogsToAFileInTheFreshCacheDirectoryItCreates) {
   EXPECT_EQ(ModeOf(dir.Sub("run")), 0700u);
   EXPECT_NE(ReadFile(cache + "/kilnd.log").find("serving on " + socket), std::string::npos);
   ASSERT_EQ(RunKilnd({"--stop", "--socket", socket}).first, 0);
-  EXPECT_TRUE(kiln::testing::WaitFor(
-      [&] { return ReadFile(cache + "/kilnd.log").find("stopped") != std::string::npos; }))
-      << ReadFile(cache + "/kilnd.log");
+  EXPECT_TRUE(kiln::testing::WaitFor([&] {
+    return ReadFile(cache + "/kilnd.log").find("stopped") != std::string::npos;
+  })) << ReadFile(cache + "/kilnd.log");
   EXPECT_EQ(ModeOf(cache + "/kilnd.log"), 0600u);
   EXPECT_EQ(ModeOf(cache + "/artifacts"), 0700u);  // RocksDB's folder, under kilnd's umask
 }
