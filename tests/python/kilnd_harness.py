@@ -46,6 +46,36 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def redis_command(socket_path: Path, *args: bytes):
+    """One command to Redis over its Unix socket (RESP); the reply as bytes, an int, None or a
+    list of those."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(socket_path))
+        s.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a)
+                                                    for a in args))
+        reader = s.makefile("rb")
+
+        def reply():
+            line = reader.readline()[:-2]
+            kind, rest = line[:1], line[1:]
+            if kind in (b"+", b"-"):
+                return rest
+            if kind == b":":
+                return int(rest)
+            if kind == b"$":
+                n = int(rest)
+                return None if n < 0 else reader.read(n + 2)[:-2]
+            if kind == b"*":
+                n = int(rest)
+                return None if n < 0 else [reply() for _ in range(n)]
+            raise RuntimeError(f"unexpected reply {line!r}")
+
+        return reply()
+
+
 class Redis:
     """redis-server without persistence, on a Unix socket in `folder` only (no TCP port)."""
 

@@ -9,6 +9,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -378,6 +380,64 @@ def test_undecodable_request_is_invalid_argument_with_a_reason(scratch):
         kilnd.stop()
 
 
+@needs_test_kilnd
+def test_daemon_with_another_key_never_overwrites_the_shared_entries(scratch):
+    redis = harness.Redis(scratch)
+    cluster = harness.Kilnd(harness.KILND_FOR_TESTS, scratch / "a.sock", scratch / "a",
+                            "--redis", redis.address)
+    stranger = harness.Kilnd(harness.KILND_FOR_TESTS, scratch / "s.sock", scratch / "s",
+                             "--redis", redis.address)  # its own MAC key
+    try:
+        key = cluster.client().compile(_request(1)).key
+
+        def entries():
+            names = harness.redis_command(redis.socket, b"KEYS", b"*" + key.encode())
+            return {n: harness.redis_command(redis.socket, b"GET", n) for n in names}
+
+        deadline = time.monotonic() + 5
+        while len(entries()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shared = entries()
+        assert len(shared) == 1
+        response = stranger.client().compile(_request(1))
+        assert not response.cache_hit  # another key's artifact is not trusted ...
+        deadline = time.monotonic() + 5
+        while len(entries()) != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = entries()
+        assert len(after) == 2  # ... and its own goes to its own namespace
+        assert all(after[name] == value for name, value in shared.items())  # untouched
+        figure("daemon with another MAC key: wrote its own namespace, the cluster's entry "
+               "unchanged (was: overwritten, each daemon recompiling the other's graphs)")
+    finally:
+        cluster.stop()
+        stranger.stop()
+        redis.stop()
+
+
+# -- 7. directories kilnd does not own, and what is at --socket ----------------------------------
+
+@needs_test_kilnd
+def test_kilnd_refuses_a_shared_socket_directory_and_never_chmods_or_deletes(scratch):
+    shared = scratch / "tmp"  # a stand-in for /tmp
+    shared.mkdir()
+    shared.chmod(0o1777)
+    blocker = scratch / "own" / "kilnd.sock"
+    blocker.parent.mkdir(mode=0o700)
+    blocker.write_text("precious")
+    for socket_path, reason in ((shared / "kilnd.sock", "group or others may write it"),
+                                (blocker, "a regular file is there")):
+        done = subprocess.run([str(harness.KILND_FOR_TESTS), "--foreground", "--cache-dir",
+                               str(shared), "--socket", str(socket_path)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode != 0
+        assert reason in done.stderr, done.stderr
+    assert shared.stat().st_mode & 0o7777 == 0o1777  # was chmodded to 0700
+    assert blocker.read_text() == "precious"  # was deleted
+    figure("shared (1777) directory: refused for the socket, used as the cache directory, its "
+           "mode kept; a regular file at --socket refused and kept")
+
+
 # -- 5. a hung, dead or unstartable kilnd costs a second or two, once ----------------------------
 
 def test_hung_kilnd_costs_a_new_graph_two_seconds_at_most_and_later_graphs_nothing(private_kiln,
@@ -409,6 +469,27 @@ def test_dead_kilnd_is_restarted_by_the_same_process(private_kiln):
     figure(f"kilnd killed: the same process restarted it; next graph compiled in "
            f"{seconds[0]:.2f} s (was: eager for the rest of the process)")
     assert seconds[0] < 5.0
+
+
+def test_kilnd_killed_mid_compile_is_restarted_and_the_graph_still_compiled(private_kiln,
+                                                                             monkeypatch):
+    root, _ = private_kiln
+    # The host compiler, 1.5 s slower to build (not to say its version): time to kill kilnd.
+    slow = root / "slow-cxx"
+    slow.write_text('#!/bin/sh\ncase "$*" in *-o*) sleep 1.5;; esac\nexec g++ "$@"\n')
+    slow.chmod(0o700)
+    monkeypatch.setenv("KILN_CXX", str(slow))
+    daemon_client.shared_client().ensure_running()
+    pid = kilnd_pid()
+    killer = threading.Timer(0.8, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    seconds = run_graphs(times_two_plus_one, (4,))
+    killer.join()
+    assert compiled_count() == 1  # the call was made again on a new kilnd
+    assert kilnd_pid() != pid
+    figure(f"kilnd killed mid-compile: restarted, the graph compiled in {seconds[0]:.2f} s "
+           f"(the kill came 0.8 s in; the host compiler is slowed by 1.5 s)")
+    assert seconds[0] < 6.0
 
 
 def test_kilnd_that_cannot_start_is_remembered_with_its_reason(private_kiln, caplog):

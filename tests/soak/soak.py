@@ -77,9 +77,15 @@ class Cluster:
     def socket(self, i: int) -> Path:
         return self.caches[i] / "kilnd.sock"
 
+    def redis_running(self) -> bool:
+        """Whether Redis runs now (a killed one waiting for its restart does not)."""
+        with self.lock:
+            return self.redis.proc.poll() is None
+
     def restart_redis(self) -> None:
         with self.lock:
-            self.redis.proc.wait()
+            if self.redis.proc.poll() is None:
+                return
             self.redis = harness.Redis(self.root / "redis")
 
 
@@ -194,6 +200,9 @@ def main() -> int:
                 fault["target"] = f"kilnd {'ab'[i]} (pid {pid})"
                 fault["kilnd"] = i
             elif kind.endswith("redis"):
+                if not cluster.redis_running():
+                    next_fault = now + 1
+                    continue
                 pid = cluster.redis.proc.pid
                 fault["target"] = f"redis (pid {pid})"
             else:

@@ -197,10 +197,14 @@ class DaemonClient:
                 raise error from e
             try:
                 self.health(timeout=PROBE_SECONDS)
-            except DaemonUnavailable as e:
+            except DaemonHung as e:
                 call.cancel()
                 self._give_up(f"kilnd stopped answering during {method} ({e})", HUNG_BACKOFF)
                 raise DaemonHung(self._down_reason) from None
+            except DaemonUnavailable as e:
+                call.cancel()  # it died: the next call (or this one's retry) starts another
+                self._ready = False
+                raise DaemonUnavailable(f"kilnd went away during {method} ({e})") from None
 
     def health(self, timeout: float = PROBE_SECONDS):
         return self._call("Health", self.pb.service.HealthRequest(), timeout)
