@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/own_directory.h"
 #include "daemon/request_decoding.h"
