@@ -76,6 +76,19 @@ def redis_command(socket_path: Path, *args: bytes):
         return reply()
 
 
+def signal_ours(pid: int, sig: int, marker: str) -> None:
+    """Sends `sig` to `pid` only while it is the process the caller means (its command line names
+    `marker`: our socket or our output folder), never to another that took a reused pid.
+    ProcessLookupError when it is gone."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        raise ProcessLookupError(pid) from None
+    if marker not in cmdline:
+        raise ProcessLookupError(pid)
+    os.kill(pid, sig)
+
+
 class Redis:
     """redis-server without persistence, on a Unix socket in `folder` only (no TCP port)."""
 

@@ -48,7 +48,7 @@ def private_kiln(monkeypatch):
     yield root, stopped
     for pid in stopped:
         try:
-            os.kill(pid, signal.SIGCONT)
+            harness.signal_ours(pid, signal.SIGCONT, str(root))
         except ProcessLookupError:
             pass
     daemon_client.reset_shared_client()

@@ -43,6 +43,13 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def cont(pid: int, marker: str) -> None:
+    try:
+        harness.signal_ours(pid, signal.SIGCONT, marker)
+    except ProcessLookupError:
+        pass  # killed meanwhile
+
+
 def redis_answers(path: Path) -> bool:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -183,53 +190,62 @@ def main() -> int:
     faults = []   # {"t", "kind", "target", "until"}: what was done, and when it ended
     pending = []  # (when, action): SIGCONTs and Redis restarts to come
     next_fault = start + 5 + rng.expovariate(1 / args.fault_every)
+    kinds = []
     while time.time() < end:
         now = time.time()
         for when, action in [p for p in pending if p[0] <= now]:
             pending.remove((when, action))
             action()
         if now >= next_fault and now < end - 8:
-            kind = rng.choice(FAULTS)
+            if not kinds:  # every kind once per round, in a random order
+                kinds = rng.sample(FAULTS, len(FAULTS))
+            kind = kinds.pop()
             fault = {"t": now - start, "kind": kind, "until": now - start}
             if kind.endswith("kilnd"):
                 i = rng.randrange(2)
                 pid = observer.timeline[-1][1][i] if observer.timeline else None
                 if pid is None:
                     next_fault = now + 1
+                    kinds.append(kind)  # try this kind again
                     continue
                 fault["target"] = f"kilnd {'ab'[i]} (pid {pid})"
                 fault["kilnd"] = i
+                marker = str(cluster.socket(i))
             elif kind.endswith("redis"):
                 if not cluster.redis_running():
                     next_fault = now + 1
+                    kinds.append(kind)  # try this kind again
                     continue
                 pid = cluster.redis.proc.pid
                 fault["target"] = f"redis (pid {pid})"
+                marker = str(cluster.redis.socket)
             else:
                 slot = rng.randrange(args.clients)
                 try:
                     pid = int((out / f"client-{slot}.pid").read_text())
                 except (OSError, ValueError):
                     next_fault = now + 1
+                    kinds.append(kind)  # try this kind again
                     continue
                 fault["target"] = f"client {slot} (pid {pid})"
                 fault["slot"] = slot
+                marker = str(out)
             try:
                 if kind.startswith("kill"):
-                    os.kill(pid, signal.SIGKILL)
+                    harness.signal_ours(pid, signal.SIGKILL, marker)
                     if kind == "kill redis":
                         delay = rng.uniform(1, 4)
                         fault["until"] += delay
                         pending.append((now + delay, cluster.restart_redis))
                 else:
-                    os.kill(pid, signal.SIGSTOP)
+                    harness.signal_ours(pid, signal.SIGSTOP, marker)
                     delay = rng.uniform(2, 6)
                     fault["until"] += delay
                     pending.append((now + delay,
-                                    lambda pid=pid: os.kill(pid, signal.SIGCONT)
-                                    if harness.process_alive(pid) else None))
+                                    lambda pid=pid, marker=marker: cont(pid, marker)))
             except ProcessLookupError:
                 next_fault = now + 1
+                kinds.append(kind)  # try this kind again
                 continue
             faults.append(fault)
             print(f"[soak {now - start:6.1f} s] {kind}: {fault['target']}", flush=True)
