@@ -22,7 +22,7 @@ absl::StatusOr<kiln::v1::Artifact> ArtifactCache::Check(std::string_view key,
   return artifact;
 }
 
-absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
+absl::StatusOr<CacheHit> ArtifactCache::LookupLocal(std::string_view key) {
   absl::StatusOr<std::string> payload = local_->Get(key);
   if (payload.ok()) {
     absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, *payload);
@@ -35,10 +35,16 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
   } else if (!absl::IsNotFound(payload.status())) {
     spdlog::error("local artifact store: {}", payload.status().ToString());
   }
+  return absl::NotFoundError("not cached");
+}
+
+absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
+  if (absl::StatusOr<CacheHit> hit = LookupLocal(key); hit.ok()) return hit;
   if (remote_ == nullptr) return absl::NotFoundError("not cached");
-  payload = remote_->Get(key);
+  absl::StatusOr<std::string> payload = remote_->Get(key);
   if (!payload.ok()) {
-    if (!absl::IsNotFound(payload.status())) {
+    // A tier that is down says so once, when its circuit opens; its misses are quiet.
+    if (absl::IsDataLoss(payload.status())) {
       spdlog::warn("shared cache tier: {}", payload.status().ToString());
     }
     return absl::NotFoundError("not cached");
@@ -61,7 +67,7 @@ absl::Status ArtifactCache::Store(std::string_view key, const kiln::v1::Artifact
   absl::Status local = local_->Put(key, payload);
   if (remote_ != nullptr && !remote_->read_only()) {
     if (absl::Status s = remote_->Put(key, payload); !s.ok()) {
-      spdlog::warn("shared cache tier: {}", s.ToString());
+      spdlog::debug("shared cache tier: {}", s.ToString());
     }
   }
   return local;

@@ -4,8 +4,10 @@
 // Contract: Lookup returns only artifacts whose MAC verifies under this daemon's key and whose
 // signed body names the key asked for; anything else (corrupt, foreign key, swapped entry) is
 // dropped from the local tier and reported as a miss, so the caller recompiles. A remote hit is
-// written through to the local tier. Store writes the local tier, then the remote one unless it
-// is read-only; a remote failure is logged, never returned.
+// written through to the local tier; the remote tier is asked at most once per Lookup and within
+// its deadline (a tier that is down or hung is a miss). Store writes the local tier and queues
+// the remote write (unless read-only): a compile's answer never waits for the shared tier, and a
+// remote failure is logged, never returned.
 #pragma once
 
 #include <atomic>
@@ -35,10 +37,17 @@ class ArtifactCache {
 
   // The verified artifact for `key`, or NotFound.
   absl::StatusOr<CacheHit> Lookup(std::string_view key);
+  // The same from the local tier alone: for a compile worker's second look, which only needs to
+  // see what another worker stored since the first.
+  absl::StatusOr<CacheHit> LookupLocal(std::string_view key);
   // Stores a signed artifact under `key`. Fails only when the local tier fails.
   absl::Status Store(std::string_view key, const kiln::v1::Artifact& artifact);
 
   uint64_t remote_hits() const { return remote_hits_.load(); }
+  // The shared tier's counters (zeros without one).
+  RemoteStoreStats remote_stats() const {
+    return remote_ != nullptr ? remote_->Stats() : RemoteStoreStats();
+  }
   // Entries rejected by the MAC or key check (framing errors are counted by the store).
   uint64_t rejected() const { return rejected_.load(); }
 

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cache/sha256.h"
 
 namespace kiln::cache {
 namespace {
@@ -97,6 +98,10 @@ bool Mac::Verify(std::string_view data, std::string_view mac) const {
   std::string expected = Sign(data);
   return mac.size() == expected.size() &&
          CRYPTO_memcmp(mac.data(), expected.data(), expected.size()) == 0;
+}
+
+std::string Mac::Fingerprint() const {
+  return HexEncode(Sign("kiln key fingerprint v1")).substr(0, 16);
 }
 
 kiln::v1::Artifact SignArtifact(const Mac& mac, const kiln::v1::ArtifactBody& body) {

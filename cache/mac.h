@@ -29,6 +29,10 @@ class Mac {
   // True when `mac` is the MAC of `data`; compares in constant time.
   bool Verify(std::string_view data, std::string_view mac) const;
 
+  // A public name of the key (16 hex digits of a MAC over a fixed label): equal for daemons
+  // that share the key, so that they share a Redis namespace, and revealing nothing of it.
+  std::string Fingerprint() const;
+
  private:
   std::string key_;
 };

@@ -107,7 +107,7 @@ std::string PointwiseExpr(const kiln::v1::Node& node,
     }
     operands[pos] = Operand{lit, false, ScalarValue(*a)};
   }
-  return Rounded(out.meta().dtype(), "(" + type + ")" + *op.emit(operands, type));
+  return Rounded(out.meta().dtype(), "(" + type + ")" + *op.Emit(operands, type));
 }
 
 struct Access {

@@ -25,15 +25,8 @@ absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   return CompileErrorStatus(error);
 }
 
-}  // namespace
-
-CpuCompiler::CpuCompiler(CpuCompilerOptions options)
-    : toolchain_(options.cxx, options.timeout),
-      version_(absl::StrCat(kCpuCompilerVersion, "|", toolchain_.Version())) {}
-
-absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
-    const kiln::v1::CompileRequest& request) {
-  const kiln::v1::Target& target = request.target();
+// The ISA kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does not know.
+absl::StatusOr<std::string> TargetIsa(const kiln::v1::Target& target) {
   if (target.device_kind() != kiln::v1::DEVICE_KIND_CPU) {
     return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  "kilnd compiles CPU targets only; run CUDA graphs eagerly");
@@ -43,9 +36,14 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
     return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
                  absl::StrCat("unknown cpu_isa '", isa.substr(0, 32), "'"));
   }
-  if (!Toolchain::HostBuildsFor(isa)) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 absl::StrCat("this kilnd does not cross-compile for cpu_isa '", isa, "'"));
+  return isa;
+}
+
+}  // namespace
+
+absl::StatusOr<GeneratedCpu> GenerateCpu(const kiln::v1::CompileRequest& request) {
+  if (absl::StatusOr<std::string> isa = TargetIsa(request.target()); !isa.ok()) {
+    return isa.status();
   }
   kiln::v1::PassSnapshots snapshots;
   PassLog passes(&snapshots);
@@ -62,24 +60,42 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
   }
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
   graph = passes.After("bound nodes first", BoundNodesFirst(graph, bound));
-  kiln::v1::ArtifactBody body;
-  body.set_pass_snapshots(CompressPassSnapshots(snapshots));
+  GeneratedCpu generated;
+  generated.body.set_pass_snapshots(CompressPassSnapshots(snapshots));
   FusedProgram program = FuseGraph(graph, &bound);
-  *body.mutable_plan() = BuildPlan(graph, program, &bound);
+  *generated.body.mutable_plan() = BuildPlan(graph, program, &bound);
   bool has_kernels = false;
   for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;
-  if (!has_kernels) {
+  if (has_kernels) generated.source = GenerateCpp(graph, program);
+  return generated;
+}
+
+CpuCompiler::CpuCompiler(CpuCompilerOptions options)
+    : toolchain_(options.cxx, options.timeout),
+      version_(absl::StrCat(kCpuCompilerVersion, "|", toolchain_.Version())) {}
+
+absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
+    const kiln::v1::CompileRequest& request) {
+  absl::StatusOr<std::string> isa = TargetIsa(request.target());
+  if (!isa.ok()) return isa.status();
+  if (!Toolchain::HostBuildsFor(*isa)) {
+    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                 absl::StrCat("this kilnd does not cross-compile for cpu_isa '", *isa, "'"));
+  }
+  absl::StatusOr<GeneratedCpu> generated = GenerateCpu(request);
+  if (!generated.ok()) return generated.status();
+  kiln::v1::ArtifactBody body = std::move(generated->body);
+  if (generated->source.empty()) {
     body.set_format(kiln::v1::BINARY_FORMAT_UNSPECIFIED);
     return body;
   }
-  std::string source = GenerateCpp(graph, program);
-  auto so = toolchain_.BuildSharedObject(source, isa);
+  auto so = toolchain_.BuildSharedObject(generated->source, *isa);
   if (!so.ok()) {
     return Error(kiln::v1::CompileError::CODE_TOOLCHAIN, std::string(so.status().message()));
   }
   body.set_format(kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
   body.set_kernel_binary(std::move(*so));
-  body.set_kernel_source(std::move(source));
+  body.set_kernel_source(std::move(generated->source));
   return body;
 }
 

@@ -315,7 +315,7 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
   for (size_t i = 0; i < op->formals.size(); ++i) {
     if (!operands[i] && op->IsTensorFormal(op->formals[i]) && i == 0) return false;
   }
-  return op->emit(operands, type).has_value();
+  return op->Emit(operands, type).has_value();
 }
 
 FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* bound) {

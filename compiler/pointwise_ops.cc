@@ -13,7 +13,17 @@ namespace {
 using Args = std::vector<std::optional<Operand>>;
 using Out = std::optional<std::string>;
 
-std::string A(const Args& a, size_t i) { return a[i]->expr; }
+// Set when an emitter reads an operand the node did not bind (a malformed node: ATen would
+// refuse it too); PointwiseOp::Emit then answers that the op cannot be generated.
+thread_local bool missing_operand = false;
+
+std::string A(const Args& a, size_t i) {
+  if (i >= a.size() || !a[i].has_value()) {
+    missing_operand = true;
+    return "0";
+  }
+  return a[i]->expr;
+}
 bool Has(const Args& a, size_t i) { return i < a.size() && a[i].has_value(); }
 bool IsFloat(const std::string& t) { return t == "float" || t == "double"; }
 
@@ -301,6 +311,14 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
 }
 
 }  // namespace
+
+std::optional<std::string> PointwiseOp::Emit(const std::vector<std::optional<Operand>>& args,
+                                             const std::string& type) const {
+  missing_operand = false;
+  std::optional<std::string> expr = emit(args, type);
+  if (missing_operand) return std::nullopt;
+  return expr;
+}
 
 const PointwiseOp* FindPointwise(const std::string& op) {
   auto it = Table().find(op);

@@ -34,6 +34,10 @@ struct PointwiseOp {
   // `emit`.
   std::vector<std::string> storage_formals = {};
 
+  // `emit`, or nullopt also when it needs an operand the node did not bind: what the fuser and
+  // the code generator call.
+  std::optional<std::string> Emit(const std::vector<std::optional<Operand>>& args,
+                                  const std::string& type) const;
   bool IsTensorFormal(const std::string& formal) const;
   bool IsStorageFormal(const std::string& formal) const;
 };

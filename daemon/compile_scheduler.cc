@@ -60,8 +60,9 @@ absl::StatusOr<CompileOutcome> CompileScheduler::Compile(
 void CompileScheduler::Run(const std::string& key, const kiln::v1::CompileRequest& request,
                            const std::shared_ptr<Flight>& flight) {
   CompileOutcome outcome;
-  if (absl::StatusOr<cache::CacheHit> hit = cache_->Lookup(key); hit.ok()) {
-    // Another flight for this key finished between our caller's lookup and now.
+  if (absl::StatusOr<cache::CacheHit> hit = cache_->LookupLocal(key); hit.ok()) {
+    // Another flight for this key finished between our caller's lookup and now (and stored
+    // locally: the shared tier was asked by that lookup already).
     outcome.artifact = std::move(hit->artifact);
     outcome.cache_hit = true;
   } else {

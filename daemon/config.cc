@@ -17,18 +17,35 @@ namespace kiln::daemon {
 namespace {
 
 bool IsBoolFlag(const std::string& name) {
-  return name == "frozen" || name == "foreground" || name == "redis-read-only";
+  return name == "frozen" || name == "foreground" || name == "redis-read-only" ||
+         name == "redis-tls";
 }
 
 // Options that take a value; SetOption handles each of them.
 bool IsValueFlag(const std::string& name) {
-  static const std::set<std::string> kNames = {
-      "config",      "cache-dir",         "socket",
-      "listen",      "tls-cert",          "tls-key",
-      "token-file",  "mac-key-file",      "workers",
-      "queue-limit", "max-request-bytes", "cache-max-bytes",
-      "idle-exit",   "drain-seconds",     "redis",
-      "log-level"};
+  static const std::set<std::string> kNames = {"config",
+                                               "cache-dir",
+                                               "socket",
+                                               "listen",
+                                               "tls-cert",
+                                               "tls-key",
+                                               "token-file",
+                                               "mac-key-file",
+                                               "workers",
+                                               "queue-limit",
+                                               "max-request-bytes",
+                                               "cache-max-bytes",
+                                               "idle-exit",
+                                               "drain-seconds",
+                                               "redis",
+                                               "log-level",
+                                               "redis-timeout-ms",
+                                               "redis-user",
+                                               "redis-password-file",
+                                               "redis-tls-ca",
+                                               "redis-tls-cert",
+                                               "redis-tls-key",
+                                               "redis-tls-server-name"};
   return kNames.count(name) != 0;
 }
 
@@ -137,8 +154,26 @@ absl::Status SetOption(DaemonConfig& c, const std::string& name, const std::stri
     c.redis = value;
   else if (name == "redis-read-only")
     return ParseBool(value, &c.redis_read_only);
+  else if (name == "redis-timeout-ms")
+    return ParseNumber(name, value, &c.redis_timeout_ms);
+  else if (name == "redis-user")
+    c.redis_user = value;
+  else if (name == "redis-password-file")
+    c.redis_password_file = value;
+  else if (name == "redis-tls")
+    return ParseBool(value, &c.redis_tls);
+  else if (name == "redis-tls-ca")
+    c.redis_tls_ca = value;
+  else if (name == "redis-tls-cert")
+    c.redis_tls_cert = value;
+  else if (name == "redis-tls-key")
+    c.redis_tls_key = value;
+  else if (name == "redis-tls-server-name")
+    c.redis_tls_server_name = value;
   else if (name == "log-level")
     c.log_level = value;
+  else if (name == "log-file")
+    c.log_file = value;
   else
     return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
   return absl::OkStatus();
@@ -204,9 +239,11 @@ absl::Status FinishConfig(DaemonConfig& c) {
                         : absl::StrCat(HomeCache(), "/kilnd.sock");
   }
   if (c.mac_key_file.empty()) c.mac_key_file = absl::StrCat(c.cache_dir, "/mac.key");
+  if (c.log_file.empty()) c.log_file = absl::StrCat(c.cache_dir, "/kilnd.log");
   // Absolute, because a detached kilnd runs from "/".
-  for (std::string* path :
-       {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key, &c.token_file}) {
+  for (std::string* path : {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key,
+                            &c.token_file, &c.redis_password_file, &c.redis_tls_ca,
+                            &c.redis_tls_cert, &c.redis_tls_key, &c.log_file}) {
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
   }
   if (c.workers <= 0) c.workers = std::max(1u, std::thread::hardware_concurrency());
@@ -222,6 +259,16 @@ absl::Status FinishConfig(DaemonConfig& c) {
   if (!c.listen_tcp.empty() && (c.tls_cert.empty() || c.tls_key.empty() || c.token_file.empty())) {
     return absl::InvalidArgumentError(
         "refusing a TCP listener without --tls-cert, --tls-key and --token-file");
+  }
+  if (c.redis_timeout_ms <= 0)
+    return absl::InvalidArgumentError("--redis-timeout-ms must be positive");
+  const bool redis_extras = c.redis_tls || !c.redis_user.empty() || !c.redis_password_file.empty();
+  if (c.redis.empty() && redis_extras) {
+    return absl::InvalidArgumentError(
+        "--redis-tls, --redis-user and --redis-password-file need --redis");
+  }
+  if (c.redis_tls_cert.empty() != c.redis_tls_key.empty()) {
+    return absl::InvalidArgumentError("--redis-tls-cert and --redis-tls-key go together");
   }
   if (c.socket_path.size() >= 100) {
     return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", c.socket_path));
@@ -248,8 +295,15 @@ Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
   --idle-exit SECONDS      exit after this long without requests (0: never)
   --drain-seconds S        longest wait for work in flight on shutdown (30)
   --frozen                 serve cached artifacts only, never compile
-  --redis HOST:PORT        shared cache tier; --redis-read-only to never write it
+  --redis HOST:PORT        shared cache tier (or unix:PATH); --redis-read-only to never write it
+  --redis-timeout-ms MS    longest wait for Redis to answer before it is skipped (500)
+  --redis-user NAME        AUTH as this ACL user (Redis 6+), with --redis-password-file FILE
+  --redis-tls              TLS to Redis; --redis-tls-ca FILE (default: system CAs),
+                           --redis-tls-cert/--redis-tls-key FILE, --redis-tls-server-name NAME
   --log-level LEVEL        trace|debug|info|warn|error|off (warn)
+  --log-file PATH          where a detached kilnd logs, rotated at 4 MiB, 3 kept
+                           (default <cache-dir>/kilnd.log; --foreground logs to stderr,
+                           in the journal's format under systemd)
 )";
 }
 

@@ -31,13 +31,25 @@ struct DaemonConfig {
   int queue_limit = 256;  // Compiles waiting for a worker before RESOURCE_EXHAUSTED.
   uint64_t max_request_bytes = uint64_t{64} << 20;  // Larger requests: INVALID_ARGUMENT.
   uint64_t cache_max_bytes = uint64_t{4} << 30;     // Local store limit (LRU eviction).
-  int idle_exit_seconds = 0;       // Exit after this long without a request; 0 = never.
-  double drain_seconds = 30;       // Longest wait for work in flight on shutdown.
-  bool frozen = false;             // Serve hits and Lookup only; never compile.
-  std::string redis;               // "host:port" of the shared tier; empty = none.
-  bool redis_read_only = false;    // Read the shared tier but never write it.
-  bool foreground = false;         // Stay attached to the terminal, log to stderr.
-  std::string log_level = "warn";  // spdlog level: trace, debug, info, warn, error, off.
+  int idle_exit_seconds = 0;     // Exit after this long without a request; 0 = never.
+  double drain_seconds = 30;     // Longest wait for work in flight on shutdown.
+  bool frozen = false;           // Serve hits and Lookup only; never compile.
+  std::string redis;             // "host:port" or "unix:PATH" of the shared tier; empty = none.
+  bool redis_read_only = false;  // Read the shared tier but never write it.
+  // Longest wait for Redis to make progress. A hung Redis costs the calls in flight this long,
+  // then is skipped (circuit open) and probed in the background until it answers again.
+  int redis_timeout_ms = 500;
+  std::string redis_user;           // ACL user for AUTH (Redis 6+); empty: password only.
+  std::string redis_password_file;  // File holding the AUTH password; empty: no AUTH.
+  bool redis_tls = false;           // TLS to Redis (6+, built with TLS).
+  std::string redis_tls_ca;         // CA certificates for Redis's; empty: the system's.
+  std::string redis_tls_cert;       // Client certificate and key, for a Redis that asks.
+  std::string redis_tls_key;
+  std::string redis_tls_server_name;  // Name Redis's certificate must carry; default: its host.
+  bool foreground = false;            // Stay attached to the terminal, log to stderr.
+  std::string log_level = "warn";     // spdlog level: trace, debug, info, warn, error, off.
+  // Where a detached kilnd logs (rotated; see logging.h). Default: <cache_dir>/kilnd.log.
+  std::string log_file;
 };
 
 // What the kilnd command line asks for.

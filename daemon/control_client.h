@@ -14,7 +14,8 @@ namespace kiln::daemon {
 absl::StatusOr<kiln::v1::StatsResponse> QueryStats(const std::string& socket_path,
                                                    std::chrono::milliseconds timeout);
 
-// Asks the daemon to drain and waits (up to `timeout`) until it no longer answers.
+// Asks the daemon to drain and waits (up to `timeout`) until it no longer answers and its
+// process has exited (its database closed).
 absl::Status StopDaemon(const std::string& socket_path, std::chrono::milliseconds timeout);
 
 // Stats as "name: value" lines, for humans.

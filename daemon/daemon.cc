@@ -16,8 +16,9 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/own_directory.h"
+#include "daemon/request_decoding.h"
 
 namespace kiln::daemon {
 namespace {
@@ -45,16 +46,6 @@ absl::StatusOr<std::string> ReadFileNamed(const std::string& path, std::string_v
   return buffer.str();
 }
 
-absl::Status MakePrivateDir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  if (::chmod(dir.c_str(), 0700) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot chmod ", dir, ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 Daemon::Daemon(DaemonConfig config, compiler::Compiler* compiler)
@@ -70,11 +61,12 @@ Daemon::~Daemon() {
 
 absl::Status Daemon::PrepareSocketDir() {
   std::string dir = std::filesystem::path(config_.socket_path).parent_path().string();
-  if (absl::Status s = MakePrivateDir(dir); !s.ok()) return s;
+  if (absl::Status s = EnsureOwnDirectory(dir, "the socket's directory", true); !s.ok()) return s;
+  if (absl::Status s = CheckSocketPath(config_.socket_path); !s.ok()) return s;
   // The lock, not the socket file, says whether a daemon serves this path: a killed daemon
   // leaves its socket behind but its lock goes with it.
   std::string lock_path = config_.socket_path + ".lock";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock_fd_ < 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot open ", lock_path, ": ", std::strerror(errno)));
@@ -82,7 +74,9 @@ absl::Status Daemon::PrepareSocketDir() {
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     return absl::AlreadyExistsError(absl::StrCat("another kilnd is serving ", config_.socket_path));
   }
-  ::unlink(config_.socket_path.c_str());  // stale socket of a daemon that died
+  // Checked again under the lock: only a socket (a dead daemon's) is ever removed.
+  if (absl::Status s = CheckSocketPath(config_.socket_path); !s.ok()) return s;
+  ::unlink(config_.socket_path.c_str());
   return absl::OkStatus();
 }
 
@@ -92,7 +86,9 @@ absl::Status Daemon::Start() {
     return absl::InvalidArgumentError(
         "refusing a TCP listener without a TLS certificate, key and token file");
   }
-  if (absl::Status s = MakePrivateDir(config_.cache_dir); !s.ok()) return s;
+  if (absl::Status s = EnsureOwnDirectory(config_.cache_dir, "--cache-dir", false); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = PrepareSocketDir(); !s.ok()) return s;
 
   absl::StatusOr<cache::Mac> mac = cache::Mac::LoadOrCreate(config_.mac_key_file);
@@ -108,16 +104,9 @@ absl::Status Daemon::Start() {
   store_ = *std::move(store);
 
   if (!config_.redis.empty()) {
-    cache::RedisStoreOptions redis;
-    size_t colon = config_.redis.rfind(':');
-    if (colon == std::string::npos ||
-        !absl::SimpleAtoi(config_.redis.substr(colon + 1), &redis.port)) {
-      return absl::InvalidArgumentError("--redis takes HOST:PORT");
-    }
-    redis.host = config_.redis.substr(0, colon);
-    redis.read_only = config_.redis_read_only;
-    redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version());
-    remote_ = std::make_unique<cache::RedisStore>(redis);
+    absl::StatusOr<std::unique_ptr<cache::RemoteStore>> remote = OpenRedis();
+    if (!remote.ok()) return remote.status();
+    remote_ = *std::move(remote);
   }
   cache_ = std::make_unique<cache::ArtifactCache>(store_.get(), remote_.get(), mac_.get());
   pool_ = std::make_unique<WorkerPool>(config_.workers, config_.queue_limit);
@@ -157,6 +146,9 @@ absl::Status Daemon::Start() {
   builder.SetMaxReceiveMessageSize(static_cast<int>(grpc_limit));
   builder.SetMaxSendMessageSize(INT_MAX);
   builder.RegisterService(service_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<RequestDecodingInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   mode_t old_umask = ::umask(0177);  // the socket is born 0600
   server_ = builder.BuildAndStart();
   ::umask(old_umask);
@@ -172,6 +164,31 @@ absl::Status Daemon::Start() {
   }
   ::chmod(config_.socket_path.c_str(), 0600);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<cache::RemoteStore>> Daemon::OpenRedis() const {
+  cache::RedisStoreOptions redis;
+  if (absl::Status s = cache::ParseRedisAddress(config_.redis, &redis.endpoint); !s.ok()) return s;
+  redis.endpoint.user = config_.redis_user;
+  if (!config_.redis_password_file.empty()) {
+    absl::StatusOr<std::string> password =
+        ReadFileNamed(config_.redis_password_file, "Redis password file", true);
+    if (!password.ok()) return password.status();
+    redis.endpoint.password = std::string(absl::StripAsciiWhitespace(*password));
+  }
+  redis.endpoint.tls = config_.redis_tls;
+  redis.endpoint.tls_ca_file = config_.redis_tls_ca;
+  redis.endpoint.tls_cert_file = config_.redis_tls_cert;
+  redis.endpoint.tls_key_file = config_.redis_tls_key;
+  redis.endpoint.tls_server_name = config_.redis_tls_server_name;
+  redis.read_only = config_.redis_read_only;
+  redis.timeout = std::chrono::milliseconds(config_.redis_timeout_ms);
+  // Daemons of another compiler, or signing with another key, neither read nor overwrite ours.
+  redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version(), ":", mac_->Fingerprint());
+  absl::StatusOr<std::unique_ptr<cache::RedisStore>> store =
+      cache::RedisStore::Create(std::move(redis));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<cache::RemoteStore>(*std::move(store));
 }
 
 void Daemon::RequestShutdown() {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cache/artifact_cache.h"
 #include "cache/artifact_store.h"
 #include "cache/mac.h"
@@ -48,6 +49,8 @@ class Daemon {
 
  private:
   absl::Status PrepareSocketDir();
+  // The shared tier the configuration names (needs mac_).
+  absl::StatusOr<std::unique_ptr<cache::RemoteStore>> OpenRedis() const;
   bool IdleExpired() const;
 
   DaemonConfig config_;

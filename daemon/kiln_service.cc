@@ -24,7 +24,11 @@ class ActiveCall {
 
 grpc::Status ToGrpc(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Never INTERNAL without details: that is how gRPC answers bytes that do not decode, which
+  // RequestDecodingInterceptorFactory turns into INVALID_ARGUMENT.
+  std::string message(status.message());
+  if (message.empty()) message = absl::StatusCodeToString(status.code());
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), message);
 }
 
 KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* compiler,
@@ -151,6 +155,16 @@ grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1
   response->set_corrupt_records(store.corrupt + cache_->rejected());
   response->set_rejected(stats_->rejected);
   response->set_waiting(stats_->waiting);
+  response->set_damaged_files(store.damaged_files);
+  response->set_wal_damaged(store.wal_damaged);
+  response->set_store_repairs(store.repairs);
+  response->set_compactions(store.compactions);
+  const cache::RemoteStoreStats remote = cache_->remote_stats();
+  response->set_remote_errors(remote.errors);
+  response->set_remote_skipped(remote.skipped);
+  response->set_remote_writes(remote.writes);
+  response->set_remote_writes_dropped(remote.writes_dropped);
+  response->set_remote_down(remote.down);
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   return grpc::Status::OK;

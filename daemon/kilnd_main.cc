@@ -4,23 +4,28 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
 #include "daemon/config.h"
 #include "daemon/control_client.h"
 #include "daemon/daemon.h"
+#include "daemon/logging.h"
+#include "daemon/own_directory.h"
 
 namespace kiln::daemon {
 namespace {
 
 // Detaches from the terminal. The parent returns only after the child reports that it serves
 // (exit 0) or why it could not (exit 1), so `kilnd && client` is race-free. Returns the write
-// end of the readiness pipe in the child; never returns in the parent.
+// end of the readiness pipe in the child; never returns in the parent. The child's stdin and
+// stdout are /dev/null and its stderr the log file (its folder exists by now).
 int Detach(const DaemonConfig& config) {
   int fds[2];
   if (::pipe(fds) != 0) {
@@ -48,10 +53,7 @@ int Detach(const DaemonConfig& config) {
   int null_fd = ::open("/dev/null", O_RDWR);
   ::dup2(null_fd, 0);
   ::dup2(null_fd, 1);
-  std::string log_path = config.cache_dir + "/kilnd.log";
-  int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  ::dup2(log_fd >= 0 ? log_fd : null_fd, 2);
-  if (log_fd >= 0) ::close(log_fd);
+  if (!RedirectStderrTo(config.log_file).ok()) ::dup2(null_fd, 2);
   ::close(null_fd);
   return fds[1];
 }
@@ -99,10 +101,19 @@ int KilndMain(int argc, char** argv,
       break;
   }
 
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  // Everything kilnd creates (database, key, log, socket) is private to its user.
+  ::umask(077);
+  // The log lives in the cache directory: it must exist before the log is opened.
+  for (const std::string& dir :
+       {config.cache_dir, std::filesystem::path(config.log_file).parent_path().string()}) {
+    if (absl::Status s = EnsureOwnDirectory(dir, "--cache-dir", false); !s.ok()) {
+      std::cerr << "kilnd: " << s.message() << "\n";
+      return 1;
+    }
+  }
   int ready_fd = config.foreground ? -1 : Detach(config);
-
-  // Signals are taken by one thread with sigwait; every other thread inherits the mask.
+  // Signals are taken by one thread with sigwait; every other thread (the
+  // logger's flusher, gRPC's, the workers) inherits the mask, so it is set before any starts.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -110,18 +121,23 @@ int KilndMain(int argc, char** argv,
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  if (absl::Status s = SetUpLogging(!config.foreground, config.log_file, config.log_level);
+      !s.ok()) {
+    if (config.foreground) std::cerr << "kilnd: " << s.message() << "\n";
+    Report(ready_fd, std::string(s.message()));
+    return 1;
+  }
 
   std::unique_ptr<compiler::Compiler> compiler = make_compiler();
   Daemon daemon(config, compiler.get());
   if (absl::Status s = daemon.Start(); !s.ok()) {
-    if (config.foreground) {
-      std::cerr << "kilnd: " << s.message() << "\n";
-    } else {
-      spdlog::error("{}", s.ToString());           // into kilnd.log
-      Report(ready_fd, std::string(s.message()));  // the waiting parent prints it
-    }
+    spdlog::error("cannot start: {}", s.ToString());
+    if (!config.foreground) Report(ready_fd, std::string(s.message()));  // the parent prints it
+    FlushLogs();
     return 1;
   }
+  spdlog::info("serving on {} (pid {}, compiler {})", config.socket_path, ::getpid(),
+               compiler->Version());
   Report(ready_fd, "R");
   // The signal thread polls so that it can be joined before `daemon` goes away.
   std::atomic<bool> stopping{false};
@@ -134,6 +150,8 @@ int KilndMain(int argc, char** argv,
   daemon.Wait();
   stopping = true;
   signal_thread.join();
+  spdlog::info("stopped");
+  FlushLogs();
   return 0;
 }
 

@@ -23,29 +23,16 @@
 #include "compiler/ir_validator.h"
 #include "compiler/op_allowlist.h"
 #include "kiln/v1/service.pb.h"
+#include "tests/fuzz/fuzz_checks.h"
 
 namespace {
 
+using kiln::fuzz::Allowlist;
+using kiln::fuzz::Check;
 using kiln::v1::CompileRequest;
 using kiln::v1::LookupRequest;
 
 constexpr std::string_view kCompilerVersion = "kiln-fuzz-0";
-
-// The daemon's allowlist and limits: KilnServiceImpl validates with OpAllowlist::Default() and
-// default ValidationLimits. (Its other check, max_request_bytes = 64 MiB, is far above any input
-// libFuzzer makes.)
-const kiln::compiler::OpAllowlist& Allowlist() {
-  static const kiln::compiler::OpAllowlist allowlist = kiln::compiler::OpAllowlist::Default();
-  return allowlist;
-}
-
-// A broken invariant is a crash: libFuzzer then saves the input as a reproducer.
-void Check(bool holds, const char* what, std::string_view detail = {}) {
-  if (holds) return;
-  std::fprintf(stderr, "kiln fuzz invariant broken: %s %.*s\n", what,
-               static_cast<int>(detail.size()), detail.data());
-  std::abort();
-}
 
 // Spelled out here rather than trusting cache::IsWellFormedKey, which is checked against it.
 bool IsLowercaseHexSha256(std::string_view key) {

@@ -5,20 +5,14 @@
 #include <gtest/gtest.h>
 
 #include "cache/record.h"
+#include "tests/cpp/support/artifact_store_for_tests.h"
 #include "tests/cpp/support/tamper.h"
 #include "tests/cpp/support/temp_dir.h"
 
 namespace kiln::cache {
 namespace {
 
-std::unique_ptr<ArtifactStore> OpenStore(const std::string& path, uint64_t max_bytes = 1 << 30) {
-  ArtifactStoreOptions options;
-  options.path = path;
-  options.max_bytes = max_bytes;
-  auto store = ArtifactStore::Open(options);
-  EXPECT_TRUE(store.ok()) << store.status();
-  return store.ok() ? *std::move(store) : nullptr;
-}
+using kiln::testing::OpenStore;
 
 TEST(ArtifactStore, GetReturnsWhatPutStoredAndMissIsNotFound) {
   testing::TempDir dir;

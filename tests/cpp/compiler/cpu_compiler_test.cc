@@ -141,6 +141,21 @@ TEST(CpuCompilerTest, DeadNodesAreDropped) {
   for (const FusedStep& s : program.steps) EXPECT_TRUE(s.is_kernel);
 }
 
+TEST(CpuCompilerTest, PointwiseNodeMissingAnOperandIsALibraryCallNotAKernel) {
+  kiln::v1::CompileRequest request = MakeRequest(1);
+  auto* g = request.mutable_graph();
+  g->clear_nodes();
+  g->clear_outputs();
+  AddNode(g, "aten::mul.Tensor", {0}, 1, {4, 5});  // "other" missing: what would it multiply by?
+  g->add_outputs(1);
+  FusedProgram program = FuseGraph(*g);
+  ASSERT_EQ(program.steps.size(), 1u);
+  EXPECT_FALSE(program.steps[0].is_kernel);
+  auto generated = GenerateCpu(request);
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  EXPECT_TRUE(generated->source.empty());
+}
+
 TEST(CpuCompilerTest, CudaTargetIsUnimplemented) {
   CpuCompiler compiler;
   kiln::v1::CompileRequest request = MakeRequest();

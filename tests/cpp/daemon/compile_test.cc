@@ -184,7 +184,9 @@ TEST(KilndCompile, UndecodableBytesAreRefusedAndTheDaemonKeepsServing) {
   stub.UnaryCall(&context, "/kiln.v1.KilnService/Compile", grpc::StubOptions(), &request, &response,
                  [&](grpc::Status s) { done.set_value(s); });
   grpc::Status status = done.get_future().get();
-  EXPECT_FALSE(status.ok());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("do not decode"), std::string::npos)
+      << status.error_message();
   kiln::v1::CompileResponse ok;
   EXPECT_TRUE(kilnd.Compile(MakeRequest(), &ok).ok());
 }

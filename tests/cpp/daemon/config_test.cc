@@ -66,5 +66,20 @@ TEST(KilndConfig, RefusesUnknownOptionsAndBadValues) {
   EXPECT_FALSE(ParseCommandLine({"--config", "/nonexistent/kilnd.conf"}).ok());
 }
 
+TEST(KilndConfig, RedisAuthAndTlsOptionsNeedRedisAndGoTogether) {
+  auto parsed = ParseCommandLine({"--redis", "cache:6380", "--redis-tls", "--redis-tls-ca",
+                                  "ca.pem", "--redis-user", "kilnd", "--redis-password-file", "pw",
+                                  "--redis-timeout-ms", "250"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->config.redis_tls);
+  EXPECT_EQ(parsed->config.redis_user, "kilnd");
+  EXPECT_EQ(parsed->config.redis_timeout_ms, 250);
+  EXPECT_EQ(parsed->config.redis_tls_ca, (std::filesystem::current_path() / "ca.pem").string());
+  EXPECT_FALSE(ParseCommandLine({"--redis-tls"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis-password-file", "pw"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis", "c:1", "--redis-tls-cert", "c.pem"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis", "c:1", "--redis-timeout-ms", "0"}).ok());
+}
+
 }  // namespace
 }  // namespace kiln::daemon

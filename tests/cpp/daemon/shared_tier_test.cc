@@ -1,6 +1,9 @@
 // Two kilnd sharing one real redis-server: the second serves the first one's compile without
 // compiling; read-only daemons never write; a daemon with another MAC key does not trust it.
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
 
 #include "cache/remote_store.h"
 #include "tests/cpp/support/graphs.h"
@@ -31,6 +34,31 @@ class SharedTier : public ::testing::Test {
           c.mac_key_file = key_file.empty() ? dir_.Sub("cluster.key") : key_file;
         });
   }
+  // How many Redis keys end with `suffix` (a cache key, whatever the namespace).
+  int RedisKeysEndingWith(const std::string& suffix) {
+    redisContext* c = redis_->Connect();
+    auto* reply = static_cast<redisReply*>(redisCommand(c, "KEYS %s", ("*" + suffix).c_str()));
+    int n = reply != nullptr && reply->type == REDIS_REPLY_ARRAY ? static_cast<int>(reply->elements)
+                                                                 : -1;
+    if (reply != nullptr) freeReplyObject(reply);
+    redisFree(c);
+    return n;
+  }
+  // The value of every Redis key ending with `suffix`, concatenated.
+  std::string RedisValuesOf(const std::string& suffix) {
+    redisContext* c = redis_->Connect();
+    auto* keys = static_cast<redisReply*>(redisCommand(c, "KEYS %s", ("*" + suffix).c_str()));
+    std::string out;
+    for (size_t i = 0; keys != nullptr && i < keys->elements; ++i) {
+      auto* value = static_cast<redisReply*>(
+          redisCommand(c, "GET %b", keys->element[i]->str, keys->element[i]->len));
+      out += std::string(value->str, value->len) + "|";
+      freeReplyObject(value);
+    }
+    if (keys != nullptr) freeReplyObject(keys);
+    redisFree(c);
+    return out;
+  }
   TempDir dir_;
   std::unique_ptr<kiln::testing::RedisServer> redis_;
 };
@@ -59,21 +87,46 @@ TEST_F(SharedTier, ReadOnlyDaemonReadsButNeverWrites) {
   EXPECT_TRUE(response.cache_hit());
   ASSERT_TRUE(reader->Compile(MakeRequest(1), &response).ok());  // compiled locally only
   EXPECT_EQ(reader->compiler().compiles(), 1);
-  cache::RedisStoreOptions options;
-  options.port = redis_->port();
-  options.key_namespace = "kiln:v1:" + reader->compiler().Version();
-  EXPECT_EQ(cache::RedisStore(options).Get(response.key()).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(RedisKeysEndingWith(response.key()), 0);
 }
 
-TEST_F(SharedTier, DaemonWithAnotherKeyDoesNotTrustTheSharedArtifact) {
+TEST_F(SharedTier, DaemonWithAnotherKeyNeitherTrustsNorOverwritesTheSharedArtifact) {
   auto first = StartDaemon("a");
   auto stranger = StartDaemon("s", false, dir_.Sub("stranger.key"));
   kiln::v1::CompileResponse response;
   ASSERT_TRUE(first->Compile(MakeRequest(), &response).ok());
+  ASSERT_TRUE(kiln::testing::WaitFor([&] { return RedisKeysEndingWith(response.key()) == 1; }));
+  const std::string shared = RedisValuesOf(response.key());
   ASSERT_TRUE(stranger->Compile(MakeRequest(), &response).ok());
   EXPECT_FALSE(response.cache_hit());
   EXPECT_EQ(stranger->compiler().compiles(), 1);
+  // The stranger's artifact went to its own namespace: the cluster's entry is untouched.
+  ASSERT_TRUE(kiln::testing::WaitFor([&] { return RedisKeysEndingWith(response.key()) == 2; }));
+  EXPECT_NE(RedisValuesOf(response.key()).find(shared), std::string::npos);
+}
+
+TEST_F(SharedTier, HungRedisCostsAMissOneTimeoutAtMostAndCompilesGoOn) {
+  auto daemon = std::make_unique<TestDaemon>(dir_.Sub("h"), compiler::TestCompilerOptions{},
+                                             [&](DaemonConfig& c) {
+                                               c.redis = redis_->address();
+                                               c.redis_timeout_ms = 300;
+                                             });
+  kiln::v1::CompileResponse response;
+  ASSERT_TRUE(daemon->Compile(MakeRequest(0), &response).ok());  // connections pooled
+  redis_->Signal(SIGSTOP);
+  std::vector<double> seconds;
+  for (int variant = 1; variant <= 6; ++variant) {
+    auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(daemon->Compile(MakeRequest(variant), &response).ok());
+    EXPECT_TRUE(response.has_artifact());
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  redis_->Signal(SIGCONT);
+  EXPECT_LT(seconds[0], 0.6);  // the miss that found Redis hung
+  for (size_t i = 1; i < seconds.size(); ++i) EXPECT_LT(seconds[i], 0.1) << i;  // skipped
+  EXPECT_TRUE(daemon->Stats().remote_down());
+  EXPECT_GE(daemon->Stats().remote_skipped(), 5u);
 }
 
 }  // namespace

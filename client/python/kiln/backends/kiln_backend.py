@@ -155,10 +155,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
         err = response.error
         raise CompileFailed(f"kilnd could not compile the graph: "
                             f"{pb.service.CompileError.Code.Name(err.code)}: {err.message}")
-    body = art.verify(response.artifact, mac_key, response.key)
+    # The key is the client's own (of the request it sent), not the answer's: only then is the
+    # artifact known to be this graph's, and only then may the index remember it.
+    body = art.verify_for_request(response.artifact, mac_key, request)
     art.check_inputs(body, inputs)
     plan = art.build_plan(body, params, len(example_inputs))
     if skey is not None:
-        index.put(skey, response.key)
-    return CompiledArtifact(response.key, response.cache_hit, False, response.compile_seconds,
+        index.put(skey, body.key)
+    return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph)

@@ -7,7 +7,7 @@ import os
 import platform
 from functools import lru_cache
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 
@@ -16,19 +16,66 @@ class ArtifactRejected(RuntimeError):
     """The artifact failed verification (MAC, key, target or input metadata)."""
 
 
-def verify(artifact, mac_key: bytes, expected_key: Optional[str] = None):
-    """The ArtifactBody of `artifact` once HMAC-SHA256(mac_key, body) equals its MAC (compared
-    in constant time) and, when given, its key is `expected_key`."""
+def _signed_body(artifact, mac_key: bytes):
+    """The parsed ArtifactBody once HMAC-SHA256(mac_key, body) equals the artifact's MAC
+    (compared in constant time); nothing is parsed before."""
     from kiln.daemon import protocol
 
     mac = hmac.new(mac_key, artifact.body, hashlib.sha256).digest()
     if not hmac.compare_digest(mac, artifact.mac):
         raise ArtifactRejected("artifact MAC does not verify: refusing to load it "
                                "(another daemon's key, or the bytes were altered)")
-    body = protocol.messages().artifact.ArtifactBody.FromString(artifact.body)
-    if expected_key is not None and body.key != expected_key:
+    try:
+        return protocol.messages().artifact.ArtifactBody.FromString(artifact.body)
+    except Exception as e:  # google.protobuf's DecodeError
+        raise ArtifactRejected(f"signed artifact body does not parse ({e})") from None
+
+
+def _check_key(body, expected_key: str) -> None:
+    if not hmac.compare_digest(body.key.encode(), expected_key.encode()):
         raise ArtifactRejected(f"artifact is for key {body.key[:16]}…, not {expected_key[:16]}…")
+
+
+def verify(artifact, mac_key: bytes, expected_key: str):
+    """The ArtifactBody of `artifact` once its MAC verifies under `mac_key` and its signed key
+    is `expected_key`: a key this client computed itself or read from its own authenticated
+    index, never one taken from the same answer."""
+    body = _signed_body(artifact, mac_key)
+    _check_key(body, expected_key)
     return body
+
+
+def verify_for_request(artifact, mac_key: bytes, request):
+    """The ArtifactBody of `artifact` once it verifies as the answer to `request`: its signed
+    key must be the key of this very request (request_key, under the compiler version the body
+    names) and its target the request's. A validly signed artifact of another graph, however it
+    arrives (a swapped answer, a confused daemon), is refused."""
+    body = _signed_body(artifact, mac_key)
+    _check_key(body, request_key(request, body.compiler_version))
+    if body.target != request.target:
+        raise ArtifactRejected("artifact was built for another target")
+    return body
+
+
+_KEY_DOMAIN = b"kiln.v1.cache-key"
+
+
+def request_key(request, compiler_version: str) -> str:
+    """The cache key of a CompileRequest under `compiler_version`: the same bytes as the
+    daemon's CacheKey (cache/cache_key.h): each part serialized deterministically and
+    prefixed with its length (8 bytes, little-endian), extra options sorted by key then value."""
+    options = type(request.options)()
+    options.CopyFrom(request.options)
+    extra = sorted(options.extra, key=lambda o: (o.key.encode(), o.value.encode()))
+    copies = [type(o)(key=o.key, value=o.value) for o in extra]
+    del options.extra[:]
+    options.extra.extend(copies)
+    canonical = bytearray(_KEY_DOMAIN)
+    for part in (compiler_version.encode(), request.graph.SerializeToString(deterministic=True),
+                 request.target.SerializeToString(deterministic=True),
+                 options.SerializeToString(deterministic=True)):
+        canonical += len(part).to_bytes(8, "little") + part
+    return hashlib.sha256(bytes(canonical)).hexdigest()
 
 
 @lru_cache(maxsize=1)

@@ -21,6 +21,10 @@ class DaemonRefused(DaemonUnavailable):
     """The daemon answered and refused the request (invalid graph, queue full, frozen miss)."""
 
 
+class DaemonHung(DaemonUnavailable):
+    """The daemon did not answer in time: something holds its socket and says nothing."""
+
+
 def cache_dir() -> Path:
     """kilnd's default --cache-dir: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
     ~/.cache/kiln (the same rule as kilnd's)."""
@@ -71,10 +75,26 @@ def kilnd_binary() -> Optional[str]:
     return shutil.which("kilnd")
 
 
+# What a client waits for, at most, before it decides that kilnd is not answering.
+PROBE_SECONDS = 1.5          # one Health call
+WATCH_SECONDS = 0.5          # how often a call in flight checks that kilnd still answers
+# How long a client leaves a daemon alone after it failed, before trying again (doubling, up
+# to the second figure, while it keeps failing). A daemon that died is restarted at once.
+HUNG_BACKOFF = (5.0, 60.0)
+START_BACKOFF = (30.0, 300.0)
+# The daemon sends artifacts of any size up to gRPC's limit (kilnd: SetMaxSendMessageSize(INT_MAX)).
+MAX_RECEIVE_BYTES = 2**31 - 1
+
+
 class DaemonClient:
     """One channel to one daemon. `address` is "unix:///path" or "dns:///host:port" (TLS with
     $KILN_DAEMON_CA as the root certificate and the bearer token in $KILN_DAEMON_TOKEN_FILE);
-    default: $KILN_DAEMON, else the local per-user socket, started on demand."""
+    default: $KILN_DAEMON, else the local per-user socket, started on demand.
+
+    Waits are bounded: a daemon that does not answer is given up on within PROBE_SECONDS (a
+    call in flight within WATCH_SECONDS + PROBE_SECONDS), a daemon that died is restarted by the
+    next call, and one that hangs or cannot start is remembered, with its reason, for a back-off
+    during which calls fail at once (callers run eagerly)."""
 
     def __init__(self, address: Optional[str] = None, *, timeout: float = 120.0,
                  autostart: bool = True):
@@ -116,16 +136,24 @@ class DaemonClient:
                 f"KILN_DAEMON={address!r}: expected unix:///path or dns:///host:port")
         self.target = target
         self._open_channel()
-        self._started = False
+        self._ready = False
+        self._retry_at = 0.0          # monotonic time before which calls fail at once
+        self._down_reason = ""
+        self._backoff = 0.0           # the last back-off given, doubled on a repeat
         self.compiler_version: Optional[str] = None  # the daemon's, from its Health answer
         self._lock = threading.Lock()
 
     def _open_channel(self) -> None:
         grpc = self._grpc
+        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                   # A restarted daemon is found at once, not after gRPC's reconnect back-off.
+                   ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
         if self._credentials is None:
-            self._channel = grpc.insecure_channel(self.target)
+            self._channel = grpc.insecure_channel(self.target, options=options)
         else:
-            self._channel = grpc.secure_channel(self.target, self._credentials)
+            self._channel = grpc.secure_channel(self.target, self._credentials, options=options)
         self._stub = self.pb.service_grpc.KilnServiceStub(self._channel)
 
     def close(self) -> None:
@@ -133,75 +161,158 @@ class DaemonClient:
 
     # -- calls -------------------------------------------------------------------------------
 
+    def _error(self, method: str, e) -> DaemonUnavailable:
+        code = e.code()
+        codes = self._grpc.StatusCode
+        if code == codes.DEADLINE_EXCEEDED:
+            error = DaemonHung
+        elif code in (codes.UNAVAILABLE, codes.CANCELLED, codes.UNKNOWN):
+            error = DaemonUnavailable
+        else:
+            error = DaemonRefused
+        return error(f"{method} on {self.target}: {code.name}: {e.details()}")
+
     def _call(self, method: str, request, timeout: float):
         try:
             return getattr(self._stub, method)(request, timeout=timeout, metadata=self.metadata)
         except self._grpc.RpcError as e:
-            code = e.code()
-            gone = code in (self._grpc.StatusCode.UNAVAILABLE,
-                            self._grpc.StatusCode.DEADLINE_EXCEEDED,
-                            self._grpc.StatusCode.CANCELLED, self._grpc.StatusCode.UNKNOWN)
-            error = DaemonUnavailable if gone else DaemonRefused
-            raise error(f"{method} on {self.target}: {code.name}: {e.details()}") from e
+            raise self._error(method, e) from e
 
-    def health(self, timeout: float = 2.0):
+    def _watched_call(self, method: str, request, timeout: float):
+        """`method` with the daemon watched while it runs: a compile may take minutes, but a
+        daemon that stops answering Health (stopped, hung, its machine gone) is given up on
+        within WATCH_SECONDS + PROBE_SECONDS, and one that died mid-call is restarted by the
+        next call."""
+        call = getattr(self._stub, method).future(request, timeout=timeout,
+                                                  metadata=self.metadata)
+        while True:
+            try:
+                return call.result(timeout=WATCH_SECONDS)
+            except self._grpc.FutureTimeoutError:
+                pass
+            except self._grpc.RpcError as e:
+                error = self._error(method, e)
+                if not isinstance(error, DaemonRefused):
+                    self._ready = False  # died (or drained): the next call starts it again
+                raise error from e
+            try:
+                self.health(timeout=PROBE_SECONDS)
+            except DaemonHung as e:
+                call.cancel()
+                self._give_up(f"kilnd stopped answering during {method} ({e})", HUNG_BACKOFF)
+                raise DaemonHung(self._down_reason) from None
+            except DaemonUnavailable as e:
+                call.cancel()  # it died: the next call (or this one's retry) starts another
+                self._ready = False
+                raise DaemonUnavailable(f"kilnd went away during {method} ({e})") from None
+
+    def health(self, timeout: float = PROBE_SECONDS):
         return self._call("Health", self.pb.service.HealthRequest(), timeout)
 
     def stats(self, timeout: float = 5.0):
         return self._call("Stats", self.pb.service.StatsRequest(), timeout)
 
     def compile(self, request, timeout: Optional[float] = None):
-        self.ensure_running()
-        return self._call("Compile", request, timeout or self.timeout)
+        return self._call_running("Compile", request, timeout or self.timeout)
 
     def lookup_key(self, key: str, timeout: float = 10.0):
-        self.ensure_running()
-        return self._call("Lookup", self.pb.service.LookupRequest(key=key), timeout)
+        return self._call_running("Lookup", self.pb.service.LookupRequest(key=key), timeout)
 
-    # -- the local daemon --------------------------------------------------------------------
+    def _call_running(self, method: str, request, timeout: float):
+        """A watched call on a running daemon. A local daemon found dead (killed, crashed, idle
+        exit) is started again and the call made once more, so the graph is still compiled."""
+        self.ensure_running()
+        try:
+            return self._watched_call(method, request, timeout)
+        except (DaemonHung, DaemonRefused):
+            raise
+        except DaemonUnavailable as e:
+            if not self.autostart:
+                raise
+            log.debug("kiln: %s; starting kilnd again", e)
+        self.ensure_running()
+        return self._watched_call(method, request, timeout)
+
+    # -- the daemon's state ------------------------------------------------------------------
+
+    def _give_up(self, reason: str, backoff) -> None:
+        """Remembers that the daemon is not usable, and why, for a back-off."""
+        first, most = backoff
+        self._backoff = min(most, self._backoff * 2) if self._backoff else first
+        self._retry_at = time.monotonic() + self._backoff
+        self._down_reason = reason
+        self._ready = False
+        log.debug("kiln: %s; not trying kilnd again for %.0f s", reason, self._backoff)
 
     def ensure_running(self) -> None:
         """Returns when the daemon answers Health (its compiler_version is then known); starts
-        a local kilnd first if allowed."""
+        a local kilnd first if allowed. Fails at once while a failure is remembered."""
         with self._lock:
-            if self._started:
+            if self._ready:
                 return
+            if time.monotonic() < self._retry_at:
+                raise DaemonUnavailable(f"{self._down_reason} (not retried for "
+                                        f"{self._retry_at - time.monotonic():.0f} s)")
             try:
-                health = self.health(timeout=1.0)
-            except DaemonUnavailable:
+                health = self.health()
+            except DaemonUnavailable as e:
+                if isinstance(e, DaemonHung):
+                    # Something holds the socket and does not answer: starting another daemon
+                    # there would fail on its lock; leave it be for a while.
+                    self._give_up(f"kilnd on {self.target} does not answer ({e})", HUNG_BACKOFF)
+                    raise DaemonUnavailable(self._down_reason) from None
                 if not self.autostart:
+                    self._give_up(str(e), HUNG_BACKOFF)
                     raise
                 health = self._start_local()
             self.compiler_version = health.compiler_version
-            self._started = True
+            self._ready = True
+            self._backoff = 0.0
+
+    def _reconnect(self) -> None:
+        # A channel whose connect failed waits out gRPC's reconnect backoff before it tries
+        # again; a new channel connects at once.
+        self._channel.close()
+        self._open_channel()
 
     def _start_local(self):
         binary = kilnd_binary()
         if binary is None:
-            raise DaemonUnavailable("no daemon answers and no kilnd binary was found "
-                                    "(build it, put it on PATH or set KILN_KILND)")
+            self._give_up("no daemon answers and no kilnd binary was found (build it, put it on "
+                          "PATH or set KILN_KILND)", START_BACKOFF)
+            raise DaemonUnavailable(self._down_reason)
         args = [binary, "--socket", str(self.socket), "--cache-dir", str(cache_dir()),
                 "--idle-exit", os.environ.get("KILN_DAEMON_IDLE_EXIT", "3600")]
         log.info("kiln: starting %s", " ".join(args))
-        # kilnd detaches and returns once it serves (or prints why it cannot).
+        # kilnd detaches and returns once it serves, or exits 1 and prints why it cannot.
+        start_timeout = float(os.environ.get("KILN_DAEMON_START_TIMEOUT", "10"))
         try:
-            done = subprocess.run(args, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise DaemonUnavailable(f"cannot start kilnd: {e}") from e
-        deadline = time.monotonic() + 10
+            done = subprocess.run(args, capture_output=True, text=True, timeout=start_timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            # It goes on starting (a large cache is checked first); later graphs will find it.
+            self._give_up(f"kilnd did not report ready within {start_timeout:.0f} s",
+                          HUNG_BACKOFF)
+            raise DaemonUnavailable(self._down_reason) from None
+        except OSError as e:
+            self._give_up(f"cannot start kilnd: {e}", START_BACKOFF)
+            raise DaemonUnavailable(self._down_reason) from e
+        why = (done.stderr or done.stdout).strip()
+        if done.returncode != 0 and "another kilnd is serving" not in why:
+            self._give_up(f"kilnd cannot start: {why or f'exit status {done.returncode}'}",
+                          START_BACKOFF)
+            raise DaemonUnavailable(self._down_reason)
+        # Ours serves, or another process's won the race to start it: either answers now.
+        deadline = time.monotonic() + 2 * PROBE_SECONDS
         while True:
-            # A channel whose connect failed waits out gRPC's reconnect backoff (about a
-            # second) before it tries again; a new channel connects at once.
-            self._channel.close()
-            self._open_channel()
+            self._reconnect()
             try:
-                return self.health(timeout=1.0)
-            except DaemonUnavailable:
+                return self.health()
+            except DaemonUnavailable as e:
                 if time.monotonic() > deadline:
-                    # Another process may have won the race to start it: that is fine if it
-                    # answers; otherwise report why ours did not start.
-                    raise DaemonUnavailable(
-                        f"kilnd did not start: {(done.stderr or done.stdout).strip()}") from None
+                    self._give_up(f"kilnd started but does not answer ({e}; {why})",
+                                  HUNG_BACKOFF)
+                    raise DaemonUnavailable(self._down_reason) from None
                 time.sleep(0.05)
 
 
