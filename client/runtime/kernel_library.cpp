@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <string>
 
 namespace kiln::runtime {
@@ -106,32 +105,30 @@ void* OpenFromTempFile(std::string_view elf, std::string* error) {
 
 }  // namespace
 
-KernelLibrary::KernelLibrary(std::string_view elf) {
+StatusOr<std::unique_ptr<KernelLibrary>> KernelLibrary::Load(std::string_view elf) {
   if (elf.size() < 4 || elf.substr(0, 4) != std::string_view("\x7f"
                                                              "ELF",
                                                              4)) {
-    throw std::runtime_error("the kernel binary is not an ELF shared object");
+    return Status::InvalidArgument("the kernel binary is not an ELF shared object");
   }
   std::string memfd_error;
-  handle_ = OpenFromMemfd(elf, &memfd_error);
-  if (handle_ != nullptr) return;
+  void* handle = OpenFromMemfd(elf, &memfd_error);
   std::string file_error;
-  handle_ = OpenFromTempFile(elf, &file_error);
-  if (handle_ == nullptr) {
-    throw std::runtime_error("cannot load the kernel binary: through a memfd: " + memfd_error +
-                             "; through a temporary file: " + file_error);
+  if (handle == nullptr) handle = OpenFromTempFile(elf, &file_error);
+  if (handle == nullptr) {
+    return Status::IOError("cannot load the kernel binary: through a memfd: " + memfd_error +
+                           "; through a temporary file: " + file_error);
   }
+  return std::unique_ptr<KernelLibrary>(new KernelLibrary(handle));
 }
 
 KernelLibrary::~KernelLibrary() { ::dlclose(handle_); }
 
-KernelFn KernelLibrary::Resolve(const std::string& symbol) const {
+StatusOr<kiln_kernel_fn> KernelLibrary::Resolve(const std::string& symbol) const {
   ::dlerror();
   void* fn = ::dlsym(handle_, symbol.c_str());
-  if (fn == nullptr) {
-    throw std::runtime_error("the kernel binary does not export '" + symbol + "'");
-  }
-  return reinterpret_cast<KernelFn>(fn);
+  if (fn == nullptr) return Status::NotFound("the kernel binary does not export '" + symbol + "'");
+  return reinterpret_cast<kiln_kernel_fn>(fn);
 }
 
 }  // namespace kiln::runtime

@@ -3,19 +3,14 @@
 #ifndef KILN_RUNTIME_KERNEL_LIBRARY_H_
 #define KILN_RUNTIME_KERNEL_LIBRARY_H_
 
-#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
-namespace kiln::runtime {
+#include "kiln/v1/kernel_abi.h"
+#include "status.h"
 
-// The CPU kernel ABI (artifact.proto, KernelLaunch): args[i] is the data_ptr() (storage offset
-// applied) of the kernel's i-th argument value; parallel_for runs a range function on the
-// caller's intra-op threads.
-using KernelRangeFn = void (*)(int64_t begin, int64_t end, void* const* args);
-using KernelParallelFor = void (*)(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn,
-                                   void* const* args);
-using KernelFn = void (*)(void* const* args, KernelParallelFor parallel_for);
+namespace kiln::runtime {
 
 // Loading never puts the bytes where another process could swap them before dlopen reads them:
 // they go to an anonymous memfd opened as /proc/self/fd/N, and only where that fails (no
@@ -27,18 +22,21 @@ using KernelFn = void (*)(void* const* args, KernelParallelFor parallel_for);
 // /proc path (fd numbers are reused), see Load in kernel_library.cpp.
 class KernelLibrary {
  public:
-  // Loads `elf`; throws std::runtime_error saying why when it cannot.
-  explicit KernelLibrary(std::string_view elf);
+  // Loads `elf`: kInvalidArgument when it is not an ELF object, kIOError saying why when the
+  // system cannot load it.
+  static StatusOr<std::unique_ptr<KernelLibrary>> Load(std::string_view elf);
   // dlclose: no kernel of this library may be running or be called afterwards.
   ~KernelLibrary();
   KernelLibrary(const KernelLibrary&) = delete;
   KernelLibrary& operator=(const KernelLibrary&) = delete;
 
-  // The kernel exported as `symbol`; throws std::runtime_error when it is missing.
-  KernelFn Resolve(const std::string& symbol) const;
+  // The kernel exported as `symbol` (the ABI of kiln/v1/kernel_abi.h); kNotFound when missing.
+  StatusOr<kiln_kernel_fn> Resolve(const std::string& symbol) const;
 
  private:
-  void* handle_ = nullptr;  // From dlopen; never null once constructed.
+  explicit KernelLibrary(void* handle) : handle_(handle) {}
+
+  void* handle_;  // From dlopen; never null.
 };
 
 }  // namespace kiln::runtime

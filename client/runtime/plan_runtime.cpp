@@ -13,16 +13,19 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <mutex>
 #include <set>
-#include <stdexcept>
 #include <unordered_set>
+
+#include "runtime/wire_types.h"
 
 namespace kiln::runtime {
 namespace {
 
-[[noreturn]] void BuildError(const std::string& message) {
-  throw std::invalid_argument("kiln plan: " + message);
+// A plan that cannot be built: every such message starts with "kiln plan: ".
+Status Invalid(const std::string& message) {
+  return Status::InvalidArgument("kiln plan: " + message);
 }
 
 std::string Id(uint32_t id) { return "value " + std::to_string(id); }
@@ -73,66 +76,53 @@ at::Tensor WrappedNumber(const c10::Scalar& value) {
   return t;
 }
 
-// The enum payloads (dtype, layout, memory_format) travel as ints, which is also how IValue
-// holds them; only the range needs checking.
-c10::IValue EnumValue(int64_t value, int64_t limit, const char* what, const std::string& where) {
-  if (value < 0 || value >= limit) {
-    BuildError(where + ": " + std::to_string(value) + " is not a " + what);
-  }
-  return value;
-}
-
-c10::Device ParseDevice(const std::string& text, const std::string& where) {
-  try {
-    return c10::Device(text);
-  } catch (const c10::Error& e) {
-    BuildError(where + ": bad device '" + text + "': " + e.what_without_backtrace());
-  }
-}
-
-// The IValue of a non-tensor argument, typed for the schema argument it binds to; throws
+// The IValue of a non-tensor argument, typed for the schema argument it binds to; an error
 // (naming `where`) when the payload cannot take that type.
-c10::IValue ConvertConstant(const CallArg& a, const c10::Argument& formal,
-                            const std::string& where) {
+StatusOr<c10::IValue> ConvertConstant(const CallArg& a, const c10::Argument& formal,
+                                      const std::string& where) {
   using K = CallArg::Kind;
   using TK = c10::TypeKind;
   const FormalType f = Unwrap(formal);
   const TK kind = f.type->kind();
   const c10::TypePtr element = ListElement(f.type);
-  auto mismatch = [&](const char* payload) -> c10::IValue {
-    BuildError(where + ": " + payload + " cannot bind to " + formal.real_type()->str());
+  auto mismatch = [&](const char* payload) {
+    return Invalid(where + ": " + payload + " cannot bind to " + formal.real_type()->str());
+  };
+  auto unknown = [&](const char* what) {
+    return Invalid(where + ": " + std::to_string(a.i) + " is not a kiln.v1 " + what);
   };
   switch (a.kind) {
     case K::kNone:
       if (f.optional || kind == TK::NoneType) return c10::IValue();
       return mismatch("None");
     case K::kInt:
-      if (IsIntLike(f.type)) return a.i;
-      if (IsFloatLike(f.type)) return static_cast<double>(a.i);
-      if (kind == TK::NumberType) return c10::Scalar(a.i);  // An int Scalar.
-      if (kind == TK::TensorType) return WrappedNumber(c10::Scalar(a.i));
+      if (IsIntLike(f.type)) return c10::IValue(a.i);
+      if (IsFloatLike(f.type)) return c10::IValue(static_cast<double>(a.i));
+      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.i));  // An int Scalar.
+      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.i)));
       if (kind == TK::ScalarTypeType || kind == TK::LayoutType || kind == TK::MemoryFormatType) {
-        return a.i;
+        return c10::IValue(a.i);
       }
       if (element != nullptr && IsIntLike(element) && formal.N()) {
         // int[2] stride given as 2: Python's argument parser repeats it N times.
-        return c10::List<int64_t>(std::vector<int64_t>(static_cast<size_t>(*formal.N()), a.i));
+        return c10::IValue(
+            c10::List<int64_t>(std::vector<int64_t>(static_cast<size_t>(*formal.N()), a.i)));
       }
       return mismatch("an int");
     case K::kFloat:
-      if (IsFloatLike(f.type)) return a.f;
-      if (kind == TK::NumberType) return c10::Scalar(a.f);  // A double Scalar.
-      if (kind == TK::TensorType) return WrappedNumber(c10::Scalar(a.f));
+      if (IsFloatLike(f.type)) return c10::IValue(a.f);
+      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.f));  // A double Scalar.
+      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.f)));
       return mismatch("a float");
     case K::kBool:
-      if (kind == TK::BoolType || kind == TK::SymBoolType) return a.b;
-      if (kind == TK::NumberType) return c10::Scalar(a.b);
-      if (kind == TK::TensorType) return WrappedNumber(c10::Scalar(a.b));
+      if (kind == TK::BoolType || kind == TK::SymBoolType) return c10::IValue(a.b);
+      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.b));
+      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.b)));
       return mismatch("a bool");
     case K::kInts:
-      if (element != nullptr && IsIntLike(element)) return c10::List<int64_t>(a.list);
+      if (element != nullptr && IsIntLike(element)) return c10::IValue(c10::List<int64_t>(a.list));
       if (element != nullptr && IsFloatLike(element)) {
-        return c10::List<double>(std::vector<double>(a.list.begin(), a.list.end()));
+        return c10::IValue(c10::List<double>(std::vector<double>(a.list.begin(), a.list.end())));
       }
       if (element != nullptr &&
           (element->kind() == TK::NumberType ||
@@ -140,42 +130,51 @@ c10::IValue ConvertConstant(const CallArg& a, const c10::Argument& formal,
             element->castRaw<c10::OptionalType>()->getElementType()->kind() == TK::NumberType))) {
         c10::impl::GenericList scalars(element);  // Scalar[] / Scalar?[] (mkldnn's scalars)
         for (int64_t v : a.list) scalars.push_back(c10::Scalar(v));
-        return scalars;
+        return c10::IValue(scalars);
       }
       if (element != nullptr && element->kind() == TK::BoolType) {
         c10::List<bool> bools;
         for (int64_t v : a.list) bools.push_back(v != 0);
-        return bools;
+        return c10::IValue(bools);
       }
       return mismatch("an int list");
-    case K::kDtype:
-      if (kind == TK::ScalarTypeType || kind == TK::IntType) {
-        return EnumValue(a.i, static_cast<int64_t>(c10::ScalarType::NumOptions), "ScalarType",
-                         where);
-      }
-      return mismatch("a dtype");
-    case K::kLayout:
-      if (kind == TK::LayoutType || kind == TK::IntType) {
-        return EnumValue(a.i, static_cast<int64_t>(c10::Layout::NumOptions), "Layout", where);
-      }
-      return mismatch("a layout");
-    case K::kMemoryFormat:
-      if (kind == TK::MemoryFormatType || kind == TK::IntType) {
-        return EnumValue(a.i, static_cast<int64_t>(c10::MemoryFormat::NumOptions), "MemoryFormat",
-                         where);
-      }
-      return mismatch("a memory format");
+    case K::kDtype: {
+      if (kind != TK::ScalarTypeType && kind != TK::IntType) return mismatch("a dtype");
+      const auto dtype = ScalarTypeOf(static_cast<WireDType>(a.i));
+      if (!dtype) return unknown("DType");
+      return c10::IValue(static_cast<int64_t>(*dtype));  // How IValue holds a ScalarType.
+    }
+    case K::kLayout: {
+      if (kind != TK::LayoutType && kind != TK::IntType) return mismatch("a layout");
+      const auto layout = LayoutOf(static_cast<WireLayout>(a.i));
+      if (!layout) return unknown("Layout");
+      return c10::IValue(static_cast<int64_t>(*layout));
+    }
+    case K::kMemoryFormat: {
+      if (kind != TK::MemoryFormatType && kind != TK::IntType) return mismatch("a memory format");
+      const auto format = MemoryFormatOf(static_cast<WireMemoryFormat>(a.i));
+      if (!format) return unknown("MemoryFormat");
+      return c10::IValue(static_cast<int64_t>(*format));
+    }
     case K::kStr:
-      if (kind == TK::StringType) return a.s;
+      if (kind == TK::StringType) return c10::IValue(a.s);
       return mismatch("a str");
-    case K::kDevice:
+    case K::kDevice: {
       if (kind != TK::DeviceObjType) return mismatch("a device");
-      return ParseDevice(a.s, where);
+      const auto device = DeviceOf(a.device);
+      if (!device) {
+        return Invalid(where + ": bad device (kind " +
+                       std::to_string(static_cast<int>(a.device.kind)) + ", index " +
+                       std::to_string(a.device.index) + ")");
+      }
+      return c10::IValue(*device);
+    }
+    case K::kUnset:
     case K::kValue:
     case K::kValues:
       break;
   }
-  BuildError(where + ": internal: a tensor argument bound as a constant");
+  return Invalid(where + ": internal: a tensor argument bound as a constant");
 }
 
 std::string Ints(c10::IntArrayRef values) {
@@ -191,7 +190,8 @@ std::string Describe(at::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArray
   return std::string(c10::toString(dtype)) + Ints(sizes) + " strides " + Ints(strides);
 }
 
-// Elements of storage a tensor with this metadata reaches (storage offset included).
+// Elements of storage a tensor with this metadata reaches (storage offset included). Create
+// checked that it and its bytes fit in int64_t for every value of the plan.
 int64_t StorageElements(const ValueMeta& m) {
   int64_t extent = 1;
   for (size_t d = 0; d < m.sizes.size(); ++d) {
@@ -199,6 +199,29 @@ int64_t StorageElements(const ValueMeta& m) {
     extent += (m.sizes[d] - 1) * m.strides[d];
   }
   return m.storage_offset + extent;
+}
+
+// StorageElements, or nullopt when it or its bytes overflow int64_t (a plan that would make the
+// arena's bounds check wrap around).
+std::optional<int64_t> CheckedStorageBytes(const ValueMeta& m) {
+  int64_t extent = 1;
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.sizes[d] == 0) {
+      extent = 0;
+      break;
+    }
+    int64_t span = 0;
+    if (__builtin_mul_overflow(m.sizes[d] - 1, m.strides[d], &span) ||
+        __builtin_add_overflow(extent, span, &extent)) {
+      return std::nullopt;
+    }
+  }
+  int64_t elements = 0, bytes = 0;
+  if (__builtin_add_overflow(m.storage_offset, extent, &elements) ||
+      __builtin_mul_overflow(elements, static_cast<int64_t>(c10::elementSize(m.dtype)), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
 }
 
 // A new tensor with exactly the metadata's sizes, strides and storage offset.
@@ -216,222 +239,348 @@ bool MayAlias(const c10::Argument& formal) {
   return formal.alias_info() != nullptr && !formal.alias_info()->isWrite();
 }
 
+// The tensor a kiln.v1.Constant holds: its elements are contiguous, little-endian, exactly
+// numel * element size bytes.
+StatusOr<at::Tensor> ConstantTensor(const ConstantSpec& c) {
+  const std::string what = "constant " + Id(c.value.id);
+  const auto dtype = ScalarTypeOf(c.value.meta.dtype);
+  if (!dtype) return Invalid(what + " has no valid dtype");
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(*dtype));
+  for (int64_t size : c.value.meta.sizes) {
+    if (size < 0 || __builtin_mul_overflow(bytes, size, &bytes)) {
+      return Invalid(what + " has a negative or too large size");
+    }
+  }
+  if (static_cast<uint64_t>(bytes) != c.data.size()) {
+    return Invalid(what + " has " + std::to_string(c.data.size()) + " bytes, its metadata needs " +
+                   std::to_string(bytes));
+  }
+  at::Tensor t = at::empty(c.value.meta.sizes, at::TensorOptions().dtype(*dtype));
+  if (bytes > 0) std::memcpy(t.data_ptr(), c.data.data(), c.data.size());
+  return t;
+}
+
 }  // namespace
+
+// Create's state while it checks the plan in order: which values are defined, released, buffers,
+// written or plan outputs. Every check is here; Run relies on them.
+class Plan::Builder {
+ public:
+  explicit Builder(Plan& plan) : plan_(plan) {}
+
+  Status Build(const PlanSpec& spec, const PlanBinding& binding);
+
+ private:
+  enum State : char { kUndefined, kDefined, kReleased };
+
+  Status Values(const PlanSpec& spec);
+  StatusOr<int> Slot(uint32_t id) const;
+  Status Define(int s, const std::string& where);
+  Status Require(int s, const std::string& where) const;
+  // Binds a constant or parameter (`what`) once: on the plan's device, in its value's layout.
+  Status Bind(uint32_t id, const at::Tensor& tensor, const char* what);
+  Status Buffers(const PlanSpec& spec);
+  Status Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
+               std::vector<Step>* into);
+  Status KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step);
+  Status LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step);
+  StatusOr<LibraryStep> BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
+  Status Release(const std::vector<uint32_t>& ids, Step* step);
+
+  Plan& plan_;
+  std::vector<char> state_, is_buffer_, written_, is_output_;
+  std::set<int> watched_;  // Constant slots the prologue reads.
+};
+
+Plan::Plan(c10::Device device, uint64_t arena_bytes) : arena_bytes_(arena_bytes), device_(device) {}
 
 Plan::~Plan() = default;
 
-int Plan::Slot(uint32_t id) const {
-  auto it = std::lower_bound(ids_.begin(), ids_.end(), id);
-  if (it == ids_.end() || *it != id) BuildError("the plan uses " + Id(id) + " without metadata");
-  return static_cast<int>(it - ids_.begin());
+StatusOr<std::unique_ptr<Plan>> Plan::Create(const PlanSpec& spec, PlanBinding binding) {
+  std::unique_ptr<Plan> plan(new Plan(binding.device, spec.arena_bytes));
+  Status status;
+  try {
+    status = Builder(*plan).Build(spec, binding);
+  } catch (const c10::Error& e) {  // Binding constants: out of memory, a device torch lacks.
+    status = Status::RuntimeError(std::string("kiln plan: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    status = Status::RuntimeError(std::string("kiln plan: ") + e.what());
+  }
+  if (!status.ok()) return status;
+  return plan;
 }
 
-Plan::Plan(PlanSpec spec) : arena_bytes_(spec.arena_bytes), device_(spec.device) {
-  // Slots: the ids of `values`, sorted, so Slot() is a binary search at build time only.
-  std::sort(spec.values.begin(), spec.values.end(),
-            [](const auto& x, const auto& y) { return x.first < y.first; });
-  for (auto& [id, meta] : spec.values) {
-    if (!ids_.empty() && ids_.back() == id) BuildError(Id(id) + " has metadata twice");
-    const std::string what = Id(id);
-    if (meta.dtype == at::ScalarType::Undefined ||
-        static_cast<int>(meta.dtype) >= static_cast<int>(at::ScalarType::NumOptions)) {
-      BuildError(what + " has no valid dtype");
+StatusOr<int> Plan::Builder::Slot(uint32_t id) const {
+  auto it = std::lower_bound(plan_.ids_.begin(), plan_.ids_.end(), id);
+  if (it == plan_.ids_.end() || *it != id) {
+    return Invalid("the plan uses " + Id(id) + " without metadata");
+  }
+  return static_cast<int>(it - plan_.ids_.begin());
+}
+
+Status Plan::Builder::Define(int s, const std::string& where) {
+  if (state_[s] != kUndefined) {
+    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is defined twice");
+  }
+  state_[s] = kDefined;
+  return Status::OK();
+}
+
+Status Plan::Builder::Require(int s, const std::string& where) const {
+  if (state_[s] == kReleased) {
+    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is used after its release");
+  }
+  if (state_[s] != kDefined || (is_buffer_[s] && !written_[s])) {
+    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is used before it is computed");
+  }
+  return Status::OK();
+}
+
+// Slots: the ids of `values`, sorted, so that Slot() is a binary search at build time only.
+Status Plan::Builder::Values(const PlanSpec& spec) {
+  std::vector<const ValueSpec*> values;
+  values.reserve(spec.values.size());
+  for (const ValueSpec& v : spec.values) values.push_back(&v);
+  std::sort(values.begin(), values.end(), [](auto* x, auto* y) { return x->id < y->id; });
+  for (const ValueSpec* v : values) {
+    const std::string what = Id(v->id);
+    if (!plan_.ids_.empty() && plan_.ids_.back() == v->id) {
+      return Invalid(what + " has metadata twice");
     }
+    const auto dtype = ScalarTypeOf(v->meta.dtype);
+    if (!dtype) return Invalid(what + " has no valid dtype");
+    ValueMeta meta{*dtype, v->meta.sizes, v->meta.strides, v->meta.storage_offset};
     if (meta.sizes.size() != meta.strides.size()) {
-      BuildError(what + ": sizes and strides differ in rank");
+      return Invalid(what + ": sizes and strides differ in rank");
     }
-    if (std::any_of(meta.sizes.begin(), meta.sizes.end(), [](int64_t v) { return v < 0; }) ||
-        std::any_of(meta.strides.begin(), meta.strides.end(), [](int64_t v) { return v < 0; }) ||
+    if (std::any_of(meta.sizes.begin(), meta.sizes.end(), [](int64_t x) { return x < 0; }) ||
+        std::any_of(meta.strides.begin(), meta.strides.end(), [](int64_t x) { return x < 0; }) ||
         meta.storage_offset < 0) {
-      BuildError(what + " has a negative size, stride or storage offset");
+      return Invalid(what + " has a negative size, stride or storage offset");
     }
-    ids_.push_back(id);
-    metas_.push_back(std::move(meta));
+    if (!CheckedStorageBytes(meta)) return Invalid(what + " spans more bytes than int64_t counts");
+    plan_.ids_.push_back(v->id);
+    plan_.metas_.push_back(std::move(meta));
   }
-  const size_t n = ids_.size();
-  bound_.resize(n);
-  originals_.resize(n);
-  buffers_.resize(n);
+  const size_t n = plan_.ids_.size();
+  plan_.bound_.resize(n);
+  plan_.originals_.resize(n);
+  plan_.buffers_.resize(n);
+  state_.assign(n, kUndefined);
+  is_buffer_.assign(n, 0);
+  written_.assign(n, 0);
+  is_output_.assign(n, 0);
+  return Status::OK();
+}
 
-  // Definition state of each slot while the steps are checked in order.
-  enum State : char { kUndefined, kDefined, kReleased };
-  std::vector<char> state(n, kUndefined);
-  std::vector<char> is_buffer(n, 0), written(n, 0), is_output(n, 0);
-  auto define = [&](int s, const std::string& where) {
-    if (state[s] != kUndefined) BuildError(where + ": " + Id(ids_[s]) + " is defined twice");
-    state[s] = kDefined;
-  };
-  auto require = [&](int s, const std::string& where) {
-    if (state[s] == kReleased) {
-      BuildError(where + ": " + Id(ids_[s]) + " is used after its release");
-    }
-    if (state[s] != kDefined || (is_buffer[s] && !written[s])) {
-      BuildError(where + ": " + Id(ids_[s]) + " is used before it is computed");
-    }
-  };
-
-  for (auto& [id, tensor] : spec.constants) {
-    const int s = Slot(id);
-    define(s, "constant");
-    const ValueMeta& m = metas_[s];
-    if (!tensor.defined()) BuildError("constant " + Id(id) + " is undefined");
-    if (tensor.scalar_type() != m.dtype || tensor.sizes() != c10::IntArrayRef(m.sizes)) {
-      BuildError("constant " + Id(id) + " is " +
-                 Describe(tensor.scalar_type(), tensor.sizes(), tensor.strides()) +
-                 ", its metadata says " + Describe(m.dtype, m.sizes, m.strides));
-    }
-    at::Tensor t = tensor.to(device_);
-    if (!HasLayout(t, m)) {
-      at::Tensor copy = EmptyWithLayout(m, t.options());
-      copy.copy_(t);
-      t = std::move(copy);
-    }
-    bound_[s] = std::move(t);
-    originals_[s] = tensor;
+Status Plan::Builder::Bind(uint32_t id, const at::Tensor& tensor, const char* what) {
+  KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+  const std::string where = std::string(what) + " " + Id(id);
+  KILN_RETURN_IF_ERROR(Define(s, what));
+  const ValueMeta& m = plan_.metas_[s];
+  if (!tensor.defined()) return Invalid(where + " is undefined");
+  if (tensor.scalar_type() != m.dtype || tensor.sizes() != c10::IntArrayRef(m.sizes)) {
+    return Invalid(where + " is " +
+                   Describe(tensor.scalar_type(), tensor.sizes(), tensor.strides()) +
+                   ", its metadata says " + Describe(m.dtype, m.sizes, m.strides));
   }
+  at::Tensor t = tensor.to(plan_.device_);
+  if (!HasLayout(t, m)) {
+    at::Tensor copy = EmptyWithLayout(m, t.options());
+    copy.copy_(t);
+    t = std::move(copy);
+  }
+  plan_.bound_[s] = std::move(t);
+  plan_.originals_[s] = tensor;
+  return Status::OK();
+}
+
+Status Plan::Builder::Buffers(const PlanSpec& spec) {
   for (const BufferSpec& b : spec.buffers) {
-    const int s = Slot(b.id);
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(b.id));
     const std::string what = "buffer " + Id(b.id);
-    if (is_buffer[s] || state[s] != kUndefined) BuildError(what + " is defined twice");
-    is_buffer[s] = 1;
+    if (is_buffer_[s] || state_[s] != kUndefined) return Invalid(what + " is defined twice");
+    is_buffer_[s] = 1;
     if (!b.in_arena) continue;
-    const ValueMeta& m = metas_[s];
+    const ValueMeta& m = plan_.metas_[s];
     const auto element = static_cast<uint64_t>(c10::elementSize(m.dtype));
-    const uint64_t end = b.arena_offset + static_cast<uint64_t>(StorageElements(m)) * element;
-    if (b.arena_offset % 64 != 0) BuildError(what + ": arena offset is not a multiple of 64");
-    if (end > arena_bytes_ || end < b.arena_offset) {
-      BuildError(what + " ends at byte " + std::to_string(end) + " of an arena of " +
-                 std::to_string(arena_bytes_));
+    const auto bytes = static_cast<uint64_t>(*CheckedStorageBytes(m));  // Values() checked it.
+    const uint64_t end = b.arena_offset + bytes;
+    if (b.arena_offset % 64 != 0) return Invalid(what + ": arena offset is not a multiple of 64");
+    if (end > plan_.arena_bytes_ || end < b.arena_offset) {
+      return Invalid(what + " ends at byte " + std::to_string(end) + " of an arena of " +
+                     std::to_string(plan_.arena_bytes_));
     }
-    buffers_[s].in_arena = true;
-    buffers_[s].arena_element_offset =
+    plan_.buffers_[s].in_arena = true;
+    plan_.buffers_[s].arena_element_offset =
         static_cast<int64_t>(b.arena_offset / element) + m.storage_offset;
   }
   for (uint32_t id : spec.outputs) {
-    const int s = Slot(id);
-    if (buffers_[s].in_arena) BuildError("output " + Id(id) + " is an arena buffer");
-    output_slots_.push_back(s);
-    is_output[s] = 1;
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    if (plan_.buffers_[s].in_arena) return Invalid("output " + Id(id) + " is an arena buffer");
+    plan_.output_slots_.push_back(s);
+    is_output_[s] = 1;
   }
+  return Status::OK();
+}
 
-  auto is_kernel = [](const auto& s) { return std::holds_alternative<KernelStepSpec>(s); };
+Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
+  if (spec.arena_bytes > static_cast<uint64_t>(INT64_MAX)) {
+    return Invalid("an arena of " + std::to_string(spec.arena_bytes) + " bytes");
+  }
+  KILN_RETURN_IF_ERROR(Values(spec));
+  for (const ConstantSpec& c : spec.constants) {
+    KILN_ASSIGN_OR_RETURN(const at::Tensor tensor, ConstantTensor(c));
+    KILN_RETURN_IF_ERROR(Bind(c.value.id, tensor, "constant"));
+  }
+  // Parameters take the plan's first inputs, bound once like constants (and, unlike them,
+  // watched by the prologue: they may change between calls).
+  const size_t num_params = binding.params.size();
+  if (num_params > spec.inputs.size()) {
+    return Invalid("binds " + std::to_string(num_params) + " parameters to a plan of " +
+                   std::to_string(spec.inputs.size()) + " inputs");
+  }
+  for (size_t i = 0; i < num_params; ++i) {
+    KILN_RETURN_IF_ERROR(Bind(spec.inputs[i], binding.params[i], "parameter"));
+  }
+  KILN_RETURN_IF_ERROR(Buffers(spec));
+
+  auto is_kernel = [](const StepSpec& s) { return std::holds_alternative<KernelStepSpec>(s); };
   const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), is_kernel) ||
                            std::any_of(spec.prologue.begin(), spec.prologue.end(), is_kernel);
   if (has_kernels) {
-    if (device_.type() != c10::kCPU) {
-      BuildError("kernel steps need a CPU plan; this plan is for " + device_.str());
+    if (plan_.device_.type() != c10::kCPU) {
+      return Invalid("kernel steps need a CPU plan; this plan is for " + plan_.device_.str());
     }
-    if (spec.kernel_binary.empty()) BuildError("the plan launches kernels but has no binary");
-    try {
-      library_ = std::make_unique<KernelLibrary>(spec.kernel_binary);
-    } catch (const std::exception& e) {
-      BuildError(e.what());
+    if (binding.kernel_binary.empty()) {
+      return Invalid("the plan launches kernels but has no binary");
     }
+    StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(binding.kernel_binary);
+    if (!library.ok()) return Invalid(library.status().message());
+    plan_.library_ = std::move(*library);
   }
 
-  std::set<int> watched;  // constant slots the prologue reads
-  auto build_steps = [&](const std::vector<std::variant<KernelStepSpec, LibraryStepSpec>>& specs,
-                         const std::string& list, bool prologue, std::vector<Step>& into) {
-    for (size_t i = 0; i < specs.size(); ++i) {
-      Step step;
-      const std::vector<uint32_t>* release = nullptr;
-      if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
-        step.label = list + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
-        const std::string& where = step.label;
-        KernelStep ks{};
-        ks.symbol = k->symbol;
-        try {
-          ks.fn = library_->Resolve(k->symbol);
-        } catch (const std::exception& e) {
-          BuildError(where + ": " + e.what());
-        }
-        const std::unordered_set<uint32_t> writes(k->writes.begin(), k->writes.end());
-        for (uint32_t id : k->writes) {
-          if (!is_buffer[Slot(id)]) BuildError(where + " writes " + Id(id) + ", not a buffer");
-          if (std::find(k->args.begin(), k->args.end(), id) == k->args.end()) {
-            BuildError(where + " writes " + Id(id) + ", which is not one of its arguments");
-          }
-        }
-        for (uint32_t id : k->args) {
-          const int s = Slot(id);
-          if (is_buffer[s] && state[s] == kUndefined) {
-            if (prologue && buffers_[s].in_arena) {
-              BuildError(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
-            }
-            state[s] = kDefined;
-            step.allocate.push_back(s);
-          }
-          if (!writes.count(id)) require(s, where);
-          if (prologue && originals_[s].defined()) watched.insert(s);
-          if (state[s] == kReleased) require(s, where);
-          ks.slots.push_back(s);
-          // Constants are checked too: a parameter bound as one can be resized in place later.
-          ks.checked.push_back(!is_buffer[s]);
-        }
-        for (uint32_t id : k->writes) written[Slot(id)] = 1;
-        step.body = std::move(ks);
-        release = &k->release;
-        ++num_kernels_;
-      } else {
-        const auto& l = std::get<LibraryStepSpec>(specs[i]);
-        step.label = list + " " + std::to_string(i) + " (" + l.op + ")";
-        const std::string& where = step.label;
-        LibraryStep ls = BindLibrary(l, where);
-        const auto& formals = ls.op.schema().arguments();
-        auto check_read = [&](int s, size_t position) {
-          require(s, where);
-          if (prologue && originals_[s].defined()) watched.insert(s);
-          if (buffers_[s].in_arena && MayAlias(formals[position])) {
-            BuildError(where + ": its result may be a view of arena buffer " + Id(ids_[s]));
-          }
-        };
-        for (const auto& [position, s] : ls.tensor_args) check_read(s, position);
-        for (const auto& list : ls.list_args) {
-          for (int s : list.slots) check_read(s, list.position);
-        }
-        for (int s : ls.outputs) {
-          if (is_buffer[s]) BuildError(where + " defines buffer " + Id(ids_[s]));
-          define(s, where);
-        }
-        step.body = std::move(ls);
-        release = &l.release;
-        ++num_library_calls_;
-      }
-      for (uint32_t id : *release) {
-        const int s = Slot(id);
-        if (is_output[s]) BuildError(step.label + " releases plan output " + Id(id));
-        if (buffers_[s].in_arena) BuildError(step.label + " releases arena buffer " + Id(id));
-        if (state[s] != kDefined) {
-          BuildError(step.label + " releases " + Id(id) + ", which is not live there");
-        }
-        state[s] = kReleased;
-        step.release.push_back(s);
-      }
-      into.push_back(std::move(step));
-    }
-  };
   // The prologue reads bound values only: the per-call inputs are defined after it.
-  build_steps(spec.prologue, "prologue step", true, prologue_);
+  KILN_RETURN_IF_ERROR(Steps(spec.prologue, "prologue step", true, &plan_.prologue_));
   for (uint32_t id : spec.prologue_outputs) {
-    const int s = Slot(id);
-    require(s, "prologue output");
-    if (is_output[s]) BuildError("prologue output " + Id(id) + " is a plan output");
-    prologue_output_slots_.push_back(s);
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    KILN_RETURN_IF_ERROR(Require(s, "prologue output"));
+    if (is_output_[s]) return Invalid("prologue output " + Id(id) + " is a plan output");
+    plan_.prologue_output_slots_.push_back(s);
   }
-  for (int s : watched) watched_.push_back(s);
-  for (uint32_t id : spec.inputs) {
-    const int s = Slot(id);
-    define(s, "input");
-    input_slots_.push_back(s);
+  plan_.watched_.assign(watched_.begin(), watched_.end());
+  for (size_t i = num_params; i < spec.inputs.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(spec.inputs[i]));
+    KILN_RETURN_IF_ERROR(Define(s, "input"));
+    plan_.input_slots_.push_back(s);
   }
-  build_steps(spec.steps, "step", false, steps_);
-  for (int s : output_slots_) require(s, "output");
+  KILN_RETURN_IF_ERROR(Steps(spec.steps, "step", false, &plan_.steps_));
+  for (int s : plan_.output_slots_) KILN_RETURN_IF_ERROR(Require(s, "output"));
+  return Status::OK();
 }
 
-Plan::LibraryStep Plan::BindLibrary(const LibraryStepSpec& spec, const std::string& where) const {
+Status Plan::Builder::Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
+                            std::vector<Step>* into) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Step step;
+    if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
+      step.label = std::string(list) + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
+      KILN_RETURN_IF_ERROR(KernelStepOf(*k, prologue, &step));
+      KILN_RETURN_IF_ERROR(Release(k->release, &step));
+      ++plan_.num_kernels_;
+    } else {
+      const auto& l = std::get<LibraryStepSpec>(specs[i]);
+      step.label = std::string(list) + " " + std::to_string(i) + " (" + l.op + ")";
+      KILN_RETURN_IF_ERROR(LibraryStepOf(l, prologue, &step));
+      KILN_RETURN_IF_ERROR(Release(l.release, &step));
+      ++plan_.num_library_calls_;
+    }
+    into->push_back(std::move(step));
+  }
+  return Status::OK();
+}
+
+Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step) {
+  const std::string& where = step->label;
+  KernelStep ks{};
+  ks.symbol = k.symbol;
+  StatusOr<kiln_kernel_fn> fn = plan_.library_->Resolve(k.symbol);
+  if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
+  ks.fn = *fn;
+  const std::unordered_set<uint32_t> writes(k.writes.begin(), k.writes.end());
+  for (uint32_t id : k.writes) {
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    if (!is_buffer_[s]) return Invalid(where + " writes " + Id(id) + ", not a buffer");
+    if (std::find(k.args.begin(), k.args.end(), id) == k.args.end()) {
+      return Invalid(where + " writes " + Id(id) + ", which is not one of its arguments");
+    }
+  }
+  for (uint32_t id : k.args) {
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    if (is_buffer_[s] && state_[s] == kUndefined) {
+      if (prologue && plan_.buffers_[s].in_arena) {
+        return Invalid(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
+      }
+      state_[s] = kDefined;
+      step->allocate.push_back(s);
+    }
+    if (!writes.count(id)) KILN_RETURN_IF_ERROR(Require(s, where));
+    if (prologue && plan_.originals_[s].defined()) watched_.insert(s);
+    if (state_[s] == kReleased) KILN_RETURN_IF_ERROR(Require(s, where));
+    ks.slots.push_back(s);
+    // Constants are checked too: a parameter bound as one can be resized in place later.
+    ks.checked.push_back(!is_buffer_[s]);
+  }
+  for (uint32_t id : k.writes) written_[*Slot(id)] = 1;
+  step->body = std::move(ks);
+  return Status::OK();
+}
+
+Status Plan::Builder::LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step) {
+  const std::string& where = step->label;
+  KILN_ASSIGN_OR_RETURN(LibraryStep ls, BindLibrary(l, where));
+  const auto& formals = ls.op.schema().arguments();
+  auto check_read = [&](int s, size_t position) -> Status {
+    KILN_RETURN_IF_ERROR(Require(s, where));
+    if (prologue && plan_.originals_[s].defined()) watched_.insert(s);
+    if (plan_.buffers_[s].in_arena && MayAlias(formals[position])) {
+      return Invalid(where + ": its result may be a view of arena buffer " + Id(plan_.ids_[s]));
+    }
+    return Status::OK();
+  };
+  for (const auto& [position, s] : ls.tensor_args) KILN_RETURN_IF_ERROR(check_read(s, position));
+  for (const auto& list : ls.list_args) {
+    for (int s : list.slots) KILN_RETURN_IF_ERROR(check_read(s, list.position));
+  }
+  for (int s : ls.outputs) {
+    if (is_buffer_[s]) return Invalid(where + " defines buffer " + Id(plan_.ids_[s]));
+    KILN_RETURN_IF_ERROR(Define(s, where));
+  }
+  step->body = std::move(ls);
+  return Status::OK();
+}
+
+Status Plan::Builder::Release(const std::vector<uint32_t>& ids, Step* step) {
+  for (uint32_t id : ids) {
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    if (is_output_[s]) return Invalid(step->label + " releases plan output " + Id(id));
+    if (plan_.buffers_[s].in_arena) {
+      return Invalid(step->label + " releases arena buffer " + Id(id));
+    }
+    if (state_[s] != kDefined) {
+      return Invalid(step->label + " releases " + Id(id) + ", which is not live there");
+    }
+    state_[s] = kReleased;
+    step->release.push_back(s);
+  }
+  return Status::OK();
+}
+
+StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& spec,
+                                                       const std::string& where) const {
   auto [name, overload] = SplitOpName(spec.op);
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
-  if (!handle) BuildError(where + ": no such operator in the dispatcher");
+  if (!handle) return Invalid(where + ": no such operator in the dispatcher");
   const c10::FunctionSchema& schema = handle->schema();
   const auto& formals = schema.arguments();
   LibraryStep step{*handle, std::vector<c10::IValue>(formals.size()), {}, {}, {}};
@@ -439,30 +588,39 @@ Plan::LibraryStep Plan::BindLibrary(const LibraryStepSpec& spec, const std::stri
   std::vector<char> bound(formals.size(), 0);
   size_t next_positional = 0;
   bool seen_named = false;
-  for (const CallArg& a : spec.args) {
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    const CallArg& a = spec.args[i];
+    if (a.kind == CallArg::Kind::kUnset) {
+      return Invalid(where + ": argument " + std::to_string(i) + " has no value");
+    }
     size_t position;
     if (a.name.empty()) {
-      if (seen_named) BuildError(where + ": a positional argument follows a named one");
+      if (seen_named) return Invalid(where + ": a positional argument follows a named one");
       position = next_positional++;
       if (position >= formals.size()) {
-        BuildError(where + ": more than " + std::to_string(formals.size()) +
-                   " positional arguments");
+        return Invalid(where + ": more than " + std::to_string(formals.size()) +
+                       " positional arguments");
       }
     } else {
       seen_named = true;
       auto it = std::find_if(formals.begin(), formals.end(),
                              [&](const c10::Argument& f) { return f.name() == a.name; });
-      if (it == formals.end()) BuildError(where + ": the schema has no argument '" + a.name + "'");
+      if (it == formals.end()) {
+        return Invalid(where + ": the schema has no argument '" + a.name + "'");
+      }
       position = static_cast<size_t>(it - formals.begin());
     }
     const c10::Argument& formal = formals[position];
     const std::string arg_where = where + ", argument '" + formal.name() + "'";
-    if (bound[position]) BuildError(arg_where + " is given twice");
+    if (bound[position]) return Invalid(arg_where + " is given twice");
     bound[position] = 1;
     const FormalType f = Unwrap(formal);
     if (a.kind == CallArg::Kind::kValue) {
-      if (!IsTensor(f.type)) BuildError(arg_where + ": a tensor cannot bind to " + f.type->str());
-      step.tensor_args.emplace_back(position, Slot(static_cast<uint32_t>(a.i)));
+      if (!IsTensor(f.type)) {
+        return Invalid(arg_where + ": a tensor cannot bind to " + f.type->str());
+      }
+      KILN_ASSIGN_OR_RETURN(const int s, Slot(static_cast<uint32_t>(a.i)));
+      step.tensor_args.emplace_back(position, s);
     } else if (a.kind == CallArg::Kind::kValues) {
       const c10::TypePtr element = ListElement(f.type);
       bool optional_elements = false;
@@ -471,19 +629,22 @@ Plan::LibraryStep Plan::BindLibrary(const LibraryStepSpec& spec, const std::stri
         optional_elements = opt != nullptr && IsTensor(opt->getElementType());
       }
       if (element == nullptr || (!IsTensor(element) && !optional_elements)) {
-        BuildError(arg_where + ": a tensor list cannot bind to " + f.type->str());
+        return Invalid(arg_where + ": a tensor list cannot bind to " + f.type->str());
       }
       std::vector<int> slots;
-      for (int64_t id : a.list) slots.push_back(Slot(static_cast<uint32_t>(id)));
+      for (int64_t id : a.list) {
+        KILN_ASSIGN_OR_RETURN(const int s, Slot(static_cast<uint32_t>(id)));
+        slots.push_back(s);
+      }
       step.list_args.push_back({position, std::move(slots), optional_elements});
     } else {
-      step.stack[position] = ConvertConstant(a, formal, arg_where);
+      KILN_ASSIGN_OR_RETURN(step.stack[position], ConvertConstant(a, formal, arg_where));
     }
   }
   for (size_t position = 0; position < formals.size(); ++position) {
     if (bound[position]) continue;
     if (!formals[position].default_value()) {
-      BuildError(where + ": required argument '" + formals[position].name() + "' is missing");
+      return Invalid(where + ": required argument '" + formals[position].name() + "' is missing");
     }
     step.stack[position] = *formals[position].default_value();
   }
@@ -498,14 +659,17 @@ Plan::LibraryStep Plan::BindLibrary(const LibraryStepSpec& spec, const std::stri
     } else if (element != nullptr && IsTensor(element) && !f.optional) {
       list_return = true;
     } else {
-      BuildError(where + ": returns " + r.real_type()->str() + ", not tensors");
+      return Invalid(where + ": returns " + r.real_type()->str() + ", not tensors");
     }
   }
   if (!list_return && fixed_returns != spec.outputs.size()) {
-    BuildError(where + ": returns " + std::to_string(fixed_returns) + " tensors, the plan names " +
-               std::to_string(spec.outputs.size()));
+    return Invalid(where + ": returns " + std::to_string(fixed_returns) +
+                   " tensors, the plan names " + std::to_string(spec.outputs.size()));
   }
-  for (uint32_t id : spec.outputs) step.outputs.push_back(Slot(id));
+  for (uint32_t id : spec.outputs) {
+    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
+    step.outputs.push_back(s);
+  }
   return step;
 }
 
@@ -522,8 +686,8 @@ at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena) const {
   // A typed view of the arena's bytes (construction checked that it fits), made as
   // at::empty({0}).set_(...) would make it, without the two dispatched calls. The new tensor's
   // keys are the arena's: same device, and the TensorImpl applies the inference mode in force.
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(arena.storage()), arena.key_set(), c10::scalarTypeToTypeMeta(m.dtype));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(arena.storage()), arena.key_set(),
+                                                   c10::scalarTypeToTypeMeta(m.dtype));
   impl->set_sizes_and_strides(m.sizes, m.strides, buffers_[slot].arena_element_offset);
   return at::Tensor(std::move(impl));
 }
@@ -532,13 +696,13 @@ namespace {
 
 // The parallel_for of the kernel ABI: torch's intra-op thread pool (at::parallel_for), so
 // kernels share torch's threads and its set_num_threads.
-void ParallelFor(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn, void* const* args) {
+void ParallelFor(int64_t begin, int64_t end, int64_t grain, kiln_range_fn fn, void* const* args) {
   at::parallel_for(begin, end, grain, [&](int64_t b, int64_t e) { fn(b, e, args); });
 }
 
 }  // namespace
 
-void Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
+Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
   constexpr size_t kInline = 16;
   std::array<void*, kInline> inline_pointers;
   std::vector<void*> heap_pointers;
@@ -555,17 +719,17 @@ void Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
     const int s = k.slots[i];
     const at::Tensor* t = &vals[s];
     if (!t->defined()) {
-      throw std::runtime_error("argument " + std::to_string(i) + " (" + Id(ids_[s]) +
-                               ") is undefined");
+      return Status::RuntimeError("argument " + std::to_string(i) + " (" + Id(ids_[s]) +
+                                  ") is undefined");
     }
     if (k.checked[i]) {
       const ValueMeta& m = metas_[s];
       if (t->device().type() != device_.type() || t->scalar_type() != m.dtype ||
           t->sizes() != c10::IntArrayRef(m.sizes)) {
-        throw std::runtime_error(Id(ids_[s]) + " is " +
-                                 Describe(t->scalar_type(), t->sizes(), t->strides()) + " on " +
-                                 t->device().str() + ", the kernel was built for " +
-                                 Describe(m.dtype, m.sizes, m.strides) + " on " + device_.str());
+        return Status::RuntimeError(Id(ids_[s]) + " is " +
+                                    Describe(t->scalar_type(), t->sizes(), t->strides()) + " on " +
+                                    t->device().str() + ", the kernel was built for " +
+                                    Describe(m.dtype, m.sizes, m.strides) + " on " + device_.str());
       }
       if (!HasLayout(*t, m)) {
         // The kernel's index arithmetic has the metadata's strides built in.
@@ -580,9 +744,10 @@ void Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
   // Visible to torch.profiler beside the library ops; costs a flag test when nothing records.
   RECORD_FUNCTION(k.symbol, c10::ArrayRef<const c10::IValue>{});
   k.fn(pointers, &ParallelFor);
+  return Status::OK();
 }
 
-void Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const {
+Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const {
   std::vector<c10::IValue> stack = l.stack;
   for (const auto& [position, s] : l.tensor_args) {
     // An undefined value (a Tensor? result that was None) goes on as None.
@@ -606,44 +771,53 @@ void Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const
   l.op.callBoxed(&stack);
   size_t next = 0;
   auto take = [&](const c10::IValue& v) {
-    if (!v.isTensor() && !v.isNone()) throw std::runtime_error("returned a non-tensor");
-    if (next >= l.outputs.size()) throw std::runtime_error("returned more tensors than expected");
+    if (!v.isTensor() && !v.isNone()) return Status::RuntimeError("returned a non-tensor");
+    if (next >= l.outputs.size()) {
+      return Status::RuntimeError("returned more tensors than expected");
+    }
     vals[l.outputs[next++]] = v.isTensor() ? v.toTensor() : at::Tensor();
+    return Status::OK();
   };
   for (const c10::IValue& v : stack) {
     if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) take(t);
+      for (const at::Tensor& t : v.toTensorVector()) KILN_RETURN_IF_ERROR(take(t));
     } else if (v.isTuple()) {
-      for (const c10::IValue& e : v.toTupleRef().elements()) take(e);
+      for (const c10::IValue& e : v.toTupleRef().elements()) KILN_RETURN_IF_ERROR(take(e));
     } else {
-      take(v);
+      KILN_RETURN_IF_ERROR(take(v));
     }
   }
   if (next != l.outputs.size()) {
-    throw std::runtime_error("returned " + std::to_string(next) + " tensors, the plan names " +
-                             std::to_string(l.outputs.size()));
+    return Status::RuntimeError("returned " + std::to_string(next) + " tensors, the plan names " +
+                                std::to_string(l.outputs.size()));
   }
+  return Status::OK();
 }
 
-void Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                    const at::Tensor& arena) const {
+Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
+                      const at::Tensor& arena) const {
   const Step* step = nullptr;
+  Status status;
+  // ATen reports failures by throwing c10::Error: caught here, once per run, not per step.
   try {
     for (const Step& s : steps) {
       step = &s;
       for (int b : s.allocate) vals[b] = AllocateBuffer(b, arena);
       if (const auto* k = std::get_if<KernelStep>(&s.body)) {
-        RunKernel(*k, vals);
+        status = RunKernel(*k, vals);
       } else {
-        RunLibrary(std::get<LibraryStep>(s.body), vals);
+        status = RunLibrary(std::get<LibraryStep>(s.body), vals);
       }
+      if (!status.ok()) break;
       for (int r : s.release) vals[r].reset();
     }
   } catch (const c10::Error& e) {
-    throw std::runtime_error("kiln plan: " + step->label + ": " + e.what_without_backtrace());
+    status = Status::RuntimeError(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    throw std::runtime_error("kiln plan: " + step->label + ": " + e.what());
+    status = Status::RuntimeError(e.what());
   }
+  if (status.ok()) return status;
+  return status.Prefixed("kiln plan: " + step->label + ": ");
 }
 
 Plan::Stamps Plan::StampWatched() const {
@@ -656,7 +830,7 @@ Plan::Stamps Plan::StampWatched() const {
   return stamps;
 }
 
-std::shared_ptr<const std::vector<at::Tensor>> Plan::PrologueValues() const {
+StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() const {
   std::lock_guard<std::mutex> lock(prologue_mutex_);
   if (prologue_values_) {
     // The per-call check: a version counter and a data pointer per watched constant.
@@ -671,7 +845,7 @@ std::shared_ptr<const std::vector<at::Tensor>> Plan::PrologueValues() const {
   // Stamped before the run: a tensor modified while the prologue runs is seen next call.
   Stamps now = StampWatched();
   std::vector<at::Tensor> vals = bound_;
-  RunSteps(prologue_, vals, at::Tensor());
+  KILN_RETURN_IF_ERROR(RunSteps(prologue_, vals, at::Tensor()));
   auto kept = std::make_shared<std::vector<at::Tensor>>();
   kept->reserve(prologue_output_slots_.size());
   for (int s : prologue_output_slots_) kept->push_back(vals[s]);
@@ -680,35 +854,39 @@ std::shared_ptr<const std::vector<at::Tensor>> Plan::PrologueValues() const {
   return prologue_values_;
 }
 
-std::vector<at::Tensor> Plan::Run(const std::vector<at::Tensor>& inputs) const {
+Status Plan::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const {
   if (inputs.size() != input_slots_.size()) {
-    throw std::runtime_error("kiln plan: takes " + std::to_string(input_slots_.size()) +
-                             " inputs, got " + std::to_string(inputs.size()));
+    return Status::RuntimeError("kiln plan: takes " + std::to_string(input_slots_.size()) +
+                                " inputs, got " + std::to_string(inputs.size()));
   }
-  std::vector<at::Tensor> vals = bound_;
-  if (!prologue_.empty()) {
-    std::shared_ptr<const std::vector<at::Tensor>> kept = PrologueValues();
-    for (size_t i = 0; i < prologue_output_slots_.size(); ++i) {
-      vals[prologue_output_slots_[i]] = (*kept)[i];
+  // RunSteps names the step that failed; this catches what fails between steps (reading a
+  // parameter's version, allocating the arena).
+  try {
+    std::vector<at::Tensor> vals = bound_;
+    if (!prologue_.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::shared_ptr<const std::vector<at::Tensor>> kept, PrologueValues());
+      for (size_t i = 0; i < prologue_output_slots_.size(); ++i) {
+        vals[prologue_output_slots_[i]] = (*kept)[i];
+      }
     }
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
-  at::Tensor arena;
-  if (arena_bytes_ > 0) {
-    try {
+    for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
+    at::Tensor arena;
+    if (arena_bytes_ > 0) {
       const auto bytes = static_cast<int64_t>(arena_bytes_);
       arena = device_.is_cpu()
                   ? at::Tensor(at::detail::empty_cpu({bytes}, at::kByte))
                   : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(std::string("kiln plan: arena: ") + e.what_without_backtrace());
     }
+    KILN_RETURN_IF_ERROR(RunSteps(steps_, vals, arena));
+    outputs->clear();
+    outputs->reserve(output_slots_.size());
+    for (int s : output_slots_) outputs->push_back(vals[s]);
+    return Status::OK();
+  } catch (const c10::Error& e) {
+    return Status::RuntimeError(std::string("kiln plan: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status::RuntimeError(std::string("kiln plan: ") + e.what());
   }
-  RunSteps(steps_, vals, arena);
-  std::vector<at::Tensor> outputs;
-  outputs.reserve(output_slots_.size());
-  for (int s : output_slots_) outputs.push_back(vals[s]);
-  return outputs;
 }
 
 }  // namespace kiln::runtime

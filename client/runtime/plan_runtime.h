@@ -12,15 +12,18 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
 
 #include "runtime/kernel_library.h"
+#include "runtime/plan_spec.h"
+#include "status.h"
 
 namespace kiln::runtime {
 
-// What the plan says about a value (kiln.v1.TensorMeta without device and requires_grad): a
+// A value's metadata as the plan runs it (kiln.v1.TensorMeta without device and requires_grad): a
 // kernel is compiled for exactly this dtype, these sizes and strides.
 struct ValueMeta {
   at::ScalarType dtype = at::ScalarType::Undefined;
@@ -29,86 +32,30 @@ struct ValueMeta {
   int64_t storage_offset = 0;    // In elements.
 };
 
-// One argument of a library call (kiln.v1.Argument). Which fields hold the payload:
-//   kValue: i (a value id)               kInt: i             kFloat: f        kBool: b
-//   kInts: list                          kValues: list (ids) kNone: nothing   kStr: s
-//   kDtype: i (c10::ScalarType)          kDevice: s ("cpu", "cuda:0")
-//   kMemoryFormat: i (c10::MemoryFormat) kLayout: i (c10::Layout)
-// The plan converts each to the type of the schema argument it binds to (see Plan).
-struct CallArg {
-  enum class Kind {
-    kValue,
-    kInt,
-    kFloat,
-    kBool,
-    kInts,
-    kValues,
-    kDtype,
-    kNone,
-    kStr,
-    kDevice,
-    kMemoryFormat,
-    kLayout
-  };
-  std::string name;  // Schema argument name; empty for a positional argument.
-  Kind kind = Kind::kNone;
-  int64_t i = 0;
-  double f = 0;
-  bool b = false;
-  std::vector<int64_t> list;
-  std::string s;
-};
-
-// kiln.v1.KernelLaunch (CPU) plus its step's release list.
-struct KernelStepSpec {
-  std::string symbol;
-  std::vector<uint32_t> args, writes, release;
-};
-
-// kiln.v1.LibraryCall plus its step's release list.
-struct LibraryStepSpec {
-  std::string op;  // Schema name with overload: "aten::add.Tensor", "aten::relu".
-  std::vector<CallArg> args;
-  std::vector<uint32_t> outputs, release;
-};
-
-// kiln.v1.Buffer.
-struct BufferSpec {
-  uint32_t id = 0;
-  bool in_arena = false;
-  uint64_t arena_offset = 0;  // Bytes; a multiple of 64.
-};
-
-// Everything a plan is built from: kiln.v1.ExecutionPlan with the kernel binary, constants
-// already made into tensors (the Python side builds them from the artifact's bytes, or passes
-// the module's parameters as constants bound once).
-struct PlanSpec {
-  std::string kernel_binary;  // ELF shared object; empty when no step launches a kernel.
-  std::vector<std::pair<uint32_t, ValueMeta>> values;
-  std::vector<uint32_t> inputs;                            // Bound per call, in order.
-  std::vector<std::pair<uint32_t, at::Tensor>> constants;  // Bound once, at construction.
-  std::vector<BufferSpec> buffers;
-  uint64_t arena_bytes = 0;
-  std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> steps;
-  // kiln.v1.ExecutionPlan.prologue and prologue_outputs: steps over constants (the bound
-  // parameters among them) whose results the per-call steps read.
-  std::vector<std::variant<KernelStepSpec, LibraryStepSpec>> prologue;
-  std::vector<uint32_t> prologue_outputs;
-  std::vector<uint32_t> outputs;  // May repeat an id or name an input.
+// What a plan is bound to when it is built, besides its PlanSpec.
+struct PlanBinding {
+  // The artifact's ELF shared object; empty when no step launches a kernel. Read only while the
+  // plan is built.
+  std::string_view kernel_binary;
+  // Bound once to the plan's first inputs (a module's parameters and buffers, see
+  // kiln.v1.Graph.num_bound_inputs); a call passes the rest.
+  std::vector<at::Tensor> params;
   c10::Device device = c10::Device(c10::kCPU);
 };
 
-// Building checks the whole plan once so that a call does no lookups and no validation beyond
-// what its inputs can change:
-//  - Every id the plan names has metadata in `values`; each value is defined once (input,
-//    constant, buffer or library output) and used only after its definition and before its
+// Create checks the whole plan once (the one validation of a plan on the client) so that a call
+// does no lookups and no validation beyond what its inputs can change:
+//  - Every id the plan names has metadata in `values`, with a dtype torch has and sizes, strides
+//    and storage offset >= 0; each value is defined once (input, parameter, constant, buffer or
+//    library output) and used only after its definition and before its
 //    release; a release never names a plan output or an arena buffer; a kernel writes only
 //    buffers, and nothing reads a buffer before a kernel has written it.
 //  - Arena buffers fit in arena_bytes at an offset that is a multiple of 64, are not plan
 //    outputs, and are never read by an op whose result may alias an argument (a view would
 //    outlive the arena slot's lifetime).
-//  - Constants match their metadata's dtype and sizes; they are moved to the plan's device and
-//    copied once into the metadata's strides, so kernels take them without a per-call copy.
+//  - Constants hold exactly their metadata's bytes. Constants and parameters match their value's
+//    dtype and sizes; they are moved to the plan's device and copied once into the metadata's
+//    strides, so kernels take them without a per-call copy.
 //  - Every kernel symbol resolves in kernel_binary (CPU plans only).
 //  - Every library op resolves in the dispatcher ("aten::add.Tensor": name "aten::add",
 //    overload "Tensor"), and its arguments bind to the schema: positional arguments in schema
@@ -116,14 +63,16 @@ struct PlanSpec {
 //    rest. Each payload is converted to the argument's type: an int to an int, a float, a
 //    Scalar (int Scalar), an int[N] (repeated N times, as Python does) or a wrapped-number
 //    tensor; a float to a float or a double Scalar; "ints" to int[] / SymInt[] / float[] /
-//    bool[]; "values" to Tensor[] or Tensor?[]; "none" only to an optional; dtype, layout and
-//    memory_format to those enums. An unknown name, a duplicate, a missing required argument or
-//    a payload that does not fit fails the build. Every return must be a Tensor, Tensor? or
-//    Tensor[]; without Tensor[] returns their count must equal the call's outputs.
+//    bool[]; "values" to Tensor[] or Tensor?[]; "none" only to an optional; dtype, layout,
+//    memory_format and device (kiln.v1's numbering) to c10's. An unknown name, a duplicate, a
+//    missing required argument or a payload that does not fit fails the build. Every return must be
+//    a Tensor, Tensor? or Tensor[]; without Tensor[] returns their count must equal the call's
+//    outputs.
 //  - Prologue steps read only constants and earlier prologue results (the per-call inputs are
 //    not defined yet), put no buffer in the arena, and define every prologue output, none of
 //    which is a plan output.
-// Build failures throw std::invalid_argument naming the step ("step 3 (aten::mm): ...").
+// Build failures are kInvalidArgument naming the step ("kiln plan: step 3 (aten::mm): ...");
+// torch failing while constants are bound (out of memory) is kRuntimeError.
 //
 // The prologue runs on the first call, and again on a call that finds a constant it read (a
 // bound parameter) with another version counter or data pointer than when it last ran: an
@@ -135,17 +84,17 @@ struct PlanSpec {
 // raw pointers, so a plan is for inference, and the caller chooses the grad mode.
 class Plan {
  public:
-  explicit Plan(PlanSpec spec);
+  static StatusOr<std::unique_ptr<Plan>> Create(const PlanSpec& spec, PlanBinding binding);
   ~Plan();
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
 
-  // Runs the plan on `inputs` (one per PlanSpec::inputs, in order) and returns the outputs.
-  // A kernel argument that is not a buffer must have its metadata's dtype and sizes and live on
-  // the plan's device; with other strides or storage offset it is first copied into exactly the
-  // metadata's layout. Throws std::runtime_error naming the step index and its op or symbol
-  // ("step 2 (kernel k0): ...") on any failure; the inputs are never modified.
-  std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs) const;
+  // Runs the plan on `inputs` (one per PlanSpec::inputs after the bound parameters, in order)
+  // and sets *outputs. A kernel argument that is not a buffer must have its metadata's dtype and
+  // sizes and live on the plan's device; with other strides or storage offset it is first copied
+  // into exactly the metadata's layout. Any failure is kRuntimeError naming the step index and
+  // its op or symbol ("kiln plan: step 2 (kernel k0): ..."); the inputs are never modified.
+  Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
 
   int num_kernels() const { return num_kernels_; }
   int num_library_calls() const { return num_library_calls_; }
@@ -155,7 +104,7 @@ class Plan {
 
  private:
   struct KernelStep {
-    KernelFn fn;         // No initializer: it would make Step's variant not default-constructible.
+    kiln_kernel_fn fn;   // No initializer: it would make Step's variant not default-constructible.
     std::string symbol;  // For profilers: "kiln_kernel_3".
     std::vector<int> slots;     // Argument slots, in parameter order.
     std::vector<char> checked;  // Per argument: not a buffer, so its layout may differ.
@@ -185,16 +134,17 @@ class Plan {
 
   using Stamps = std::vector<std::pair<int64_t, const void*>>;  // (version, data) per watched
 
-  int Slot(uint32_t id) const;
-  void RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                const at::Tensor& arena) const;
+  class Builder;  // Create's checks and bindings, in plan_runtime.cpp.
+
+  Plan(c10::Device device, uint64_t arena_bytes);
+  Status RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
+                  const at::Tensor& arena) const;
   Stamps StampWatched() const;
   // The prologue's outputs, after running it if a watched constant changed since it last ran.
-  std::shared_ptr<const std::vector<at::Tensor>> PrologueValues() const;
-  LibraryStep BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
+  StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> PrologueValues() const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
-  void RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
-  void RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const;
+  Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
+  Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const;
 
   std::unique_ptr<KernelLibrary> library_;  // Null when the plan launches no kernel.
   std::vector<uint32_t> ids_;               // Slot -> value id, sorted.

@@ -1,7 +1,8 @@
-"""kiln._C.Plan, the C++ artifact runtime: plans built by hand (as kiln.daemon.artifact builds
-them from an ExecutionPlan) must compute what eager PyTorch computes, and bad plans must fail at
-construction, naming the step."""
+"""kiln._C.Plan, the C++ artifact runtime: plans built by hand as kiln.v1.ExecutionPlan messages
+(as kilnd writes them) must compute what eager PyTorch computes; bad plans, and bytes that are no
+plan at all, must fail at construction, naming the step or the field."""
 import logging
+import random
 import shutil
 import subprocess
 
@@ -10,15 +11,25 @@ import torch
 from torch.testing import assert_close
 
 from kiln import _C
+from kiln.daemon import protocol
 
-# c10::ScalarType numbers, for the tests that pass ints rather than torch.dtype objects.
-FLOAT32, FLOAT64, INT64 = 6, 7, 4
+if not protocol.available():
+    pytest.skip("the kiln.v1 modules are not available (grpcio-tools/protobuf missing)",
+                allow_module_level=True)
+
+from kiln.graph.lowering import dtype_to_pb  # noqa: E402 (needs the kiln.v1 modules)
+
+pb = protocol.messages()
 
 
 def meta(vid, t, dtype=None):
-    """A `values` entry describing tensor `t` (or its shape with another dtype)."""
-    return (vid, dtype if dtype is not None else t.dtype, list(t.shape), list(t.stride()),
-            t.storage_offset())
+    """A kiln.v1.Value describing tensor `t` (or its shape with another dtype)."""
+    v = pb.graph.Value(id=vid)
+    v.meta.dtype = dtype_to_pb(dtype if dtype is not None else t.dtype)
+    v.meta.sizes.extend(t.shape)
+    v.meta.strides.extend(t.stride())
+    v.meta.storage_offset = t.storage_offset()
+    return v
 
 
 def value(vid, sizes, dtype=torch.float32):
@@ -29,17 +40,85 @@ def pos(kind, payload):
     return ("", kind, payload)
 
 
+_MEMORY_FORMATS = {torch.contiguous_format: "MEMORY_FORMAT_CONTIGUOUS",
+                   torch.preserve_format: "MEMORY_FORMAT_PRESERVE",
+                   torch.channels_last: "MEMORY_FORMAT_CHANNELS_LAST"}
+
+
+def argument(name, kind, payload):
+    """A kiln.v1.Argument from (name, kind, Python payload); kind "unset" leaves the oneof empty."""
+    a = pb.graph.Argument(name=name)
+    if kind == "value":
+        a.value = payload
+    elif kind == "int":
+        a.int_value = payload
+    elif kind == "float":
+        a.float_value = payload
+    elif kind == "bool":
+        a.bool_value = payload
+    elif kind == "ints":
+        a.int_list.values.extend(payload)
+    elif kind == "values":
+        a.value_list.ids.extend(payload)
+    elif kind == "dtype":
+        a.dtype_value = dtype_to_pb(payload)
+    elif kind == "none":
+        a.none.SetInParent()
+    elif kind == "str":
+        a.string_value = payload
+    elif kind == "device":
+        device = torch.device(payload)
+        a.device_value.kind = pb.graph.DEVICE_KIND_CPU if device.type == "cpu" else \
+            pb.graph.DEVICE_KIND_CUDA
+        a.device_value.index = device.index or 0
+    elif kind == "memory_format":
+        a.memory_format_value = pb.graph.MemoryFormat.Value(_MEMORY_FORMATS[payload])
+    elif kind == "layout":
+        assert payload == torch.strided
+        a.layout_value = pb.graph.LAYOUT_STRIDED
+    else:
+        assert kind == "unset", kind
+    return a
+
+
 def library(op, args, outputs, release=()):
-    return ("library", op, list(args), list(outputs), list(release))
+    step = pb.artifact.PlanStep(release=list(release))
+    step.library.op = op
+    step.library.args.extend(argument(*a) for a in args)
+    step.library.outputs.extend(outputs)
+    return step
 
 
 def kernel(symbol, args, writes, release=()):
-    return ("kernel", symbol, list(args), list(writes), list(release))
+    step = pb.artifact.PlanStep(release=list(release))
+    step.kernel.symbol = symbol
+    step.kernel.args.extend(args)
+    step.kernel.writes.extend(writes)
+    return step
 
 
-def plan(values, inputs, steps, outputs, *, binary=b"", constants=(), buffers=(), arena=0):
-    return _C.Plan(binary, list(values), list(inputs), list(constants), list(buffers), arena,
-                   list(steps), list(outputs))
+def constant(vid, t):
+    """A kiln.v1.Constant holding `t`'s elements (contiguous, as kilnd writes them)."""
+    c = pb.graph.Constant(value=meta(vid, t.contiguous()))
+    c.data = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return c
+
+
+def plan_bytes(values, inputs, steps, outputs, *, constants=(), buffers=(), arena=0,
+               prologue=(), prologue_outputs=()):
+    p = pb.artifact.ExecutionPlan(inputs=list(inputs), outputs=list(outputs),
+                                  arena_bytes=arena, prologue_outputs=list(prologue_outputs))
+    p.values.extend(values)
+    p.constants.extend(constants)
+    p.steps.extend(steps)
+    p.prologue.extend(prologue)
+    p.buffers.extend(pb.artifact.Buffer(id=i, in_arena=a, arena_offset=o) for i, a, o in buffers)
+    return p.SerializeToString()
+
+
+def plan(values, inputs, steps, outputs, *, binary=b"", params=(), **fields):
+    """`params` are bound to the first of `inputs` once; a call passes the rest."""
+    return _C.Plan(plan_bytes(values, inputs, steps, outputs, **fields), binary, list(params))
 
 
 # ---- kernels following the CPU ABI: extern "C" void sym(void* const* args, parallel_for) ----
@@ -122,20 +201,20 @@ def test_cat_takes_a_values_list():
 
 def test_to_copy_with_dtype_none_layout_and_device():
     x = torch.randn(3, 4)
-    for dtype in (torch.float64, FLOAT64):  # A torch.dtype or its c10::ScalarType number.
-        p = plan([value(0, [3, 4]), value(1, [3, 4], torch.float64)], [0],
-                 [library("aten::_to_copy", [pos("value", 0), ("dtype", "dtype", dtype),
-                                             ("layout", "none", None),
-                                             ("device", "device", "cpu")], [1])], [1])
-        out = p(x)[0]
-        assert out.dtype == torch.float64
-        assert_close(out, x.double())
+    p = plan([value(0, [3, 4]), value(1, [3, 4], torch.float64)], [0],
+             [library("aten::_to_copy", [pos("value", 0), ("dtype", "dtype", torch.float64),
+                                         ("layout", "none", None),
+                                         ("device", "device", "cpu")], [1])], [1])
+    out = p(x)[0]
+    assert out.dtype == torch.float64
+    assert_close(out, x.double())
 
 
 def test_full_with_size_float_fill_dtype_and_device():
     p = plan([value(0, [2, 3], torch.int64)], [],
              [library("aten::full", [pos("ints", [2, 3]), pos("float", 7.0),
-                                     ("dtype", "dtype", INT64), ("layout", "layout", 0),
+                                     ("dtype", "dtype", torch.int64),
+                                     ("layout", "layout", torch.strided),
                                      ("device", "device", torch.device("cpu")),
                                      ("pin_memory", "none", None)], [0])], [0])
     assert_close(p()[0], torch.full((2, 3), 7, dtype=torch.int64))
@@ -169,7 +248,7 @@ def test_memory_format_argument():
     x = torch.randn(2, 3, 4, 5)
     p = plan([value(0, [2, 3, 4, 5]), meta(1, x.contiguous(memory_format=torch.channels_last))],
              [0], [library("aten::clone", [pos("value", 0),
-                                           ("memory_format", "memory_format", 2)], [1])], [1])
+                                           ("memory_format", "memory_format", torch.channels_last)], [1])], [1])
     out = p(x)[0]
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert_close(out, x)
@@ -241,18 +320,39 @@ def test_kernel_plan_runs_the_shared_object(kernels_so):
     assert_close(second, x * 2 + 1)
 
 
-def test_constants_feed_kernels_and_library_calls(kernels_so):
+def test_params_feed_kernels_and_library_calls(kernels_so):
     c = torch.randn(4, 3).t()  # Not in the metadata's strides: relaid once at construction.
     x = torch.randn(3, 4)
     vals = [value(0, [3, 4]), value(1, [3, 4]), value(2, [3, 4]), value(3, [3, 4])]
     steps = [kernel("affine12", [1, 2], [2]),
              library("aten::add.Tensor", [pos("value", 2), pos("value", 0)], [3])]
-    p = plan(vals, [0], steps, [3], binary=kernels_so, constants=[(1, c)],
-             buffers=[(2, False, 0)])
+    p = plan(vals, [1, 0], steps, [3], binary=kernels_so, params=[c], buffers=[(2, False, 0)])
+    assert p.num_inputs == 1
     assert_close(p(x)[0], c * 2 + 1 + x)
-    with pytest.raises(ValueError, match="constant value 1 is Double"):
-        plan(vals, [0], steps, [3], binary=kernels_so, constants=[(1, c.double())],
+    with pytest.raises(ValueError, match="parameter value 1 is Double"):
+        plan(vals, [1, 0], steps, [3], binary=kernels_so, params=[c.double()],
              buffers=[(2, False, 0)])
+    with pytest.raises(ValueError, match="binds 3 parameters to a plan of 2 inputs"):
+        plan(vals, [1, 0], steps, [3], binary=kernels_so, params=[c, c, c],
+             buffers=[(2, False, 0)])
+
+
+def test_constants_come_from_the_plans_bytes():
+    c = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    empty = torch.empty(0, 4)
+    p = plan([value(0, [3, 4], torch.float64), value(1, [3, 4], torch.float64),
+              value(2, [3, 4], torch.float64), value(3, [0, 4]), value(4, [0, 4])], [0],
+             [library("aten::mul.Tensor", [pos("value", 0), pos("value", 1)], [2]),
+              library("aten::neg", [pos("value", 3)], [4])], [2, 4],
+             constants=[constant(1, c), constant(3, empty)])
+    x = torch.randn(3, 4, dtype=torch.float64)
+    out, none = p(x)
+    assert_close(out, x * c)
+    assert none.shape == (0, 4)
+    short = pb.graph.Constant(value=value(1, [3, 4], torch.float64), data=b"\0" * 95)
+    with pytest.raises(ValueError, match="constant value 1 has 95 bytes, its metadata needs 96"):
+        plan([value(0, [3, 4], torch.float64), value(1, [3, 4], torch.float64)], [0], [], [1],
+             constants=[short])
 
 
 def test_arena_buffers_at_the_same_offset_with_disjoint_lifetimes(kernels_so):
@@ -386,8 +486,8 @@ def test_unbindable_arguments_fail_at_construction():
         plan(vals, [0], [library("aten::relu", [pos("none", None)], [1])], [1])
     with pytest.raises(ValueError, match="used before it is computed"):
         plan(vals, [0], [library("aten::mm", [pos("value", 0), pos("value", 1)], [2])], [2])
-    with pytest.raises(ValueError, match=r"steps\[0\]\[2\]\[0\]\[1\]: unknown argument kind"):
-        plan(vals, [0], [library("aten::relu", [pos("tensor", 0)], [1])], [1])
+    with pytest.raises(ValueError, match=r"step 0 \(aten::relu\): argument 0 has no value"):
+        plan(vals, [0], [library("aten::relu", [pos("unset", None)], [1])], [1])
 
 
 def test_arena_misuse_fails_at_construction(kernels_so):
@@ -403,3 +503,48 @@ def test_arena_misuse_fails_at_construction(kernels_so):
         plan(vals, [0], [kernel("affine16", [0, 1], [1]),
                          library("aten::view", [pos("value", 1), pos("ints", [4, 4])], [2])],
              [2], binary=kernels_so, arena=64, buffers=[(1, True, 0)])
+
+
+# ---- bytes that are no plan ----
+
+def test_bytes_that_do_not_decode_fail_naming_the_field():
+    good = plan_bytes([value(0, [2]), value(1, [2])], [0],
+                      [library("aten::neg", [pos("value", 0)], [1])], [1])
+    with pytest.raises(ValueError, match="does not decode: .*at byte"):
+        _C.Plan(good[:-1])
+    with pytest.raises(ValueError, match=r"does not decode: steps\[0\]: at byte \d+: the step "
+                                         r"names neither"):
+        _C.Plan(plan_bytes([], [], [pb.artifact.PlanStep(release=[1])], []))
+    with pytest.raises(TypeError):
+        _C.Plan("not bytes")
+
+
+def test_every_cut_and_garbled_plan_is_refused_or_runs(kernels_so):
+    # Whatever the bytes, building either raises ValueError or gives a plan: never a crash, never
+    # another error. (Decoding alone is checked against protobuf in tests/cpp, and fuzzed.)
+    x = torch.empty(3, 4)
+    good = plan_bytes([meta(0, x), meta(1, x), value(2, [3, 4]), value(3, [3, 1])], [0],
+                      [kernel("affine12", [0, 1], [1]),
+                       library("aten::add.Tensor", [pos("value", 1), pos("value", 0),
+                                                    ("alpha", "float", 0.5)], [2]),
+                       library("aten::sum.dim_IntList", [pos("value", 2), pos("ints", [1]),
+                                                         ("keepdim", "bool", True)], [3],
+                               release=[2])],
+                      [3], buffers=[(1, True, 0)], arena=64)
+    x = torch.randn(3, 4)
+    assert_close(_C.Plan(good, kernels_so)(x)[0], (x * 2 + 1 + 0.5 * x).sum(1, keepdim=True))
+    rng = random.Random(7)
+    variants = [good[:n] for n in range(len(good))]
+    for _ in range(1500):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        variants.append(bytes(b))
+    built = 0
+    for v in variants:
+        try:
+            _C.Plan(v, kernels_so)
+            built += 1
+        except ValueError:
+            pass
+    assert 0 < built < len(variants)

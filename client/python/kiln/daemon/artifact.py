@@ -1,5 +1,5 @@
-"""What the client checks before it loads an artifact, and the conversion of a verified
-ArtifactBody into the C++ runtime's Plan. Nothing from the wire is executed before its MAC,
+"""What the client checks before it loads an artifact, and the hand-over of a verified
+ArtifactBody to the C++ runtime's Plan. Nothing from the wire is executed before its MAC,
 its key and its plan's inputs have been checked."""
 import hashlib
 import hmac
@@ -135,75 +135,13 @@ def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
             raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")
 
 
-def _arg(arg) -> tuple:
-    """A plan argument as kiln._C.Plan takes it: (name, kind, payload), torch objects for
-    dtypes, devices, memory formats and layouts."""
-    from kiln.graph import lowering
-
-    kind = arg.WhichOneof("kind")
-    simple = {"value": "value", "int_value": "int", "float_value": "float",
-              "bool_value": "bool", "string_value": "str"}
-    if kind in simple:
-        return (arg.name, simple[kind], getattr(arg, kind))
-    if kind == "int_list":
-        return (arg.name, "ints", list(arg.int_list.values))
-    if kind == "value_list":
-        return (arg.name, "values", list(arg.value_list.ids))
-    if kind == "dtype_value":
-        return (arg.name, "dtype", lowering.dtype_from_pb(arg.dtype_value))
-    if kind == "none":
-        return (arg.name, "none", None)
-    if kind == "device_value":
-        return (arg.name, "device", lowering.device_from_pb(arg.device_value))
-    if kind == "memory_format_value":
-        return (arg.name, "memory_format", lowering.memory_format_from_pb(arg.memory_format_value))
-    if kind == "layout_value":
-        return (arg.name, "layout", torch.strided)
-    raise ArtifactRejected(f"plan argument of unknown kind {kind}")
-
-
-def _constant_tensor(const) -> torch.Tensor:
-    from kiln.graph.lowering import dtype_from_pb
-
-    meta = const.value.meta
-    raw = torch.frombuffer(bytearray(const.data), dtype=torch.uint8) if const.data else \
-        torch.empty(0, dtype=torch.uint8)
-    return raw.view(dtype_from_pb(meta.dtype)).reshape(tuple(meta.sizes)).clone()
-
-
 def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
-    """The runtime's Plan for a verified body. `bound` (parameters) are fixed at load and take
-    the plan's first inputs; the call passes the remaining `num_user_inputs` tensors."""
+    """The runtime's Plan for a verified body: its ExecutionPlan crosses to C++ once, in
+    kiln.v1's wire format, and is decoded and validated there. `bound` (parameters) are fixed at load
+    and take the plan's first inputs; the call passes the remaining `num_user_inputs` tensors."""
     from kiln import _C
-    from kiln.graph.lowering import dtype_from_pb
 
-    plan = body.plan
-    values = [(v.id, dtype_from_pb(v.meta.dtype), list(v.meta.sizes), list(v.meta.strides),
-               v.meta.storage_offset) for v in plan.values]
-    constants = [(c.value.id, _constant_tensor(c)) for c in plan.constants]
-    n_bound = len(plan.inputs) - num_user_inputs
+    n_bound = len(body.plan.inputs) - num_user_inputs
     if n_bound != len(bound):
         raise ArtifactRejected(f"plan binds {n_bound} parameters, the graph has {len(bound)}")
-    constants += list(zip(plan.inputs[:n_bound], bound))
-    steps = _steps(plan.steps)
-    prologue = _steps(plan.prologue)
-    buffers = [(b.id, b.in_arena, b.arena_offset) for b in plan.buffers]
-    return _C.Plan(bytes(body.kernel_binary), values, list(plan.inputs[n_bound:]), constants,
-                   buffers, plan.arena_bytes, steps, list(plan.outputs), "cpu", prologue,
-                   list(plan.prologue_outputs))
-
-
-def _steps(plan_steps) -> list:
-    steps = []
-    for step in plan_steps:
-        kind = step.WhichOneof("kind")
-        if kind == "kernel":
-            k = step.kernel
-            steps.append(("kernel", k.symbol, list(k.args), list(k.writes), list(step.release)))
-        elif kind == "library":
-            c = step.library
-            steps.append(("library", c.op, [_arg(a) for a in c.args], list(c.outputs),
-                          list(step.release)))
-        else:
-            raise ArtifactRejected("plan step of unknown kind")
-    return steps
+    return _C.Plan(body.plan.SerializeToString(), body.kernel_binary, bound)

@@ -1,0 +1,142 @@
+// PlanSpec: a kiln.v1.ExecutionPlan as the runtime reads it, decoded from the artifact's bytes
+// (plan_decoder.h) with the fields a CPU plan uses. Plain C++ without torch or protobuf, so the
+// decoder builds and is tested and fuzzed on its own; Plan (plan_runtime.h) validates it.
+#ifndef KILN_RUNTIME_PLAN_SPEC_H_
+#define KILN_RUNTIME_PLAN_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kiln::runtime {
+
+// kiln.v1's enums (proto/kiln/v1/graph.proto), with their wire numbers. The decoder keeps any
+// number it reads (proto3 enums are open); Plan refuses the ones it does not know.
+enum class WireDType : int32_t {
+  kUnspecified = 0,
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kFloat16 = 3,
+  kBFloat16 = 4,
+  kInt8 = 5,
+  kInt16 = 6,
+  kInt32 = 7,
+  kInt64 = 8,
+  kUInt8 = 9,
+  kBool = 10,
+  kComplex64 = 11,
+  kComplex128 = 12,
+};
+enum class WireDeviceKind : int32_t { kUnspecified = 0, kCpu = 1, kCuda = 2 };
+enum class WireMemoryFormat : int32_t {
+  kUnspecified = 0,
+  kContiguous = 1,
+  kPreserve = 2,
+  kChannelsLast = 3,
+  kChannelsLast3d = 4,
+};
+enum class WireLayout : int32_t { kUnspecified = 0, kStrided = 1 };
+
+// kiln.v1.Device.
+struct DeviceSpec {
+  WireDeviceKind kind = WireDeviceKind::kUnspecified;
+  int32_t index = 0;
+};
+
+// kiln.v1.TensorMeta without device and requires_grad (a plan runs on one device, for inference).
+struct MetaSpec {
+  WireDType dtype = WireDType::kUnspecified;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // In elements.
+  int64_t storage_offset = 0;    // In elements.
+};
+
+// kiln.v1.Value.
+struct ValueSpec {
+  uint32_t id = 0;
+  MetaSpec meta;
+};
+
+// kiln.v1.Constant. `data` views the bytes the plan was decoded from.
+struct ConstantSpec {
+  ValueSpec value;
+  std::string_view data;  // Little-endian elements, contiguous.
+};
+
+// One argument of a library call (kiln.v1.Argument). Which fields hold the payload:
+//   kValue: i (a value id)                kInt: i              kFloat: f       kBool: b
+//   kInts: list                           kValues: list (ids)  kNone: nothing  kStr: s
+//   kDtype: i (a WireDType)               kDevice: device
+//   kMemoryFormat: i (a WireMemoryFormat) kLayout: i (a WireLayout)
+// kUnset: the argument named no kind (Plan refuses it). Plan converts each payload to the type
+// of the schema argument it binds to.
+struct CallArg {
+  enum class Kind {
+    kUnset,
+    kValue,
+    kInt,
+    kFloat,
+    kBool,
+    kInts,
+    kValues,
+    kDtype,
+    kNone,
+    kStr,
+    kDevice,
+    kMemoryFormat,
+    kLayout
+  };
+  std::string name;  // Schema argument name; empty for a positional argument.
+  Kind kind = Kind::kUnset;
+  int64_t i = 0;
+  double f = 0;
+  bool b = false;
+  std::vector<int64_t> list;
+  std::string s;
+  DeviceSpec device;
+};
+
+// kiln.v1.KernelLaunch (CPU: no grid, block or shared memory) plus its step's release list.
+struct KernelStepSpec {
+  std::string symbol;
+  std::vector<uint32_t> args, writes, release;
+};
+
+// kiln.v1.LibraryCall plus its step's release list.
+struct LibraryStepSpec {
+  std::string op;  // Schema name with overload: "aten::add.Tensor", "aten::relu".
+  std::vector<CallArg> args;
+  std::vector<uint32_t> outputs, release;
+};
+
+// kiln.v1.PlanStep. A step that names neither a kernel nor a library call is refused by the
+// decoder.
+using StepSpec = std::variant<KernelStepSpec, LibraryStepSpec>;
+
+// kiln.v1.Buffer.
+struct BufferSpec {
+  uint32_t id = 0;
+  bool in_arena = false;
+  uint64_t arena_offset = 0;  // Bytes; a multiple of 64.
+};
+
+// kiln.v1.ExecutionPlan, field for field.
+struct PlanSpec {
+  std::vector<uint32_t> inputs;  // Bound in order: the plan's parameters first, then per call.
+  std::vector<ConstantSpec> constants;
+  std::vector<StepSpec> steps;
+  std::vector<uint32_t> outputs;  // May repeat an id or name an input.
+  std::vector<ValueSpec> values;
+  std::vector<BufferSpec> buffers;
+  uint64_t arena_bytes = 0;
+  // Steps over constants and bound parameters whose results (prologue_outputs) the per-call
+  // steps read.
+  std::vector<StepSpec> prologue;
+  std::vector<uint32_t> prologue_outputs;
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_PLAN_SPEC_H_

@@ -1,0 +1,24 @@
+// kiln.v1's CPU kernel ABI (artifact.proto, KernelLaunch): the types a generated kernel is called
+// through, defined once. kilnd's CPU code generator puts this file's text at the top of every
+// kernel source (kernels build with no kiln header installed); the client's runtime and the tests
+// include it. Plain C, so that it means the same in the kernels, the runtime and any loader.
+#ifndef KILN_V1_KERNEL_ABI_H_
+#define KILN_V1_KERNEL_ABI_H_
+
+#include <stdint.h>
+
+// The body of a parallel loop: runs iterations [begin, end) over the kernel's arguments.
+typedef void (*kiln_range_fn)(int64_t begin, int64_t end, void* const* args);
+
+// The runtime's thread pool (torch's intra-op threads): runs fn over [begin, end) in chunks of at
+// least `grain` iterations and returns when all are done. Kernels bring no thread runtime.
+typedef void (*kiln_parallel_for_fn)(int64_t begin, int64_t end, int64_t grain, kiln_range_fn fn,
+                                     void* const* args);
+
+// A kernel, exported from the artifact's shared object as
+//   extern "C" void <KernelLaunch.symbol>(void* const* args, kiln_parallel_for_fn parallel_for);
+// args[i] is the data pointer (storage offset applied) of value KernelLaunch.args[i], which has
+// exactly the dtype, sizes and strides ExecutionPlan.values gives for it.
+typedef void (*kiln_kernel_fn)(void* const* args, kiln_parallel_for_fn parallel_for);
+
+#endif  // KILN_V1_KERNEL_ABI_H_
