@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace kiln {
@@ -86,8 +87,13 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] StatusOr {
  public:
-  StatusOr(T value) : value_(std::move(value)) {}         // NOLINT: implicit, as absl::StatusOr.
-  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT
+  // Implicit, as absl::StatusOr's: `return value;` and `return Status::NotFound(...);` both work,
+  // and so does a value convertible to T (a unique_ptr of a derived class).
+  template <typename U = T, typename = std::enable_if_t<std::is_constructible_v<T, U&&> &&
+                                                        !std::is_same_v<std::decay_t<U>, Status> &&
+                                                        !std::is_same_v<std::decay_t<U>, StatusOr>>>
+  StatusOr(U&& value) : value_(std::in_place, std::forward<U>(value)) {}  // NOLINT
+  StatusOr(Status status) : status_(std::move(status)) {                  // NOLINT
     if (status_.ok()) status_ = Status::RuntimeError("StatusOr made from an OK status");
   }
 

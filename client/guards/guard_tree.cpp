@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "guards/guard_api.h"
+#include "python_status.h"
 
 // ATen/autocast_mode.h pulls in all of ATen's operators (ATen/ATen.h) for this one function, which
 // has had this signature since torch 2.4.
@@ -738,9 +739,8 @@ class DistinctCheck : public LeafCheck {
 // state (inference mode, functorch levels) fails the guard.
 class TensorCheck : public LeafCheck {
  public:
-  // Returns null and sets *error when `example` is not a tensor or has symbolic sizes.
-  static std::unique_ptr<TensorCheck> Create(PyObject* example, std::string description,
-                                             std::string* error) {
+  // Fails when `example` is not a tensor or has symbolic sizes.
+  static StatusOr<std::unique_ptr<TensorCheck>> Create(PyObject* example, std::string description) {
     bool is_tensor = false;
     try {
       is_tensor = THPVariable_Check(example);
@@ -748,15 +748,14 @@ class TensorCheck : public LeafCheck {
       PyErr_Clear();
     }
     if (!is_tensor) {
-      *error = "('tensor', example) needs a torch.Tensor, got " + TypeName(Py_TYPE(example));
-      return nullptr;
+      return Status::InvalidArgument("('tensor', example) needs a torch.Tensor, got " +
+                                     TypeName(Py_TYPE(example)));
     }
     std::unique_ptr<TensorCheck> check(new TensorCheck(std::move(description)));
     try {
       const at::Tensor& t = THPVariable_Unpack(example);
       if (!t.defined()) {
-        *error = "('tensor', example) got an undefined tensor";
-        return nullptr;
+        return Status::InvalidArgument("('tensor', example) got an undefined tensor");
       }
       check->type_ = Py_TYPE(example);
       Py_INCREF(check->type_);
@@ -767,13 +766,13 @@ class TensorCheck : public LeafCheck {
       check->strided_ = t.layout() == c10::kStrided;
       if (!Concrete(t.sym_sizes(), &check->sizes_) ||
           (check->strided_ && !Concrete(t.sym_strides(), &check->strides_))) {
-        *error = "('tensor', example) needs concrete sizes and strides, got symbolic ones";
-        return nullptr;
+        return Status::InvalidArgument(
+            "('tensor', example) needs concrete sizes and strides, got symbolic ones");
       }
     } catch (const std::exception& e) {
       PyErr_Clear();
-      *error = std::string("('tensor', example): reading the example raised: ") + e.what();
-      return nullptr;
+      return Status::InvalidArgument(
+          std::string("('tensor', example): reading the example raised: ") + e.what());
     }
     return check;
   }
@@ -987,26 +986,27 @@ class GlobalStateCheck : public LeafCheck {
 
 bool KindIs(std::string_view kind, const char* name) { return kind == name; }
 
-// Returns the tuple's first element as a string, or false with *error set.
-bool TupleKind(PyObject* t, const char* what, std::string_view* kind, std::string* error) {
+// A guard's source or check that cannot be parsed: ValueError at kiln._C.GuardManager.add.
+Status Invalid(std::string message) { return Status::InvalidArgument(std::move(message)); }
+
+// Sets *kind to the tuple's first element, which must be a str.
+Status TupleKind(PyObject* t, const char* what, std::string_view* kind) {
   if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) == 0 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 0))) {
-    *error = std::string(what) + " must be a tuple whose first element is a str, got " + Repr(t);
-    return false;
+    return Invalid(std::string(what) + " must be a tuple whose first element is a str, got " +
+                   Repr(t));
   }
   Py_ssize_t size = 0;
   const char* utf8 = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(t, 0), &size);
   if (utf8 == nullptr) {
-    *error = std::string(what) + " kind is not valid UTF-8: " + TakeError(true);
-    return false;
+    return Invalid(std::string(what) + " kind is not valid UTF-8: " + TakeError(true));
   }
   *kind = std::string_view(utf8, static_cast<size_t>(size));
-  return true;
+  return Status::OK();
 }
 
-bool Arity(PyObject* t, Py_ssize_t n, const char* form, std::string* error) {
-  if (PyTuple_GET_SIZE(t) == n) return true;
-  *error = std::string(form) + " takes " + std::to_string(n) + " elements, got " + Repr(t);
-  return false;
+Status Arity(PyObject* t, Py_ssize_t n, const char* form) {
+  if (PyTuple_GET_SIZE(t) == n) return Status::OK();
+  return Invalid(std::string(form) + " takes " + std::to_string(n) + " elements, got " + Repr(t));
 }
 
 // A non-negative exact int (bool excluded) as Py_ssize_t.
@@ -1031,173 +1031,163 @@ bool InternedName(PyObject* obj, PyObject** out) {
 }
 
 // Appends the accessors of `source` to *path, root first.
-bool ParseSource(PyObject* source, int depth, std::vector<Accessor>* path, std::string* error) {
+Status ParseSource(PyObject* source, int depth, std::vector<Accessor>* path) {
   if (depth > kMaxSourceDepth) {
-    *error = "source nests deeper than " + std::to_string(kMaxSourceDepth) + " steps";
-    return false;
+    return Invalid("source nests deeper than " + std::to_string(kMaxSourceDepth) + " steps");
   }
   std::string_view kind;
-  if (!TupleKind(source, "a source", &kind, error)) return false;
+  KILN_RETURN_IF_ERROR(TupleKind(source, "a source", &kind));
   Py_ssize_t index = 0;
   PyObject* name = nullptr;
   if (KindIs(kind, "local") || KindIs(kind, "closure")) {
     const bool local = KindIs(kind, "local");
     const char* form = local ? "('local', i)" : "('closure', i)";
-    if (!Arity(source, 2, form, error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 2, form));
     if (!Index(PyTuple_GET_ITEM(source, 1), &index)) {
-      *error = std::string(form) + " needs an int i >= 0, got " + Repr(source);
-      return false;
+      return Invalid(std::string(form) + " needs an int i >= 0, got " + Repr(source));
     }
     path->emplace_back(local ? Access::kLocal : Access::kClosure, index, nullptr);
-    return true;
+    return Status::OK();
   }
   if (KindIs(kind, "global") || KindIs(kind, "builtin")) {
     const bool global = KindIs(kind, "global");
     const char* form = global ? "('global', name)" : "('builtin', name)";
-    if (!Arity(source, 2, form, error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 2, form));
     if (!InternedName(PyTuple_GET_ITEM(source, 1), &name)) {
-      *error = std::string(form) + " needs a str name, got " + Repr(source);
-      return false;
+      return Invalid(std::string(form) + " needs a str name, got " + Repr(source));
     }
     path->emplace_back(global ? Access::kGlobal : Access::kBuiltin, 0, name);
-    return true;
+    return Status::OK();
   }
   if (KindIs(kind, "object")) {
-    if (!Arity(source, 2, "('object', obj)", error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 2, "('object', obj)"));
     path->emplace_back(Access::kObject, 0, Py_NewRef(PyTuple_GET_ITEM(source, 1)));
-    return true;
+    return Status::OK();
   }
   if (KindIs(kind, "attr")) {
-    if (!Arity(source, 3, "('attr', parent, name)", error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 3, "('attr', parent, name)"));
     if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(source, 2))) {
-      *error = "('attr', parent, name) needs a str name, got " + Repr(source);
-      return false;
+      return Invalid("('attr', parent, name) needs a str name, got " + Repr(source));
     }
-    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    KILN_RETURN_IF_ERROR(ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path));
     InternedName(PyTuple_GET_ITEM(source, 2), &name);
     path->emplace_back(Access::kAttr, 0, name);
-    return true;
+    return Status::OK();
   }
   if (KindIs(kind, "item")) {
-    if (!Arity(source, 3, "('item', parent, key)", error)) return false;
-    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 3, "('item', parent, key)"));
+    KILN_RETURN_IF_ERROR(ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path));
     path->emplace_back(Access::kItem, 0, Py_NewRef(PyTuple_GET_ITEM(source, 2)));
-    return true;
+    return Status::OK();
   }
   if (KindIs(kind, "instance_dict") || KindIs(kind, "type")) {
     const bool dict = KindIs(kind, "instance_dict");
-    if (!Arity(source, 2, dict ? "('instance_dict', parent)" : "('type', parent)", error)) {
-      return false;
-    }
-    if (!ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path, error)) return false;
+    KILN_RETURN_IF_ERROR(Arity(source, 2, dict ? "('instance_dict', parent)" : "('type', parent)"));
+    KILN_RETURN_IF_ERROR(ParseSource(PyTuple_GET_ITEM(source, 1), depth + 1, path));
     path->emplace_back(dict ? Access::kInstanceDict : Access::kType, 0, nullptr);
-    return true;
+    return Status::OK();
   }
-  *error = "unknown source kind '" + std::string(kind) +
-           "' (expected local, global, builtin, closure, object, attr, instance_dict, item or "
-           "type)";
-  return false;
+  return Invalid(
+      "unknown source kind '" + std::string(kind) +
+      "' (expected local, global, builtin, closure, object, attr, instance_dict, item or "
+      "type)");
 }
 
-std::unique_ptr<LeafCheck> ParseCheck(PyObject* check, PyObject* on_dead, std::string description,
-                                      std::string* error) {
+StatusOr<std::unique_ptr<LeafCheck>> ParseCheck(PyObject* check, PyObject* on_dead,
+                                                std::string description) {
   std::string_view kind;
-  if (!TupleKind(check, "a check", &kind, error)) return nullptr;
+  KILN_RETURN_IF_ERROR(TupleKind(check, "a check", &kind));
   if (KindIs(kind, "global_state")) {
-    if (!Arity(check, 1, "('global_state',)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 1, "('global_state',)"));
     return std::make_unique<GlobalStateCheck>(std::move(description));
   }
   if (KindIs(kind, "type")) {
-    if (!Arity(check, 2, "('type', t)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('type', t)"));
     PyObject* type = PyTuple_GET_ITEM(check, 1);
     if (!PyType_Check(type)) {
-      *error = "('type', t) needs a type, got " + Repr(type);
-      return nullptr;
+      return Invalid("('type', t) needs a type, got " + Repr(type));
     }
     return std::make_unique<TypeCheck>(reinterpret_cast<PyTypeObject*>(type),
                                        std::move(description));
   }
   if (KindIs(kind, "id")) {
-    if (!Arity(check, 2, "('id', obj)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('id', obj)"));
     return std::make_unique<IdCheck>(PyTuple_GET_ITEM(check, 1), on_dead, std::move(description));
   }
   if (KindIs(kind, "constant")) {
-    if (!Arity(check, 2, "('constant', value)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('constant', value)"));
     PyObject* value = PyTuple_GET_ITEM(check, 1);
     if (!ConstantCheck::Supports(value)) {
-      *error =
+      return Invalid(
           "('constant', value) supports None, bool, int, float, complex, str, bytes and "
           "torch.dtype/device/layout/memory_format, got " +
-          TypeName(Py_TYPE(value)) + "; guard it with ('id', obj) or ('type', t)";
-      return nullptr;
+          TypeName(Py_TYPE(value)) + "; guard it with ('id', obj) or ('type', t)");
     }
     return std::make_unique<ConstantCheck>(value, std::move(description));
   }
   if (KindIs(kind, "len")) {
     Py_ssize_t length = 0;
-    if (!Arity(check, 2, "('len', n)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('len', n)"));
     if (!Index(PyTuple_GET_ITEM(check, 1), &length)) {
-      *error = "('len', n) needs an int n >= 0, got " + Repr(check);
-      return nullptr;
+      return Invalid("('len', n) needs an int n >= 0, got " + Repr(check));
     }
     return std::make_unique<LenCheck>(length, std::move(description));
   }
   if (KindIs(kind, "dict_keys")) {
-    if (!Arity(check, 2, "('dict_keys', keys)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('dict_keys', keys)"));
     PyObject* keys = PyTuple_GET_ITEM(check, 1);
     if (!PyTuple_Check(keys)) {
-      *error = "('dict_keys', keys) needs a tuple of keys, got " + Repr(keys);
-      return nullptr;
+      return Invalid("('dict_keys', keys) needs a tuple of keys, got " + Repr(keys));
     }
     return std::make_unique<DictKeysCheck>(keys, std::move(description));
   }
   if (KindIs(kind, "tensor")) {
-    if (!Arity(check, 2, "('tensor', example)", error)) return nullptr;
-    return TensorCheck::Create(PyTuple_GET_ITEM(check, 1), std::move(description), error);
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('tensor', example)"));
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<TensorCheck> tensor,
+                          TensorCheck::Create(PyTuple_GET_ITEM(check, 1), std::move(description)));
+    return tensor;
   }
   if (KindIs(kind, "has_attr") || KindIs(kind, "no_attr")) {
     const bool present = KindIs(kind, "has_attr");
     const char* form = present ? "('has_attr', name)" : "('no_attr', name)";
     PyObject* name = nullptr;
-    if (!Arity(check, 2, form, error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, form));
     if (!InternedName(PyTuple_GET_ITEM(check, 1), &name)) {
-      *error = std::string(form) + " needs a str name, got " + Repr(check);
-      return nullptr;
+      return Invalid(std::string(form) + " needs a str name, got " + Repr(check));
     }
     return std::make_unique<HasAttrCheck>(name, present, std::move(description));
   }
   if (KindIs(kind, "no_item")) {
-    if (!Arity(check, 2, "('no_item', key)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('no_item', key)"));
     PyObject* key = PyTuple_GET_ITEM(check, 1);
     if (PyObject_Hash(key) == -1) {
-      *error = "('no_item', key) needs a hashable key: " + TakeError(true);
-      return nullptr;
+      return Invalid("('no_item', key) needs a hashable key: " + TakeError(true));
     }
     return std::make_unique<NoItemCheck>(Py_NewRef(key), std::move(description));
   }
   if (KindIs(kind, "is")) {
-    if (!Arity(check, 2, "('is', source)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('is', source)"));
     std::vector<Accessor> other;
-    if (!ParseSource(PyTuple_GET_ITEM(check, 1), 0, &other, error)) return nullptr;
+    KILN_RETURN_IF_ERROR(ParseSource(PyTuple_GET_ITEM(check, 1), 0, &other));
     return std::make_unique<AliasCheck>(std::move(other), std::move(description));
   }
   if (KindIs(kind, "distinct")) {
-    if (!Arity(check, 2, "('distinct', sources)", error)) return nullptr;
+    KILN_RETURN_IF_ERROR(Arity(check, 2, "('distinct', sources)"));
     PyObject* sources = PyTuple_GET_ITEM(check, 1);
     if (!PyTuple_Check(sources) || PyTuple_GET_SIZE(sources) < 2) {
-      *error = "('distinct', sources) needs a tuple of two or more sources, got " + Repr(sources);
-      return nullptr;
+      return Invalid("('distinct', sources) needs a tuple of two or more sources, got " +
+                     Repr(sources));
     }
     std::vector<std::vector<Accessor>> paths(PyTuple_GET_SIZE(sources));
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sources); ++i) {
-      if (!ParseSource(PyTuple_GET_ITEM(sources, i), 0, &paths[i], error)) return nullptr;
+      KILN_RETURN_IF_ERROR(ParseSource(PyTuple_GET_ITEM(sources, i), 0, &paths[i]));
     }
     return std::make_unique<DistinctCheck>(std::move(paths), std::move(description));
   }
-  *error = "unknown check kind '" + std::string(kind) +
-           "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, "
-           "is, distinct or global_state)";
-  return nullptr;
+  return Invalid(
+      "unknown check kind '" + std::string(kind) +
+      "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, "
+      "is, distinct or global_state)");
 }
 
 }  // namespace
@@ -1350,25 +1340,23 @@ GuardTree::~GuardTree() {
   Py_XDECREF(on_dead_);
 }
 
-bool GuardTree::Add(PyObject* source, PyObject* check, std::string description,
-                    std::string* error) {
+Status GuardTree::Add(PyObject* source, PyObject* check, std::string description) {
   if (active_ > 0) {
-    *error = "cannot add a guard while the tree is being evaluated";
-    return false;
+    return Status::InvalidArgument("cannot add a guard while the tree is being evaluated");
   }
-  std::unique_ptr<LeafCheck> leaf = ParseCheck(check, on_dead_, std::move(description), error);
-  if (leaf == nullptr) return false;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<LeafCheck> leaf,
+                        ParseCheck(check, on_dead_, std::move(description)));
   Node* node = root_.get();
   if (leaf->ReadsValue()) {
     // Parse the whole source before touching the tree, so that a malformed one adds nothing.
     std::vector<Accessor> path;
-    if (!ParseSource(source, 0, &path, error)) return false;
+    KILN_RETURN_IF_ERROR(ParseSource(source, 0, &path));
     for (Accessor& step : path) node = node->FindOrAddChild(std::move(step));
   }
   node->AddCheck(std::move(leaf));
   ++num_checks_;
   prepared_ = false;
-  return true;
+  return Status::OK();
 }
 
 bool GuardTree::Check(PyObject* const* slots, Py_ssize_t nslots, PyObject* func, std::string* why) {
@@ -1414,10 +1402,7 @@ void RegisterPython(pybind11::module_& m) {
       .def(
           "add",
           [](GuardTree& self, py::object source, py::object check, std::string description) {
-            std::string error;
-            if (!self.Add(source.ptr(), check.ptr(), std::move(description), &error)) {
-              throw py::value_error(error);
-            }
+            ThrowIfError(self.Add(source.ptr(), check.ptr(), std::move(description)));
           },
           py::arg("source"), py::arg("check"), py::arg("description"),
           "Adds the guard `check` on the value at `source`; ValueError when either is malformed.")

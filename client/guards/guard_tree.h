@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "status.h"
+
 namespace kiln::guards {
 
 class Node;
@@ -77,10 +79,10 @@ class GuardTree {
   GuardTree(const GuardTree&) = delete;
   GuardTree& operator=(const GuardTree&) = delete;
 
-  // Adds one guard. Returns false and sets *error (leaving the tree unchanged and no Python
-  // exception set) when `source` or `check` is malformed. Must not be called while the tree is
-  // being evaluated (from a property a guard reads); that returns false too.
-  bool Add(PyObject* source, PyObject* check, std::string description, std::string* error);
+  // Adds one guard. kInvalidArgument (leaving the tree unchanged and no Python exception set)
+  // when `source` or `check` is malformed, or when called while the tree is being evaluated
+  // (from a property a guard reads).
+  Status Add(PyObject* source, PyObject* check, std::string description);
 
   // Evaluates every guard against a frame: `slots` are its argument slots, `func` its function
   // object (null or not a function: global, builtin and closure sources fail). Returns true when
