@@ -3,20 +3,20 @@
 #include "compiler/cpu_compiler.h"
 
 #include "absl/strings/str_cat.h"
-#include "compiler/bound_prologue.h"
-#include "compiler/conv_folding.h"
-#include "compiler/cpp_codegen.h"
-#include "compiler/fusion.h"
-#include "compiler/graph_passes.h"
-#include "compiler/memory_plan.h"
-#include "compiler/onednn_passes.h"
-#include "compiler/pass_log.h"
+#include "compiler/codegen/cpu/cpp_codegen.h"
+#include "compiler/passes/bound_prologue.h"
+#include "compiler/passes/conv_folding.h"
+#include "compiler/passes/fusion.h"
+#include "compiler/passes/graph_passes.h"
+#include "compiler/passes/memory_plan.h"
+#include "compiler/passes/onednn_passes.h"
+#include "compiler/passes/pass_log.h"
 
 namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-19";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-20";
 
 absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
   kiln::v1::CompileError error;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "compiler/compiler.h"
-#include "compiler/toolchain.h"
+#include "compiler/toolchain/toolchain.h"
 
 namespace kiln::compiler {
 

@@ -66,7 +66,7 @@ if [ -n "${KILN_KILND:-}" ]; then
 else
   echo "kilnd: none (no .kilnd-bundle, KILN_KILND unset), the kiln backend's tests skip"
 fi
-# kilnd builds kernels with $KILN_CXX (default g++) and the flags of compiler/toolchain.cc
+# kilnd builds kernels with $KILN_CXX (default g++) and the flags of compiler/toolchain/toolchain.cc
 # (Toolchain::Flags and Libraries, copied here): -fopenmp-simd for the `omp simd` pragmas (no
 # OpenMP runtime), GCC's simd attribute on libm's functions and -lmvec, glibc's vector math
 # library (libc6-dev on Debian and Ubuntu). Build and load such a kernel for the ISA the client

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "compiler/op_allowlist.h"
+#include "compiler/ir/op_allowlist.h"
 
 namespace kiln::fuzz {
 

@@ -19,8 +19,8 @@
 #include <unordered_set>
 
 #include "compiler/cpu_compiler.h"
-#include "compiler/ir_validator.h"
-#include "compiler/op_allowlist.h"
+#include "compiler/ir/ir_validator.h"
+#include "compiler/ir/op_allowlist.h"
 #include "kiln/v1/service.pb.h"
 #include "tests/fuzz/fuzz_checks.h"
 

@@ -20,8 +20,8 @@
 
 #include "absl/status/status.h"
 #include "cache/cache_key.h"
-#include "compiler/ir_validator.h"
-#include "compiler/op_allowlist.h"
+#include "compiler/ir/ir_validator.h"
+#include "compiler/ir/op_allowlist.h"
 #include "kiln/v1/service.pb.h"
 #include "tests/fuzz/fuzz_checks.h"
 

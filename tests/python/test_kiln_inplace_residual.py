@@ -1,7 +1,7 @@
 """Residual adds accumulated into the residual's own memory (mkldnn::_convolution_pointwise_
-.binary, compiler/onednn_passes.h AccumulateResidualsInPlace): results equal eager's call after
-call, and a residual anyone can still see (read again, returned, the caller's input) keeps its
-values."""
+.binary, compiler/passes/onednn_passes.h AccumulateResidualsInPlace): results equal eager's call
+after call, and a residual anyone can still see (read again, returned, the caller's input) keeps
+its values."""
 import pytest
 import torch
 import torchvision

@@ -1,4 +1,4 @@
-"""A linear's bias and its relu run inside the oneDNN linear (compiler/onednn_passes.h
+"""A linear's bias and its relu run inside the oneDNN linear (compiler/passes/onednn_passes.h
 FuseLinearEpilogues): results equal eager's for 2-D and 3-D inputs and each activation; the plan
 has no kernel left for them (a GELU stays a kernel, after the fused bias)."""
 import pytest

@@ -13,15 +13,15 @@
 #include <string>
 #include <vector>
 
-#include "compiler/bound_prologue.h"
-#include "compiler/conv_folding.h"
 #include "compiler/cpu_compiler.h"
-#include "compiler/fusion.h"
-#include "compiler/graph_passes.h"
-#include "compiler/ir_validator.h"
-#include "compiler/memory_plan.h"
-#include "compiler/onednn_passes.h"
-#include "compiler/op_classes.h"
+#include "compiler/ir/ir_validator.h"
+#include "compiler/ir/op_classes.h"
+#include "compiler/passes/bound_prologue.h"
+#include "compiler/passes/conv_folding.h"
+#include "compiler/passes/fusion.h"
+#include "compiler/passes/graph_passes.h"
+#include "compiler/passes/memory_plan.h"
+#include "compiler/passes/onednn_passes.h"
 #include "tests/cpp/support/graph_builder.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
@@ -108,7 +108,7 @@ class PlanRunner {
         }
         args.push_back(data_[id]);
       }
-      auto fn = reinterpret_cast<kiln::testing::KernelFn>(dlsym(handle_, k.symbol().c_str()));
+      auto fn = reinterpret_cast<kiln_kernel_fn>(dlsym(handle_, k.symbol().c_str()));
       ASSERT_NE(fn, nullptr) << k.symbol();
       fn(args.data(), &kiln::testing::ChunkedParallelFor);
       released.insert(step.release().begin(), step.release().end());

@@ -8,10 +8,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
+#include <string>
 #include <vector>
 
-#include "compiler/fusion.h"
-#include "compiler/memory_plan.h"
+#include "compiler/codegen/cpu/kernel_abi_text.h"
+#include "compiler/passes/fusion.h"
+#include "compiler/passes/memory_plan.h"
 #include "tests/cpp/support/graphs.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
@@ -48,7 +51,7 @@ TEST(CpuCompilerTest, PointwiseChainIsOneKernelThatComputesTheGraph) {
   std::ofstream(path, std::ios::binary) << body->kernel_binary();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(handle, nullptr) << dlerror();
-  auto fn = reinterpret_cast<kiln::testing::KernelFn>(dlsym(handle, launch.symbol().c_str()));
+  auto fn = reinterpret_cast<kiln_kernel_fn>(dlsym(handle, launch.symbol().c_str()));
   ASSERT_NE(fn, nullptr);
   std::vector<float> x(16), out(16, -1.f);
   for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i) - 7.5f;
@@ -56,6 +59,22 @@ TEST(CpuCompilerTest, PointwiseChainIsOneKernelThatComputesTheGraph) {
   fn(args, &kiln::testing::ChunkedParallelFor);
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(out[i], std::max(0.f, 2 * x[i])) << i;
   dlclose(handle);
+}
+
+TEST(CpuCompilerTest, KernelSourceCarriesTheKernelAbiVerbatimAndIncludesNoKilnHeader) {
+  std::ifstream in(KILN_KERNEL_ABI_H);
+  const std::string header((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(header.find("typedef void (*kiln_kernel_fn)"), std::string::npos);
+  EXPECT_EQ(header, kKernelAbiHeader);  // The embedded text is the header's, not a stale copy.
+
+  CpuCompiler compiler;
+  auto body = compiler.Compile(MakeRequest(0));
+  ASSERT_TRUE(body.ok()) << body.status();
+  const std::string& source = body->kernel_source();
+  EXPECT_NE(source.find(header), std::string::npos);
+  EXPECT_EQ(source.find("#include \""), std::string::npos) << "kernels build without kiln headers";
+  // The kernel is defined with the ABI's own types.
+  EXPECT_NE(source.find("(void* const* args, kiln_parallel_for_fn"), std::string::npos);
 }
 
 TEST(CpuCompilerTest, BroadcastOperandReadsWithZeroStrides) {

@@ -1,20 +1,18 @@
-// Calling generated CPU kernels from tests: the kernel ABI of artifact.proto with a parallel_for
-// that runs the whole range on the calling thread, in chunks of `grain` so chunk boundaries are
-// exercised as they are on a thread pool.
+// Calling generated CPU kernels from tests: the kernel ABI (kiln/v1/kernel_abi.h) with a
+// parallel_for that runs the whole range on the calling thread, in chunks of `grain` so chunk
+// boundaries are exercised as they are on a thread pool.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "kiln/v1/kernel_abi.h"
+
 namespace kiln::testing {
 
-using KernelRangeFn = void (*)(int64_t begin, int64_t end, void* const* args);
-using KernelParallelFor = void (*)(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn,
-                                   void* const* args);
-using KernelFn = void (*)(void* const* args, KernelParallelFor parallel_for);
-
-inline void ChunkedParallelFor(int64_t begin, int64_t end, int64_t grain, KernelRangeFn fn,
+// A kiln_parallel_for_fn.
+inline void ChunkedParallelFor(int64_t begin, int64_t end, int64_t grain, kiln_range_fn fn,
                                void* const* args) {
   const int64_t step = std::max<int64_t>(grain, 1);
   for (int64_t b = begin; b < end; b += step) fn(b, std::min(end, b + step), args);

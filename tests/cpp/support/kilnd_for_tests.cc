@@ -2,7 +2,7 @@
 // comes from KILN_TEST_COMPILE_DELAY_MS (default 0).
 #include <cstdlib>
 
-#include "compiler/test_compiler.h"
+#include "compiler/testing/test_compiler.h"
 #include "daemon/kilnd_main.h"
 
 int main(int argc, char** argv) {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "compiler/test_compiler.h"
+#include "compiler/testing/test_compiler.h"
 #include "daemon/config.h"
 #include "daemon/daemon.h"
 #include "kiln/v1/service.grpc.pb.h"

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "kiln/v1/artifact.pb.h"
+#include "tests/cpp/support/plan_spec_from_proto.h"
 #if __has_include(<google/protobuf/stubs/logging.h>)
 #include <google/protobuf/stubs/logging.h>
 #define KILN_HAS_LOG_SILENCER 1
@@ -22,165 +23,15 @@
 namespace kiln::runtime {
 namespace {
 
+using kiln::testing::Dump;
+using kiln::testing::FromProto;
+
 static_assert(static_cast<int>(WireDType::kBFloat16) == kiln::v1::DTYPE_BFLOAT16);
 static_assert(static_cast<int>(WireDType::kComplex128) == kiln::v1::DTYPE_COMPLEX128);
 static_assert(static_cast<int>(WireDeviceKind::kCuda) == kiln::v1::DEVICE_KIND_CUDA);
 static_assert(static_cast<int>(WireMemoryFormat::kChannelsLast3d) ==
               kiln::v1::MEMORY_FORMAT_CHANNELS_LAST_3D);
 static_assert(static_cast<int>(WireLayout::kStrided) == kiln::v1::LAYOUT_STRIDED);
-
-// ---- the expected PlanSpec, read through protobuf's own accessors ----
-
-MetaSpec FromProto(const kiln::v1::TensorMeta& m) {
-  MetaSpec out;
-  out.dtype = static_cast<WireDType>(m.dtype());
-  out.sizes.assign(m.sizes().begin(), m.sizes().end());
-  out.strides.assign(m.strides().begin(), m.strides().end());
-  out.storage_offset = m.storage_offset();
-  return out;
-}
-
-ValueSpec FromProto(const kiln::v1::Value& v) { return {v.id(), FromProto(v.meta())}; }
-
-CallArg FromProto(const kiln::v1::Argument& a) {
-  using K = CallArg::Kind;
-  CallArg out;
-  out.name = a.name();
-  switch (a.kind_case()) {
-    case kiln::v1::Argument::kValue:
-      out.kind = K::kValue, out.i = a.value();
-      break;
-    case kiln::v1::Argument::kIntValue:
-      out.kind = K::kInt, out.i = a.int_value();
-      break;
-    case kiln::v1::Argument::kFloatValue:
-      out.kind = K::kFloat, out.f = a.float_value();
-      break;
-    case kiln::v1::Argument::kBoolValue:
-      out.kind = K::kBool, out.b = a.bool_value();
-      break;
-    case kiln::v1::Argument::kIntList:
-      out.kind = K::kInts;
-      out.list.assign(a.int_list().values().begin(), a.int_list().values().end());
-      break;
-    case kiln::v1::Argument::kValueList:
-      out.kind = K::kValues;
-      out.list.assign(a.value_list().ids().begin(), a.value_list().ids().end());
-      break;
-    case kiln::v1::Argument::kDtypeValue:
-      out.kind = K::kDtype, out.i = a.dtype_value();
-      break;
-    case kiln::v1::Argument::kNone:
-      out.kind = K::kNone;
-      break;
-    case kiln::v1::Argument::kStringValue:
-      out.kind = K::kStr, out.s = a.string_value();
-      break;
-    case kiln::v1::Argument::kDeviceValue:
-      out.kind = K::kDevice;
-      out.device = {static_cast<WireDeviceKind>(a.device_value().kind()), a.device_value().index()};
-      break;
-    case kiln::v1::Argument::kMemoryFormatValue:
-      out.kind = K::kMemoryFormat, out.i = a.memory_format_value();
-      break;
-    case kiln::v1::Argument::kLayoutValue:
-      out.kind = K::kLayout, out.i = a.layout_value();
-      break;
-    case kiln::v1::Argument::KIND_NOT_SET:
-      break;
-  }
-  return out;
-}
-
-// Null for a step without a kind, which DecodePlan refuses.
-std::optional<StepSpec> FromProto(const kiln::v1::PlanStep& s) {
-  std::vector<uint32_t> release(s.release().begin(), s.release().end());
-  if (s.has_kernel()) {
-    const auto& k = s.kernel();
-    return KernelStepSpec{k.symbol(),
-                          {k.args().begin(), k.args().end()},
-                          {k.writes().begin(), k.writes().end()},
-                          release};
-  }
-  if (s.has_library()) {
-    const auto& l = s.library();
-    LibraryStepSpec out{l.op(), {}, {l.outputs().begin(), l.outputs().end()}, release};
-    for (const auto& a : l.args()) out.args.push_back(FromProto(a));
-    return out;
-  }
-  return std::nullopt;
-}
-
-std::optional<PlanSpec> FromProto(const kiln::v1::ExecutionPlan& p) {
-  PlanSpec out;
-  out.inputs.assign(p.inputs().begin(), p.inputs().end());
-  for (const auto& c : p.constants()) out.constants.push_back({FromProto(c.value()), c.data()});
-  for (const auto& list : {&p.steps(), &p.prologue()}) {
-    auto& into = list == &p.steps() ? out.steps : out.prologue;
-    for (const auto& s : *list) {
-      std::optional<StepSpec> step = FromProto(s);
-      if (!step) return std::nullopt;
-      into.push_back(std::move(*step));
-    }
-  }
-  out.outputs.assign(p.outputs().begin(), p.outputs().end());
-  for (const auto& v : p.values()) out.values.push_back(FromProto(v));
-  for (const auto& b : p.buffers()) out.buffers.push_back({b.id(), b.in_arena(), b.arena_offset()});
-  out.arena_bytes = p.arena_bytes();
-  out.prologue_outputs.assign(p.prologue_outputs().begin(), p.prologue_outputs().end());
-  return out;
-}
-
-// ---- comparison through a dump: readable diffs, and doubles compared by their bits ----
-
-template <typename T>
-std::string List(const std::vector<T>& v) {
-  std::string out = "[";
-  for (const T& x : v) out += std::to_string(x) + ",";
-  return out + "]";
-}
-
-std::string Dump(const MetaSpec& m) {
-  return "dtype " + std::to_string(static_cast<int>(m.dtype)) + " sizes " + List(m.sizes) +
-         " strides " + List(m.strides) + " offset " + std::to_string(m.storage_offset);
-}
-
-std::string Dump(const StepSpec& step) {
-  if (const auto* k = std::get_if<KernelStepSpec>(&step)) {
-    return "kernel " + k->symbol + " args " + List(k->args) + " writes " + List(k->writes) +
-           " release " + List(k->release) + "\n";
-  }
-  const auto& l = std::get<LibraryStepSpec>(step);
-  std::string out =
-      "library " + l.op + " outputs " + List(l.outputs) + " release " + List(l.release) + "\n";
-  for (const CallArg& a : l.args) {
-    out += "  arg '" + a.name + "' kind " + std::to_string(static_cast<int>(a.kind)) + " i " +
-           std::to_string(a.i) + " f " + std::to_string(std::bit_cast<uint64_t>(a.f)) + " b " +
-           std::to_string(a.b) + " list " + List(a.list) + " s '" + a.s + "' device " +
-           std::to_string(static_cast<int>(a.device.kind)) + ":" + std::to_string(a.device.index) +
-           "\n";
-  }
-  return out;
-}
-
-std::string Dump(const PlanSpec& p) {
-  std::string out = "inputs " + List(p.inputs) + "\noutputs " + List(p.outputs) + "\narena " +
-                    std::to_string(p.arena_bytes) + "\nprologue_outputs " +
-                    List(p.prologue_outputs) + "\n";
-  for (const auto& v : p.values) out += "value " + std::to_string(v.id) + " " + Dump(v.meta) + "\n";
-  for (const auto& c : p.constants) {
-    out += "constant " + std::to_string(c.value.id) + " " + Dump(c.value.meta) + " data " +
-           std::to_string(std::hash<std::string_view>{}(c.data)) + "/" +
-           std::to_string(c.data.size()) + "\n";
-  }
-  for (const auto& b : p.buffers) {
-    out += "buffer " + std::to_string(b.id) + " " + std::to_string(b.in_arena) + " " +
-           std::to_string(b.arena_offset) + "\n";
-  }
-  for (const auto& s : p.prologue) out += "prologue " + Dump(s);
-  for (const auto& s : p.steps) out += "step " + Dump(s);
-  return out;
-}
 
 // ---- a plan that uses every field the decoder reads, and some it skips ----
 

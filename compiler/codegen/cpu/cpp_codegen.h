@@ -1,0 +1,19 @@
+// C++ source for fused kernel groups: one extern "C" function per group with the iteration space,
+// strides and offsets as compile-time constants, OpenMP across outer loops.
+#pragma once
+
+#include <string>
+
+#include "compiler/passes/fusion.h"
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// The whole translation unit: a prelude (headers, glibc's vector math, the text of
+// kiln/v1/kernel_abi.h, bf16 conversions) and every group of `program` that a step launches, each
+// exported as KernelSymbol(group) with the ABI's kiln_kernel_fn signature. Kernel parameters: the
+// group's inputs (bases, in input order), then its outputs. Needs no header beyond the C++
+// standard library's.
+std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program);
+
+}  // namespace kiln::compiler

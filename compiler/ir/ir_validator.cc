@@ -1,0 +1,236 @@
+// ValidateRequest: structural checks of the graph IR, the target and the options.
+#include "compiler/ir/ir_validator.h"
+
+#include <regex>
+#include <set>
+#include <string>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::compiler {
+namespace {
+
+using kiln::v1::Argument;
+using kiln::v1::TensorMeta;
+using kiln::v1::Value;
+
+absl::Status Invalid(const std::string& what) { return absl::InvalidArgumentError(what); }
+
+bool ValidDeviceKind(kiln::v1::DeviceKind kind) {
+  return kind == kiln::v1::DEVICE_KIND_CPU || kind == kiln::v1::DEVICE_KIND_CUDA;
+}
+
+absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits, int64_t* numel) {
+  if (ElementSize(meta.dtype()) == 0) return Invalid("tensor has no valid dtype");
+  if (meta.sizes_size() > limits.max_rank) {
+    return Invalid(absl::StrCat("tensor rank ", meta.sizes_size(), " exceeds ", limits.max_rank));
+  }
+  if (meta.strides_size() != meta.sizes_size()) {
+    return Invalid("tensor strides and sizes differ in length");
+  }
+  // The limit bounds the product of the nonzero sizes, not just numel: an empty tensor such as
+  // [0, 2^62, 2^62] would otherwise pass, and every product of its sizes (IsContiguous, the
+  // contiguous strides a compiler computes) would overflow int64.
+  int64_t n = 1;
+  bool empty = false;
+  for (int i = 0; i < meta.sizes_size(); ++i) {
+    int64_t size = meta.sizes(i);
+    if (size < 0) return Invalid("tensor size is negative");
+    if (meta.strides(i) < 0) return Invalid("tensor stride is negative");
+    if (size == 0) {
+      empty = true;
+      continue;
+    }
+    if (n > limits.max_numel / size) return Invalid("tensor has too many elements");
+    n *= size;
+  }
+  if (n > limits.max_numel) return Invalid("tensor has too many elements");
+  if (empty) n = 0;
+  if (meta.storage_offset() < 0) return Invalid("tensor storage offset is negative");
+  if (!ValidDeviceKind(meta.device().kind())) return Invalid("tensor has no valid device kind");
+  if (meta.device().index() < 0) return Invalid("tensor device index is negative");
+  if (meta.device().kind() == kiln::v1::DEVICE_KIND_CPU && meta.device().index() != 0) {
+    return Invalid("CPU tensors have device index 0");
+  }
+  *numel = n;
+  return absl::OkStatus();
+}
+
+bool IsContiguous(const TensorMeta& meta) {
+  int64_t expected = 1;
+  for (int i = meta.sizes_size() - 1; i >= 0; --i) {
+    if (meta.sizes(i) != 1 && meta.strides(i) != expected) return false;
+    expected *= meta.sizes(i);
+  }
+  return meta.storage_offset() == 0;
+}
+
+absl::Status ValidateTarget(const kiln::v1::Target& target) {
+  static const std::regex kIsa("[a-z0-9_.+-]{0,32}");
+  static const std::regex kArch("sm_[0-9]{2,3}[a-z]?");
+  switch (target.device_kind()) {
+    case kiln::v1::DEVICE_KIND_CPU:
+      if (!target.cuda_arch().empty()) return Invalid("CPU target with a CUDA arch");
+      if (!std::regex_match(target.cpu_isa(), kIsa)) return Invalid("malformed CPU ISA");
+      return absl::OkStatus();
+    case kiln::v1::DEVICE_KIND_CUDA:
+      if (!target.cpu_isa().empty()) return Invalid("CUDA target with a CPU ISA");
+      if (!std::regex_match(target.cuda_arch(), kArch)) return Invalid("malformed CUDA arch");
+      return absl::OkStatus();
+    default:
+      return Invalid("target has no valid device kind");
+  }
+}
+
+absl::Status ValidateOptions(const kiln::v1::CompileOptions& options,
+                             const ValidationLimits& limits) {
+  if (options.mode().size() > 64) return Invalid("compile mode too long");
+  if (options.extra_size() > limits.max_options) return Invalid("too many compile options");
+  std::set<std::string> keys;
+  for (const auto& option : options.extra()) {
+    if (option.key().empty() || option.key().size() > 128 || option.value().size() > 1024) {
+      return Invalid("malformed compile option");
+    }
+    if (!keys.insert(option.key()).second) {
+      return Invalid(absl::StrCat("duplicate compile option ", option.key()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int ElementSize(kiln::v1::DType dtype) {
+  switch (dtype) {
+    case kiln::v1::DTYPE_BOOL:
+    case kiln::v1::DTYPE_INT8:
+    case kiln::v1::DTYPE_UINT8:
+      return 1;
+    case kiln::v1::DTYPE_FLOAT16:
+    case kiln::v1::DTYPE_BFLOAT16:
+    case kiln::v1::DTYPE_INT16:
+      return 2;
+    case kiln::v1::DTYPE_FLOAT32:
+    case kiln::v1::DTYPE_INT32:
+      return 4;
+    case kiln::v1::DTYPE_FLOAT64:
+    case kiln::v1::DTYPE_INT64:
+    case kiln::v1::DTYPE_COMPLEX64:
+      return 8;
+    case kiln::v1::DTYPE_COMPLEX128:
+      return 16;
+    default:
+      return 0;
+  }
+}
+
+absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAllowlist& ops,
+                             const ValidationLimits& limits) {
+  if (!request.has_graph()) return Invalid("request has no graph");
+  if (!request.has_target()) return Invalid("request has no target");
+  if (absl::Status s = ValidateTarget(request.target()); !s.ok()) return s;
+  if (absl::Status s = ValidateOptions(request.options(), limits); !s.ok()) return s;
+
+  const kiln::v1::Graph& graph = request.graph();
+  if (graph.nodes_size() > limits.max_nodes) return Invalid("graph has too many nodes");
+  std::unordered_set<uint32_t> defined;
+  auto define = [&](const Value& value, std::string_view where) -> absl::Status {
+    if (defined.size() >= static_cast<size_t>(limits.max_values)) {
+      return Invalid("graph has too many values");
+    }
+    if (!defined.insert(value.id()).second) {
+      return Invalid(absl::StrCat(std::string(where), ": value id ", value.id(), " defined twice"));
+    }
+    int64_t numel = 0;
+    if (absl::Status s = ValidateMeta(value.meta(), limits, &numel); !s.ok()) {
+      return Invalid(absl::StrCat(std::string(where), ": value ", value.id(), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  };
+
+  for (int i = 0; i < graph.inputs_size(); ++i) {
+    if (absl::Status s = define(graph.inputs(i), absl::StrCat("input ", i)); !s.ok()) return s;
+  }
+  if (graph.num_bound_inputs() > static_cast<uint32_t>(graph.inputs_size())) {
+    return Invalid(absl::StrCat("num_bound_inputs ", graph.num_bound_inputs(), " exceeds the ",
+                                graph.inputs_size(), " inputs"));
+  }
+  for (int i = 0; i < graph.constants_size(); ++i) {
+    const kiln::v1::Constant& constant = graph.constants(i);
+    std::string where = absl::StrCat("constant ", i);
+    if (absl::Status s = define(constant.value(), where); !s.ok()) return s;
+    const TensorMeta& meta = constant.value().meta();
+    if (!IsContiguous(meta)) return Invalid(where + ": constants must be contiguous");
+    int64_t numel = 1;
+    for (int64_t size : meta.sizes()) numel *= size;
+    if (static_cast<uint64_t>(numel) * ElementSize(meta.dtype()) != constant.data().size()) {
+      return Invalid(where + ": data size does not match its metadata");
+    }
+  }
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const kiln::v1::Node& node = graph.nodes(i);
+    std::string where = absl::StrCat("node ", i, " (", node.op(), ")");
+    if (!ops.Contains(node.op())) {
+      return Invalid(absl::StrCat("node ", i, ": op '", node.op().substr(0, 128),
+                                  "' is not on the allowlist"));
+    }
+    if (node.args_size() > limits.max_args_per_node) return Invalid(where + ": too many args");
+    for (const Argument& arg : node.args()) {
+      if (arg.name().size() > 128) return Invalid(where + ": argument name too long");
+      switch (arg.kind_case()) {
+        case Argument::kValue:
+          if (!defined.count(arg.value())) {
+            return Invalid(absl::StrCat(where, ": uses undefined value ", arg.value()));
+          }
+          break;
+        case Argument::kValueList:
+          for (uint32_t id : arg.value_list().ids()) {
+            if (!defined.count(id)) {
+              return Invalid(absl::StrCat(where, ": uses undefined value ", id));
+            }
+          }
+          break;
+        case Argument::kDtypeValue:
+          if (ElementSize(arg.dtype_value()) == 0) return Invalid(where + ": invalid dtype arg");
+          break;
+        case Argument::kStringValue:
+          if (arg.string_value().size() > 128) return Invalid(where + ": string arg too long");
+          break;
+        case Argument::kDeviceValue:
+          if (arg.device_value().kind() == kiln::v1::DEVICE_KIND_UNSPECIFIED ||
+              !kiln::v1::DeviceKind_IsValid(arg.device_value().kind()) ||
+              arg.device_value().index() < 0) {
+            return Invalid(where + ": invalid device arg");
+          }
+          break;
+        case Argument::kMemoryFormatValue:
+          if (arg.memory_format_value() == kiln::v1::MEMORY_FORMAT_UNSPECIFIED ||
+              !kiln::v1::MemoryFormat_IsValid(arg.memory_format_value())) {
+            return Invalid(where + ": invalid memory format arg");
+          }
+          break;
+        case Argument::kLayoutValue:
+          if (arg.layout_value() != kiln::v1::LAYOUT_STRIDED) {
+            return Invalid(where + ": invalid layout arg");
+          }
+          break;
+        case Argument::KIND_NOT_SET:
+          return Invalid(where + ": argument without a value");
+        default:
+          break;
+      }
+    }
+    if (node.outputs_size() == 0) return Invalid(where + ": defines no value");
+    for (const Value& out : node.outputs()) {
+      if (absl::Status s = define(out, where); !s.ok()) return s;
+    }
+  }
+  if (graph.outputs_size() == 0) return Invalid("graph returns nothing");
+  for (uint32_t id : graph.outputs()) {
+    if (!defined.count(id)) return Invalid(absl::StrCat("graph output ", id, " is undefined"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::compiler

@@ -1,0 +1,31 @@
+// Validation of compile requests from the wire. A request that passes is well-formed: every op
+// is allowlisted, every value is defined once before it is used, every tensor's metadata is
+// consistent, constants hold exactly their bytes, and the target is one kiln knows. Compilers
+// may rely on all of this.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "compiler/ir/op_allowlist.h"
+#include "kiln/v1/service.pb.h"
+
+namespace kiln::compiler {
+
+struct ValidationLimits {
+  int max_nodes = 100000;
+  int max_values = 400000;
+  int max_rank = 16;
+  int max_args_per_node = 64;
+  int max_options = 64;
+  int64_t max_numel = int64_t{1} << 40;  // per tensor
+};
+
+// OK, or InvalidArgument naming what is wrong (and the node index when a node is at fault).
+absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAllowlist& ops,
+                             const ValidationLimits& limits = {});
+
+// Bytes per element of `dtype`, or 0 for DTYPE_UNSPECIFIED / unknown values.
+int ElementSize(kiln::v1::DType dtype);
+
+}  // namespace kiln::compiler
