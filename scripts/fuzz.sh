@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets in build-fuzz/ (clang, ASan and UBSan, ccache) and fuzzes each for
-# a bounded time: fuzz_compile_request (request decoding, validation and the cache key) and
-# fuzz_compile (valid requests through the CPU compiler up to the host compiler). Exits non-zero
+# a bounded time: fuzz_compile_request (request decoding, validation and the cache key),
+# fuzz_compile (valid requests through the CPU compiler up to the host compiler) and
+# fuzz_plan_decoder (the client's ExecutionPlan decoder against libprotobuf). Exits non-zero
 # on a crash, naming the reproducer, and when it cannot run at all (no clang, no libFuzzer): a
 # fuzz run that silently did nothing would read as a pass.
 #
@@ -59,7 +60,7 @@ if ! cmake -S . -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx"
   log "FAILED: configuring $build/"
   exit 1
 fi
-targets=(fuzz_compile_request fuzz_compile)
+targets=(fuzz_compile_request fuzz_compile fuzz_plan_decoder)
 if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$build/build.log" 2>&1; then
   grep -E "error|Error" "$build/build.log" | head -40 >&2
   log "FAILED: building $build/ (full log: $build/build.log)"
