@@ -5,6 +5,7 @@
 #include <bit>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace kiln::runtime {
@@ -160,51 +161,28 @@ Status ReadVarint(Reader& r, int wire_type, uint32_t field, uint64_t* value, boo
   return r.Varint(value);
 }
 
-Status ReadUint32(Reader& r, int wire_type, uint32_t field, uint32_t* out) {
+// A varint as protobuf converts it to a field's type: the low 32 bits for 32-bit types (enums
+// are int32), nonzero for bool.
+template <typename T>
+T FromVarint(uint64_t v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else if constexpr (std::is_enum_v<T>) {
+    return static_cast<T>(static_cast<int32_t>(static_cast<uint32_t>(v)));
+  } else if constexpr (sizeof(T) == 4) {
+    return static_cast<T>(static_cast<uint32_t>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+// A singular varint field: uint32, int32, an enum, int64, uint64 or bool.
+template <typename T>
+Status ReadScalar(Reader& r, int wire_type, uint32_t field, T* out) {
   uint64_t v = 0;
   bool present = false;
   KILN_RETURN_IF_ERROR(ReadVarint(r, wire_type, field, &v, &present));
-  if (present) *out = static_cast<uint32_t>(v);  // Truncated to 32 bits, as protobuf does.
-  return Status::OK();
-}
-
-Status ReadInt32(Reader& r, int wire_type, uint32_t field, int32_t* out) {
-  uint64_t v = 0;
-  bool present = false;
-  KILN_RETURN_IF_ERROR(ReadVarint(r, wire_type, field, &v, &present));
-  if (present) *out = static_cast<int32_t>(static_cast<uint32_t>(v));
-  return Status::OK();
-}
-
-template <typename Enum>
-Status ReadEnum(Reader& r, int wire_type, uint32_t field, Enum* out) {
-  int32_t v = static_cast<int32_t>(*out);
-  KILN_RETURN_IF_ERROR(ReadInt32(r, wire_type, field, &v));
-  *out = static_cast<Enum>(v);
-  return Status::OK();
-}
-
-Status ReadInt64(Reader& r, int wire_type, uint32_t field, int64_t* out) {
-  uint64_t v = 0;
-  bool present = false;
-  KILN_RETURN_IF_ERROR(ReadVarint(r, wire_type, field, &v, &present));
-  if (present) *out = static_cast<int64_t>(v);
-  return Status::OK();
-}
-
-Status ReadUint64(Reader& r, int wire_type, uint32_t field, uint64_t* out) {
-  bool present = false;
-  uint64_t v = 0;
-  KILN_RETURN_IF_ERROR(ReadVarint(r, wire_type, field, &v, &present));
-  if (present) *out = v;
-  return Status::OK();
-}
-
-Status ReadBool(Reader& r, int wire_type, uint32_t field, bool* out) {
-  uint64_t v = 0;
-  bool present = false;
-  KILN_RETURN_IF_ERROR(ReadVarint(r, wire_type, field, &v, &present));
-  if (present) *out = v != 0;
+  if (present) *out = FromVarint<T>(v);
   return Status::OK();
 }
 
@@ -239,7 +217,7 @@ Status ReadRepeated(Reader& r, int wire_type, uint32_t field, std::vector<T>* ou
   if (wire_type == kVarint) {
     uint64_t v = 0;
     KILN_RETURN_IF_ERROR(r.Varint(&v));
-    out->push_back(static_cast<T>(v));
+    out->push_back(FromVarint<T>(v));
     return Status::OK();
   }
   if (wire_type != kLengthDelimited) return r.Skip(field, wire_type);
@@ -249,7 +227,7 @@ Status ReadRepeated(Reader& r, int wire_type, uint32_t field, std::vector<T>* ou
   while (!elements.done()) {
     uint64_t v = 0;
     KILN_RETURN_IF_ERROR(elements.Varint(&v));
-    out->push_back(static_cast<T>(v));
+    out->push_back(FromVarint<T>(v));
   }
   return Status::OK();
 }
@@ -304,9 +282,9 @@ Status DecodeDevice(Reader& r, DeviceSpec* out) {
   return ForEachField(r, [&](uint32_t field, int wire_type) {
     switch (field) {
       case 1:
-        return ReadEnum(r, wire_type, field, &out->kind);
+        return ReadScalar(r, wire_type, field, &out->kind);
       case 2:
-        return ReadInt32(r, wire_type, field, &out->index);
+        return ReadScalar(r, wire_type, field, &out->index);
       default:
         return r.Skip(field, wire_type);
     }
@@ -317,13 +295,13 @@ Status DecodeMeta(Reader& r, MetaSpec* out) {
   return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
     switch (field) {
       case 1:
-        return ReadEnum(r, wire_type, field, &out->dtype);
+        return ReadScalar(r, wire_type, field, &out->dtype);
       case 2:
         return In(ReadRepeated(r, wire_type, field, &out->sizes), "sizes");
       case 3:
         return In(ReadRepeated(r, wire_type, field, &out->strides), "strides");
       case 5:
-        return ReadInt64(r, wire_type, field, &out->storage_offset);
+        return ReadScalar(r, wire_type, field, &out->storage_offset);
       default:  // 4 device, 6 requires_grad: a plan runs on one device, for inference.
         return r.Skip(field, wire_type);
     }
@@ -334,7 +312,7 @@ Status DecodeValue(Reader& r, ValueSpec* out) {
   return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
     switch (field) {
       case 1:
-        return ReadUint32(r, wire_type, field, &out->id);
+        return ReadScalar(r, wire_type, field, &out->id);
       case 2:
         return In(ReadMessage(r, wire_type, field, &out->meta, DecodeMeta), "meta");
       default:
@@ -411,16 +389,16 @@ Status DecodeArgument(Reader& r, CallArg* out) {
         if (!present) return Status::OK();
         if (field == 2) {
           Become(out, K::kValue);
-          out->i = static_cast<uint32_t>(v);
+          out->i = FromVarint<uint32_t>(v);
         } else if (field == 3) {
           Become(out, K::kInt);
-          out->i = static_cast<int64_t>(v);
+          out->i = FromVarint<int64_t>(v);
         } else if (field == 5) {
           Become(out, K::kBool);
-          out->b = v != 0;
+          out->b = FromVarint<bool>(v);
         } else {
           Become(out, field == 8 ? K::kDtype : field == 12 ? K::kMemoryFormat : K::kLayout);
-          out->i = static_cast<int32_t>(static_cast<uint32_t>(v));
+          out->i = FromVarint<int32_t>(v);
         }
         return Status::OK();
       case 4: {  // float_value
@@ -539,11 +517,11 @@ Status DecodeBuffer(Reader& r, BufferSpec* out) {
   return ForEachField(r, [&](uint32_t field, int wire_type) {
     switch (field) {
       case 1:
-        return ReadUint32(r, wire_type, field, &out->id);
+        return ReadScalar(r, wire_type, field, &out->id);
       case 2:
-        return ReadBool(r, wire_type, field, &out->in_arena);
+        return ReadScalar(r, wire_type, field, &out->in_arena);
       case 3:
-        return ReadUint64(r, wire_type, field, &out->arena_offset);
+        return ReadScalar(r, wire_type, field, &out->arena_offset);
       default:
         return r.Skip(field, wire_type);
     }
@@ -566,7 +544,7 @@ Status DecodeExecutionPlan(Reader& r, PlanSpec* out) {
       case 7:
         return AppendMessage(r, wire_type, field, &out->buffers, "buffers", DecodeBuffer);
       case 8:
-        return ReadUint64(r, wire_type, field, &out->arena_bytes);
+        return ReadScalar(r, wire_type, field, &out->arena_bytes);
       case 9:
         return AppendMessage(r, wire_type, field, &out->prologue, "prologue", DecodeStep);
       case 10:
