@@ -568,3 +568,14 @@ def test_a_tensor_read_through_a_python_getattribute_is_returned_without_recursi
     cfg = _MappedConfig()
     got = kiln.compile(f, backend="eager")(cfg)
     assert got is cfg.t
+
+
+def test_type_of_an_argument_compared_with_a_builtin_type():
+    def f(x):
+        if torch.overrides.is_tensor_like(x):  # type(x) is torch.Tensor or hasattr(...)
+            return (x * 2,)
+        return (torch.ones(3) + x,)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for arg in (torch.randn(3), 4):
+        _assert_same(compiled(arg), f(arg))
