@@ -38,6 +38,7 @@ bool IsValueFlag(const std::string& name) {
                                                "drain-seconds",
                                                "redis",
                                                "log-level",
+                                               "log-file",
                                                "redis-timeout-ms",
                                                "redis-user",
                                                "redis-password-file",

@@ -53,6 +53,9 @@ TEST(KilndConfig, KilnCacheDirMovesTheCacheAndTheSocketUnlessFlagsSayOtherwise) 
   EXPECT_EQ(flags->config.socket_path, dir.Sub("s.sock"));
   EXPECT_EQ(flags->config.mac_key_file, dir.Sub("k"));
   EXPECT_EQ(flags->config.log_file, dir.Sub("c/kilnd.log"));
+  auto log_file = ParseCommandLine({"--log-file", dir.Sub("k.log")});
+  ASSERT_TRUE(log_file.ok()) << log_file.status();
+  EXPECT_EQ(log_file->config.log_file, dir.Sub("k.log"));
   ::unsetenv("XDG_RUNTIME_DIR");
   ::unsetenv("KILN_CACHE_DIR");
   ::unsetenv("KILN_MAC_KEY_FILE");
