@@ -111,9 +111,9 @@ def stop_kilnd(cache_dir: str) -> None:
     """Stops the kilnd a benchmark's children started in `cache_dir` (KILN_CACHE_DIR)."""
     import subprocess
 
-    from kiln.daemon.client import kilnd_binary
+    from kiln.state import STATE
 
-    kilnd = kilnd_binary()
+    kilnd = STATE.daemon.settings.kilnd
     sock = os.path.join(cache_dir, "kilnd.sock")
     if kilnd and os.path.exists(sock):
         subprocess.run([kilnd, "--stop", "--socket", sock], capture_output=True)

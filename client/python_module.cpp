@@ -1,6 +1,6 @@
 // kiln._C: the extension module. Wires the eval-frame hook (C), the bytecode decoder and the
-// symbolic executor, the guard tree and the plan runtime (C++) into one Python module; each part
-// registers its own types and functions.
+// symbolic executor, the guard tree, the plan runtime (C++) and kiln's default paths into one
+// Python module; each part registers its own types and functions.
 #include <pybind11/pybind11.h>
 
 #include "bytecode/instructions.h"
@@ -11,6 +11,9 @@
 namespace kiln::runtime {
 void RegisterRuntime(pybind11::module_& m);  // runtime/runtime_bindings.cpp
 }
+namespace kiln::paths {
+void RegisterPython(pybind11::module_& m);  // paths_bindings.cpp
+}
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "kiln's native core: the PEP 523 frame hook, the symbolic executor, the guard tree "
@@ -20,4 +23,5 @@ PYBIND11_MODULE(_C, m) {
   kiln::capture::RegisterPython(m);
   kiln::guards::RegisterPython(m);
   kiln::runtime::RegisterRuntime(m);
+  kiln::paths::RegisterPython(m);
 }

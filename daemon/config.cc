@@ -1,9 +1,7 @@
-// Flag and config-file parsing for kilnd, with defaults from the XDG environment.
+// Flag and config-file parsing for kilnd, with default paths from the environment (paths.h).
 #include "daemon/config.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -12,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "daemon/paths.h"
 
 namespace kiln::daemon {
 namespace {
@@ -39,6 +38,7 @@ bool IsValueFlag(const std::string& name) {
                                                "drain-seconds",
                                                "redis",
                                                "log-level",
+                                               "log-file",
                                                "redis-timeout-ms",
                                                "redis-user",
                                                "redis-password-file",
@@ -72,14 +72,6 @@ absl::Status ParseNumber(const std::string& name, const std::string& value, T* o
     }
   }
   return absl::OkStatus();
-}
-
-std::string HomeCache() {
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return absl::StrCat(xdg, "/kiln");
-  }
-  const char* home = std::getenv("HOME");
-  return absl::StrCat(home != nullptr ? home : "/tmp", "/.cache/kiln");
 }
 
 absl::Status ReadConfigFile(DaemonConfig& config, const std::string& path) {
@@ -203,6 +195,10 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
       result.command = Command::kStop;
       continue;
     }
+    if (name == "print-paths") {
+      result.command = Command::kPrintPaths;
+      continue;
+    }
     if (name == "help") {
       result.command = Command::kHelp;
       continue;
@@ -231,20 +227,16 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
 }
 
 absl::Status FinishConfig(DaemonConfig& c) {
-  if (c.cache_dir.empty()) c.cache_dir = HomeCache();
-  if (c.socket_path.empty()) {
-    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-    c.socket_path = (runtime != nullptr && *runtime != '\0')
-                        ? absl::StrCat(runtime, "/kiln/kilnd.sock")
-                        : absl::StrCat(HomeCache(), "/kilnd.sock");
-  }
-  if (c.mac_key_file.empty()) c.mac_key_file = absl::StrCat(c.cache_dir, "/mac.key");
-  if (c.log_file.empty()) c.log_file = absl::StrCat(c.cache_dir, "/kilnd.log");
+  paths::KilnPaths paths = paths::ResolvePaths(
+      {c.cache_dir, c.socket_path, c.mac_key_file, c.log_file}, paths::ProcessEnvironment());
+  c.cache_dir = paths.cache_dir;
+  c.socket_path = paths.socket;
+  c.mac_key_file = paths.mac_key_file;
+  c.log_file = paths.log_file;
   // Absolute, because a detached kilnd runs from "/".
-  for (std::string* path : {&c.cache_dir, &c.socket_path, &c.mac_key_file, &c.tls_cert, &c.tls_key,
-                            &c.token_file, &c.redis_password_file, &c.redis_tls_ca,
-                            &c.redis_tls_cert, &c.redis_tls_key, &c.log_file}) {
-    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  for (std::string* path : {&c.tls_cert, &c.tls_key, &c.token_file, &c.redis_password_file,
+                            &c.redis_tls_ca, &c.redis_tls_cert, &c.redis_tls_key}) {
+    *path = paths::AbsolutePath(*path);
   }
   if (c.workers <= 0) c.workers = std::max(1u, std::thread::hardware_concurrency());
   if (c.queue_limit <= 0) return absl::InvalidArgumentError("--queue-limit must be positive");
@@ -276,18 +268,28 @@ absl::Status FinishConfig(DaemonConfig& c) {
   return absl::OkStatus();
 }
 
+std::string PathsText(const DaemonConfig& c) {
+  return absl::StrCat("cache-dir=", c.cache_dir, "\nsocket=", c.socket_path,
+                      "\nmac-key-file=", c.mac_key_file, "\nlog-file=", c.log_file, "\n");
+}
+
 std::string UsageText() {
   return R"(kilnd: the kiln compile daemon.
 
   kilnd [--foreground] [options]   serve (detaches unless --foreground)
   kilnd --stats [--socket PATH]    print the running daemon's counters
   kilnd --stop [--socket PATH]     drain and stop the running daemon
+  kilnd --print-paths [options]    print the cache directory, socket, MAC key and log file
+                                   (name=value lines) that these options and the environment
+                                   give; the client computes its paths by the same code
 
 Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
-  --cache-dir DIR          artifact database and MAC key (default ~/.cache/kiln)
-  --socket PATH            Unix socket (default $XDG_RUNTIME_DIR/kiln/kilnd.sock)
+  --cache-dir DIR          artifact database and MAC key (default $KILN_CACHE_DIR, else
+                           $XDG_CACHE_HOME/kiln, else ~/.cache/kiln)
+  --socket PATH            Unix socket (default $XDG_RUNTIME_DIR/kiln/kilnd.sock; with
+                           $KILN_CACHE_DIR set or no XDG_RUNTIME_DIR, kilnd.sock in the cache dir)
   --listen tcp://HOST:PORT also serve TCP; needs --tls-cert, --tls-key, --token-file
-  --mac-key-file PATH      artifact HMAC key (default <cache-dir>/mac.key)
+  --mac-key-file PATH      artifact HMAC key (default $KILN_MAC_KEY_FILE, else <cache-dir>/mac.key)
   --workers N              compile threads (default: cores)
   --queue-limit N          waiting compiles before RESOURCE_EXHAUSTED (256)
   --max-request-bytes N    larger requests are INVALID_ARGUMENT (64 MiB)

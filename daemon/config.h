@@ -12,11 +12,11 @@
 namespace kiln::daemon {
 
 struct DaemonConfig {
-  // Where the artifact database and the MAC key live. Default: $XDG_CACHE_HOME/kiln or
-  // ~/.cache/kiln.
+  // Where the artifact database and the MAC key live. Default (daemon/paths.h): $KILN_CACHE_DIR,
+  // else $XDG_CACHE_HOME/kiln, else ~/.cache/kiln.
   std::string cache_dir;
-  // The Unix socket kilnd serves on (mode 0600 in a 0700 directory). Default:
-  // $XDG_RUNTIME_DIR/kiln/kilnd.sock, else ~/.cache/kiln/kilnd.sock.
+  // The Unix socket kilnd serves on (mode 0600 in a 0700 directory). Default (daemon/paths.h):
+  // $XDG_RUNTIME_DIR/kiln/kilnd.sock, else kilnd.sock in the environment's cache directory.
   std::string socket_path;
   // "host:port" for a TCP listener (given as tcp://host:port). Empty: Unix socket only. Refused
   // unless tls_cert, tls_key and token_file are all set.
@@ -24,8 +24,8 @@ struct DaemonConfig {
   std::string tls_cert;    // PEM certificate chain for the TCP listener.
   std::string tls_key;     // PEM private key for the TCP listener.
   std::string token_file;  // File holding the bearer token TCP clients must send.
-  // HMAC key for artifacts. Default: <cache_dir>/mac.key, created 0600 on first start. Daemons
-  // that share a Redis tier must share this key.
+  // HMAC key for artifacts. Default: $KILN_MAC_KEY_FILE, else <cache_dir>/mac.key, created 0600
+  // on first start. Daemons that share a Redis tier must share this key.
   std::string mac_key_file;
   int workers = 0;        // Compile threads; 0 = one per core.
   int queue_limit = 256;  // Compiles waiting for a worker before RESOURCE_EXHAUSTED.
@@ -53,7 +53,7 @@ struct DaemonConfig {
 };
 
 // What the kilnd command line asks for.
-enum class Command { kServe, kStats, kStop, kHelp };
+enum class Command { kServe, kStats, kStop, kPrintPaths, kHelp };
 
 struct CommandLine {
   Command command = Command::kServe;
@@ -71,6 +71,10 @@ absl::Status SetOption(DaemonConfig& config, const std::string& name, const std:
 // Fills in the default paths and worker count, then checks the combination (TCP needs TLS and a
 // token; limits positive).
 absl::Status FinishConfig(DaemonConfig& config);
+
+// The text `kilnd --print-paths` prints: the cache directory, socket, MAC key file and log file
+// as `name=value` lines, the names those of the flags (so the text is also a --config file).
+std::string PathsText(const DaemonConfig& config);
 
 // The text `kilnd --help` prints.
 std::string UsageText();

@@ -78,6 +78,9 @@ int KilndMain(int argc, char** argv,
     case Command::kHelp:
       std::cout << UsageText();
       return 0;
+    case Command::kPrintPaths:
+      std::cout << PathsText(config);
+      return 0;
     case Command::kStats: {
       auto stats = QueryStats(config.socket_path, std::chrono::seconds(5));
       if (!stats.ok()) {

@@ -9,8 +9,8 @@
 
 namespace kiln::daemon {
 
-// Runs kilnd: --stats, --stop, --help, or serving (detached unless --foreground). Returns the
-// process exit code. `make_compiler` is called once, only when serving.
+// Runs kilnd: --stats, --stop, --print-paths, --help, or serving (detached unless --foreground).
+// Returns the process exit code. `make_compiler` is called once, only when serving.
 int KilndMain(int argc, char** argv,
               const std::function<std::unique_ptr<compiler::Compiler>()>& make_compiler);
 

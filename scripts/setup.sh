@@ -24,25 +24,9 @@ fi
 
 # 2. The virtual environment: requirements.txt at the exact versions of requirements.lock,
 # refreshed when either file changes (pip moves an installed package to its locked version).
-py=${KILN_PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  log "creating .venv with $($py --version)"
-  "$py" -m venv .venv
-fi
-stamp=.venv/.kiln-requirements
-if ! cat requirements.txt requirements.lock | cmp -s - "$stamp"; then
-  log "installing Python packages (requirements.txt under requirements.lock)"
-  # This machine's pip index lists folders it does not have; those warnings are noise.
-  .venv/bin/python -m pip install -q -c requirements.lock pip setuptools 2>&1 \
-    | grep -v "WARNING: Location" || true
-  .venv/bin/python -m pip install -q -r requirements.txt -c requirements.lock \
-    2> >(grep -v "WARNING: Location" >&2)
-  cat requirements.txt requirements.lock > "$stamp"
-fi
-
 # The package lives in the tree (client/python); the environment finds it through a .pth file.
-site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$root/client/python" > "$site/kiln-dev.pth"
+. scripts/venv.sh
+kiln_locked_venv .venv "${KILN_PYTHON:-python3}"
 
 # 3. The build: kiln._C and, where its libraries exist, kilnd.
 jobs=${KILN_JOBS:-$(nproc)}

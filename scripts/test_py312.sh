@@ -25,23 +25,10 @@ if [ ! -x .venv/bin/python ] || [ ! -d client/python/kiln/v1 ]; then
   log "run 'make setup' first"; exit 2
 fi
 
-if [ ! -x .venv312/bin/python ]; then
-  log "creating .venv312 with $("$py" --version)"
-  "$py" -m venv .venv312
-fi
-stamp=.venv312/.kiln-requirements
-if ! cat requirements.txt requirements.lock | cmp -s - "$stamp"; then
-  log "installing Python packages (requirements.txt under requirements.lock)"
-  .venv312/bin/python -m pip install -q -c requirements.lock pip setuptools 2>&1 \
-    | grep -v "WARNING: Location" || true
-  # The lock's grpcio and protobuf are the 3.11 environment's: the generated kiln.v1 modules are
-  # shared by both.
-  .venv312/bin/python -m pip install -q -r requirements.txt -c requirements.lock \
-    2> >(grep -v "WARNING: Location" >&2)
-  cat requirements.txt requirements.lock > "$stamp"
-fi
-site=$(.venv312/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "$root/client/python" > "$site/kiln-dev.pth"
+# The lock's grpcio and protobuf are the 3.11 environment's: the generated kiln.v1 modules are
+# shared by both.
+. scripts/venv.sh
+kiln_locked_venv .venv312 "$py"
 
 if [ ! -f build-py312/CMakeCache.txt ]; then
   log "configuring build-py312/"

@@ -707,25 +707,37 @@ class DistinctCheck : public LeafCheck {
 
   bool RunIn(PyObject* /*value*/, const Frame& frame, std::string* why) const override {
     // References are held until the comparison is done: an address freed early could be reused
-    // by the next value read.
-    std::vector<PyObject*> values;
-    values.reserve(sources_.size());
+    // by the next value read. A few sources (the usual case: a graph's tensor inputs) are read
+    // into the stack and compared pairwise; more are sorted.
+    constexpr size_t kSmall = 8;
+    PyObject* small[kSmall];
+    std::vector<PyObject*> large;
+    const size_t n = sources_.size();
+    PyObject** values = small;
+    if (n > kSmall) {
+      large.resize(n);
+      values = large.data();
+    }
+    size_t read = 0;
     bool ok = true;
-    for (const std::vector<Accessor>& source : sources_) {
-      PyObject* value = ReadPath(source, frame, why);
-      if (value == nullptr) {
+    for (; read < n; ++read) {
+      values[read] = ReadPath(sources_[read], frame, why);
+      if (values[read] == nullptr) {
         ok = false;
         break;
       }
-      values.push_back(value);
     }
-    if (ok) {
-      std::vector<PyObject*> sorted(values);
+    if (ok && n <= kSmall) {
+      for (size_t i = 1; ok && i < n; ++i) {
+        for (size_t j = 0; ok && j < i; ++j) ok = values[i] != values[j];
+      }
+    } else if (ok) {
+      std::vector<PyObject*> sorted(values, values + n);
       std::sort(sorted.begin(), sorted.end());
       ok = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
-      if (!ok && why) *why = "two of them are the same object";
     }
-    for (PyObject* value : values) Py_DECREF(value);
+    if (!ok && read == n && why) *why = "two of them are the same object";
+    for (size_t i = 0; i < read; ++i) Py_DECREF(values[i]);
     return ok;
   }
 

@@ -7,9 +7,10 @@
 //    disables capture inside (kiln.disable). Regions nest. With module_call= (for an nn.Module
 //    fn, see module_forward) it calls fn.forward itself when Module.__call__ would do only that.
 //  * For a frame it has no passing entry for, the hook calls
-//        callback(func, code, slots: tuple, cache_full: bool)
+//        callback(func, code, slots: tuple)
 //    with capture disabled. It returns None (run this frame eagerly), SKIP (never look at this
-//    code again), CACHE_FULL (keep the entries, run misses eagerly from now on) or a tuple
+//    code again), CACHE_FULL (keep the entries, run misses eagerly from now on: the hook does so
+//    itself and does not call back for that code again) or a tuple
 //    (guard_manager, transformed_code, info) to add as a new entry and run now. An entry is used
 //    only under the callback that made it (one per kiln.compile / kiln.optimize).
 //  * A transformed code object takes the frame's argument slots (positional, keyword-only,
@@ -126,8 +127,10 @@ static int code_state_append(CodeState* st, PyObject* manager, void* tree, PyObj
 // The thread's callback and the interpreter-wide hook installation.
 
 static _Thread_local PyObject* tls_callback = NULL;  // owned; NULL = capture off
-static int g_force_eager = 0;  // kiln.set_stance("force_eager"): compiled entries are not used
-static Py_ssize_t g_active_threads = 0;                // threads with a callback (GIL-protected)
+// The "force_eager" stance, mirrored here for the hot path: set only by the stance's setter
+// (kiln/state.py, ProcessState.stance). While set, compiled entries are not used.
+static int g_force_eager = 0;
+static Py_ssize_t g_active_threads = 0;  // threads with a callback (GIL-protected)
 
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag);
 
@@ -284,8 +287,7 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
       PyTuple_SET_ITEM(slots, i, Py_NewRef(v != NULL ? v : Py_None));
     }
     Py_INCREF(callback);
-    result = PyObject_CallFunction(callback, "OOOO", (PyObject*)func, (PyObject*)code, slots,
-                                   (st != NULL && st->mode == kModeCacheFull) ? Py_True : Py_False);
+    result = PyObject_CallFunctionObjArgs(callback, (PyObject*)func, (PyObject*)code, slots, NULL);
     Py_DECREF(callback);
     Py_DECREF(slots);
   }

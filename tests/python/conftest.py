@@ -23,10 +23,10 @@ def _fresh_kiln():
 def kilnd_cache(tmp_path_factory):
     """A kilnd the client starts on first use, in a private cache directory; stopped at the end.
     Tests that take it skip when kilnd or the kiln.v1 modules are not available."""
-    from kiln.daemon import client as daemon_client
     from kiln.daemon import protocol
+    from kiln.state import STATE
 
-    kilnd = daemon_client.kilnd_binary()
+    kilnd = STATE.daemon.settings.kilnd
     if kilnd is None:
         pytest.skip("kilnd is not built on this machine")
     if not protocol.available():
@@ -37,13 +37,14 @@ def kilnd_cache(tmp_path_factory):
     for k in names:
         os.environ.pop(k, None)
     os.environ["KILN_CACHE_DIR"] = str(root)
-    daemon_client.reset_shared_client()
+    kiln.reset()  # the daemon's settings are read again: a client of this cache directory
     yield root
     subprocess.run([kilnd, "--stop", "--socket", str(root / "kilnd.sock")], capture_output=True,
                    timeout=60)
-    daemon_client.reset_shared_client()
+    STATE.daemon.close()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    kiln.reset()

@@ -241,9 +241,9 @@ def test_kiln_backend_imports_its_client_at_compile_and_opens_no_channel():
             "kiln.compile(lambda x: x + 1, backend='eager')\n"
             "assert 'grpc' not in sys.modules, 'the eager backend imported grpc'\n"
             "kiln.compile(lambda x: x + 1, backend='kiln')\n"
-            "from kiln.daemon import client\n"
+            "from kiln.state import STATE\n"
             "print('grpc' in sys.modules, 'kiln.v1.service_pb2_grpc' in sys.modules,\n"
-            "      client._client is None)\n")
+            "      STATE.daemon._client is None)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -178,6 +178,35 @@ def test_export_fails_on_bar_and_succeeds_on_resnet18():
     assert any("TENSOR_MATCH" in g for g in guards)
 
 
+def _dupes(x):
+    y = x + 1
+    return y, y
+
+
+def _structured(x, k: int):
+    y = x * k
+    return {"y": y, "k": k, "pair": (y.sin(), None), "x": x}
+
+
+@pytest.mark.parametrize("fn,args", [(_dupes, (torch.randn(3),)),
+                                     (_structured, (torch.randn(3), 2))],
+                         ids=["a_tensor_returned_twice", "dict_with_constants_and_an_input"])
+def test_an_exported_graph_returns_what_the_function_returns(fn, args):
+    gm, _ = kiln.export(fn, *args)
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    got, want = gm(*inputs), fn(*args)
+    flat_got, spec_got = torch.utils._pytree.tree_flatten(got)
+    flat_want, spec_want = torch.utils._pytree.tree_flatten(want)
+    assert spec_got == spec_want
+    for g, w in zip(flat_got, flat_want):
+        if isinstance(w, torch.Tensor):
+            torch.testing.assert_close(g, w)
+        else:
+            assert g == w
+    if fn is _dupes:
+        assert got[0] is got[1]  # one tensor returned twice, as the function does
+
+
 def test_run_only_mode_uses_compiled_entries_and_compiles_nothing():
     cnt = CompileCounter()
     opt = kiln.optimize(cnt)(bar)

@@ -12,8 +12,9 @@ import torch
 import kiln
 from kiln.backends import kiln_backend
 from kiln.daemon import client as daemon_client
+from kiln.state import STATE
 
-KILND = daemon_client.kilnd_binary()
+KILND = STATE.daemon.settings.kilnd
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +140,7 @@ def test_autograd_graphs_run_eagerly_and_stay_differentiable():
 
 def test_no_daemon_runs_eagerly_with_one_warning(caplog, monkeypatch, tmp_path):
     monkeypatch.setenv("KILN_DAEMON", f"unix://{tmp_path}/nobody.sock")
-    daemon_client.reset_shared_client()
+    kiln.reset()  # the settings are read again: a client of the daemon that is not there
     try:
         with caplog.at_level(logging.WARNING, logger="kiln"):
             for n in (3, 4, 5):  # three graphs, one warning
@@ -151,14 +152,16 @@ def test_no_daemon_runs_eagerly_with_one_warning(caplog, monkeypatch, tmp_path):
         assert "daemon" in warnings[0].getMessage()
     finally:
         monkeypatch.delenv("KILN_DAEMON")
-        daemon_client.reset_shared_client()
+        kiln.reset()
 
 
 def test_artifact_under_another_mac_key_is_refused(caplog, monkeypatch, tmp_path):
     key = tmp_path / "other.key"
     key.write_bytes(os.urandom(32))
     key.chmod(0o600)
+    STATE.daemon.client().ensure_running()  # kilnd runs, with the cache directory's key
     monkeypatch.setenv("KILN_MAC_KEY_FILE", str(key))
+    kiln.reset()  # the client's settings are read again: it verifies with the other key
     with caplog.at_level(logging.WARNING, logger="kiln"):
         out, ref = run_kiln(lambda t: t - 5, torch.randn(6))
     torch.testing.assert_close(out, ref)
@@ -326,6 +329,6 @@ def test_structure_key_is_withheld_where_graph_code_does_not_pin_the_computation
 
 
 def test_daemon_compiler_version_is_known_after_health():
-    client = daemon_client.shared_client()
+    client = STATE.daemon.client()
     client.ensure_running()
     assert client.compiler_version

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.daemon import client as daemon_client
+from kiln.state import STATE
 
-pytestmark = pytest.mark.skipif(daemon_client.kilnd_binary() is None,
+pytestmark = pytest.mark.skipif(STATE.daemon.settings.kilnd is None,
                                 reason="kilnd is not built on this machine")
 
 NODE_LINE = re.compile(r"^    %\d+(, %\d+)* = [a-z_]+::[\w.]+\(.*\)  [a-z0-9]+\[[\d, ]*\]")

@@ -7,10 +7,10 @@ import torch
 import torchvision
 
 import kiln
-from kiln.daemon import client as daemon_client
+from kiln.state import STATE
 
 pytestmark = [
-    pytest.mark.skipif(daemon_client.kilnd_binary() is None,
+    pytest.mark.skipif(STATE.daemon.settings.kilnd is None,
                        reason="kilnd is not built on this machine"),
     pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN"),
     pytest.mark.usefixtures("kilnd_cache"),  # conftest resets kiln around every test

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.daemon import client as daemon_client
+from kiln.state import STATE
 
-pytestmark = pytest.mark.skipif(daemon_client.kilnd_binary() is None,
+pytestmark = pytest.mark.skipif(STATE.daemon.settings.kilnd is None,
                                 reason="kilnd is not built on this machine")
 
 ONEDNN = torch.backends.mkldnn.is_available()

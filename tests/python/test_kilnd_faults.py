@@ -19,12 +19,12 @@ import pytest
 import torch
 
 import kiln
-from kiln.daemon import client as daemon_client
 from kiln.daemon import protocol
+from kiln.state import STATE
 
 import kilnd_harness as harness
 
-KILND = daemon_client.kilnd_binary()
+KILND = STATE.daemon.settings.kilnd
 
 pytestmark = pytest.mark.skipif(KILND is None or not protocol.available(),
                                 reason="kilnd or the kiln.v1 modules are not built here")
@@ -42,7 +42,7 @@ def private_kiln(monkeypatch):
     for name in ("KILN_DAEMON", "KILN_MAC_KEY_FILE", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KILN_CACHE_DIR", str(root / "cache"))
-    daemon_client.reset_shared_client()
+    STATE.daemon.close()
     kiln.reset()
     stopped = []
     yield root, stopped
@@ -51,7 +51,7 @@ def private_kiln(monkeypatch):
             harness.signal_ours(pid, signal.SIGCONT, str(root))
         except ProcessLookupError:
             pass
-    daemon_client.reset_shared_client()
+    STATE.daemon.close()
     harness.stop_any_kilnd(KILND, root / "cache" / "kilnd.sock")
     kiln.reset()
     shutil.rmtree(root, ignore_errors=True)
@@ -85,12 +85,12 @@ def compiled_count() -> int:
 
 
 def kilnd_pid() -> int:
-    return daemon_client.shared_client().health().pid
+    return STATE.daemon.client().health().pid
 
 
 def fresh_process_state() -> None:
     """What a new process has: no client, no captured graphs (the cache directory stays)."""
-    daemon_client.reset_shared_client()
+    STATE.daemon.close()
     kiln.reset()
 
 
@@ -119,7 +119,7 @@ def test_corrupt_sst_is_moved_aside_and_kilnd_serves(private_kiln, how):
     root, _ = private_kiln
     rows = (3, 4, 5, 6)
     run_graphs(times_two_plus_one, rows)
-    entries = daemon_client.shared_client().stats().entries
+    entries = STATE.daemon.client().stats().entries
     assert entries == len(rows)
     stop_kilnd(root)  # a clean stop: the artifacts are in table files
     _damage(root / "cache" / "artifacts", how)
@@ -127,7 +127,7 @@ def test_corrupt_sst_is_moved_aside_and_kilnd_serves(private_kiln, how):
     fresh_process_state()
     seconds = run_graphs(times_two_plus_one, rows)  # kilnd starts on the damaged store
     assert compiled_count() == len(rows)  # every graph compiled, none ran eagerly
-    stats = daemon_client.shared_client().stats()
+    stats = STATE.daemon.client().stats()
     kept = sum(a.cache_hit for a in kiln.debug.artifacts())
     figure(f"{how}: kilnd started and served; first graph {seconds[0]:.2f} s (was: kilnd "
            f"exited 1, each graph waited 10-11 s then ran eagerly); {kept} of {entries} "
@@ -157,7 +157,7 @@ def test_damaged_write_ahead_log_is_reported_and_the_entries_after_it_are_kept(p
     harness.flip_byte(harness.largest_file(db, ".log"), 0.10)
 
     fresh_process_state()
-    client = daemon_client.shared_client()
+    client = STATE.daemon.client()
     client.ensure_running()
     stats = client.stats()
     figure(f"write-ahead log flipped at 10%: {stats.entries} of {len(rows)} entries kept "
@@ -479,7 +479,7 @@ def test_kilnd_killed_mid_compile_is_restarted_and_the_graph_still_compiled(priv
     slow.write_text('#!/bin/sh\ncase "$*" in *-o*) sleep 1.5;; esac\nexec g++ "$@"\n')
     slow.chmod(0o700)
     monkeypatch.setenv("KILN_CXX", str(slow))
-    daemon_client.shared_client().ensure_running()
+    STATE.daemon.client().ensure_running()
     pid = kilnd_pid()
     killer = threading.Timer(0.8, os.kill, (pid, signal.SIGKILL))
     killer.start()
@@ -525,5 +525,5 @@ def test_client_started_kilnd_logs_to_a_file_in_the_fresh_cache_dir_it_creates(p
         assert cache.stat().st_mode & 0o777 == 0o700
         assert (root / "fresh").stat().st_mode & 0o777 == 0o700
     finally:
-        daemon_client.reset_shared_client()
+        STATE.daemon.close()
         harness.stop_any_kilnd(KILND, cache / "kilnd.sock")

@@ -544,3 +544,38 @@ def test_a_kwargs_dict_mutated_by_the_frame_is_returned_with_its_changes():
     want = f(x, a=1)
     assert list(got) == list(want) == ["a", "b"]
     torch.testing.assert_close(got["b"], want["b"])
+
+
+class _MappedConfig:
+    """Maps attribute names in its own __getattribute__, as transformers' configs do."""
+    attribute_map = {"hidden": "t"}
+
+    def __init__(self):
+        self.t = torch.ones(2)
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def test_a_tensor_read_through_a_python_getattribute_is_returned_without_recursing():
+    # The transformed code reloads the tensor from the instance __dict__ as the guard reads it;
+    # `cfg.t` would run __getattribute__, whose own frame is compiled too, without end.
+    def f(cfg):
+        return cfg.hidden
+
+    cfg = _MappedConfig()
+    got = kiln.compile(f, backend="eager")(cfg)
+    assert got is cfg.t
+
+
+def test_type_of_an_argument_compared_with_a_builtin_type():
+    def f(x):
+        if torch.overrides.is_tensor_like(x):  # type(x) is torch.Tensor or hasattr(...)
+            return (x * 2,)
+        return (torch.ones(3) + x,)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for arg in (torch.randn(3), 4):
+        _assert_same(compiled(arg), f(arg))

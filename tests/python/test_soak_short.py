@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from kiln.daemon import client as daemon_client
 from kiln.daemon import protocol
+from kiln.state import STATE
 
 import kilnd_harness as harness
 
 SOAK = harness.REPO / "tests" / "soak" / "soak.py"
 
 
-@pytest.mark.skipif(daemon_client.kilnd_binary() is None or harness.REDIS_SERVER is None
+@pytest.mark.skipif(STATE.daemon.settings.kilnd is None or harness.REDIS_SERVER is None
                     or not protocol.available(), reason="kilnd or redis-server missing")
 def test_short_soak_under_random_kills_and_stops_gives_no_wrong_result_and_no_error(tmp_path):
     done = subprocess.run([sys.executable, str(SOAK), "--duration", "40", "--clients", "8",

@@ -158,9 +158,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the cluster's folders")
     args = parser.parse_args()
 
-    from kiln.daemon.client import kilnd_binary
+    from kiln.state import STATE
 
-    kilnd = kilnd_binary()
+    kilnd = STATE.daemon.settings.kilnd
     if kilnd is None or harness.REDIS_SERVER is None:
         print("soak: needs kilnd (build it) and redis-server", file=sys.stderr)
         return 2

@@ -17,7 +17,6 @@ from kiln.state import STATE
 log = logging.getLogger("kiln")
 
 
-
 class FrameCallback:
     """What the hook calls for a frame it has no passing entry for (see client/hook).
 
@@ -32,10 +31,10 @@ class FrameCallback:
         self.fullgraph = fullgraph
         self.observer = observer
 
-    def __call__(self, func, code, slots, cache_full):
+    def __call__(self, func, code, slots):
         if is_skipped(code):
             return _C.SKIP
-        if cache_full or STATE.stance == "eager_on_recompile":
+        if STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
         entries = _C.cache_entries(code)
         if entries and STATE.stance == "fail_on_recompile":
@@ -239,11 +238,8 @@ def set_stance(stance: str = "default"):
     "default": compile on a miss; "eager_on_recompile": use what is compiled, run misses
     eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
     the failed guards instead of compiling again; "force_eager": ignore kiln entirely."""
-    if stance not in STATE.STANCES:
-        raise ValueError(f"unknown stance {stance!r}; one of {', '.join(STATE.STANCES)}")
     prior = STATE.stance
-    STATE.stance = stance
-    _C.set_force_eager(stance == "force_eager")
+    STATE.stance = stance  # checks it, and sets the hook's force_eager flag with it
     return _Stance(stance, prior)
 
 

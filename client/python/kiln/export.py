@@ -2,6 +2,8 @@
 from typing import List, NamedTuple
 
 import torch
+import torch.utils._pytree as pytree
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 
 from kiln import eval_frame
 from kiln.exc import Unsupported
@@ -16,10 +18,16 @@ class _Capture:
     def __init__(self):
         self.graphs = []
         self.infos = []
+        self.outputs = None  # what the graph returned in the call that captured it
 
     def backend(self, gm, example_inputs):
         self.graphs.append(gm)
-        return gm.forward
+
+        def run(*args):
+            self.outputs = gm.forward(*args)
+            return self.outputs
+
+        return run
 
     def entry(self, info):
         self.infos.append(info)
@@ -28,11 +36,15 @@ class _Capture:
         pass
 
 
+_CONSTANT_LEAVES = (type(None), bool, int, float, str)
+
+
 def export(fn, *args, **kwargs) -> ExportResult:
     """Captures `fn(*args, **kwargs)` (a function or nn.Module) as a single graph. Raises
     kiln.exc.Unsupported, naming the user's source line, at the first graph break. The graph
-    takes the tensors the function reads, in placeholder order, and returns its tensor
-    results."""
+    takes the tensors the function reads, in placeholder order, and returns what the function
+    returns: the same structure (tuples, lists, dicts, named tuples, model outputs), the same
+    tensors where one is returned twice, and the same constants."""
     capture = _Capture()
     callback = eval_frame.FrameCallback(capture.backend, fullgraph=True, observer=capture)
     result = eval_frame._wrap(fn, callback)(*args, **kwargs)
@@ -40,10 +52,31 @@ def export(fn, *args, **kwargs) -> ExportResult:
         raise Unsupported(f"export needs exactly one graph, capture made {len(capture.graphs)}"
                           " (a function with no tensor operations has none)")
     gm = capture.graphs[0]
-    if isinstance(result, torch.Tensor):
-        # A function returning one tensor exports as a graph returning that tensor.
-        out = next(n for n in gm.graph.nodes if n.op == "output")
-        if isinstance(out.args[0], (tuple, list)) and len(out.args[0]) == 1:
-            out.args = (out.args[0][0],)
-            gm.recompile()
+    _return_as_the_function_does(gm, result, capture.outputs)
     return ExportResult(gm, list(capture.infos[-1].guards))
+
+
+def _return_as_the_function_does(gm: torch.fx.GraphModule, result, graph_outputs):
+    """Rewrites `gm` to return `result`'s structure: each tensor in it is the graph output the
+    function returned it from, each other leaf a constant of the graph."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    nodes = list(output.args[0])
+    leaves, out_spec = pytree.tree_flatten(result)
+    values = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            i = next((i for i, t in enumerate(graph_outputs or ()) if t is leaf), None)
+            if i is None:
+                raise Unsupported("export: the function returns a tensor its graph does not "
+                                  "compute")
+            values.append(nodes[i])
+        elif type(leaf) in _CONSTANT_LEAVES:
+            values.append(leaf)
+        else:
+            raise Unsupported(f"export: the function returns a {type(leaf).__name__}, which "
+                              "an exported graph cannot return as a constant")
+    output.args = (tuple(values),)
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    gm.graph._codegen = _PyTreeCodeGen(_PyTreeInfo(names, pytree.tree_flatten(names)[1],
+                                                   out_spec))
+    gm.recompile()

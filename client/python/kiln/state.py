@@ -1,17 +1,82 @@
 """kiln's state in this process, in one object: the stance compiled functions follow, the code
-objects kiln made entries for or gave up on, the warnings already given, and what the "kiln"
-backend loaded. kiln.reset() resets it (and the frame hook's entries of those code objects).
-Settings the user chooses live in kiln.config; this is what kiln itself accumulates."""
+objects kiln made entries for or gave up on, the warnings already given, what the "kiln"
+backend loaded, and the daemon client with its settings. kiln.reset() resets it (and the frame
+hook's entries of those code objects). Settings the user chooses live in kiln.config; this is
+what kiln itself accumulates, and what it read from the environment."""
 import threading
 import weakref
-from typing import List
+from typing import TYPE_CHECKING, List
+
+from kiln import _C
+
+if TYPE_CHECKING:
+    from kiln.daemon.client import DaemonClient
+    from kiln.daemon.settings import DaemonSettings
+
+
+class DaemonState:
+    """The daemon client and the settings it was made with (kiln.daemon.settings), both made on
+    first use: `import kiln` reads no daemon setting and imports no grpc.
+
+    After a reset the settings are read again from the environment at their next use; the
+    client is replaced only if they changed. A client whose settings did not change keeps its
+    channel and what it knows of kilnd (ready, or down and not to be tried again before its
+    back-off ends): a reset of kiln's compiled entries is no reason to probe again a daemon
+    known to be down."""
+
+    def __init__(self):
+        self._settings = None
+        self._stale = False
+        self._client = None
+        self._lock = threading.Lock()
+
+    @property
+    def settings(self) -> "DaemonSettings":
+        with self._lock:
+            return self._current_settings()
+
+    def _current_settings(self):
+        if self._settings is None or self._stale:
+            from kiln.daemon.settings import DaemonSettings
+
+            settings = DaemonSettings.from_env()
+            if self._client is not None and settings != self._settings:
+                self._client.close()
+                self._client = None
+            self._settings, self._stale = settings, False
+        return self._settings
+
+    def client(self) -> "DaemonClient":
+        """The process's client (one channel, opened on first use). Raises DaemonUnavailable
+        when the settings name no usable daemon (a malformed KILN_DAEMON, a TCP daemon without
+        its CA or token)."""
+        with self._lock:
+            settings = self._current_settings()
+            if self._client is None:
+                from kiln.daemon.client import DaemonClient
+
+                self._client = DaemonClient(settings=settings)
+            return self._client
+
+    def close(self) -> None:
+        """Closes the client: the next use makes a new one that knows nothing of kilnd yet, as a
+        new process's would."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def reset(self) -> None:
+        with self._lock:
+            self._stale = True
 
 
 class ProcessState:
     STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
 
     def __init__(self):
-        self.stance = "default"
+        self._stance = "default"
+        self.daemon = DaemonState()
         # Every code object kiln made entries for or gave up on, so reset() can forget them.
         self.compiled_codes: "weakref.WeakSet" = weakref.WeakSet()
         # Code objects already warned about reaching the cache size limit.
@@ -20,6 +85,19 @@ class ProcessState:
         self.artifacts: List = []
         self._warned = set()
         self._lock = threading.Lock()
+
+    @property
+    def stance(self) -> str:
+        return self._stance
+
+    @stance.setter
+    def stance(self, stance: str) -> None:
+        """The one place the stance changes: the frame hook's own flag for "force_eager" (read
+        in C on every call) follows it here."""
+        if stance not in self.STANCES:
+            raise ValueError(f"unknown stance {stance!r}; one of {', '.join(self.STANCES)}")
+        _C.set_force_eager(stance == "force_eager")
+        self._stance = stance
 
     def first_warning(self, kind: str) -> bool:
         """True the first time a warning of `kind` is given in this process (since reset)."""
@@ -35,6 +113,7 @@ class ProcessState:
         self.artifacts.clear()
         with self._lock:
             self._warned.clear()
+        self.daemon.reset()
 
 
 STATE = ProcessState()

@@ -16,6 +16,8 @@ using kiln::testing::TempDir;
 
 TEST(KilndConfig, DefaultsComeFromTheXdgEnvironment) {
   TempDir dir;
+  ::unsetenv("KILN_CACHE_DIR");
+  ::unsetenv("KILN_MAC_KEY_FILE");
   ::setenv("XDG_RUNTIME_DIR", dir.Sub("run").c_str(), 1);
   ::setenv("XDG_CACHE_HOME", dir.Sub("cache").c_str(), 1);
   auto parsed = ParseCommandLine({});
@@ -30,6 +32,33 @@ TEST(KilndConfig, DefaultsComeFromTheXdgEnvironment) {
   ASSERT_TRUE(fallback.ok());
   EXPECT_EQ(fallback->config.socket_path, dir.Sub("cache/kiln/kilnd.sock"));
   ::unsetenv("XDG_CACHE_HOME");
+}
+
+TEST(KilndConfig, KilnCacheDirMovesTheCacheAndTheSocketUnlessFlagsSayOtherwise) {
+  TempDir dir;
+  ::setenv("XDG_RUNTIME_DIR", dir.Sub("run").c_str(), 1);
+  ::setenv("KILN_CACHE_DIR", dir.Sub("private").c_str(), 1);
+  ::setenv("KILN_MAC_KEY_FILE", dir.Sub("key").c_str(), 1);
+  auto parsed = ParseCommandLine({"--print-paths"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->command, Command::kPrintPaths);
+  EXPECT_EQ(PathsText(parsed->config), "cache-dir=" + dir.Sub("private") +
+                                           "\nsocket=" + dir.Sub("private/kilnd.sock") +
+                                           "\nmac-key-file=" + dir.Sub("key") +
+                                           "\nlog-file=" + dir.Sub("private/kilnd.log") + "\n");
+  auto flags = ParseCommandLine({"--print-paths", "--cache-dir", dir.Sub("c"), "--socket",
+                                 dir.Sub("s.sock"), "--mac-key-file", dir.Sub("k")});
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->config.cache_dir, dir.Sub("c"));
+  EXPECT_EQ(flags->config.socket_path, dir.Sub("s.sock"));
+  EXPECT_EQ(flags->config.mac_key_file, dir.Sub("k"));
+  EXPECT_EQ(flags->config.log_file, dir.Sub("c/kilnd.log"));
+  auto log_file = ParseCommandLine({"--log-file", dir.Sub("k.log")});
+  ASSERT_TRUE(log_file.ok()) << log_file.status();
+  EXPECT_EQ(log_file->config.log_file, dir.Sub("k.log"));
+  ::unsetenv("XDG_RUNTIME_DIR");
+  ::unsetenv("KILN_CACHE_DIR");
+  ::unsetenv("KILN_MAC_KEY_FILE");
 }
 
 TEST(KilndConfig, FlagsOverrideTheConfigFile) {
@@ -49,6 +78,7 @@ TEST(KilndConfig, FlagsOverrideTheConfigFile) {
 }
 
 TEST(KilndConfig, RelativePathsBecomeAbsolute) {
+  ::unsetenv("KILN_MAC_KEY_FILE");
   auto parsed = ParseCommandLine({"--cache-dir", "rel/cache", "--socket", "rel/../s.sock"});
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->config.cache_dir, (std::filesystem::current_path() / "rel/cache").string());

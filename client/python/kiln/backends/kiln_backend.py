@@ -114,19 +114,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     compiles as a graph seen for the first time would."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
-    from kiln.daemon.client import cache_dir, read_mac_key, shared_client
+    from kiln.daemon.client import read_mac_key
     from kiln.daemon.graph_index import GraphIndex
     from kiln.graph import lowering
 
     start = time.perf_counter()
     pb = protocol.messages()
-    client = shared_client()
+    client = STATE.daemon.client()
     client.ensure_running()
-    mac_key = read_mac_key()
+    mac_key = read_mac_key(client.settings.mac_key_file)
     target = art.cpu_target()
     params = list(lowering.attr_tensors(gm).values())
     inputs = params + list(example_inputs)
-    index = GraphIndex(cache_dir() / "graphs", mac_key)
+    index = GraphIndex(client.settings.cache_dir / "graphs", mac_key)
     # The daemon's compiler is part of the key: after an upgrade the index misses, and the
     # graph is compiled by the new compiler instead of being served what the old one built.
     skey = lowering.structure_key(

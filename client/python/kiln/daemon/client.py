@@ -1,14 +1,16 @@
-"""The client side of kilnd: where the daemon is (KILN_DAEMON or the per-user Unix socket), a
-gRPC channel to it, and starting a local kilnd when none answers (as sccache's client starts
-its server). Every failure is a DaemonUnavailable; callers run eagerly instead."""
+"""The client side of kilnd: a gRPC channel to the daemon its settings name (KILN_DAEMON or the
+per-user Unix socket: kiln.daemon.settings), and starting a local kilnd when none answers (as
+sccache's client starts its server). Every failure is a DaemonUnavailable; callers run eagerly
+instead. The process's client is kiln's process state's (STATE.daemon.client())."""
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Optional
+
+from kiln.daemon.settings import DaemonSettings
 
 log = logging.getLogger("kiln")
 
@@ -25,32 +27,10 @@ class DaemonHung(DaemonUnavailable):
     """The daemon did not answer in time: something holds its socket and says nothing."""
 
 
-def cache_dir() -> Path:
-    """kilnd's default --cache-dir: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else
-    ~/.cache/kiln (the same rule as kilnd's)."""
-    if os.environ.get("KILN_CACHE_DIR"):
-        return Path(os.environ["KILN_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg) / "kiln"
-    return Path(os.environ.get("HOME", "/tmp")) / ".cache" / "kiln"
-
-
-def default_socket() -> Path:
-    """kilnd's default --socket: $XDG_RUNTIME_DIR/kiln/kilnd.sock, else <cache dir>/kilnd.sock."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and not os.environ.get("KILN_CACHE_DIR"):
-        return Path(runtime) / "kiln" / "kilnd.sock"
-    return cache_dir() / "kilnd.sock"
-
-
-def mac_key_file() -> Path:
-    return Path(os.environ.get("KILN_MAC_KEY_FILE") or cache_dir() / "mac.key")
-
-
-def read_mac_key(path: Optional[Path] = None) -> bytes:
-    """The artifact MAC key. Refuses a key that others may read or write, as kilnd does."""
-    path = Path(path or mac_key_file())
+def read_mac_key(path: Path) -> bytes:
+    """The artifact MAC key in `path` (the settings' mac_key_file). Refuses a key that others may
+    read or write, as kilnd does."""
+    path = Path(path)
     try:
         st = path.stat()
         if st.st_mode & 0o077:
@@ -63,16 +43,6 @@ def read_mac_key(path: Optional[Path] = None) -> bytes:
     if len(key) != 32:
         raise DaemonUnavailable(f"MAC key {path} has {len(key)} bytes, not 32")
     return key
-
-
-def kilnd_binary() -> Optional[str]:
-    """$KILN_KILND, else the build tree's kilnd, else kilnd on PATH."""
-    if os.environ.get("KILN_KILND"):
-        return os.environ["KILN_KILND"]
-    built = Path(__file__).resolve().parents[4] / "build" / "daemon" / "kilnd"
-    if built.exists():
-        return str(built)
-    return shutil.which("kilnd")
 
 
 # What a client waits for, at most, before it decides that kilnd is not answering.
@@ -88,30 +58,35 @@ MAX_RECEIVE_BYTES = 2**31 - 1
 
 class DaemonClient:
     """One channel to one daemon. `address` is "unix:///path" or "dns:///host:port" (TLS with
-    $KILN_DAEMON_CA as the root certificate and the bearer token in $KILN_DAEMON_TOKEN_FILE);
-    default: $KILN_DAEMON, else the local per-user socket, started on demand.
+    the settings' ca_file as the root certificate and the bearer token in their token_file);
+    default: the settings' address ($KILN_DAEMON), else their local socket, started on demand.
+    The process's client is made with the process's settings (STATE.daemon.client()); without
+    `settings` a client reads the environment as it is now.
 
     Waits are bounded: a daemon that does not answer is given up on within PROBE_SECONDS (a
     call in flight within WATCH_SECONDS + PROBE_SECONDS), a daemon that died is restarted by the
     next call, and one that hangs or cannot start is remembered, with its reason, for a back-off
     during which calls fail at once (callers run eagerly)."""
 
-    def __init__(self, address: Optional[str] = None, *, timeout: float = 120.0,
+    def __init__(self, address: Optional[str] = None, *,
+                 settings: Optional[DaemonSettings] = None, timeout: float = 120.0,
                  autostart: bool = True):
         from kiln.daemon import protocol
 
         import grpc
 
+        settings = settings if settings is not None else DaemonSettings.from_env()
+        self.settings = settings
         self.pb = protocol.messages()
         self._grpc = grpc
-        address = address or os.environ.get("KILN_DAEMON")
+        address = address or settings.address
         self.local = address is None
         self.autostart = autostart and self.local
         self.timeout = timeout
         self.metadata = ()
         self._credentials = None
         if address is None:
-            self.socket = default_socket()
+            self.socket = settings.socket
             target = f"unix://{self.socket}"
         elif address.startswith("unix://"):
             self.socket = Path(address[len("unix://"):])
@@ -119,8 +94,7 @@ class DaemonClient:
         elif address.startswith("dns:///"):
             self.socket = None
             target = address
-            ca = os.environ.get("KILN_DAEMON_CA")
-            token_file = os.environ.get("KILN_DAEMON_TOKEN_FILE")
+            ca, token_file = settings.ca_file, settings.token_file
             if not ca or not token_file:
                 raise DaemonUnavailable(
                     f"{address}: a TCP daemon needs KILN_DAEMON_CA and KILN_DAEMON_TOKEN_FILE")
@@ -276,16 +250,18 @@ class DaemonClient:
         self._open_channel()
 
     def _start_local(self):
-        binary = kilnd_binary()
+        settings = self.settings
+        binary = settings.kilnd
         if binary is None:
             self._give_up("no daemon answers and no kilnd binary was found (build it, put it on "
                           "PATH or set KILN_KILND)", START_BACKOFF)
             raise DaemonUnavailable(self._down_reason)
-        args = [binary, "--socket", str(self.socket), "--cache-dir", str(cache_dir()),
-                "--idle-exit", os.environ.get("KILN_DAEMON_IDLE_EXIT", "3600")]
+        # The key too: the kilnd started here signs with the key this client verifies with.
+        args = [binary, "--socket", str(self.socket), "--cache-dir", str(settings.cache_dir),
+                "--mac-key-file", str(settings.mac_key_file), "--idle-exit", settings.idle_exit]
         log.info("kiln: starting %s", " ".join(args))
         # kilnd detaches and returns once it serves, or exits 1 and prints why it cannot.
-        start_timeout = float(os.environ.get("KILN_DAEMON_START_TIMEOUT", "10"))
+        start_timeout = settings.start_timeout
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=start_timeout,
                                   stdin=subprocess.DEVNULL)
@@ -314,24 +290,3 @@ class DaemonClient:
                                   HUNG_BACKOFF)
                     raise DaemonUnavailable(self._down_reason) from None
                 time.sleep(0.05)
-
-
-_client: Optional[DaemonClient] = None
-_client_lock = threading.Lock()
-
-
-def shared_client() -> DaemonClient:
-    """The process's client (one channel, made on first use)."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = DaemonClient()
-        return _client
-
-
-def reset_shared_client() -> None:
-    global _client
-    with _client_lock:
-        if _client is not None:
-            _client.close()
-        _client = None

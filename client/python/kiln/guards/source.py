@@ -211,7 +211,9 @@ class ModuleMemberSource(Source):
 
 
 class InstanceAttrSource(Source):
-    """An attribute found in an object's own __dict__ (read without descriptors)."""
+    """An attribute found in an object's own __dict__ (read without descriptors). The
+    transformed code reads it the same way: `obj.attr` would run the class's __getattribute__,
+    which may be the very frame being compiled (a config class mapping attribute names)."""
 
     __slots__ = ("base", "attr")
 
@@ -225,7 +227,8 @@ class InstanceAttrSource(Source):
         return ("item", ("instance_dict", self.base.guard_path()), self.attr)
 
     def expr(self, consts):
-        return _attr_expr(self.base.expr(consts), self.attr)
+        return (f"{consts.ref(object.__getattribute__)}({self.base.expr(consts)}, "
+                f"'__dict__')[{self.attr!r}]")
 
     def _key(self):
         return (self.base, self.attr)

@@ -166,6 +166,9 @@ class BuiltinVariable(VariableTracker):
     def as_python_constant(self):
         return self.fn
 
+    def identity(self, tx):
+        return self.fn
+
     def call_function(self, tx, args, kwargs):
         fn = self.fn
         handler = _HANDLERS.get(fn)

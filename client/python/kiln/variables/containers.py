@@ -46,33 +46,54 @@ def note_mutation(serial: int):
         _state.mutations += 1
 
 
-class BaseListVariable(VariableTracker):
-    def __init__(self, items: List[VariableTracker], source=None):
-        super().__init__(source)
-        self.items = list(items)
-        # Containers from outside the frame are read-only to the executor, except the ones
-        # CPython makes fresh for each call (*args, **kwargs).
-        self.mutable = source is None
-        self.serial = new_serial()
-        self.outside_object = None  # the object read from outside the frame, if it was
+class ContainerVariable(VariableTracker):
+    """A tuple, list or dict: made by the frame, or read from outside it (then read-only to the
+    executor, except the arguments CPython makes fresh for each call: *args, **kwargs)."""
 
     # Its guards (type, length) do not pin which object it is.
     identity_pinned = False
 
-    def as_python_constant(self):
-        with walking(self):
-            return self.python_type()(v.as_python_constant() for v in self.items)
+    def __init__(self, source=None):
+        super().__init__(source)
+        self.mutable = source is None
+        self.serial = new_serial()
+        self.outside_object = None  # the object read from outside the frame, if it was
+
+    def values(self) -> List[VariableTracker]:
+        raise NotImplementedError
 
     def identity(self, tx):
         # A container from outside is the object it was read from; one the frame made is its
         # tracker.
         return self.outside_object if self.outside_object is not None else self
 
+    def owned_by_frame(self):
+        self.mutable = True
+
     def contains_tensor(self) -> bool:
         if walked(self):
             return False
         with walking(self):
-            return any(v.contains_tensor() for v in self.items)
+            return any(v.contains_tensor() for v in self.values())
+
+    def truth(self, tx):
+        return len(self.values()) > 0
+
+    def length(self, tx):
+        return len(self.values())
+
+
+class BaseListVariable(ContainerVariable):
+    def __init__(self, items: List[VariableTracker], source=None):
+        super().__init__(source)
+        self.items = list(items)
+
+    def values(self):
+        return self.items
+
+    def as_python_constant(self):
+        with walking(self):
+            return self.python_type()(v.as_python_constant() for v in self.items)
 
     def as_fx_arg(self):
         with walking(self):
@@ -84,17 +105,8 @@ class BaseListVariable(VariableTracker):
             items = [v.as_fake_arg() for v in self.items]
         return items if self.python_type() is list else tuple(items)
 
-    def owned_by_frame(self):
-        self.mutable = True
-
     def unpack(self, tx):
         return list(self.items)
-
-    def truth(self, tx):
-        return len(self.items) > 0
-
-    def length(self, tx):
-        return len(self.items)
 
     def contains(self, tx, item):
         if item.contains_tensor():
@@ -283,16 +295,16 @@ class SliceVariable(VariableTracker):
         return "slice(" + ", ".join(codegen(p) for p in self.parts) + ")"
 
 
-class ConstDictVariable(VariableTracker):
+class ConstDictVariable(ContainerVariable):
     """A dict whose keys are constants; values are trackers."""
 
     def __init__(self, items: Dict, source=None, user_type=dict):
         super().__init__(source)
         self.items = dict(items)
         self.user_type = user_type
-        self.mutable = source is None
-        self.serial = new_serial()
-        self.outside_object = None  # the object read from outside the frame, if it was
+
+    def values(self):
+        return list(self.items.values())
 
     def _check_mutable(self):
         if not self.mutable:
@@ -302,20 +314,9 @@ class ConstDictVariable(VariableTracker):
     def python_type(self):
         return self.user_type
 
-    identity_pinned = False
-
     def as_python_constant(self):
         with walking(self):
             return {k: v.as_python_constant() for k, v in self.items.items()}
-
-    def identity(self, tx):
-        return self.outside_object if self.outside_object is not None else self
-
-    def contains_tensor(self) -> bool:
-        if walked(self):
-            return False
-        with walking(self):
-            return any(v.contains_tensor() for v in self.items.values())
 
     def as_fx_arg(self):
         with walking(self):
@@ -325,17 +326,8 @@ class ConstDictVariable(VariableTracker):
         with walking(self):
             return {k: v.as_fake_arg() for k, v in self.items.items()}
 
-    def truth(self, tx):
-        return len(self.items) > 0
-
-    def length(self, tx):
-        return len(self.items)
-
     def contains(self, tx, item):
         return ConstantVariable(item.as_python_constant() in self.items)
-
-    def owned_by_frame(self):
-        self.mutable = True
 
     def unpack(self, tx):
         return [ConstantVariable(k) for k in self.items]

@@ -61,6 +61,8 @@ class UserMethodVariable(VariableTracker):
 class NestedFunctionVariable(VariableTracker):
     """A function made by MAKE_FUNCTION inside the frame (lambdas, 3.11 comprehensions)."""
 
+    fresh_object = True  # made in the frame: the tracker is its identity
+
     def __init__(self, code, qualname, defaults, kwdefaults, closure, f_globals):
         super().__init__(None)
         self.code = code

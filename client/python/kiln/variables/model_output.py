@@ -87,8 +87,9 @@ def _kwargs_renamer(init, meta):
     renames them in a kwargs dict; else None."""
     setattr_fn = meta.__dict__.get("__setattr__")
     code = getattr(init, "__code__", None)
-    if setattr_fn is None or code is None or code not in setattr_fn.__code__.co_consts:
-        return None
+    if not isinstance(setattr_fn, types.FunctionType) or code is None or \
+            code not in setattr_fn.__code__.co_consts:
+        return None  # a plain `type` (transformers before 5.24): no wrapper
     cells = dict(zip(code.co_freevars, init.__closure__ or ()))
     if "init" not in cells or not _is_generated_init(cells["init"].cell_contents):
         return None

@@ -1,0 +1,66 @@
+"""The daemon client's settings, read from the environment in this one place: which daemon
+(KILN_DAEMON, else the per-user socket), the TLS root and token of a TCP daemon, the cache
+directory and MAC key, the kilnd binary, and what a kilnd the client starts is given.
+
+The paths come from kiln._C.default_paths, which runs kilnd's own code (daemon/paths.h): the
+client looks for kilnd where kilnd puts itself, and `kilnd --print-paths` shows the same paths.
+The process's settings live in kiln's process state (STATE.daemon): read on first use, and read
+again after kiln.reset()."""
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional
+
+log = logging.getLogger("kiln")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    address: Optional[str]     # KILN_DAEMON: unix:///path or dns:///host:port; None: `socket`
+    ca_file: Optional[str]     # KILN_DAEMON_CA: root certificate of a TCP daemon
+    token_file: Optional[str]  # KILN_DAEMON_TOKEN_FILE: the bearer token for a TCP daemon
+    cache_dir: Path            # KILN_CACHE_DIR, XDG_CACHE_HOME, HOME (daemon/paths.h)
+    socket: Path               # the local kilnd's socket (XDG_RUNTIME_DIR, KILN_CACHE_DIR)
+    mac_key_file: Path         # KILN_MAC_KEY_FILE, else <cache_dir>/mac.key
+    kilnd: Optional[str]       # KILN_KILND, else the build tree's kilnd, else kilnd on PATH
+    start_timeout: float = 10.0  # KILN_DAEMON_START_TIMEOUT: longest wait for a kilnd we start
+    idle_exit: str = "3600"      # KILN_DAEMON_IDLE_EXIT: that kilnd's --idle-exit
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "DaemonSettings":
+        """The settings `environ` (default: os.environ) gives; an empty variable is an unset
+        one. Never raises: a timeout that is not a number is warned about and left at its
+        default."""
+        from kiln import _C
+
+        env = os.environ if environ is None else environ
+        paths = _C.default_paths(env)
+        return cls(address=env.get("KILN_DAEMON") or None,
+                   ca_file=env.get("KILN_DAEMON_CA") or None,
+                   token_file=env.get("KILN_DAEMON_TOKEN_FILE") or None,
+                   cache_dir=Path(paths["cache_dir"]),
+                   socket=Path(paths["socket"]),
+                   mac_key_file=Path(paths["mac_key_file"]),
+                   kilnd=env.get("KILN_KILND") or _found_kilnd(),
+                   start_timeout=_seconds(env, "KILN_DAEMON_START_TIMEOUT", cls.start_timeout),
+                   idle_exit=env.get("KILN_DAEMON_IDLE_EXIT") or cls.idle_exit)
+
+
+def _found_kilnd() -> Optional[str]:
+    built = Path(__file__).resolve().parents[4] / "build" / "daemon" / "kilnd"
+    if built.exists():
+        return str(built)
+    return shutil.which("kilnd")
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        log.warning("kiln: %s=%r is not a number of seconds; using %s", name, text, default)
+        return default
