@@ -20,8 +20,9 @@ enum WireType : int {
   kFixed32 = 5,
 };
 
-// How deep groups may nest inside an unknown field, as protobuf's own recursion limit.
-constexpr int kMaxGroupDepth = 100;
+// How deep groups may nest inside an unknown field: past protobuf's own recursion limit (100, for
+// messages and groups together), so that nothing protobuf reads is refused here.
+constexpr int kMaxGroupDepth = 200;
 
 // Errors are built from the innermost read outwards: the read says where ("at byte 12: ..."),
 // each enclosing message adds its field's name in front. Nothing is formatted on success.
@@ -120,12 +121,19 @@ class Reader {
   Reader Nested(std::string_view bytes) const { return Reader(bytes, origin_); }
 
  private:
+  // A tag is a varint of at most 5 bytes whose bits past 32 are dropped, as protobuf reads it.
   Status AnyTag(uint32_t* field, int* wire_type) {
     const size_t start = offset();
-    uint64_t tag = 0;
-    KILN_RETURN_IF_ERROR(Varint(&tag));
-    if (tag > UINT32_MAX || (tag >> 3) == 0) return At(start, "invalid field number");
-    *field = static_cast<uint32_t>(tag >> 3);
+    uint32_t tag = 0;
+    for (int shift = 0;; shift += 7) {
+      if (shift > 28) return At(start, "tag longer than 5 bytes");
+      if (p_ == end_) return At(start, "truncated tag");
+      const auto byte = static_cast<uint8_t>(*p_++);
+      tag |= static_cast<uint32_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) break;
+    }
+    if ((tag >> 3) == 0) return At(start, "invalid field number");
+    *field = tag >> 3;
     *wire_type = static_cast<int>(tag & 7);
     if (*wire_type > kFixed32) return At(start, "invalid wire type");
     return Status::OK();

@@ -222,6 +222,20 @@ TEST(PlanDecoderTest, UnpackedListsUnknownFieldsAndGroupsReadAsProtobufReadsThem
   EXPECT_EQ(spec->arena_bytes, 2u);
 }
 
+TEST(PlanDecoderTest, TagsReadAsProtobufReadsThem) {
+  // A 5-byte tag whose last byte has bits past 32: protobuf drops them (here: field 2^25, an
+  // unknown varint), found by fuzz_plan_decoder.
+  const std::string overlong("\x80\x80\x80\x80\x31\x12\x80\x80\xce\x40\x01", 11);
+  ExpectAgrees(overlong, "5-byte tag");
+  EXPECT_TRUE(DecodePlan(overlong.substr(0, 6)).ok());
+  // A sixth byte is one too many for protobuf and for DecodePlan.
+  StatusOr<PlanSpec> six = DecodePlan(std::string("\x80\x80\x80\x80\x80\x01\x00", 7));
+  ASSERT_FALSE(six.ok());
+  EXPECT_NE(six.status().message().find("tag longer than 5 bytes"), std::string::npos);
+  EXPECT_FALSE(DecodePlan(std::string("\x00", 1)).ok());      // field number 0
+  EXPECT_FALSE(DecodePlan(std::string("\x0e\x00", 2)).ok());  // wire type 6
+}
+
 TEST(PlanDecoderTest, OneofMembersReplaceEachOtherAndMessagesMerge) {
   // One argument: int_value 4, then int_list [1], then int_list [2] again: a merged [1, 2].
   kiln::v1::Argument first, second, third;
