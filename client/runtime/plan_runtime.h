@@ -45,11 +45,11 @@ struct PlanBinding {
 
 // Create checks the whole plan once (the one validation of a plan on the client) so that a call
 // does no lookups and no validation beyond what its inputs can change:
-//  - Every id the plan names has metadata in `values`, with a dtype torch has and sizes, strides
-//    and storage offset >= 0; each value is defined once (input, parameter, constant, buffer or
-//    library output) and used only after its definition and before its
-//    release; a release never names a plan output or an arena buffer; a kernel writes only
-//    buffers, and nothing reads a buffer before a kernel has written it.
+//  - Every id the plan names has metadata in `values`, with a dtype torch has, sizes, strides
+//    and storage offset >= 0, and an extent whose bytes int64_t counts; each value is defined
+//    once (input, parameter, constant, buffer or library output) and used only after its
+//    definition and before its release; a release never names a plan output or an arena buffer;
+//    a kernel writes only buffers, and nothing reads a buffer before a kernel has written it.
 //  - Arena buffers fit in arena_bytes at an offset that is a multiple of 64, are not plan
 //    outputs, and are never read by an op whose result may alias an argument (a view would
 //    outlive the arena slot's lifetime).
