@@ -182,11 +182,18 @@ TEST(StoreRecovery, DamagedBlockMetWhileServingIsSetAsideInTheBackground) {
   ASSERT_NE(store, nullptr);
   FlipByte(LargestFile(db, ".sst"), 0.5);  // not read since Open: no block of it is cached
 
+  // The first read of the damaged block answers DataLoss and starts the recovery; a read of that
+  // block after the recovery has run (a scheduling matter) finds its entry dropped: NotFound.
   int damaged = 0;
+  int data_loss = 0;
   for (int i = 0; i < kEntries; ++i) {
-    damaged += absl::IsDataLoss(store->Get(Key(i)).status()) ? 1 : 0;
+    absl::Status status = store->Get(Key(i)).status();
+    ASSERT_TRUE(status.ok() || absl::IsDataLoss(status) || absl::IsNotFound(status)) << status;
+    damaged += status.ok() ? 0 : 1;
+    data_loss += absl::IsDataLoss(status) ? 1 : 0;
   }
-  ASSERT_GE(damaged, 1);
+  ASSERT_GE(data_loss, 1);
+  EXPECT_LE(damaged, 2);  // the entries of one 4 KiB block
   store->WaitForBackgroundWork();
   EXPECT_EQ(store->Stats().damaged_files, 1u);
   EXPECT_EQ(IntactEntries(*store, 3000), kEntries - damaged);
