@@ -9,14 +9,13 @@
 #include <unordered_set>
 
 #include "compiler/codegen/cpu/kernel_abi_text.h"
-#include "compiler/codegen/cpu/pointwise_ops.h"
-#include "compiler/codegen/cpu/reduction_ops.h"
+#include "compiler/codegen/loop_space.h"
+#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/codegen/reduction_ops.h"
 #include "compiler/ir/op_classes.h"
 
 namespace kiln::compiler {
 namespace {
-
-using kiln::v1::Argument;
 
 // What every kernel source opens with, before the kernel ABI: the source is self-contained (it
 // builds where no kiln header is installed, such as kilnd's bundle on another machine).
@@ -87,28 +86,7 @@ std::string Rounded(kiln::v1::DType dtype, const std::string& value) {
 // C++ variables holding its tensor operands.
 std::string PointwiseExpr(const kiln::v1::Node& node,
                           const std::unordered_map<uint32_t, std::string>& var) {
-  const PointwiseOp& op = *FindPointwise(node.op());
-  const auto& out = node.outputs(0);
-  const std::string type = ComputeType(out.meta().dtype());
-  std::vector<std::optional<Operand>> operands(op.formals.size());
-  const auto bound = *BindArguments(node, op.formals);  // IsFusable bound them already
-  for (size_t pos = 0; pos < bound.size(); ++pos) {
-    const Argument* a = bound[pos];
-    if (a == nullptr || a->kind_case() == Argument::kNone || op.IsStorageFormal(op.formals[pos])) {
-      continue;
-    }
-    if (a->kind_case() == Argument::kValue) {
-      const std::string& v = var.at(a->value());
-      operands[pos] = Operand{op.keeps_operand_types ? v : "(" + type + ")" + v, true, 0};
-      continue;
-    }
-    std::string lit = *ScalarLiteral(*a);
-    if (a->kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
-      lit = "(" + type + ")" + lit;
-    }
-    operands[pos] = Operand{lit, false, ScalarValue(*a)};
-  }
-  return Rounded(out.meta().dtype(), "(" + type + ")" + *op.Emit(operands, type));
+  return NodeExpression(node, var, Rounded);
 }
 
 struct Access {
@@ -153,8 +131,8 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
                             int64_t range, int64_t grain) {
   const std::string symbol = KernelSymbol(index);
   if (range == 0) {
-    return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" +
-           decls + body + "}\n";
+    return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" + decls +
+           body + "}\n";
   }
   const std::string fn = "kiln_range_" + std::to_string(index);
   return "static void " + fn + "(int64_t kiln_begin, int64_t kiln_end, void* const* args) {\n" +
@@ -324,14 +302,11 @@ class RowKernel {
       if (in.strides[inner] == 1) return 0;
       lane_contiguous |= in.strides[outer_ - 1] == 1;
     }
-    return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1]))
-                           : 0;
+    return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1])) : 0;
   }
 
   // A row-scope name as the code reads it: in a lane kernel, this lane's element of the array.
-  std::string Lane(const std::string& name) const {
-    return lanes_ > 0 ? name + "[kiln_v]" : name;
-  }
+  std::string Lane(const std::string& name) const { return lanes_ > 0 ? name + "[kiln_v]" : name; }
 
   // A lane kernel's loop over the lanes of the block (vectorized), defining the last kept dim's
   // index; nothing in the scalar form.
@@ -432,8 +407,8 @@ class RowKernel {
       const std::vector<uint32_t>& targets) {
     for (int d = outer_; d < rank_; ++d) {
       if (d == rank_ - 1 && lanes_ == 0) body_ << indent << "#pragma omp simd" << clause << "\n";
-      body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d]
-            << "; ++j" << d << ") {\n";
+      body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d] << "; ++j"
+            << d << ") {\n";
       indent += "  ";
     }
     OpenLanes(indent);  // lanes are independent: no reduction clause
@@ -533,8 +508,8 @@ class RowKernel {
         loop(" reduction(+:" + acc_name + ")", acc + " += x;");
         DeclareRow(t, mean_name, acc + " / " + count, indent);
         DeclareRow(t, m2_name, "0", indent);
-        loop(" reduction(+:" + m2_name + ")", "const " + t + " d = x - " + mean + "; " + m2 +
-                                                  " += d * d;");
+        loop(" reduction(+:" + m2_name + ")",
+             "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
         char corr[64];
         std::snprintf(corr, sizeof corr, "%a", r.correction);
         const std::string var =
@@ -551,7 +526,7 @@ class RowKernel {
   const FusedGroup& g_;
   const int index_;
   int rank_ = 0, outer_ = 0;
-  int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
+  int lanes_ = 0;                               // > 0: a lane kernel (ChooseLanes)
   std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
   std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
   std::unordered_set<uint32_t> buffered_;       // full values kept in per-row buffers
@@ -605,55 +580,14 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       accesses.push_back({"out" + std::to_string(i), 0, strides});
     }
 
-    // Dimensions of size 1 take no loop (one remains when all are 1); then dimension d folds
-    // into d-1 when every access walks the two as one.
-    {
-      std::vector<int64_t> kept_sizes;
-      std::vector<std::vector<int64_t>> kept_strides(accesses.size());
-      for (int d = 0; d < rank; ++d) {
-        if (sizes[d] == 1 && !(d == rank - 1 && kept_sizes.empty())) continue;
-        kept_sizes.push_back(sizes[d]);
-        for (size_t a = 0; a < accesses.size(); ++a) {
-          kept_strides[a].push_back(sizes[d] == 1 ? 0 : accesses[a].strides[d]);
-        }
-      }
-      sizes = kept_sizes;
-      for (size_t a = 0; a < accesses.size(); ++a) accesses[a].strides = kept_strides[a];
-    }
-    // Loop order follows the first output's memory order (largest stride outermost), so a
-    // channels-last or transposed result is written sequentially and the inner loop vectorizes.
-    if (!g.outputs.empty()) {
-      const std::vector<int64_t>& key = accesses[g.inputs.size()].strides;
-      std::vector<int> order(sizes.size());
-      for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int>(d);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int a, int b) { return key[a] > key[b]; });
-      std::vector<int64_t> permuted_sizes;
-      for (int d : order) permuted_sizes.push_back(sizes[d]);
-      sizes = permuted_sizes;
-      for (Access& a : accesses) {
-        std::vector<int64_t> permuted;
-        for (int d : order) permuted.push_back(a.strides[d]);
-        a.strides = permuted;
-      }
-    }
-    const int krank = static_cast<int>(sizes.size());
-    std::vector<int64_t> csizes{sizes[0]};
-    std::vector<std::vector<int64_t>> cstrides(accesses.size());
-    for (size_t a = 0; a < accesses.size(); ++a) cstrides[a] = {accesses[a].strides[0]};
-    for (int d = 1; d < krank; ++d) {
-      bool merge = true;
-      for (size_t a = 0; a < accesses.size(); ++a) {
-        merge = merge && cstrides[a].back() == accesses[a].strides[d] * sizes[d];
-      }
-      if (merge) {
-        csizes.back() *= sizes[d];
-        for (size_t a = 0; a < accesses.size(); ++a) cstrides[a].back() = accesses[a].strides[d];
-      } else {
-        csizes.push_back(sizes[d]);
-        for (size_t a = 0; a < accesses.size(); ++a) cstrides[a].push_back(accesses[a].strides[d]);
-      }
-    }
+    // The loop order follows the first output's memory order, so a channels-last or transposed
+    // result is written sequentially and the inner loop vectorizes.
+    std::vector<std::vector<int64_t>> access_strides;
+    for (const Access& a : accesses) access_strides.push_back(a.strides);
+    LoopSpace space = CollapseLoops(sizes, access_strides,
+                                    g.outputs.empty() ? -1 : static_cast<int>(g.inputs.size()));
+    std::vector<int64_t>& csizes = space.sizes;
+    std::vector<std::vector<int64_t>>& cstrides = space.strides;
     // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
     // vectorizes nothing and strides through the inputs: the longest dim some input reads
     // contiguously goes innermost instead, so the loop reads consecutive elements and its
