@@ -20,23 +20,17 @@ namespace {
 // NVRTC flags).
 constexpr char kCudaCompilerVersion[] = "kiln-cuda-1";
 
-absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
-  kiln::v1::CompileError error;
-  error.set_code(code);
-  error.set_message(std::move(message));
-  return CompileErrorStatus(error);
-}
-
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.
 absl::StatusOr<std::string> TargetArch(const kiln::v1::Target& target) {
   static const std::regex kArch("sm_[0-9]{2,3}a?");
   if (target.device_kind() != kiln::v1::DEVICE_KIND_CUDA) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED, "not a CUDA target");
+    return CompileErrorStatus(kiln::v1::CompileError::CODE_UNIMPLEMENTED, "not a CUDA target");
   }
   if (!target.cpu_isa().empty() || !std::regex_match(target.cuda_arch(), kArch)) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 absl::StrCat("unknown cuda_arch '", target.cuda_arch().substr(0, 32), "'"));
+    return CompileErrorStatus(
+        kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+        absl::StrCat("unknown cuda_arch '", target.cuda_arch().substr(0, 32), "'"));
   }
   return target.cuda_arch();
 }
@@ -97,8 +91,9 @@ absl::StatusOr<kiln::v1::ArtifactBody> CudaCompiler::Compile(
   absl::StatusOr<std::string> arch = TargetArch(request.target());
   if (!arch.ok()) return arch.status();
   if (nvrtc_ == nullptr) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 absl::StrCat("this kilnd builds no CUDA kernels: ", nvrtc_status_.message()));
+    return CompileErrorStatus(
+        kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+        absl::StrCat("this kilnd builds no CUDA kernels: ", nvrtc_status_.message()));
   }
   absl::StatusOr<GeneratedCuda> generated = GenerateCuda(request);
   if (!generated.ok()) return generated.status();
@@ -109,7 +104,8 @@ absl::StatusOr<kiln::v1::ArtifactBody> CudaCompiler::Compile(
   }
   absl::StatusOr<CudaBinary> binary = nvrtc_->Build(generated->source, *arch);
   if (!binary.ok()) {
-    return Error(kiln::v1::CompileError::CODE_TOOLCHAIN, std::string(binary.status().message()));
+    return CompileErrorStatus(kiln::v1::CompileError::CODE_TOOLCHAIN,
+                              std::string(binary.status().message()));
   }
   body.set_format(kiln::v1::BINARY_FORMAT_CUBIN);
   body.set_kernel_binary(std::move(binary->cubin));

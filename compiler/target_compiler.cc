@@ -17,12 +17,9 @@ absl::StatusOr<kiln::v1::ArtifactBody> TargetCompiler::Compile(
       return cpu_->Compile(request);
     case kiln::v1::DEVICE_KIND_CUDA:
       return cuda_->Compile(request);
-    default: {
-      kiln::v1::CompileError error;
-      error.set_code(kiln::v1::CompileError::CODE_UNIMPLEMENTED);
-      error.set_message("target has no device kind kilnd compiles for");
-      return CompileErrorStatus(error);
-    }
+    default:
+      return CompileErrorStatus(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                                "target has no device kind kilnd compiles for");
   }
 }
 

@@ -12,6 +12,7 @@
 #include "compiler/codegen/loop_space.h"
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
+#include "compiler/codegen/row_group.h"
 #include "compiler/ir/op_classes.h"
 
 namespace kiln::compiler {
@@ -155,12 +156,13 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
 class RowKernel {
  public:
   RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph), program_(program), g_(program.groups[index]), index_(index) {
+      : graph_(graph),
+        program_(program),
+        g_(program.groups[index]),
+        index_(index),
+        rows_(graph, program, index, kiln::v1::DEVICE_KIND_CPU) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
-    for (int ni : g_.nodes) {
-      for (const auto& out : graph_.nodes(ni).outputs()) producer_[out.id()] = ni;
-    }
     lanes_ = ChooseLanes();
   }
 
@@ -170,7 +172,6 @@ class RowKernel {
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       const KernelOperand& in = g_.inputs[i];
       const auto& m = *program_.meta.at(in.base);
-      input_of_[g_.input_ids[i]] = static_cast<int>(i);
       if (in.literal) {
         head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal
              << ";\n";
@@ -202,7 +203,7 @@ class RowKernel {
     // short: the passes after the first read them instead of recomputing their prologue.
     if (unit_length <= kRowBufferElements) {
       for (int ni : g_.nodes) {
-        if (auto r = MatchReduction(graph_.nodes(ni), program_.meta); r && IsFullNode(r->input)) {
+        if (auto r = rows_.ReductionOf(graph_.nodes(ni)); r && rows_.IsFullNode(r->input)) {
           buffered_.insert(r->input);
         }
       }
@@ -236,9 +237,9 @@ class RowKernel {
     }
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
-      if (auto r = MatchReduction(node, program_.meta)) {
+      if (auto r = rows_.ReductionOf(node)) {
         EmitReduction(node, *r, indent, rows_var);
-      } else if (IsRowNode(node)) {
+      } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         const std::string t = ComputeType(out.meta().dtype());
         const std::string name = "r" + std::to_string(out.id());
@@ -266,11 +267,7 @@ class RowKernel {
     }
     std::vector<uint32_t> full_outputs;
     for (uint32_t id : g_.outputs) {
-      auto p = producer_.find(id);
-      if (p != producer_.end() && !MatchReduction(graph_.nodes(p->second), program_.meta) &&
-          !IsRowNode(graph_.nodes(p->second))) {
-        full_outputs.push_back(id);
-      }
+      if (rows_.IsFullNode(id)) full_outputs.push_back(id);
     }
     if (!full_outputs.empty()) {
       auto vars = OpenInner(indent, "", rows_var, full_outputs);
@@ -340,37 +337,12 @@ class RowKernel {
     CloseLanes(indent);
   }
 
-  bool IsRowNode(const kiln::v1::Node& node) const {
-    if (FindPointwise(node.op()) == nullptr) return false;
-    return std::vector<int64_t>(node.outputs(0).meta().sizes().begin(),
-                                node.outputs(0).meta().sizes().end()) == RowShape(g_);
-  }
-  bool IsFullNode(uint32_t id) const {
-    auto p = producer_.find(id);
-    if (p == producer_.end()) return false;
-    const auto& node = graph_.nodes(p->second);
-    return !MatchReduction(node, program_.meta) && !IsRowNode(node);
-  }
-
-  // Element offset of access strides `strides` at the current indices (outer dims only, or all).
-  std::string Index(int64_t offset, const std::vector<int64_t>& strides, bool inner) const {
-    std::string e = std::to_string(offset);
-    for (int d = 0; d < rank_; ++d) {
-      if (d >= outer_ && !inner) break;
-      if (strides[d] == 0 || g_.sizes[d] == 1) continue;
-      e += " + " + std::string(d < outer_ ? "i" : "j") + std::to_string(d) + " * " +
-           std::to_string(strides[d]);
-    }
-    return e;
-  }
-
   // Makes `id` (a group input, or a row value already in `vars`) available as a variable.
   void Bind(uint32_t id, const std::string& indent, bool inner,
             std::unordered_map<uint32_t, std::string>& vars) {
     if (vars.count(id)) return;
-    auto in = input_of_.find(id);
-    if (in == input_of_.end()) return;  // an in-group value: computed by the caller
-    const int i = in->second;
+    const int i = rows_.InputOf(id);
+    if (i < 0) return;  // an in-group value: computed by the caller
     if (g_.inputs[i].literal) {
       vars[id] = "lit" + std::to_string(i);
       return;
@@ -379,7 +351,8 @@ class RowKernel {
     const std::string name = (inner ? "a" : "ra") + std::to_string(i);
     body_ << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
           << Load(m.dtype(), "in" + std::to_string(i) + "[" +
-                                 Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) + "]")
+                                 rows_.Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) +
+                                 "]")
           << ";\n";
     vars[id] = name;
   }
@@ -395,7 +368,7 @@ class RowKernel {
     for (int d = 0; d < m.sizes_size() && d < rank_; ++d) {
       strides[d] = m.sizes(d) == 1 ? 0 : m.strides(d);
     }
-    body_ << indent << "out" << (it - g_.outputs.begin()) << "[" << Index(0, strides, inner)
+    body_ << indent << "out" << (it - g_.outputs.begin()) << "[" << rows_.Index(0, strides, inner)
           << "] = " << Store(m.dtype(), vars.at(id)) << ";\n";
   }
 
@@ -428,8 +401,8 @@ class RowKernel {
     while (!stack.empty()) {
       uint32_t id = stack.back();
       stack.pop_back();
-      if (!IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(producer_.at(id)))) stack.push_back(r);
+      if (!rows_.IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
+      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
     }
     for (uint32_t id : targets) Bind(id, indent, true, vars);
     for (int ni : g_.nodes) {
@@ -526,11 +499,10 @@ class RowKernel {
   const FusedGroup& g_;
   const int index_;
   int rank_ = 0, outer_ = 0;
-  int lanes_ = 0;                               // > 0: a lane kernel (ChooseLanes)
-  std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
-  std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
-  std::unordered_set<uint32_t> buffered_;       // full values kept in per-row buffers
-  std::unordered_set<uint32_t> stored_;         // ... whose buffer the emitted code has filled
+  int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
+  RowGroup rows_;
+  std::unordered_set<uint32_t> buffered_;  // full values kept in per-row buffers
+  std::unordered_set<uint32_t> stored_;    // ... whose buffer the emitted code has filled
   std::ostringstream body_;
 };
 

@@ -13,6 +13,7 @@
 #include "compiler/codegen/loop_space.h"
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
+#include "compiler/codegen/row_group.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
 
@@ -396,15 +397,13 @@ class PointwiseKernel {
 class RowKernel {
  public:
   RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph), program_(program), g_(program.groups[index]), index_(index) {
+      : graph_(graph),
+        program_(program),
+        g_(program.groups[index]),
+        index_(index),
+        rows_(graph, program, index, kiln::v1::DEVICE_KIND_CUDA) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
-    for (int ni : g_.nodes) {
-      for (const auto& out : graph_.nodes(ni).outputs()) producer_[out.id()] = ni;
-    }
-    for (size_t i = 0; i < g_.input_ids.size(); ++i) {
-      input_of_[g_.input_ids[i]] = static_cast<int>(i);
-    }
   }
 
   std::string Source(CudaLaunch* launch) {
@@ -434,7 +433,7 @@ class RowKernel {
     Parameters(g_, program_, params, head);
     std::unordered_set<std::string> scratch_types;
     for (int ni : g_.nodes) {
-      if (MatchReduction(graph_.nodes(ni), program_.meta, kiln::v1::DEVICE_KIND_CUDA)) {
+      if (rows_.ReductionOf(graph_.nodes(ni))) {
         scratch_types.insert(ComputeType(graph_.nodes(ni).outputs(0).meta().dtype()));
       }
     }
@@ -450,9 +449,9 @@ class RowKernel {
     std::unordered_map<uint32_t, std::string> rows_var;
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
-      if (auto r = MatchReduction(node, program_.meta, kiln::v1::DEVICE_KIND_CUDA)) {
+      if (auto r = rows_.ReductionOf(node)) {
         EmitReduction(node, *r, indent, rows_var);
-      } else if (IsRowNode(node)) {
+      } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, rows_var);
         const std::string name = "r" + std::to_string(out.id());
@@ -471,7 +470,7 @@ class RowKernel {
     }
     std::vector<uint32_t> full_outputs;
     for (uint32_t id : g_.outputs) {
-      if (IsFullNode(id)) full_outputs.push_back(id);
+      if (rows_.IsFullNode(id)) full_outputs.push_back(id);
     }
     if (!full_outputs.empty()) {
       auto vars = OpenPass(indent, rows_var, full_outputs);
@@ -485,36 +484,11 @@ class RowKernel {
   }
 
  private:
-  bool IsRowNode(const kiln::v1::Node& node) const {
-    if (FindPointwise(node.op()) == nullptr) return false;
-    return std::vector<int64_t>(node.outputs(0).meta().sizes().begin(),
-                                node.outputs(0).meta().sizes().end()) == RowShape(g_);
-  }
-  bool IsFullNode(uint32_t id) const {
-    auto p = producer_.find(id);
-    if (p == producer_.end()) return false;
-    const auto& node = graph_.nodes(p->second);
-    return !MatchReduction(node, program_.meta, kiln::v1::DEVICE_KIND_CUDA) && !IsRowNode(node);
-  }
-
-  // Element offset of `strides` at the current row (and, `inner`, the current element).
-  std::string Index(int64_t offset, const std::vector<int64_t>& strides, bool inner) const {
-    std::string e = std::to_string(offset);
-    for (int d = 0; d < rank_; ++d) {
-      if (d >= outer_ && !inner) break;
-      if (d >= static_cast<int>(strides.size()) || strides[d] == 0 || g_.sizes[d] == 1) continue;
-      e += " + " + std::string(d < outer_ ? "i" : "j") + std::to_string(d) + " * " +
-           std::to_string(strides[d]);
-    }
-    return e;
-  }
-
   void Bind(uint32_t id, const std::string& indent, bool inner,
             std::unordered_map<uint32_t, std::string>& vars) {
     if (vars.count(id)) return;
-    auto in = input_of_.find(id);
-    if (in == input_of_.end()) return;  // an in-group value: computed by the caller
-    const int i = in->second;
+    const int i = rows_.InputOf(id);
+    if (i < 0) return;  // an in-group value: computed by the caller
     if (g_.inputs[i].literal) {
       vars[id] = "lit" + std::to_string(i);
       return;
@@ -523,7 +497,8 @@ class RowKernel {
     const std::string name = (inner ? "a" : "ra") + std::to_string(i);
     body_ << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
           << Load(m.dtype(), "in" + std::to_string(i) + "[" +
-                                 Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) + "]")
+                                 rows_.Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) +
+                                 "]")
           << ";\n";
     vars[id] = name;
   }
@@ -539,7 +514,7 @@ class RowKernel {
     for (int d = 0; d < m.sizes_size() && d < rank_; ++d) {
       strides[d] = m.sizes(d) == 1 ? 0 : m.strides(d);
     }
-    o << indent << "out" << (it - g_.outputs.begin()) << "[" << Index(0, strides, inner)
+    o << indent << "out" << (it - g_.outputs.begin()) << "[" << rows_.Index(0, strides, inner)
       << "] = " << Store(m.dtype(), vars.at(id)) << ";\n";
   }
 
@@ -559,8 +534,8 @@ class RowKernel {
     while (!stack.empty()) {
       const uint32_t id = stack.back();
       stack.pop_back();
-      if (!IsFullNode(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(producer_.at(id)))) stack.push_back(r);
+      if (!rows_.IsFullNode(id) || !needed.insert(id).second) continue;
+      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
     }
     for (uint32_t id : targets) Bind(id, indent, true, vars);
     for (int ni : g_.nodes) {
@@ -645,10 +620,9 @@ class RowKernel {
   const FusedGroup& g_;
   const int index_;
   int rank_ = 0, outer_ = 0;
-  int64_t length_ = 1;                          // elements of a row
-  std::string type_;                            // the index type
-  std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
-  std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
+  int64_t length_ = 1;  // elements of a row
+  std::string type_;    // the index type
+  RowGroup rows_;
   std::ostringstream body_;
 };
 
