@@ -26,6 +26,13 @@ absl::Status CompileErrorStatus(const kiln::v1::CompileError& error) {
   return status;
 }
 
+absl::Status CompileErrorStatus(kiln::v1::CompileError::Code code, std::string message) {
+  kiln::v1::CompileError error;
+  error.set_code(code);
+  error.set_message(std::move(message));
+  return CompileErrorStatus(error);
+}
+
 kiln::v1::CompileError CompileErrorFromStatus(const absl::Status& status) {
   kiln::v1::CompileError error;
   if (auto payload = status.GetPayload(kCompileErrorUrl);

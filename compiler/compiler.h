@@ -28,6 +28,8 @@ class Compiler {
 // A status that carries `error` as its payload (code kInvalidArgument for unsupported input,
 // kUnimplemented for CODE_UNIMPLEMENTED, kInternal otherwise).
 absl::Status CompileErrorStatus(const kiln::v1::CompileError& error);
+// The same for an error made of `code` and `message` only.
+absl::Status CompileErrorStatus(kiln::v1::CompileError::Code code, std::string message);
 
 // The CompileError carried by `status`, or one of CODE_INTERNAL with its message.
 kiln::v1::CompileError CompileErrorFromStatus(const absl::Status& status);

@@ -18,23 +18,16 @@ namespace {
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
 constexpr char kCpuCompilerVersion[] = "kiln-cpu-20";
 
-absl::Status Error(kiln::v1::CompileError::Code code, std::string message) {
-  kiln::v1::CompileError error;
-  error.set_code(code);
-  error.set_message(std::move(message));
-  return CompileErrorStatus(error);
-}
-
 // The ISA kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does not know.
 absl::StatusOr<std::string> TargetIsa(const kiln::v1::Target& target) {
   if (target.device_kind() != kiln::v1::DEVICE_KIND_CPU) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 "kilnd compiles CPU targets only; run CUDA graphs eagerly");
+    return CompileErrorStatus(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                              "kilnd compiles CPU targets only; run CUDA graphs eagerly");
   }
   const std::string isa = target.cpu_isa().empty() ? Toolchain::BaselineIsa() : target.cpu_isa();
   if (!Toolchain::KnownIsa(isa)) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 absl::StrCat("unknown cpu_isa '", isa.substr(0, 32), "'"));
+    return CompileErrorStatus(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+                              absl::StrCat("unknown cpu_isa '", isa.substr(0, 32), "'"));
   }
   return isa;
 }
@@ -79,8 +72,9 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
   absl::StatusOr<std::string> isa = TargetIsa(request.target());
   if (!isa.ok()) return isa.status();
   if (!Toolchain::HostBuildsFor(*isa)) {
-    return Error(kiln::v1::CompileError::CODE_UNIMPLEMENTED,
-                 absl::StrCat("this kilnd does not cross-compile for cpu_isa '", *isa, "'"));
+    return CompileErrorStatus(
+        kiln::v1::CompileError::CODE_UNIMPLEMENTED,
+        absl::StrCat("this kilnd does not cross-compile for cpu_isa '", *isa, "'"));
   }
   absl::StatusOr<GeneratedCpu> generated = GenerateCpu(request);
   if (!generated.ok()) return generated.status();
@@ -91,7 +85,8 @@ absl::StatusOr<kiln::v1::ArtifactBody> CpuCompiler::Compile(
   }
   auto so = toolchain_.BuildSharedObject(generated->source, *isa);
   if (!so.ok()) {
-    return Error(kiln::v1::CompileError::CODE_TOOLCHAIN, std::string(so.status().message()));
+    return CompileErrorStatus(kiln::v1::CompileError::CODE_TOOLCHAIN,
+                              std::string(so.status().message()));
   }
   body.set_format(kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
   body.set_kernel_binary(std::move(*so));

@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "compiler/codegen/cpu/pointwise_ops.h"
+#include "compiler/codegen/pointwise_ops.h"
 
 namespace kiln::compiler {
 namespace {

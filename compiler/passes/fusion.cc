@@ -11,8 +11,8 @@
 #include <string>
 #include <unordered_set>
 
-#include "compiler/codegen/cpu/pointwise_ops.h"
-#include "compiler/codegen/cpu/reduction_ops.h"
+#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/codegen/reduction_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
@@ -275,11 +275,11 @@ std::vector<int64_t> RowShape(const FusedGroup& group) {
   return shape;
 }
 
-bool IsFusable(const Node& node, const MetaMap& meta) {
+bool IsFusable(const Node& node, const MetaMap& meta, kiln::v1::DeviceKind device) {
   const PointwiseOp* op = FindPointwise(node.op());
   if (op == nullptr || node.outputs_size() != 1) return false;
   const TensorMeta& out = node.outputs(0).meta();
-  if (out.device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
+  if (out.device().kind() != device) return false;
   const std::string type = ComputeType(out.dtype());
   if (type.empty()) return false;
   auto bound = BindArguments(node, op->formals);
@@ -292,7 +292,10 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
       if (!op->IsTensorFormal(op->formals[i])) return false;
       auto it = meta.find(a->value());
       if (it == meta.end() || ComputeType(it->second->dtype()).empty()) return false;
-      if (it->second->device().kind() != kiln::v1::DEVICE_KIND_CPU) return false;
+      if (it->second->device().kind() != device ||
+          it->second->device().index() != out.device().index()) {
+        return false;
+      }
       // Inputs broadcast to the output: never more dims, each size equal or 1.
       const auto& in = it->second->sizes();
       if (in.size() > out.sizes().size()) return false;
@@ -304,7 +307,8 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
       continue;
     }
     // How the result is stored (dtype, device, memory format, ...) is its TensorMeta: every
-    // operand and the output are checked to be CPU tensors of handled dtypes above and below.
+    // operand and the output are checked to be tensors of handled dtypes on `device` above and
+    // below.
     if (op->IsStorageFormal(op->formals[i])) continue;
     if (a->kind_case() == Argument::kStringValue && op->formals[i] != "rounding_mode" &&
         op->formals[i] != "approximate") {
@@ -320,7 +324,8 @@ bool IsFusable(const Node& node, const MetaMap& meta) {
   return op->Emit(operands, type).has_value();
 }
 
-FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* bound) {
+FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* bound,
+                       kiln::v1::DeviceKind device) {
   FusedProgram program;
   MetaMap& meta = program.meta;
   std::unordered_map<uint32_t, int> producer;  // value -> node index
@@ -382,7 +387,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
     const bool is_bound = bound != nullptr && IsBoundNode(n, *bound);
     if (open >= 0 && open_bound != is_bound) close();
     open_bound = is_bound;
-    if (IsFusable(n, meta)) {
+    if (IsFusable(n, meta, device)) {
       std::vector<int64_t> sizes = Sizes(n.outputs(0).meta());
       if (open >= 0 && program.groups[open].sizes == sizes && reads_fit(n, false)) {
         add(i, false);
@@ -395,7 +400,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
       }
       continue;
     }
-    if (auto r = MatchReduction(n, meta)) {
+    if (auto r = MatchReduction(n, meta, device)) {
       std::vector<int64_t> sizes = Sizes(*meta[r->input]);
       int64_t outer = 1, total = 1;
       for (size_t d = 0; d < sizes.size(); ++d) {

@@ -1,7 +1,7 @@
-// Fusion for the CPU target: pointwise nodes with one iteration space become one kernel group
-// (chains that depend on each other and independent ones alike), views feeding a group are folded
-// into its operands' strides, everything else is a library step; steps nobody reads are dropped.
-// The result is in execution order.
+// Fusion into kernel groups, for one device kind (CPU or CUDA): pointwise nodes with one iteration
+// space become one kernel group (chains that depend on each other and independent ones alike),
+// views feeding a group are folded into its operands' strides, everything else is a library step;
+// steps nobody reads are dropped. The result is in execution order.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +56,11 @@ struct FusedProgram {
 // values they store share a layout (horizontal fusion); the steps the later one needs then run
 // before the merged kernel, random ops keeping their order. With `bound` (BoundValues, the graph
 // ordered by BoundNodesFirst), no group mixes nodes defining bound values with others, so every
-// step is either prologue work or per-call work.
+// step is either prologue work or per-call work. Only nodes whose tensors all live on a device
+// of kind `device` (the target's) are fused; the rest are library steps.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph,
-                       const std::unordered_set<uint32_t>* bound = nullptr);
+                       const std::unordered_set<uint32_t>* bound = nullptr,
+                       kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU);
 
 // The symbol a code generator exports for group `index` and the plan's KernelLaunch names.
 std::string KernelSymbol(int index);
@@ -67,8 +69,10 @@ std::string KernelSymbol(int index);
 std::vector<int64_t> RowShape(const FusedGroup& group);
 
 // True when `node` can be computed inside a generated kernel (a pointwise op of the table over
-// dtypes the generator handles, whose operands broadcast to its output).
+// dtypes the generator handles, whose operands broadcast to its output, all on one device of kind
+// `device`).
 bool IsFusable(const kiln::v1::Node& node,
-               const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
+               const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta,
+               kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU);
 
 }  // namespace kiln::compiler

@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "compiler/codegen/cpu/pointwise_ops.h"
-#include "compiler/codegen/cpu/reduction_ops.h"
+#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/codegen/reduction_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
 #include "compiler/passes/pass_log.h"

@@ -9,14 +9,14 @@
 #include <unordered_set>
 
 #include "compiler/codegen/cpu/kernel_abi_text.h"
-#include "compiler/codegen/cpu/pointwise_ops.h"
-#include "compiler/codegen/cpu/reduction_ops.h"
+#include "compiler/codegen/loop_space.h"
+#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/codegen/reduction_ops.h"
+#include "compiler/codegen/row_group.h"
 #include "compiler/ir/op_classes.h"
 
 namespace kiln::compiler {
 namespace {
-
-using kiln::v1::Argument;
 
 // What every kernel source opens with, before the kernel ABI: the source is self-contained (it
 // builds where no kiln header is installed, such as kilnd's bundle on another machine).
@@ -87,28 +87,7 @@ std::string Rounded(kiln::v1::DType dtype, const std::string& value) {
 // C++ variables holding its tensor operands.
 std::string PointwiseExpr(const kiln::v1::Node& node,
                           const std::unordered_map<uint32_t, std::string>& var) {
-  const PointwiseOp& op = *FindPointwise(node.op());
-  const auto& out = node.outputs(0);
-  const std::string type = ComputeType(out.meta().dtype());
-  std::vector<std::optional<Operand>> operands(op.formals.size());
-  const auto bound = *BindArguments(node, op.formals);  // IsFusable bound them already
-  for (size_t pos = 0; pos < bound.size(); ++pos) {
-    const Argument* a = bound[pos];
-    if (a == nullptr || a->kind_case() == Argument::kNone || op.IsStorageFormal(op.formals[pos])) {
-      continue;
-    }
-    if (a->kind_case() == Argument::kValue) {
-      const std::string& v = var.at(a->value());
-      operands[pos] = Operand{op.keeps_operand_types ? v : "(" + type + ")" + v, true, 0};
-      continue;
-    }
-    std::string lit = *ScalarLiteral(*a);
-    if (a->kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
-      lit = "(" + type + ")" + lit;
-    }
-    operands[pos] = Operand{lit, false, ScalarValue(*a)};
-  }
-  return Rounded(out.meta().dtype(), "(" + type + ")" + *op.Emit(operands, type));
+  return NodeExpression(node, var, Rounded);
 }
 
 struct Access {
@@ -153,8 +132,8 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
                             int64_t range, int64_t grain) {
   const std::string symbol = KernelSymbol(index);
   if (range == 0) {
-    return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" +
-           decls + body + "}\n";
+    return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" + decls +
+           body + "}\n";
   }
   const std::string fn = "kiln_range_" + std::to_string(index);
   return "static void " + fn + "(int64_t kiln_begin, int64_t kiln_end, void* const* args) {\n" +
@@ -177,12 +156,13 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
 class RowKernel {
  public:
   RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph), program_(program), g_(program.groups[index]), index_(index) {
+      : graph_(graph),
+        program_(program),
+        g_(program.groups[index]),
+        index_(index),
+        rows_(graph, program, index, kiln::v1::DEVICE_KIND_CPU) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
-    for (int ni : g_.nodes) {
-      for (const auto& out : graph_.nodes(ni).outputs()) producer_[out.id()] = ni;
-    }
     lanes_ = ChooseLanes();
   }
 
@@ -192,7 +172,6 @@ class RowKernel {
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       const KernelOperand& in = g_.inputs[i];
       const auto& m = *program_.meta.at(in.base);
-      input_of_[g_.input_ids[i]] = static_cast<int>(i);
       if (in.literal) {
         head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal
              << ";\n";
@@ -224,7 +203,7 @@ class RowKernel {
     // short: the passes after the first read them instead of recomputing their prologue.
     if (unit_length <= kRowBufferElements) {
       for (int ni : g_.nodes) {
-        if (auto r = MatchReduction(graph_.nodes(ni), program_.meta); r && IsFullNode(r->input)) {
+        if (auto r = rows_.ReductionOf(graph_.nodes(ni)); r && rows_.IsFullNode(r->input)) {
           buffered_.insert(r->input);
         }
       }
@@ -258,9 +237,9 @@ class RowKernel {
     }
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
-      if (auto r = MatchReduction(node, program_.meta)) {
+      if (auto r = rows_.ReductionOf(node)) {
         EmitReduction(node, *r, indent, rows_var);
-      } else if (IsRowNode(node)) {
+      } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         const std::string t = ComputeType(out.meta().dtype());
         const std::string name = "r" + std::to_string(out.id());
@@ -288,11 +267,7 @@ class RowKernel {
     }
     std::vector<uint32_t> full_outputs;
     for (uint32_t id : g_.outputs) {
-      auto p = producer_.find(id);
-      if (p != producer_.end() && !MatchReduction(graph_.nodes(p->second), program_.meta) &&
-          !IsRowNode(graph_.nodes(p->second))) {
-        full_outputs.push_back(id);
-      }
+      if (rows_.IsFullNode(id)) full_outputs.push_back(id);
     }
     if (!full_outputs.empty()) {
       auto vars = OpenInner(indent, "", rows_var, full_outputs);
@@ -324,14 +299,11 @@ class RowKernel {
       if (in.strides[inner] == 1) return 0;
       lane_contiguous |= in.strides[outer_ - 1] == 1;
     }
-    return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1]))
-                           : 0;
+    return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1])) : 0;
   }
 
   // A row-scope name as the code reads it: in a lane kernel, this lane's element of the array.
-  std::string Lane(const std::string& name) const {
-    return lanes_ > 0 ? name + "[kiln_v]" : name;
-  }
+  std::string Lane(const std::string& name) const { return lanes_ > 0 ? name + "[kiln_v]" : name; }
 
   // A lane kernel's loop over the lanes of the block (vectorized), defining the last kept dim's
   // index; nothing in the scalar form.
@@ -365,37 +337,12 @@ class RowKernel {
     CloseLanes(indent);
   }
 
-  bool IsRowNode(const kiln::v1::Node& node) const {
-    if (FindPointwise(node.op()) == nullptr) return false;
-    return std::vector<int64_t>(node.outputs(0).meta().sizes().begin(),
-                                node.outputs(0).meta().sizes().end()) == RowShape(g_);
-  }
-  bool IsFullNode(uint32_t id) const {
-    auto p = producer_.find(id);
-    if (p == producer_.end()) return false;
-    const auto& node = graph_.nodes(p->second);
-    return !MatchReduction(node, program_.meta) && !IsRowNode(node);
-  }
-
-  // Element offset of access strides `strides` at the current indices (outer dims only, or all).
-  std::string Index(int64_t offset, const std::vector<int64_t>& strides, bool inner) const {
-    std::string e = std::to_string(offset);
-    for (int d = 0; d < rank_; ++d) {
-      if (d >= outer_ && !inner) break;
-      if (strides[d] == 0 || g_.sizes[d] == 1) continue;
-      e += " + " + std::string(d < outer_ ? "i" : "j") + std::to_string(d) + " * " +
-           std::to_string(strides[d]);
-    }
-    return e;
-  }
-
   // Makes `id` (a group input, or a row value already in `vars`) available as a variable.
   void Bind(uint32_t id, const std::string& indent, bool inner,
             std::unordered_map<uint32_t, std::string>& vars) {
     if (vars.count(id)) return;
-    auto in = input_of_.find(id);
-    if (in == input_of_.end()) return;  // an in-group value: computed by the caller
-    const int i = in->second;
+    const int i = rows_.InputOf(id);
+    if (i < 0) return;  // an in-group value: computed by the caller
     if (g_.inputs[i].literal) {
       vars[id] = "lit" + std::to_string(i);
       return;
@@ -404,7 +351,8 @@ class RowKernel {
     const std::string name = (inner ? "a" : "ra") + std::to_string(i);
     body_ << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
           << Load(m.dtype(), "in" + std::to_string(i) + "[" +
-                                 Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) + "]")
+                                 rows_.Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) +
+                                 "]")
           << ";\n";
     vars[id] = name;
   }
@@ -420,7 +368,7 @@ class RowKernel {
     for (int d = 0; d < m.sizes_size() && d < rank_; ++d) {
       strides[d] = m.sizes(d) == 1 ? 0 : m.strides(d);
     }
-    body_ << indent << "out" << (it - g_.outputs.begin()) << "[" << Index(0, strides, inner)
+    body_ << indent << "out" << (it - g_.outputs.begin()) << "[" << rows_.Index(0, strides, inner)
           << "] = " << Store(m.dtype(), vars.at(id)) << ";\n";
   }
 
@@ -432,8 +380,8 @@ class RowKernel {
       const std::vector<uint32_t>& targets) {
     for (int d = outer_; d < rank_; ++d) {
       if (d == rank_ - 1 && lanes_ == 0) body_ << indent << "#pragma omp simd" << clause << "\n";
-      body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d]
-            << "; ++j" << d << ") {\n";
+      body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d] << "; ++j"
+            << d << ") {\n";
       indent += "  ";
     }
     OpenLanes(indent);  // lanes are independent: no reduction clause
@@ -453,8 +401,8 @@ class RowKernel {
     while (!stack.empty()) {
       uint32_t id = stack.back();
       stack.pop_back();
-      if (!IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(producer_.at(id)))) stack.push_back(r);
+      if (!rows_.IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
+      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
     }
     for (uint32_t id : targets) Bind(id, indent, true, vars);
     for (int ni : g_.nodes) {
@@ -533,8 +481,8 @@ class RowKernel {
         loop(" reduction(+:" + acc_name + ")", acc + " += x;");
         DeclareRow(t, mean_name, acc + " / " + count, indent);
         DeclareRow(t, m2_name, "0", indent);
-        loop(" reduction(+:" + m2_name + ")", "const " + t + " d = x - " + mean + "; " + m2 +
-                                                  " += d * d;");
+        loop(" reduction(+:" + m2_name + ")",
+             "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
         char corr[64];
         std::snprintf(corr, sizeof corr, "%a", r.correction);
         const std::string var =
@@ -552,10 +500,9 @@ class RowKernel {
   const int index_;
   int rank_ = 0, outer_ = 0;
   int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
-  std::unordered_map<uint32_t, int> producer_;  // value -> node index, for the group's nodes
-  std::unordered_map<uint32_t, int> input_of_;  // value -> index into g_.inputs
-  std::unordered_set<uint32_t> buffered_;       // full values kept in per-row buffers
-  std::unordered_set<uint32_t> stored_;         // ... whose buffer the emitted code has filled
+  RowGroup rows_;
+  std::unordered_set<uint32_t> buffered_;  // full values kept in per-row buffers
+  std::unordered_set<uint32_t> stored_;    // ... whose buffer the emitted code has filled
   std::ostringstream body_;
 };
 
@@ -605,55 +552,14 @@ std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& progra
       accesses.push_back({"out" + std::to_string(i), 0, strides});
     }
 
-    // Dimensions of size 1 take no loop (one remains when all are 1); then dimension d folds
-    // into d-1 when every access walks the two as one.
-    {
-      std::vector<int64_t> kept_sizes;
-      std::vector<std::vector<int64_t>> kept_strides(accesses.size());
-      for (int d = 0; d < rank; ++d) {
-        if (sizes[d] == 1 && !(d == rank - 1 && kept_sizes.empty())) continue;
-        kept_sizes.push_back(sizes[d]);
-        for (size_t a = 0; a < accesses.size(); ++a) {
-          kept_strides[a].push_back(sizes[d] == 1 ? 0 : accesses[a].strides[d]);
-        }
-      }
-      sizes = kept_sizes;
-      for (size_t a = 0; a < accesses.size(); ++a) accesses[a].strides = kept_strides[a];
-    }
-    // Loop order follows the first output's memory order (largest stride outermost), so a
-    // channels-last or transposed result is written sequentially and the inner loop vectorizes.
-    if (!g.outputs.empty()) {
-      const std::vector<int64_t>& key = accesses[g.inputs.size()].strides;
-      std::vector<int> order(sizes.size());
-      for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int>(d);
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int a, int b) { return key[a] > key[b]; });
-      std::vector<int64_t> permuted_sizes;
-      for (int d : order) permuted_sizes.push_back(sizes[d]);
-      sizes = permuted_sizes;
-      for (Access& a : accesses) {
-        std::vector<int64_t> permuted;
-        for (int d : order) permuted.push_back(a.strides[d]);
-        a.strides = permuted;
-      }
-    }
-    const int krank = static_cast<int>(sizes.size());
-    std::vector<int64_t> csizes{sizes[0]};
-    std::vector<std::vector<int64_t>> cstrides(accesses.size());
-    for (size_t a = 0; a < accesses.size(); ++a) cstrides[a] = {accesses[a].strides[0]};
-    for (int d = 1; d < krank; ++d) {
-      bool merge = true;
-      for (size_t a = 0; a < accesses.size(); ++a) {
-        merge = merge && cstrides[a].back() == accesses[a].strides[d] * sizes[d];
-      }
-      if (merge) {
-        csizes.back() *= sizes[d];
-        for (size_t a = 0; a < accesses.size(); ++a) cstrides[a].back() = accesses[a].strides[d];
-      } else {
-        csizes.push_back(sizes[d]);
-        for (size_t a = 0; a < accesses.size(); ++a) cstrides[a].push_back(accesses[a].strides[d]);
-      }
-    }
+    // The loop order follows the first output's memory order, so a channels-last or transposed
+    // result is written sequentially and the inner loop vectorizes.
+    std::vector<std::vector<int64_t>> access_strides;
+    for (const Access& a : accesses) access_strides.push_back(a.strides);
+    LoopSpace space = CollapseLoops(sizes, access_strides,
+                                    g.outputs.empty() ? -1 : static_cast<int>(g.inputs.size()));
+    std::vector<int64_t>& csizes = space.sizes;
+    std::vector<std::vector<int64_t>>& cstrides = space.strides;
     // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
     // vectorizes nothing and strides through the inputs: the longest dim some input reads
     // contiguously goes innermost instead, so the loop reads consecutive elements and its

@@ -21,4 +21,13 @@ typedef void (*kiln_parallel_for_fn)(int64_t begin, int64_t end, int64_t grain, 
 // exactly the dtype, sizes and strides ExecutionPlan.values gives for it.
 typedef void (*kiln_kernel_fn)(void* const* args, kiln_parallel_for_fn parallel_for);
 
+// CUDA kernels (BINARY_FORMAT_CUBIN) need no type from this file: the cubin exports
+//   extern "C" __global__ void <KernelLaunch.symbol>(T0* a0, T1* a1, ...)
+// with exactly one pointer parameter per KernelLaunch.args entry, in order: the device address
+// (storage offset applied) of that value, which has exactly the dtype, sizes and strides
+// ExecutionPlan.values gives for it (sizes and strides are compiled in; bf16 and f16 are passed as
+// 16-bit words). The runtime launches it with cuLaunchKernel on the caller's current stream with
+// KernelLaunch.grid, .block and .shared_memory_bytes (dynamic shared memory) and nothing else;
+// kernels never allocate. Artifact.kernel_ptx holds the same kernels as PTX for newer GPUs.
+
 #endif  // KILN_V1_KERNEL_ABI_H_

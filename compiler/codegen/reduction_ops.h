@@ -1,4 +1,4 @@
-// The reductions the CPU code generator fuses with their pointwise prologues and epilogues:
+// The reductions the code generators fuse with their pointwise prologues and epilogues:
 // sum, mean, amax, amin, var, std and var_mean over the trailing dimensions of their input.
 #pragma once
 
@@ -17,19 +17,21 @@ enum class ReductionKind { kSum, kMean, kAmax, kAmin, kVar, kStd, kVarMean };
 struct Reduction {
   ReductionKind kind;
   uint32_t input = 0;
-  int outer_rank = 0;       // The input's leading dims that are kept; the rest are reduced.
+  int outer_rank = 0;  // The input's leading dims that are kept; the rest are reduced.
   bool keepdim = false;
-  double correction = 1;    // var, var_mean: the divisor is n - correction.
+  double correction = 1;  // var, var_mean: the divisor is n - correction.
 };
 
 // True when `op` names one of the reductions MatchReduction may accept.
 bool IsReductionOp(const std::string& op);
 
 // The reduction `node` computes when the generator can fuse it: a float (f32, f64, bf16, f16)
-// CPU input, a result of the input's dtype, a non-empty set of reduced dims that are exactly the
-// input's trailing ones with at least two elements between them, and at least one kept row.
+// input on a device of kind `device`, a result of the input's dtype, a non-empty set of reduced
+// dims that are exactly the input's trailing ones with at least two elements between them, and at
+// least one kept row.
 std::optional<Reduction> MatchReduction(
     const kiln::v1::Node& node,
-    const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
+    const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta,
+    kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU);
 
 }  // namespace kiln::compiler

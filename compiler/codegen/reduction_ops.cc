@@ -1,9 +1,10 @@
-#include "compiler/codegen/cpu/reduction_ops.h"
+// The reduction table and the checks that decide whether a reduction node is generated.
+#include "compiler/codegen/reduction_ops.h"
 
 #include <algorithm>
 #include <string>
 
-#include "compiler/codegen/cpu/pointwise_ops.h"
+#include "compiler/codegen/pointwise_ops.h"
 
 namespace kiln::compiler {
 namespace {
@@ -26,7 +27,8 @@ const std::vector<ReductionOp>& Table() {
       {"aten::amin", ReductionKind::kAmin, {"self", "dim", "keepdim"}},
       {"aten::var.correction", ReductionKind::kVar, {"self", "dim", "correction", "keepdim"}},
       {"aten::std.correction", ReductionKind::kStd, {"self", "dim", "correction", "keepdim"}},
-      {"aten::var_mean.correction", ReductionKind::kVarMean,
+      {"aten::var_mean.correction",
+       ReductionKind::kVarMean,
        {"self", "dim", "correction", "keepdim"}},
   };
   return *table;
@@ -49,7 +51,8 @@ bool IsReductionOp(const std::string& op) {
 
 std::optional<Reduction> MatchReduction(
     const kiln::v1::Node& node,
-    const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta) {
+    const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta,
+    kiln::v1::DeviceKind device) {
   const auto& table = Table();
   auto op = std::find_if(table.begin(), table.end(),
                          [&](const ReductionOp& r) { return node.op() == r.name; });
@@ -63,9 +66,11 @@ std::optional<Reduction> MatchReduction(
   auto in = meta.find(self->value());
   if (in == meta.end()) return std::nullopt;
   const kiln::v1::TensorMeta& m = *in->second;
-  if (!IsFloat(m.dtype()) || m.device().kind() != kiln::v1::DEVICE_KIND_CPU) return std::nullopt;
+  if (!IsFloat(m.dtype()) || m.device().kind() != device) return std::nullopt;
   for (const auto& out : node.outputs()) {
-    if (out.meta().dtype() != m.dtype()) return std::nullopt;
+    if (out.meta().dtype() != m.dtype() || out.meta().device().kind() != device) {
+      return std::nullopt;
+    }
   }
   Reduction r{op->kind, self->value()};
   const int rank = m.sizes_size();

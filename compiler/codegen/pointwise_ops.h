@@ -1,9 +1,12 @@
-// The ATen ops the CPU code generator fuses: for each pointwise op, its formal arguments and the
-// C++ expression it computes; and the ops that return an alias of their input (views).
+// The ATen ops the code generators (CPU and CUDA) fuse: for each pointwise op, its formal arguments
+// and the C++ expression it computes. Expressions call math as std::<fn> (exp, log, pow, ...) and
+// use INFINITY, NAN and INT64_C: each generator's prelude makes those resolve on its target.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/v1/graph.pb.h"
@@ -53,7 +56,16 @@ double ScalarValue(const kiln::v1::Argument& arg);
 // The pointwise op named `op` (schema name with overload), or nullptr.
 const PointwiseOp* FindPointwise(const std::string& op);
 
-// C++ storage and compute types of a dtype ("" when the generator does not handle it).
+// How a generator rounds a value of the compute type to what eager PyTorch holds after an op
+// whose output has `dtype` (a bf16 result is rounded to bf16, then widened again).
+using RoundFn = std::string (*)(kiln::v1::DType dtype, const std::string& value);
+
+// The expression of pointwise node `node` (IsFusable), rounded with `rounded`; `var` names the
+// expressions holding its tensor operands (already in their compute types).
+std::string NodeExpression(const kiln::v1::Node& node,
+                           const std::unordered_map<uint32_t, std::string>& var, RoundFn rounded);
+
+// C++ storage (host) and compute types of a dtype ("" when the generator does not handle it).
 std::string StorageType(kiln::v1::DType dtype);
 std::string ComputeType(kiln::v1::DType dtype);
 

@@ -1,6 +1,6 @@
 // The pointwise op table. Expressions follow eager PyTorch's semantics on the compute type:
 // NaN propagates through relu/clamp/maximum, round is half-to-even, division is true division.
-#include "compiler/codegen/cpu/pointwise_ops.h"
+#include "compiler/codegen/pointwise_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +10,7 @@
 namespace kiln::compiler {
 namespace {
 
+using kiln::v1::Argument;
 using Args = std::vector<std::optional<Operand>>;
 using Out = std::optional<std::string>;
 
@@ -66,10 +67,10 @@ Out Abs(const Args& a, const std::string& t) {
   if (t == "bool") return A(a, 0);
   return "(" + A(a, 0) + " < 0 ? (" + t + ")-" + A(a, 0) + " : " + A(a, 0) + ")";
 }
-#define KILN_FLOAT_FN(Name, fn)                           \
-  Out Name(const Args& a, const std::string& t) {         \
-    if (!IsFloat(t)) return std::nullopt;                 \
-    return Call(fn, A(a, 0), t);                          \
+#define KILN_FLOAT_FN(Name, fn)                   \
+  Out Name(const Args& a, const std::string& t) { \
+    if (!IsFloat(t)) return std::nullopt;         \
+    return Call(fn, A(a, 0), t);                  \
   }
 KILN_FLOAT_FN(Exp, "exp")
 KILN_FLOAT_FN(Log, "log")
@@ -105,13 +106,13 @@ Out Gelu(const Args& a, const std::string& t) {
   if (!IsFloat(t)) return std::nullopt;
   const std::string x = A(a, 0);
   if (!Has(a, 1) || A(a, 1) == "\"none\"") {
-    return "((" + t + ")0.5 * " + x + " * ((" + t + ")1 + std::erf(" + x +
-           " * (" + t + ")0.70710678118654752440)))";
+    return "((" + t + ")0.5 * " + x + " * ((" + t + ")1 + std::erf(" + x + " * (" + t +
+           ")0.70710678118654752440)))";
   }
   if (A(a, 1) == "\"tanh\"") {
     return "((" + t + ")0.5 * " + x + " * ((" + t + ")1 + std::tanh((" + t +
-           ")0.79788456080286535588 * (" + x + " + (" + t + ")0.044715 * " + x + " * " + x +
-           " * " + x + "))))";
+           ")0.79788456080286535588 * (" + x + " + (" + t + ")0.044715 * " + x + " * " + x + " * " +
+           x + "))))";
   }
   return std::nullopt;
 }
@@ -159,8 +160,8 @@ Out Hardsigmoid(const Args& a, const std::string& t) {
 Out Hardswish(const Args& a, const std::string& t) {
   if (!IsFloat(t)) return std::nullopt;
   return "(" + A(a, 0) + " * " +
-         Min(Max("(" + A(a, 0) + " + (" + t + ")3)", "(" + t + ")0"), "(" + t + ")6") + " / (" +
-         t + ")6)";
+         Min(Max("(" + A(a, 0) + " + (" + t + ")3)", "(" + t + ")0"), "(" + t + ")6") + " / (" + t +
+         ")6)";
 }
 Out Maximum(const Args& a, const std::string& t) {
   if (t == "bool") return "(" + A(a, 0) + " || " + A(a, 1) + ")";
@@ -194,9 +195,9 @@ Out Sign(const Args& a, const std::string& t) {
   if (t == "bool") return A(a, 0);
   return "((" + t + ")((" + A(a, 0) + " > 0) - (" + A(a, 0) + " < 0)))";
 }
-#define KILN_COMPARE(Name, opr)                                           \
-  Out Name(const Args& a, const std::string&) {                           \
-    return "(" + A(a, 0) + " " opr " " + A(a, 1) + ")";                   \
+#define KILN_COMPARE(Name, opr)                         \
+  Out Name(const Args& a, const std::string&) {         \
+    return "(" + A(a, 0) + " " opr " " + A(a, 1) + ")"; \
   }
 KILN_COMPARE(Eq, "==")
 KILN_COMPARE(Ne, "!=")
@@ -279,8 +280,7 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
       {"aten::where.self",
        {V{"condition", "self", "other"}, V{"condition", "self", "other"}, true, Where}},
       {"aten::pow.Tensor_Scalar", {V{"self", "exponent"}, V{"self"}, false, PowScalar}},
-      {"aten::pow.Tensor_Tensor",
-       {V{"self", "exponent"}, V{"self", "exponent"}, false, PowTensor}},
+      {"aten::pow.Tensor_Tensor", {V{"self", "exponent"}, V{"self", "exponent"}, false, PowTensor}},
       {"aten::sign", {V{"self"}, V{"self"}, false, Sign}},
       {"aten::eq.Tensor", {V{"self", "other"}, V{"self", "other"}, true, Eq}},
       {"aten::eq.Scalar", {V{"self", "other"}, V{"self"}, true, Eq}},
@@ -312,6 +312,32 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
 
 }  // namespace
 
+std::string NodeExpression(const kiln::v1::Node& node,
+                           const std::unordered_map<uint32_t, std::string>& var, RoundFn rounded) {
+  const PointwiseOp& op = *FindPointwise(node.op());
+  const auto& out = node.outputs(0);
+  const std::string type = ComputeType(out.meta().dtype());
+  std::vector<std::optional<Operand>> operands(op.formals.size());
+  const auto bound = *BindArguments(node, op.formals);  // IsFusable bound them already
+  for (size_t pos = 0; pos < bound.size(); ++pos) {
+    const Argument* a = bound[pos];
+    if (a == nullptr || a->kind_case() == Argument::kNone || op.IsStorageFormal(op.formals[pos])) {
+      continue;
+    }
+    if (a->kind_case() == Argument::kValue) {
+      const std::string& v = var.at(a->value());
+      operands[pos] = Operand{op.keeps_operand_types ? v : "(" + type + ")" + v, true, 0};
+      continue;
+    }
+    std::string lit = *ScalarLiteral(*a);
+    if (a->kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
+      lit = "(" + type + ")" + lit;
+    }
+    operands[pos] = Operand{lit, false, ScalarValue(*a)};
+  }
+  return rounded(out.meta().dtype(), "(" + type + ")" + *op.Emit(operands, type));
+}
+
 std::optional<std::string> PointwiseOp::Emit(const std::vector<std::optional<Operand>>& args,
                                              const std::string& type) const {
   missing_operand = false;
@@ -330,8 +356,7 @@ bool PointwiseOp::IsTensorFormal(const std::string& formal) const {
 }
 
 bool PointwiseOp::IsStorageFormal(const std::string& formal) const {
-  return std::find(storage_formals.begin(), storage_formals.end(), formal) !=
-         storage_formals.end();
+  return std::find(storage_formals.begin(), storage_formals.end(), formal) != storage_formals.end();
 }
 
 std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(
@@ -355,26 +380,41 @@ std::optional<std::vector<const kiln::v1::Argument*>> BindArguments(
 
 double ScalarValue(const kiln::v1::Argument& arg) {
   switch (arg.kind_case()) {
-    case kiln::v1::Argument::kFloatValue: return arg.float_value();
-    case kiln::v1::Argument::kIntValue: return static_cast<double>(arg.int_value());
-    case kiln::v1::Argument::kBoolValue: return arg.bool_value() ? 1.0 : 0.0;
-    default: return 0.0;
+    case kiln::v1::Argument::kFloatValue:
+      return arg.float_value();
+    case kiln::v1::Argument::kIntValue:
+      return static_cast<double>(arg.int_value());
+    case kiln::v1::Argument::kBoolValue:
+      return arg.bool_value() ? 1.0 : 0.0;
+    default:
+      return 0.0;
   }
 }
 
 std::string StorageType(kiln::v1::DType dtype) {
   switch (dtype) {
-    case kiln::v1::DTYPE_FLOAT32: return "float";
-    case kiln::v1::DTYPE_FLOAT64: return "double";
-    case kiln::v1::DTYPE_FLOAT16: return "_Float16";
-    case kiln::v1::DTYPE_BFLOAT16: return "uint16_t";
-    case kiln::v1::DTYPE_INT8: return "int8_t";
-    case kiln::v1::DTYPE_INT16: return "int16_t";
-    case kiln::v1::DTYPE_INT32: return "int32_t";
-    case kiln::v1::DTYPE_INT64: return "int64_t";
-    case kiln::v1::DTYPE_UINT8: return "uint8_t";
-    case kiln::v1::DTYPE_BOOL: return "bool";
-    default: return "";
+    case kiln::v1::DTYPE_FLOAT32:
+      return "float";
+    case kiln::v1::DTYPE_FLOAT64:
+      return "double";
+    case kiln::v1::DTYPE_FLOAT16:
+      return "_Float16";
+    case kiln::v1::DTYPE_BFLOAT16:
+      return "uint16_t";
+    case kiln::v1::DTYPE_INT8:
+      return "int8_t";
+    case kiln::v1::DTYPE_INT16:
+      return "int16_t";
+    case kiln::v1::DTYPE_INT32:
+      return "int32_t";
+    case kiln::v1::DTYPE_INT64:
+      return "int64_t";
+    case kiln::v1::DTYPE_UINT8:
+      return "uint8_t";
+    case kiln::v1::DTYPE_BOOL:
+      return "bool";
+    default:
+      return "";
   }
 }
 
@@ -382,15 +422,20 @@ std::string ComputeType(kiln::v1::DType dtype) {
   switch (dtype) {
     case kiln::v1::DTYPE_FLOAT32:
     case kiln::v1::DTYPE_FLOAT16:
-    case kiln::v1::DTYPE_BFLOAT16: return "float";
-    case kiln::v1::DTYPE_FLOAT64: return "double";
+    case kiln::v1::DTYPE_BFLOAT16:
+      return "float";
+    case kiln::v1::DTYPE_FLOAT64:
+      return "double";
     case kiln::v1::DTYPE_INT8:
     case kiln::v1::DTYPE_INT16:
     case kiln::v1::DTYPE_INT32:
     case kiln::v1::DTYPE_INT64:
-    case kiln::v1::DTYPE_UINT8: return "int64_t";
-    case kiln::v1::DTYPE_BOOL: return "bool";
-    default: return "";
+    case kiln::v1::DTYPE_UINT8:
+      return "int64_t";
+    case kiln::v1::DTYPE_BOOL:
+      return "bool";
+    default:
+      return "";
   }
 }
 

@@ -1,0 +1,43 @@
+// CUDA C++ source for fused kernel groups (the same FusedProgram the CPU generator reads): one
+// extern "C" __global__ function per group with sizes, strides and offsets compiled in, and the
+// launch configuration chosen for it from those sizes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "compiler/passes/fusion.h"
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// How one kernel is launched (KernelLaunch's grid, block and shared_memory_bytes).
+struct CudaLaunch {
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t shared_memory_bytes = 0;  // dynamic; the kernels' shared memory is static
+};
+
+struct CudaSource {
+  std::string source;
+  std::map<std::string, CudaLaunch> launches;  // by KernelSymbol
+};
+
+// The whole translation unit for NVRTC (self-contained: it includes no header) and the launch of
+// every group of `program` (fused for DEVICE_KIND_CUDA) that a step launches. Each kernel is
+//   extern "C" __global__ void <KernelSymbol(group)>(const T* in.., T* out..)
+// with one pointer per non-literal input (in input order), then one per output: the CUDA kernel
+// ABI of kiln.v1 (artifact.proto, KernelLaunch). Any grid the launch names covers the iteration
+// space (kernels loop with a grid stride); every block size is a multiple of 32.
+//
+// Pointwise groups: one thread per element, or per 16 bytes of the widest operand when the space
+// collapses to one dim that every access walks contiguously (or broadcasts) at a 16-byte aligned
+// offset; that vector path runs only when every pointer is 16-byte aligned at run time (a uniform
+// branch), the scalar path otherwise. Row-wise groups (outer_rank >= 0): one block per row
+// (grid-stride over rows), threads strided over the row, warp shuffles then shared memory for the
+// block's reductions (float accumulation; var/std in two passes), the block size from the row's
+// length (long rows loop with a block stride).
+CudaSource GenerateCudaKernels(const kiln::v1::Graph& graph, const FusedProgram& program);
+
+}  // namespace kiln::compiler

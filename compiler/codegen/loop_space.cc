@@ -1,0 +1,54 @@
+// CollapseLoops: drop, order, merge, in that order, so that merging sees the final order.
+#include "compiler/codegen/loop_space.h"
+
+#include <algorithm>
+
+namespace kiln::compiler {
+
+LoopSpace CollapseLoops(const std::vector<int64_t>& sizes,
+                        const std::vector<std::vector<int64_t>>& strides, int order_by) {
+  const int rank = static_cast<int>(sizes.size());
+  const size_t n = strides.size();
+  // Dimensions of size 1 take no loop (one remains when all are 1).
+  std::vector<int64_t> kept_sizes;
+  std::vector<std::vector<int64_t>> kept(n);
+  for (int d = 0; d < rank; ++d) {
+    if (sizes[d] == 1 && !(d == rank - 1 && kept_sizes.empty())) continue;
+    kept_sizes.push_back(sizes[d]);
+    for (size_t a = 0; a < n; ++a) kept[a].push_back(sizes[d] == 1 ? 0 : strides[a][d]);
+  }
+  if (order_by >= 0) {
+    const std::vector<int64_t> key = kept[order_by];
+    std::vector<int> order(kept_sizes.size());
+    for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int>(d);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
+    std::vector<int64_t> permuted_sizes;
+    for (int d : order) permuted_sizes.push_back(kept_sizes[d]);
+    kept_sizes = permuted_sizes;
+    for (auto& s : kept) {
+      std::vector<int64_t> permuted;
+      for (int d : order) permuted.push_back(s[d]);
+      s = permuted;
+    }
+  }
+  LoopSpace space;
+  space.sizes = {kept_sizes[0]};
+  space.strides.resize(n);
+  for (size_t a = 0; a < n; ++a) space.strides[a] = {kept[a][0]};
+  for (size_t d = 1; d < kept_sizes.size(); ++d) {
+    bool merge = true;
+    for (size_t a = 0; a < n; ++a) {
+      merge = merge && space.strides[a].back() == kept[a][d] * kept_sizes[d];
+    }
+    if (merge) {
+      space.sizes.back() *= kept_sizes[d];
+      for (size_t a = 0; a < n; ++a) space.strides[a].back() = kept[a][d];
+    } else {
+      space.sizes.push_back(kept_sizes[d]);
+      for (size_t a = 0; a < n; ++a) space.strides[a].push_back(kept[a][d]);
+    }
+  }
+  return space;
+}
+
+}  // namespace kiln::compiler

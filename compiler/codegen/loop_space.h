@@ -1,0 +1,24 @@
+// The loop nest a pointwise kernel walks, shared by the CPU and CUDA generators: the iteration
+// space with size-1 dims dropped, ordered by an output's memory layout, and dims that every
+// access walks as one merged.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::compiler {
+
+struct LoopSpace {
+  std::vector<int64_t> sizes;                 // outermost first; never empty
+  std::vector<std::vector<int64_t>> strides;  // per access, one per dim of `sizes`
+};
+
+// Collapses `sizes` (rank >= 1) walked by accesses with `strides` (each of the same rank; 0 for
+// broadcast dims): dims of size 1 are dropped (one remains when all are 1); then dims are ordered
+// by access `order_by`'s strides, largest outermost (stable; -1 keeps the order), so that access
+// is walked in memory order; then dim d folds into d-1 when every access walks the two as one.
+// The element count is unchanged.
+LoopSpace CollapseLoops(const std::vector<int64_t>& sizes,
+                        const std::vector<std::vector<int64_t>>& strides, int order_by);
+
+}  // namespace kiln::compiler

@@ -1,0 +1,384 @@
+// CudaCompiler without a GPU: every kind of generated kernel is built by NVRTC for sm_90 and its
+// cubin checked (the kernels the plan launches, their registers, stack frame and shared memory);
+// launch configurations cover the iteration space; the target rules and errors.
+#include "compiler/cuda_compiler.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "compiler/codegen/cuda/cuda_codegen.h"
+#include "compiler/cpu_compiler.h"
+#include "compiler/passes/fusion.h"
+#include "compiler/target_compiler.h"
+#include "tests/cpp/support/cubin_reader.h"
+#include "tests/cpp/support/graph_builder.h"
+#include "tests/cpp/support/nvrtc_for_tests.h"
+
+namespace kiln::compiler {
+namespace {
+
+using kiln::testing::B;
+using kiln::testing::F;
+using kiln::testing::GraphBuilder;
+using kiln::testing::I;
+using kiln::testing::Ints;
+using kiln::testing::Named;
+using kiln::testing::None;
+using kiln::testing::V;
+constexpr kiln::v1::DType kF32 = kiln::v1::DTYPE_FLOAT32;
+constexpr kiln::v1::DType kBF16 = kiln::v1::DTYPE_BFLOAT16;
+constexpr kiln::v1::DType kF16 = kiln::v1::DTYPE_FLOAT16;
+constexpr kiln::v1::DType kI64 = kiln::v1::DTYPE_INT64;
+constexpr kiln::v1::DType kBool = kiln::v1::DTYPE_BOOL;
+
+void ToCuda(kiln::v1::TensorMeta* m) { m->mutable_device()->set_kind(kiln::v1::DEVICE_KIND_CUDA); }
+
+// The builder's graph with every tensor on cuda:0, for an sm_90 target.
+kiln::v1::CompileRequest CudaRequest(const GraphBuilder& b, const std::string& arch = "sm_90") {
+  kiln::v1::CompileRequest request = b.Request();
+  request.mutable_target()->set_device_kind(kiln::v1::DEVICE_KIND_CUDA);
+  request.mutable_target()->set_cuda_arch(arch);
+  kiln::v1::Graph* g = request.mutable_graph();
+  for (auto& v : *g->mutable_inputs()) ToCuda(v.mutable_meta());
+  for (auto& c : *g->mutable_constants()) ToCuda(c.mutable_value()->mutable_meta());
+  for (auto& n : *g->mutable_nodes()) {
+    for (auto& v : *n.mutable_outputs()) ToCuda(v.mutable_meta());
+  }
+  return request;
+}
+
+std::vector<const kiln::v1::KernelLaunch*> Launches(const kiln::v1::ExecutionPlan& plan) {
+  std::vector<const kiln::v1::KernelLaunch*> out;
+  for (const auto* list : {&plan.prologue(), &plan.steps()}) {
+    for (const auto& s : *list) {
+      if (s.has_kernel()) out.push_back(&s.kernel());
+    }
+  }
+  return out;
+}
+
+int64_t Threads(const kiln::v1::KernelLaunch& k) {
+  int64_t n = 1;
+  for (uint32_t g : k.grid()) n *= g;
+  for (uint32_t b : k.block()) n *= b;
+  return n;
+}
+
+// Compiles `request` with NVRTC, checks the artifact and the cubin of every kernel it launches,
+// and returns the body (with `cubin` the parsed binary).
+class CudaKernelTest : public ::testing::Test {
+ protected:
+  kiln::v1::ArtifactBody Build(const kiln::v1::CompileRequest& request, kiln::testing::Cubin* out) {
+    std::string why;
+    auto nvrtc = kiln::testing::LoadNvrtcForTests(&why);
+    if (nvrtc == nullptr) {
+      if (!kiln::testing::NvrtcRequired()) {
+        skipped_ = true;
+        return {};
+      }
+      ADD_FAILURE() << why << " (set KILN_NVRTC, or KILN_NVRTC_REQUIRED=0 to skip)";
+      return {};
+    }
+    CudaCompiler compiler{std::move(nvrtc)};
+    absl::StatusOr<kiln::v1::ArtifactBody> body = compiler.Compile(request);
+    EXPECT_TRUE(body.ok()) << body.status();
+    if (!body.ok()) return {};
+    EXPECT_EQ(body->format(), kiln::v1::BINARY_FORMAT_CUBIN);
+    EXPECT_NE(body->kernel_ptx().find(".target sm_90"), std::string::npos);
+    std::optional<kiln::testing::Cubin> cubin = kiln::testing::ReadCubin(body->kernel_binary());
+    EXPECT_TRUE(cubin.has_value()) << "kernel_binary is no ELF";
+    if (!cubin) return *body;
+    EXPECT_EQ(cubin->machine, 190);  // EM_CUDA
+    EXPECT_EQ(cubin->sm, 90);
+    for (const kiln::v1::KernelLaunch* k : Launches(body->plan())) {
+      auto it = cubin->kernels.find(k->symbol());
+      EXPECT_NE(it, cubin->kernels.end()) << k->symbol() << " is not in the cubin";
+      if (it == cubin->kernels.end()) continue;
+      const kiln::testing::CubinKernel& r = it->second;
+      EXPECT_GT(r.registers, 0) << k->symbol();
+      EXPECT_LE(r.registers, 255) << k->symbol();
+      // A block of k.block threads must fit the register file (64K registers per SM).
+      EXPECT_LE(int64_t{r.registers} * k->block(0), 65536) << k->symbol();
+      EXPECT_EQ(r.frame_bytes, 0) << k->symbol() << " spills or uses local memory";
+      EXPECT_LE(r.shared_bytes + k->shared_memory_bytes(), 48 * 1024) << k->symbol();
+      EXPECT_EQ(k->grid_size(), 3);
+      EXPECT_EQ(k->block_size(), 3);
+      EXPECT_EQ(k->block(0) % 32, 0u);
+      EXPECT_EQ(r.max_threads, static_cast<int>(k->block(0))) << "__launch_bounds__ is the block";
+      EXPECT_GE(k->grid(0), 1u);
+      resources_.push_back({k->symbol(), r});
+      RecordProperty(k->symbol() + "_registers", r.registers);
+      RecordProperty(k->symbol() + "_shared_bytes", static_cast<int>(r.shared_bytes));
+    }
+    if (out != nullptr) *out = *cubin;
+    return *body;
+  }
+
+  void TearDown() override {
+    for (const auto& [symbol, r] : resources_) {
+      std::printf("  %s: %d registers, %lld bytes static shared, %lld bytes frame\n",
+                  symbol.c_str(), r.registers, static_cast<long long>(r.shared_bytes),
+                  static_cast<long long>(r.frame_bytes));
+    }
+  }
+
+  bool skipped_ = false;
+  std::vector<std::pair<std::string, kiln::testing::CubinKernel>> resources_;
+};
+
+#define KILN_SKIP_IF_NO_NVRTC() \
+  if (skipped_) GTEST_SKIP() << "SKIPPED: no NVRTC and KILN_NVRTC_REQUIRED=0"
+
+// gelu(x * y + 1) over [64, 1024]: one kernel, vectorized (16 bytes of the widest operand).
+GraphBuilder PointwiseChain(kiln::v1::DType dtype, std::vector<int64_t> sizes = {64, 1024}) {
+  GraphBuilder b;
+  uint32_t x = b.Input(sizes, dtype), y = b.Input(sizes, dtype);
+  uint32_t m = b.Op("aten::mul.Tensor", {V(x), V(y)}, sizes, dtype);
+  uint32_t a = b.Op("aten::add.Scalar", {V(m), F(1.0)}, sizes, dtype);
+  uint32_t g = b.Op("aten::gelu", {V(a)}, sizes, dtype);
+  b.Output(g);
+  return b;
+}
+
+TEST_F(CudaKernelTest, PointwiseFloat32IsOneVectorizedKernelCoveringTheSpace) {
+  auto body = Build(CudaRequest(PointwiseChain(kF32)), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u);
+  const auto& k = *Launches(body.plan())[0];
+  EXPECT_EQ(k.args_size(), 3);
+  EXPECT_NE(body.kernel_source().find("kiln_vec<float, 4>"), std::string::npos);
+  EXPECT_NE(body.kernel_source().find("kiln_aligned"), std::string::npos);
+  EXPECT_GE(Threads(k) * 4, 64 * 1024);
+}
+
+TEST_F(CudaKernelTest, PointwiseBFloat16AndFloat16StoreBitsAndComputeInFloat) {
+  for (kiln::v1::DType dtype : {kBF16, kF16}) {
+    auto body = Build(CudaRequest(PointwiseChain(dtype)), nullptr);
+    KILN_SKIP_IF_NO_NVRTC();
+    const std::string& src = body.kernel_source();
+    EXPECT_NE(src.find("kiln_vec<uint16_t, 8>"), std::string::npos) << dtype;
+    EXPECT_NE(src.find(dtype == kBF16 ? "kiln_bf16_store" : "kiln_f16_store"), std::string::npos);
+    EXPECT_EQ(src.find("#include"), std::string::npos) << "NVRTC is given no headers";
+    ASSERT_EQ(Launches(body.plan()).size(), 1u);
+    EXPECT_GE(Threads(*Launches(body.plan())[0]) * 8, 64 * 1024);
+  }
+}
+
+TEST_F(CudaKernelTest, BroadcastOperandTakesTheScalarPathOverTwoDims) {
+  GraphBuilder b;
+  uint32_t x = b.Input({32, 100}), bias = b.Input({100});
+  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(bias)}, {32, 100});
+  b.Output(b.Op("aten::relu", {V(s)}, {32, 100}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u);
+  EXPECT_EQ(body.kernel_source().find("kiln_aligned"), std::string::npos);
+  EXPECT_GE(Threads(*Launches(body.plan())[0]), 32 * 100);
+}
+
+TEST_F(CudaKernelTest, NonContiguousOperandAndSizeOneDimsIndexWithTheirStrides) {
+  GraphBuilder b;
+  // x is the transpose of a [16, 8, 1] buffer; y has size-1 dims that broadcast.
+  uint32_t x = b.Input({8, 1, 16}, kF32, {1, 1, 8});
+  uint32_t y = b.Input({1, 1, 16});
+  uint32_t s = b.Op("aten::sub.Tensor", {V(x), V(y)}, {8, 1, 16});
+  b.Output(b.Op("aten::exp", {V(s)}, {8, 1, 16}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u);
+  EXPECT_NE(body.kernel_source().find(" * 8"), std::string::npos) << body.kernel_source();
+  EXPECT_EQ(body.kernel_source().find("kiln_aligned"), std::string::npos);
+  EXPECT_GE(Threads(*Launches(body.plan())[0]), 8 * 16);
+}
+
+TEST_F(CudaKernelTest, ViewAtAnUnalignedOffsetKeepsTheScalarPathOnly) {
+  GraphBuilder b;
+  uint32_t x = b.Input({1024});
+  // x[1:]: the kernel reads x one element past its (maybe aligned) pointer.
+  uint32_t tail =
+      b.Op("aten::slice.Tensor", {V(x), I(0), I(1), I(1024), I(1)}, {1023}, kF32, {1}, 1);
+  b.Output(b.Op("aten::neg", {V(tail)}, {1023}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  EXPECT_EQ(body.kernel_source().find("kiln_aligned"), std::string::npos);
+}
+
+TEST_F(CudaKernelTest, EmptyAndZeroDimSpacesLaunchOneBlockThatDoesNothing) {
+  GraphBuilder b;
+  uint32_t x = b.Input({0, 16}), s = b.Input({});
+  b.Output(b.Op("aten::relu", {V(x)}, {0, 16}));
+  b.Output(b.Op("aten::sigmoid", {V(s)}, {}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  for (const auto* k : Launches(body.plan())) EXPECT_EQ(k->grid(0), 1u);
+}
+
+TEST_F(CudaKernelTest, Int64AndBoolKernels) {
+  GraphBuilder b;
+  uint32_t x = b.Input({256}, kI64), y = b.Input({256}, kI64);
+  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(y)}, {256}, kI64);
+  uint32_t gt = b.Op("aten::gt.Scalar", {V(s), I(3)}, {256}, kBool);
+  b.Output(s);
+  b.Output(b.Op("aten::logical_not", {V(gt)}, {256}, kBool));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  EXPECT_EQ(Launches(body.plan()).size(), 1u);
+  EXPECT_NE(body.kernel_source().find("kiln_vec<int64_t, 2>"), std::string::npos);
+}
+
+// softmax(x) over the last dim, as lowering decomposes it.
+GraphBuilder Softmax(std::vector<int64_t> sizes, kiln::v1::DType dtype) {
+  GraphBuilder b;
+  std::vector<int64_t> row = sizes;
+  row.back() = 1;
+  uint32_t x = b.Input(sizes, dtype);
+  uint32_t m = b.Op("aten::amax", {V(x), Ints({-1}), B(true)}, row, dtype);
+  uint32_t d = b.Op("aten::sub.Tensor", {V(x), V(m)}, sizes, dtype);
+  uint32_t e = b.Op("aten::exp", {V(d)}, sizes, dtype);
+  uint32_t s = b.Op("aten::sum.dim_IntList", {V(e), Ints({-1}), B(true)}, row, dtype);
+  b.Output(b.Op("aten::div.Tensor", {V(e), V(s)}, sizes, dtype));
+  return b;
+}
+
+TEST_F(CudaKernelTest, SoftmaxIsOneRowKernelWithABlockPerRow) {
+  for (kiln::v1::DType dtype : {kF32, kBF16, kF16}) {
+    auto body = Build(CudaRequest(Softmax({64, 1000}, dtype)), nullptr);
+    KILN_SKIP_IF_NO_NVRTC();
+    ASSERT_EQ(Launches(body.plan()).size(), 1u) << dtype;
+    const auto& k = *Launches(body.plan())[0];
+    EXPECT_EQ(k.grid(0), 64u);
+    EXPECT_EQ(k.block(0), 256u);  // about 4 elements of a row per thread
+    EXPECT_NE(body.kernel_source().find("kiln_block_reduce<kiln_max<float>>"), std::string::npos);
+    EXPECT_NE(body.kernel_source().find("kiln_block_reduce<kiln_sum<float>>"), std::string::npos);
+  }
+}
+
+TEST_F(CudaKernelTest, LayerNormAndVarMeanAreRowKernels) {
+  GraphBuilder b;
+  const std::vector<int64_t> sizes{128, 768}, row{128, 1};
+  uint32_t x = b.Input(sizes, kBF16), w = b.Input({768}, kBF16), bias = b.Input({768}, kBF16);
+  uint32_t mean = b.Op("aten::mean.dim", {V(x), Ints({-1}), B(true)}, row, kBF16);
+  uint32_t var =
+      b.Op("aten::var.correction",
+           {V(x), Ints({-1}), Named("correction", I(0)), Named("keepdim", B(true))}, row, kBF16);
+  uint32_t eps = b.Op("aten::add.Scalar", {V(var), F(1e-5)}, row, kBF16);
+  uint32_t inv = b.Op("aten::rsqrt", {V(eps)}, row, kBF16);
+  uint32_t c = b.Op("aten::sub.Tensor", {V(x), V(mean)}, sizes, kBF16);
+  uint32_t n = b.Op("aten::mul.Tensor", {V(c), V(inv)}, sizes, kBF16);
+  uint32_t s = b.Op("aten::mul.Tensor", {V(n), V(w)}, sizes, kBF16);
+  b.Output(b.Op("aten::add.Tensor", {V(s), V(bias)}, sizes, kBF16));
+  b.Output(mean);
+  b.Output(inv);
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u) << body.kernel_source();
+  EXPECT_EQ(Launches(body.plan())[0]->grid(0), 128u);
+
+  GraphBuilder vm;
+  uint32_t y = vm.Input({32, 4, 256});
+  uint32_t v =
+      vm.Op("aten::var_mean.correction", {V(y), Ints({1, 2}), Named("correction", I(1))}, {32});
+  // var_mean has two outputs: add the mean to the node the builder made.
+  kiln::v1::CompileRequest request = CudaRequest(vm);
+  kiln::v1::Node* n2 = request.mutable_graph()->mutable_nodes(0);
+  kiln::v1::Value* mean_out = n2->add_outputs();
+  *mean_out = n2->outputs(0);
+  mean_out->set_id(v + 1);
+  request.mutable_graph()->add_outputs(v);
+  request.mutable_graph()->add_outputs(v + 1);
+  auto vm_body = Build(request, nullptr);
+  ASSERT_EQ(Launches(vm_body.plan()).size(), 1u) << vm_body.kernel_source();
+  EXPECT_EQ(Launches(vm_body.plan())[0]->grid(0), 32u);
+  EXPECT_EQ(Launches(vm_body.plan())[0]->block(0), 256u);
+}
+
+TEST_F(CudaKernelTest, LongRowsLoopWithTheLargestBlock) {
+  GraphBuilder b;
+  uint32_t x = b.Input({64, 100000});
+  uint32_t sq = b.Op("aten::mul.Tensor", {V(x), V(x)}, {64, 100000});
+  b.Output(b.Op("aten::sum.dim_IntList", {V(sq), Ints({1})}, {64}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u);
+  EXPECT_EQ(Launches(body.plan())[0]->block(0), 1024u);
+  EXPECT_EQ(Launches(body.plan())[0]->grid(0), 64u);
+}
+
+TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
+  absl::StatusOr<std::unique_ptr<Nvrtc>> none = Nvrtc::Load({"/nonexistent/libnvrtc.so.13"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
+  CudaCompiler compiler{std::move(none)};
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-1|no-nvrtc");
+  auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
+  ASSERT_FALSE(body.ok());
+  const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
+  EXPECT_EQ(e.code(), kiln::v1::CompileError::CODE_UNIMPLEMENTED);
+  EXPECT_NE(e.message().find("no NVRTC"), std::string::npos);
+}
+
+TEST(CudaCompilerTest, GenerateCudaFillsLaunchesWithoutBuilding) {
+  auto generated = GenerateCuda(CudaRequest(Softmax({8, 32}, kF32)));
+  ASSERT_TRUE(generated.ok()) << generated.status();
+  EXPECT_FALSE(generated->source.empty());
+  for (const auto* k : Launches(generated->body.plan())) {
+    EXPECT_NE(generated->source.find("void __launch_bounds__(" + std::to_string(k->block(0)) +
+                                     ") " + k->symbol() + "("),
+              std::string::npos);
+  }
+}
+
+TEST(CudaCompilerTest, TargetsOtherThanSmXYAreUnimplemented) {
+  for (const char* arch : {"sm_9", "compute_90", "sm_90x", ""}) {
+    auto generated = GenerateCuda(CudaRequest(PointwiseChain(kF32), arch));
+    ASSERT_FALSE(generated.ok()) << arch;
+    EXPECT_EQ(CompileErrorFromStatus(generated.status()).code(),
+              kiln::v1::CompileError::CODE_UNIMPLEMENTED);
+  }
+  EXPECT_TRUE(GenerateCuda(CudaRequest(PointwiseChain(kF32), "sm_90a")).ok());
+  EXPECT_FALSE(GenerateCuda(PointwiseChain(kF32).Request()).ok());  // a CPU target
+}
+
+TEST(CudaCompilerTest, FusionKeepsEachDeviceToItsOwnCompiler) {
+  // A CUDA graph compiled for a CPU target fuses nothing, and the other way round.
+  kiln::v1::CompileRequest cuda = CudaRequest(PointwiseChain(kF32));
+  EXPECT_EQ(FuseGraph(cuda.graph()).groups.size(), 0u);
+  EXPECT_EQ(FuseGraph(cuda.graph(), nullptr, kiln::v1::DEVICE_KIND_CUDA).groups.size(), 1u);
+  EXPECT_EQ(
+      FuseGraph(PointwiseChain(kF32).graph(), nullptr, kiln::v1::DEVICE_KIND_CUDA).groups.size(),
+      0u);
+}
+
+TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
+  TargetCompiler compiler(std::make_unique<CpuCompiler>(),
+                          std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
+  EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-1|no-nvrtc"), std::string::npos);
+  auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
+  auto cuda = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_EQ(CompileErrorFromStatus(cuda.status()).code(),
+            kiln::v1::CompileError::CODE_UNIMPLEMENTED);
+}
+
+TEST_F(CudaKernelTest, CompileErrorsFromNvrtcAreToolchainErrorsWithItsLog) {
+  std::string why;
+  auto nvrtc = kiln::testing::LoadNvrtcForTests(&why);
+  if (nvrtc == nullptr) {
+    if (!kiln::testing::NvrtcRequired()) GTEST_SKIP() << "SKIPPED: " << why;
+    FAIL() << why;
+  }
+  EXPECT_NE(nvrtc->Version().rfind("nvrtc-", 0), std::string::npos);
+  auto built = nvrtc->Build("extern \"C\" __global__ void k() { undefined_name(); }", "sm_90");
+  ASSERT_FALSE(built.ok());
+  EXPECT_NE(built.status().message().find("undefined_name"), std::string::npos)
+      << built.status().message();
+}
+
+}  // namespace
+}  // namespace kiln::compiler
