@@ -23,6 +23,14 @@ class Compiler {
   // The version string that goes into every cache key: it must change whenever the generated
   // code may change (compiler source, toolchain version, flags).
   virtual std::string Version() const = 0;
+
+  // The version that goes into the keys and artifacts of requests for `kind`: a compiler that
+  // serves several device kinds answers the one that builds that kind's code, so that a change
+  // to one kind's compiler (or a missing toolkit) never changes another kind's keys.
+  virtual std::string VersionFor(kiln::v1::DeviceKind kind) const {
+    (void)kind;
+    return Version();
+  }
 };
 
 // A status that carries `error` as its payload (code kInvalidArgument for unsupported input,

@@ -10,6 +10,10 @@ TargetCompiler::TargetCompiler(std::unique_ptr<Compiler> cpu, std::unique_ptr<Co
       cuda_(std::move(cuda)),
       version_(absl::StrCat(cpu_->Version(), "||", cuda_->Version())) {}
 
+std::string TargetCompiler::VersionFor(kiln::v1::DeviceKind kind) const {
+  return kind == kiln::v1::DEVICE_KIND_CUDA ? cuda_->Version() : cpu_->Version();
+}
+
 absl::StatusOr<kiln::v1::ArtifactBody> TargetCompiler::Compile(
     const kiln::v1::CompileRequest& request) {
   switch (request.target().device_kind()) {

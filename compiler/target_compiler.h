@@ -15,8 +15,11 @@ class TargetCompiler : public Compiler {
 
   // The compiler of request.target().device_kind(); CODE_UNIMPLEMENTED for any other kind.
   absl::StatusOr<kiln::v1::ArtifactBody> Compile(const kiln::v1::CompileRequest& request) override;
-  // "<cpu version>||<cuda version>": a cache key changes when either compiler's does.
+  // "<cpu version>||<cuda version>": what Health reports as the daemon's compiler.
   std::string Version() const override { return version_; }
+  // The CPU or the CUDA compiler's own version: a request's key and its artifact's
+  // compiler_version depend only on the compiler that builds it.
+  std::string VersionFor(kiln::v1::DeviceKind kind) const override;
 
  private:
   std::unique_ptr<Compiler> cpu_;

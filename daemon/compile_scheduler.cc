@@ -76,7 +76,7 @@ void CompileScheduler::Run(const std::string& key, const kiln::v1::CompileReques
     outcome.compile_seconds = micros / 1e6;
     if (body.ok()) {
       body->set_key(key);
-      body->set_compiler_version(compiler_->Version());
+      body->set_compiler_version(compiler_->VersionFor(request.target().device_kind()));
       *body->mutable_target() = request.target();
       kiln::v1::Artifact artifact = cache::SignArtifact(*mac_, *body);
       if (absl::Status s = cache_->Store(key, artifact); !s.ok()) {

@@ -183,8 +183,11 @@ absl::StatusOr<std::unique_ptr<cache::RemoteStore>> Daemon::OpenRedis() const {
   redis.endpoint.tls_server_name = config_.redis_tls_server_name;
   redis.read_only = config_.redis_read_only;
   redis.timeout = std::chrono::milliseconds(config_.redis_timeout_ms);
-  // Daemons of another compiler, or signing with another key, neither read nor overwrite ours.
-  redis.key_namespace = absl::StrCat("kiln:v1:", compiler_->Version(), ":", mac_->Fingerprint());
+  // Daemons signing with another key neither read nor overwrite ours. Another compiler's
+  // entries are apart already: every key hashes the version of the compiler of its target, so
+  // daemons that differ only in a device kind a request does not use (one without NVRTC) share
+  // that request's entries.
+  redis.key_namespace = absl::StrCat("kiln:v1:", mac_->Fingerprint());
   absl::StatusOr<std::unique_ptr<cache::RedisStore>> store =
       cache::RedisStore::Create(std::move(redis));
   if (!store.ok()) return store.status();

@@ -87,7 +87,8 @@ grpc::Status KilnServiceImpl::Compile(grpc::ServerContext* context,
   if (draining_->load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "kilnd is shutting down");
   }
-  const std::string key = cache::CacheKey(*request, compiler_->Version());
+  const std::string key =
+      cache::CacheKey(*request, compiler_->VersionFor(request->target().device_kind()));
   absl::StatusOr<CompileOutcome> outcome = scheduler_->Compile(
       key, *request, context->deadline(), [context] { return context->IsCancelled(); });
   if (!outcome.ok()) return ToGrpc(outcome.status());
@@ -118,7 +119,8 @@ grpc::Status KilnServiceImpl::Lookup(grpc::ServerContext* context,
       break;
     case kiln::v1::LookupRequest::kRequest:
       if (grpc::Status s = CheckRequest(request->request()); !s.ok()) return s;
-      key = cache::CacheKey(request->request(), compiler_->Version());
+      key = cache::CacheKey(request->request(),
+                           compiler_->VersionFor(request->request().target().device_kind()));
       break;
     default:
       ++stats_->rejected;
@@ -177,6 +179,11 @@ grpc::Status KilnServiceImpl::Health(grpc::ServerContext* context, const kiln::v
   response->set_state(draining_->load() ? kiln::v1::HealthResponse::STATE_DRAINING
                                         : kiln::v1::HealthResponse::STATE_SERVING);
   response->set_compiler_version(compiler_->Version());
+  for (kiln::v1::DeviceKind kind : {kiln::v1::DEVICE_KIND_CPU, kiln::v1::DEVICE_KIND_CUDA}) {
+    kiln::v1::CompilerVersion* version = response->add_compiler_versions();
+    version->set_device_kind(kind);
+    version->set_version(compiler_->VersionFor(kind));
+  }
   response->set_pid(::getpid());
   response->set_frozen(options_.frozen);
   return grpc::Status::OK;

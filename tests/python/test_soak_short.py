@@ -22,7 +22,7 @@ SOAK = harness.REPO / "tests" / "soak" / "soak.py"
                     or not protocol.available(), reason="kilnd or redis-server missing")
 def test_short_soak_under_random_kills_and_stops_gives_no_wrong_result_and_no_error(tmp_path):
     done = subprocess.run([sys.executable, str(SOAK), "--duration", "40", "--clients", "8",
-                           "--fault-every", "3", "--out", str(tmp_path)],
+                           "--fault-every", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     report_file = Path(tmp_path) / "report.json"
     assert report_file.exists(), done.stdout[-3000:] + done.stderr[-3000:]
@@ -31,6 +31,6 @@ def test_short_soak_under_random_kills_and_stops_gives_no_wrong_result_and_no_er
     assert report["checks"]["zero wrong results"], report["bad"]
     assert report["checks"]["zero user-visible errors"], report["bad"]
     assert report["checks"]["every fault recovered"], report["unrecovered"]
-    assert report["faults"] >= 5
+    assert report["faults"] >= 5  # gaps of at most 4 s from 5 s to 8 s before the end
     assert report["ok"], report["checks"]
     assert done.returncode == 0

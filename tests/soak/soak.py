@@ -187,9 +187,14 @@ def main() -> int:
     observer = Observer(cluster)
     observer.start()
 
+    def gap() -> float:
+        # Exponential gaps (faults at random moments), capped at twice their mean so that a short
+        # run is sure to inject a known minimum of faults.
+        return min(rng.expovariate(1 / args.fault_every), 2 * args.fault_every)
+
     faults = []   # {"t", "kind", "target", "until"}: what was done, and when it ended
     pending = []  # (when, action): SIGCONTs and Redis restarts to come
-    next_fault = start + 5 + rng.expovariate(1 / args.fault_every)
+    next_fault = start + 5 + gap()
     kinds = []
     while time.time() < end:
         now = time.time()
@@ -249,7 +254,7 @@ def main() -> int:
                 continue
             faults.append(fault)
             print(f"[soak {now - start:6.1f} s] {kind}: {fault['target']}", flush=True)
-            next_fault = now + rng.expovariate(1 / args.fault_every)
+            next_fault = now + gap()
         time.sleep(0.1)
     for _, action in pending:
         action()

@@ -366,6 +366,27 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
             kiln::v1::CompileError::CODE_UNIMPLEMENTED);
 }
 
+TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
+  const auto with_nvrtc_missing = [](const std::string& path) {
+    return TargetCompiler(std::make_unique<CpuCompiler>(),
+                          std::make_unique<CudaCompiler>(Nvrtc::Load({path})));
+  };
+  TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
+  CpuCompiler cpu;
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-1|no-nvrtc");
+  // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
+  std::string why;
+  std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
+  if (nvrtc == nullptr) {
+    if (!kiln::testing::NvrtcRequired()) GTEST_SKIP() << why;
+    FAIL() << why << " (set KILN_NVRTC, or KILN_NVRTC_REQUIRED=0 to skip)";
+  }
+  TargetCompiler b(std::make_unique<CpuCompiler>(), std::make_unique<CudaCompiler>(std::move(nvrtc)));
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), b.VersionFor(kiln::v1::DEVICE_KIND_CPU));
+  EXPECT_NE(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), b.VersionFor(kiln::v1::DEVICE_KIND_CUDA));
+}
+
 TEST_F(CudaKernelTest, CompileErrorsFromNvrtcAreToolchainErrorsWithItsLog) {
   std::string why;
   auto nvrtc = kiln::testing::LoadNvrtcForTests(&why);

@@ -129,9 +129,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     index = GraphIndex(client.settings.cache_dir / "graphs", mac_key)
     # The daemon's compiler is part of the key: after an upgrade the index misses, and the
     # graph is compiled by the new compiler instead of being served what the old one built.
+    compiler_version = client.compiler_version_for(target.device_kind) or ""
     skey = lowering.structure_key(
-        gm, example_inputs,
-        target.SerializeToString() + b"\0" + (client.compiler_version or "").encode())
+        gm, example_inputs, target.SerializeToString() + b"\0" + compiler_version.encode())
 
     known = index.get(skey) if skey is not None else None
     if known is not None:
@@ -139,7 +139,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
             found = client.lookup_key(known)
             if found.found:
                 body = art.verify(found.artifact, mac_key, known)
-                if body.compiler_version != client.compiler_version or body.target != target:
+                if body.compiler_version != compiler_version or body.target != target:
                     raise art.ArtifactRejected("artifact from another compiler or target")
                 art.check_inputs(body, inputs)
                 plan = art.build_plan(body, params, len(example_inputs))

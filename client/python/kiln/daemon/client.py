@@ -115,6 +115,7 @@ class DaemonClient:
         self._down_reason = ""
         self._backoff = 0.0           # the last back-off given, doubled on a repeat
         self.compiler_version: Optional[str] = None  # the daemon's, from its Health answer
+        self._kind_versions: dict = {}  # device kind -> the version its artifacts carry
         self._lock = threading.Lock()
 
     def _open_channel(self) -> None:
@@ -240,8 +241,15 @@ class DaemonClient:
                     raise
                 health = self._start_local()
             self.compiler_version = health.compiler_version
+            self._kind_versions = {v.device_kind: v.version for v in health.compiler_versions}
             self._ready = True
             self._backoff = 0.0
+
+    def compiler_version_for(self, device_kind: int) -> Optional[str]:
+        """The compiler_version of the daemon's artifacts for `device_kind` (kiln.v1.DeviceKind):
+        their keys are made with it. A daemon that reports no per-kind versions builds every
+        kind with its one compiler."""
+        return self._kind_versions.get(device_kind, self.compiler_version)
 
     def _reconnect(self) -> None:
         # A channel whose connect failed waits out gRPC's reconnect backoff before it tries
