@@ -37,27 +37,27 @@ StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(const std::string& librar
   CudaDriverApi api{};
   std::string missing;
   const bool resolved =
-      Resolve(handle, {"cuInit"}, &api.cuInit, &missing) &&
-      Resolve(handle, {"cuDeviceGet"}, &api.cuDeviceGet, &missing) &&
-      Resolve(handle, {"cuDevicePrimaryCtxRetain"}, &api.cuDevicePrimaryCtxRetain, &missing) &&
+      Resolve(handle, {"cuInit"}, &api.init, &missing) &&
+      Resolve(handle, {"cuDeviceGet"}, &api.device_get, &missing) &&
+      Resolve(handle, {"cuDevicePrimaryCtxRetain"}, &api.primary_ctx_retain, &missing) &&
       Resolve(handle, {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"},
-              &api.cuDevicePrimaryCtxRelease, &missing) &&
-      Resolve(handle, {"cuCtxGetCurrent"}, &api.cuCtxGetCurrent, &missing) &&
-      Resolve(handle, {"cuCtxSetCurrent"}, &api.cuCtxSetCurrent, &missing) &&
-      Resolve(handle, {"cuModuleLoadData"}, &api.cuModuleLoadData, &missing) &&
-      Resolve(handle, {"cuModuleUnload"}, &api.cuModuleUnload, &missing) &&
-      Resolve(handle, {"cuModuleGetFunction"}, &api.cuModuleGetFunction, &missing) &&
-      Resolve(handle, {"cuFuncSetAttribute"}, &api.cuFuncSetAttribute, &missing) &&
-      Resolve(handle, {"cuLaunchKernel"}, &api.cuLaunchKernel, &missing) &&
-      Resolve(handle, {"cuGetErrorName"}, &api.cuGetErrorName, &missing) &&
-      Resolve(handle, {"cuGetErrorString"}, &api.cuGetErrorString, &missing);
+              &api.primary_ctx_release, &missing) &&
+      Resolve(handle, {"cuCtxGetCurrent"}, &api.ctx_get_current, &missing) &&
+      Resolve(handle, {"cuCtxSetCurrent"}, &api.ctx_set_current, &missing) &&
+      Resolve(handle, {"cuModuleLoadData"}, &api.module_load_data, &missing) &&
+      Resolve(handle, {"cuModuleUnload"}, &api.module_unload, &missing) &&
+      Resolve(handle, {"cuModuleGetFunction"}, &api.module_get_function, &missing) &&
+      Resolve(handle, {"cuFuncSetAttribute"}, &api.func_set_attribute, &missing) &&
+      Resolve(handle, {"cuLaunchKernel"}, &api.launch_kernel, &missing) &&
+      Resolve(handle, {"cuGetErrorName"}, &api.get_error_name, &missing) &&
+      Resolve(handle, {"cuGetErrorString"}, &api.get_error_string, &missing);
   if (!resolved) {
     ::dlclose(handle);
     return Status::IOError("the CUDA driver " + library + " does not export " + missing);
   }
   std::unique_ptr<CudaDriver> driver(new CudaDriver(handle, api));
   // Idempotent, and needed before any other call in a process where torch has not used CUDA yet.
-  Status init = driver->Check(api.cuInit(0), "cuInit");
+  Status init = driver->Check(api.init(0), "cuInit");
   if (!init.ok()) return init.WithCode(StatusCode::kIOError);
   return driver;
 }
@@ -76,8 +76,8 @@ Status CudaDriver::Check(int result, const char* call) const {
   if (result == kCudaSuccess) return Status::OK();
   const char* name = nullptr;
   const char* text = nullptr;
-  if (api_.cuGetErrorName(result, &name) != kCudaSuccess || name == nullptr) name = "CUDA error";
-  if (api_.cuGetErrorString(result, &text) != kCudaSuccess || text == nullptr) text = "";
+  if (api_.get_error_name(result, &name) != kCudaSuccess || name == nullptr) name = "CUDA error";
+  if (api_.get_error_string(result, &text) != kCudaSuccess || text == nullptr) text = "";
   return Status::RuntimeError(std::string(call) + ": " + name + " " + std::to_string(result) +
                               " (" + text + ")");
 }

@@ -17,33 +17,31 @@ struct CUstream_st;
 
 namespace kiln::runtime {
 
-// The driver entry points, with cuda.h's signatures (CUresult is an int, CUdevice an int).
-// Every pointer is non-null in a loaded driver.
+// The driver entry points, with cuda.h's signatures (CUresult is an int, CUdevice an int), each
+// named after its cuX entry point in snake case (cuda.h's macros rename the cuX names themselves,
+// cuDevicePrimaryCtxRelease to cuDevicePrimaryCtxRelease_v2). Every pointer is non-null in a
+// loaded driver.
 struct CudaDriverApi {
-  int (*cuInit)(unsigned flags);
-  int (*cuDeviceGet)(int* device, int ordinal);
-  int (*cuDevicePrimaryCtxRetain)(CUctx_st** context, int device);
-  int (*cuDevicePrimaryCtxRelease)(int device);
-  int (*cuCtxGetCurrent)(CUctx_st** context);
-  int (*cuCtxSetCurrent)(CUctx_st* context);
-  int (*cuModuleLoadData)(CUmod_st** module, const void* image);
-  int (*cuModuleUnload)(CUmod_st* module);
-  int (*cuModuleGetFunction)(CUfunc_st** function, CUmod_st* module, const char* name);
-  int (*cuFuncSetAttribute)(CUfunc_st* function, int attribute, int value);
-  int (*cuLaunchKernel)(CUfunc_st* function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
-                        unsigned block_x, unsigned block_y, unsigned block_z,
-                        unsigned shared_memory_bytes, CUstream_st* stream, void** kernel_params,
-                        void** extra);
-  int (*cuGetErrorName)(int result, const char** name);
-  int (*cuGetErrorString)(int result, const char** text);
+  int (*init)(unsigned flags);
+  int (*device_get)(int* device, int ordinal);
+  int (*primary_ctx_retain)(CUctx_st** context, int device);
+  int (*primary_ctx_release)(int device);
+  int (*ctx_get_current)(CUctx_st** context);
+  int (*ctx_set_current)(CUctx_st* context);
+  int (*module_load_data)(CUmod_st** module, const void* image);
+  int (*module_unload)(CUmod_st* module);
+  int (*module_get_function)(CUfunc_st** function, CUmod_st* module, const char* name);
+  int (*func_set_attribute)(CUfunc_st* function, int attribute, int value);
+  int (*launch_kernel)(CUfunc_st* function, unsigned grid_x, unsigned grid_y, unsigned grid_z,
+                       unsigned block_x, unsigned block_y, unsigned block_z,
+                       unsigned shared_memory_bytes, CUstream_st* stream, void** kernel_params,
+                       void** extra);
+  int (*get_error_name)(int result, const char** name);
+  int (*get_error_string)(int result, const char** text);
 };
 
-// The driver's result codes the runtime tells apart (cuda.h's CUresult values).
+// cuda.h's CUDA_SUCCESS (cuda_module.cpp checks these values against cuda.h where it is found).
 inline constexpr int kCudaSuccess = 0;
-inline constexpr int kCudaErrorInvalidImage = 200;
-inline constexpr int kCudaErrorNoBinaryForGpu = 209;
-inline constexpr int kCudaErrorInvalidPtx = 218;
-inline constexpr int kCudaErrorUnsupportedPtxVersion = 222;
 // cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
 inline constexpr int kCudaFuncAttributeMaxDynamicSharedSizeBytes = 8;
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <utility>
@@ -39,7 +40,15 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
       sources_(plan_->OutputSources()),
       bound_(plan_->BoundTensors()) {}
 
-CudaGraphRunner::~CudaGraphRunner() = default;
+CudaGraphRunner::~CudaGraphRunner() {
+  // A replay may still read the static inputs, which the caching allocator would hand out again
+  // on the stream they were made on, whatever stream replayed last.
+  if (graph_ == nullptr) return;
+  try {
+    c10::cuda::device_synchronize();
+  } catch (const c10::Error&) {  // At exit CUDA may be gone already; nothing runs then.
+  }
+}
 
 bool CudaGraphRunner::captured() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -85,7 +94,11 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
   try {
     const c10::DeviceIndex device = plan_->device().index();
     c10::cuda::CUDAGuard guard(device);
-    if (graph_ != nullptr && BoundMoved()) graph_.reset();  // Captured again below.
+    if (graph_ != nullptr && BoundMoved()) {
+      // Captured again below. The old graph may still be replaying: wait for it first.
+      c10::cuda::device_synchronize();
+      graph_.reset();
+    }
     if (!Matches(inputs)) return plan_->Run(inputs, outputs);
     std::shared_ptr<const std::vector<at::Tensor>> prologue;
     if (plan_->num_prologue_outputs() > 0) {
@@ -93,7 +106,14 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
       KILN_ASSIGN_OR_RETURN(prologue, plan_->PrologueValues());
     }
     if (graph_ == nullptr) {
-      Status captured = Capture(inputs, prologue);
+      Status captured;
+      try {
+        captured = Capture(inputs, prologue);
+      } catch (const c10::Error& e) {
+        captured = Status::RuntimeError(e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        captured = Status::RuntimeError(e.what());
+      }
       if (!captured.ok()) {
         disabled_ = true;
         graph_.reset();
