@@ -25,6 +25,7 @@ if not protocol.available():
                 allow_module_level=True)
 
 from kiln.daemon import artifact  # noqa: E402 (needs the kiln.v1 modules)
+from test_kiln_backend import ConvBnRelu  # noqa: E402
 from test_runtime import library, meta, plan_bytes, pos, value  # noqa: E402
 
 pb = protocol.messages()
@@ -409,23 +410,12 @@ def test_a_plan_that_cannot_be_captured_warns_once_and_runs_without_a_graph(pool
 
 # ---- the "kiln" backend on a GPU ----
 
-class ConvBn(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8, 5)
-
-    def forward(self, x):
-        return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
-
-
 @gpu
 @pytest.mark.parametrize("mode", [None, "max-autotune-no-cudagraphs"])
 def test_backend_matches_eager_on_a_gpu_across_parameter_updates(kilnd_cache, mode, caplog):
     # Whatever kilnd answers for CUDA (an artifact, or UNIMPLEMENTED: eager with one warning),
     # the answers are eager's, also after the batch norm (folded into a prologue) changes.
-    m = ConvBn().cuda().eval()
+    m = ConvBnRelu().cuda().eval()
     with torch.no_grad():
         m.bn.running_mean.uniform_(-1, 1)
         m.bn.running_var.uniform_(0.5, 2)
