@@ -460,9 +460,15 @@ Status DecodeKernel(Reader& r, KernelStepSpec* out) {
         return ReadString(r, wire_type, field, &out->symbol);
       case 2:
         return In(ReadRepeated(r, wire_type, field, &out->args), "args");
+      case 3:
+        return In(ReadRepeated(r, wire_type, field, &out->grid), "grid");
+      case 4:
+        return In(ReadRepeated(r, wire_type, field, &out->block), "block");
+      case 5:
+        return ReadScalar(r, wire_type, field, &out->shared_memory_bytes);
       case 6:
         return In(ReadRepeated(r, wire_type, field, &out->writes), "writes");
-      default:  // 3 grid, 4 block, 5 shared_memory_bytes: CUDA launches.
+      default:
         return r.Skip(field, wire_type);
     }
   });

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/Scalar.h>
@@ -19,6 +20,10 @@
 #include <unordered_set>
 
 #include "runtime/wire_types.h"
+
+#ifdef KILN_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace kiln::runtime {
 namespace {
@@ -280,6 +285,9 @@ class Plan::Builder {
   // Binds a constant or parameter (`what`) once: on the plan's device, in its value's layout.
   Status Bind(uint32_t id, const at::Tensor& tensor, const char* what);
   Status Buffers(const PlanSpec& spec);
+  // Loads the kernel binary when a step launches a kernel.
+  Status Kernels(const PlanSpec& spec, const PlanBinding& binding);
+  Status CudaLaunchOf(const KernelStepSpec& k, const std::string& where, CudaKernel* out) const;
   Status Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
                std::vector<Step>* into);
   Status KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step);
@@ -429,6 +437,9 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
     return Invalid("an arena of " + std::to_string(spec.arena_bytes) + " bytes");
   }
   KILN_RETURN_IF_ERROR(Values(spec));
+  // Kernels before constants: a plan whose kernels cannot load fails before it copies anything
+  // to the device.
+  KILN_RETURN_IF_ERROR(Kernels(spec, binding));
   for (const ConstantSpec& c : spec.constants) {
     KILN_ASSIGN_OR_RETURN(const at::Tensor tensor, ConstantTensor(c));
     KILN_RETURN_IF_ERROR(Bind(c.value.id, tensor, "constant"));
@@ -444,21 +455,6 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
     KILN_RETURN_IF_ERROR(Bind(spec.inputs[i], binding.params[i], "parameter"));
   }
   KILN_RETURN_IF_ERROR(Buffers(spec));
-
-  auto is_kernel = [](const StepSpec& s) { return std::holds_alternative<KernelStepSpec>(s); };
-  const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), is_kernel) ||
-                           std::any_of(spec.prologue.begin(), spec.prologue.end(), is_kernel);
-  if (has_kernels) {
-    if (plan_.device_.type() != c10::kCPU) {
-      return Invalid("kernel steps need a CPU plan; this plan is for " + plan_.device_.str());
-    }
-    if (binding.kernel_binary.empty()) {
-      return Invalid("the plan launches kernels but has no binary");
-    }
-    StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(binding.kernel_binary);
-    if (!library.ok()) return Invalid(library.status().message());
-    plan_.library_ = std::move(*library);
-  }
 
   // The prologue reads bound values only: the per-call inputs are defined after it.
   KILN_RETURN_IF_ERROR(Steps(spec.prologue, "prologue step", true, &plan_.prologue_));
@@ -476,6 +472,34 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
   }
   KILN_RETURN_IF_ERROR(Steps(spec.steps, "step", false, &plan_.steps_));
   for (int s : plan_.output_slots_) KILN_RETURN_IF_ERROR(Require(s, "output"));
+  return Status::OK();
+}
+
+Status Plan::Builder::Kernels(const PlanSpec& spec, const PlanBinding& binding) {
+  auto is_kernel = [](const StepSpec& s) { return std::holds_alternative<KernelStepSpec>(s); };
+  const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), is_kernel) ||
+                           std::any_of(spec.prologue.begin(), spec.prologue.end(), is_kernel);
+  if (!has_kernels) return Status::OK();
+  const c10::Device& device = plan_.device_;
+  if (device.is_cuda()) {
+#ifdef KILN_WITH_CUDA
+    if (!device.has_index()) return Invalid("a CUDA plan names its device's index, not 'cuda'");
+    StatusOr<const CudaDriver*> driver = CudaDriver::Process();
+    if (!driver.ok()) return Invalid(driver.status().message());
+    StatusOr<std::unique_ptr<CudaModule>> module =
+        CudaModule::Load(**driver, device.index(), binding.kernel_binary, binding.kernel_ptx);
+    if (!module.ok()) return Invalid(module.status().message());
+    plan_.cuda_module_ = std::move(*module);
+    return Status::OK();
+#else
+    return Invalid("kernel steps on " + device.str() + " need a kiln._C built with CUDA");
+#endif
+  }
+  if (!device.is_cpu()) return Invalid("kernel steps cannot run on " + device.str());
+  if (binding.kernel_binary.empty()) return Invalid("the plan launches kernels but has no binary");
+  StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(binding.kernel_binary);
+  if (!library.ok()) return Invalid(library.status().message());
+  plan_.library_ = std::move(*library);
   return Status::OK();
 }
 
@@ -504,9 +528,14 @@ Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step*
   const std::string& where = step->label;
   KernelStep ks{};
   ks.symbol = k.symbol;
-  StatusOr<kiln_kernel_fn> fn = plan_.library_->Resolve(k.symbol);
-  if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
-  ks.fn = *fn;
+  if (plan_.cuda_module_) {
+    ks.fn = nullptr;
+    KILN_RETURN_IF_ERROR(CudaLaunchOf(k, where, &ks.cuda));
+  } else {
+    StatusOr<kiln_kernel_fn> fn = plan_.library_->Resolve(k.symbol);
+    if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
+    ks.fn = *fn;
+  }
   const std::unordered_set<uint32_t> writes(k.writes.begin(), k.writes.end());
   for (uint32_t id : k.writes) {
     KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
@@ -533,6 +562,33 @@ Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step*
   }
   for (uint32_t id : k.writes) written_[*Slot(id)] = 1;
   step->body = std::move(ks);
+  return Status::OK();
+}
+
+Status Plan::Builder::CudaLaunchOf(const KernelStepSpec& k, const std::string& where,
+                                   CudaKernel* out) const {
+  auto dims = [&](const std::vector<uint32_t>& given, const char* what,
+                  std::array<uint32_t, 3>* into) -> Status {
+    if (given.empty() || given.size() > 3) {
+      return Invalid(where + ": a CUDA launch's " + what + " has " + std::to_string(given.size()) +
+                     " dimensions, not 1 to 3");
+    }
+    for (size_t d = 0; d < given.size(); ++d) {
+      if (given[d] == 0) return Invalid(where + ": a CUDA launch's " + what + " has a 0 extent");
+      (*into)[d] = given[d];
+    }
+    return Status::OK();
+  };
+  KILN_RETURN_IF_ERROR(dims(k.grid, "grid", &out->grid));
+  KILN_RETURN_IF_ERROR(dims(k.block, "block", &out->block));
+  const uint64_t threads = uint64_t{out->block[0]} * out->block[1] * out->block[2];
+  if (threads > 1024) {
+    return Invalid(where + ": a block of " + std::to_string(threads) + " threads (at most 1024)");
+  }
+  out->shared_memory_bytes = k.shared_memory_bytes;
+  StatusOr<CUfunc_st*> fn = plan_.cuda_module_->Resolve(k.symbol, k.shared_memory_bytes);
+  if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
+  out->function = *fn;
   return Status::OK();
 }
 
@@ -725,7 +781,8 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
     if (k.checked[i]) {
       const ValueMeta& m = metas_[s];
       if (t->device().type() != device_.type() || t->scalar_type() != m.dtype ||
-          t->sizes() != c10::IntArrayRef(m.sizes)) {
+          t->sizes() != c10::IntArrayRef(m.sizes) ||
+          (cuda_module_ && t->device().index() != device_.index())) {
         return Status::RuntimeError(Id(ids_[s]) + " is " +
                                     Describe(t->scalar_type(), t->sizes(), t->strides()) + " on " +
                                     t->device().str() + ", the kernel was built for " +
@@ -743,8 +800,20 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
   }
   // Visible to torch.profiler beside the library ops; costs a flag test when nothing records.
   RECORD_FUNCTION(k.symbol, c10::ArrayRef<const c10::IValue>{});
+  if (cuda_module_) return LaunchCuda(k, pointers);
   k.fn(pointers, &ParallelFor);
   return Status::OK();
+}
+
+Status Plan::LaunchCuda(const KernelStep& k, void* const* pointers) const {
+#ifdef KILN_WITH_CUDA
+  // Run's device guard made the plan's device current: this is the caller's stream on it.
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+  return cuda_module_->Launch(k.cuda, pointers, k.slots.size(), stream);
+#else
+  (void)k, (void)pointers;  // Create refuses CUDA kernels without CUDA.
+  return Status::RuntimeError("kiln._C was built without CUDA");
+#endif
 }
 
 Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const {
@@ -855,6 +924,23 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
 }
 
 Status Plan::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const {
+  return RunMain(nullptr, inputs, outputs);
+}
+
+Status Plan::RunWithPrologue(const std::vector<at::Tensor>& prologue_values,
+                             const std::vector<at::Tensor>& inputs,
+                             std::vector<at::Tensor>* outputs) const {
+  if (prologue_values.size() != prologue_output_slots_.size()) {
+    return Status::RuntimeError("kiln plan: its prologue has " +
+                                std::to_string(prologue_output_slots_.size()) + " outputs, " +
+                                std::to_string(prologue_values.size()) + " were given");
+  }
+  return RunMain(&prologue_values, inputs, outputs);
+}
+
+Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
+                     const std::vector<at::Tensor>& inputs,
+                     std::vector<at::Tensor>* outputs) const {
   if (inputs.size() != input_slots_.size()) {
     return Status::RuntimeError("kiln plan: takes " + std::to_string(input_slots_.size()) +
                                 " inputs, got " + std::to_string(inputs.size()));
@@ -862,11 +948,19 @@ Status Plan::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>*
   // RunSteps names the step that failed; this catches what fails between steps (reading a
   // parameter's version, allocating the arena).
   try {
+    // A CUDA plan's device is current while it runs (kernels launch on its current stream);
+    // a CPU plan's guard holds nothing.
+    c10::OptionalDeviceGuard device_guard;
+    if (!device_.is_cpu()) device_guard.reset_device(device_);
     std::vector<at::Tensor> vals = bound_;
     if (!prologue_.empty()) {
-      KILN_ASSIGN_OR_RETURN(std::shared_ptr<const std::vector<at::Tensor>> kept, PrologueValues());
+      std::shared_ptr<const std::vector<at::Tensor>> kept;
+      if (prologue_values == nullptr) {
+        KILN_ASSIGN_OR_RETURN(kept, PrologueValues());
+        prologue_values = kept.get();
+      }
       for (size_t i = 0; i < prologue_output_slots_.size(); ++i) {
-        vals[prologue_output_slots_[i]] = (*kept)[i];
+        vals[prologue_output_slots_[i]] = (*prologue_values)[i];
       }
     }
     for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
@@ -887,6 +981,29 @@ Status Plan::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>*
   } catch (const std::exception& e) {
     return Status::RuntimeError(std::string("kiln plan: ") + e.what());
   }
+}
+
+std::vector<Plan::OutputSource> Plan::OutputSources() const {
+  std::vector<OutputSource> sources;
+  for (int s : output_slots_) {
+    auto input = std::find(input_slots_.begin(), input_slots_.end(), s);
+    if (input != input_slots_.end()) {
+      sources.push_back({OutputSource::kInput, static_cast<size_t>(input - input_slots_.begin())});
+    } else if (bound_[s].defined()) {
+      sources.push_back({OutputSource::kBound, 0});
+    } else {
+      sources.push_back({OutputSource::kComputed, 0});
+    }
+  }
+  return sources;
+}
+
+std::vector<at::Tensor> Plan::BoundTensors() const {
+  std::vector<at::Tensor> bound;
+  for (const at::Tensor& t : bound_) {
+    if (t.defined()) bound.push_back(t);
+  }
+  return bound;
 }
 
 }  // namespace kiln::runtime

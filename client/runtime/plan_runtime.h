@@ -17,6 +17,7 @@
 #include <variant>
 #include <vector>
 
+#include "runtime/cuda_module.h"
 #include "runtime/kernel_library.h"
 #include "runtime/plan_spec.h"
 #include "status.h"
@@ -34,12 +35,17 @@ struct ValueMeta {
 
 // What a plan is bound to when it is built, besides its PlanSpec.
 struct PlanBinding {
-  // The artifact's ELF shared object; empty when no step launches a kernel. Read only while the
-  // plan is built.
+  // The artifact's kernels, read only while the plan is built; empty when no step launches a
+  // kernel. A CPU plan's is an ELF shared object, a CUDA plan's a cubin for the GPU's exact
+  // architecture (BINARY_FORMAT_CUBIN).
   std::string_view kernel_binary;
+  // A CUDA plan's PTX of the same kernels (ArtifactBody.kernel_ptx), loaded where the cubin does
+  // not load on the plan's GPU; may be empty.
+  std::string_view kernel_ptx;
   // Bound once to the plan's first inputs (a module's parameters and buffers, see
   // kiln.v1.Graph.num_bound_inputs); a call passes the rest.
   std::vector<at::Tensor> params;
+  // The plan's device: "cpu", or a CUDA device with its index ("cuda:0").
   c10::Device device = c10::Device(c10::kCPU);
 };
 
@@ -50,13 +56,18 @@ struct PlanBinding {
 //    once (input, parameter, constant, buffer or library output) and used only after its
 //    definition and before its release; a release never names a plan output or an arena buffer;
 //    a kernel writes only buffers, and nothing reads a buffer before a kernel has written it.
-//  - Arena buffers fit in arena_bytes at an offset that is a multiple of 64, are not plan
-//    outputs, and are never read by an op whose result may alias an argument (a view would
-//    outlive the arena slot's lifetime).
+//  - Arena buffers fit in arena_bytes at an offset that is a multiple of 64 (on a GPU too: the
+//    caching allocator's blocks are 512-byte aligned, so every buffer is aligned for the 16-byte
+//    vector loads CUDA kernels make), are not plan outputs, and are never read by an op whose
+//    result may alias an argument (a view would outlive the arena slot's lifetime).
 //  - Constants hold exactly their metadata's bytes. Constants and parameters match their value's
 //    dtype and sizes; they are moved to the plan's device and copied once into the metadata's
 //    strides, so kernels take them without a per-call copy.
-//  - Every kernel symbol resolves in kernel_binary (CPU plans only).
+//  - Every kernel symbol resolves in kernel_binary. A CPU plan dlopens it (KernelLibrary); a
+//    CUDA plan names its device's index and loads it, or kernel_ptx, into the device's primary
+//    context through the driver (CudaModule), and each kernel's grid and block have one to three
+//    dimensions (a missing one is 1), none 0, at most 1024 threads a block. A driver that is
+//    absent or refuses both images fails the build (kInvalidArgument).
 //  - Every library op resolves in the dispatcher ("aten::add.Tensor": name "aten::add",
 //    overload "Tensor"), and its arguments bind to the schema: positional arguments in schema
 //    order (they may fill keyword-only slots), then named ones by name, schema defaults for the
@@ -82,6 +93,12 @@ struct PlanBinding {
 // Run is const and keeps its per-call state (value slots, arena) on its own stack, so one plan
 // may run on several threads at once. It does not touch autograd mode: kernels write through
 // raw pointers, so a plan is for inference, and the caller chooses the grad mode.
+//
+// On a CUDA device a run makes the plan's device current for its duration and enqueues all its
+// work (kernels through cuLaunchKernel, library calls through ATen) on the caller's current
+// stream of that device; buffers and the arena come from torch's caching allocator, so tensors
+// released or returned are ordered with that stream as torch's own are. Run returns once the
+// work is enqueued; no step synchronises with the host.
 class Plan {
  public:
   static StatusOr<std::unique_ptr<Plan>> Create(const PlanSpec& spec, PlanBinding binding);
@@ -96,15 +113,40 @@ class Plan {
   // its op or symbol ("kiln plan: step 2 (kernel k0): ..."); the inputs are never modified.
   Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
 
+  // The prologue's outputs (one per PlanSpec::prologue_outputs), after running the prologue if it
+  // has not run or a bound tensor it reads changed since (see above); the same object until then.
+  StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> PrologueValues() const;
+
+  // Run with `prologue_values` (shaped as PrologueValues' result) in place of the plan's own: the
+  // per-call steps read exactly these tensors. For a caller that keeps its own copy at fixed
+  // addresses (a CUDA graph).
+  Status RunWithPrologue(const std::vector<at::Tensor>& prologue_values,
+                         const std::vector<at::Tensor>& inputs,
+                         std::vector<at::Tensor>* outputs) const;
+
+  // What an output is, so that a caller that returns copies of outputs (a CUDA graph) can give
+  // back the caller's own input, or the bound tensor, where the plan does.
+  struct OutputSource {
+    enum Kind { kComputed, kInput, kBound } kind;
+    size_t index;  // kInput: the input's position in Run's `inputs`.
+  };
+  std::vector<OutputSource> OutputSources() const;
+  // The tensors bound at creation (constants, parameters) as the steps read them, in no order:
+  // a caller that captures the plan's reads by address watches their data pointers.
+  std::vector<at::Tensor> BoundTensors() const;
+  const c10::Device& device() const { return device_; }
+
   int num_kernels() const { return num_kernels_; }
   int num_library_calls() const { return num_library_calls_; }
   size_t num_inputs() const { return input_slots_.size(); }
   size_t num_outputs() const { return output_slots_.size(); }
+  size_t num_prologue_outputs() const { return prologue_output_slots_.size(); }
   uint64_t arena_bytes() const { return arena_bytes_; }
 
  private:
   struct KernelStep {
     kiln_kernel_fn fn;   // No initializer: it would make Step's variant not default-constructible.
+    CudaKernel cuda;     // A CUDA plan's launch (fn is then null).
     std::string symbol;  // For profilers: "kiln_kernel_3".
     std::vector<int> slots;     // Argument slots, in parameter order.
     std::vector<char> checked;  // Per argument: not a buffer, so its layout may differ.
@@ -140,18 +182,20 @@ class Plan {
   Status RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
                   const at::Tensor& arena) const;
   Stamps StampWatched() const;
-  // The prologue's outputs, after running it if a watched constant changed since it last ran.
-  StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> PrologueValues() const;
+  Status RunMain(const std::vector<at::Tensor>* prologue_values,
+                 const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
   Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
+  Status LaunchCuda(const KernelStep& k, void* const* pointers) const;
   Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const;
 
-  std::unique_ptr<KernelLibrary> library_;  // Null when the plan launches no kernel.
-  std::vector<uint32_t> ids_;               // Slot -> value id, sorted.
-  std::vector<ValueMeta> metas_;            // Slot -> metadata.
-  std::vector<at::Tensor> bound_;           // Slot -> constant (undefined for other values).
-  std::vector<at::Tensor> originals_;       // Slot -> the constant as given (before any copy).
-  std::vector<Buffer> buffers_;             // Slot -> buffer placement (for buffer slots).
+  std::unique_ptr<KernelLibrary> library_;   // Null unless a CPU plan launches kernels.
+  std::unique_ptr<CudaModule> cuda_module_;  // Null unless a CUDA plan launches kernels.
+  std::vector<uint32_t> ids_;                // Slot -> value id, sorted.
+  std::vector<ValueMeta> metas_;             // Slot -> metadata.
+  std::vector<at::Tensor> bound_;            // Slot -> constant (undefined for other values).
+  std::vector<at::Tensor> originals_;        // Slot -> the constant as given (before any copy).
+  std::vector<Buffer> buffers_;              // Slot -> buffer placement (for buffer slots).
   std::vector<int> input_slots_;
   std::vector<int> output_slots_;
   std::vector<Step> steps_;

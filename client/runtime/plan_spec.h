@@ -1,5 +1,5 @@
 // PlanSpec: a kiln.v1.ExecutionPlan as the runtime reads it, decoded from the artifact's bytes
-// (plan_decoder.h) with the fields a CPU plan uses. Plain C++ without torch or protobuf, so the
+// (plan_decoder.h) with the fields a plan uses. Plain C++ without torch or protobuf, so the
 // decoder builds and is tested and fuzzed on its own; Plan (plan_runtime.h) validates it.
 #ifndef KILN_RUNTIME_PLAN_SPEC_H_
 #define KILN_RUNTIME_PLAN_SPEC_H_
@@ -98,10 +98,13 @@ struct CallArg {
   DeviceSpec device;
 };
 
-// kiln.v1.KernelLaunch (CPU: no grid, block or shared memory) plus its step's release list.
+// kiln.v1.KernelLaunch plus its step's release list. grid, block and shared_memory_bytes are
+// CUDA's launch configuration: empty and 0 for a CPU kernel.
 struct KernelStepSpec {
   std::string symbol;
   std::vector<uint32_t> args, writes, release;
+  std::vector<uint32_t> grid, block;  // (x, y, z); Plan reads a missing y or z as 1.
+  uint32_t shared_memory_bytes = 0;
 };
 
 // kiln.v1.LibraryCall plus its step's release list.
@@ -119,7 +122,7 @@ using StepSpec = std::variant<KernelStepSpec, LibraryStepSpec>;
 struct BufferSpec {
   uint32_t id = 0;
   bool in_arena = false;
-  uint64_t arena_offset = 0;  // Bytes; a multiple of 64.
+  uint64_t arena_offset = 0;  // Bytes; a multiple of 64 (Plan checks it).
 };
 
 // kiln.v1.ExecutionPlan, field for field.

@@ -1,8 +1,9 @@
 // kiln._C.Plan: the Python face of the plan runtime. Building decodes the artifact's serialized
 // ExecutionPlan (DecodePlan) and binds it (Plan::Create), the plan's one crossing from Python; a
-// call runs the plan without the GIL and, once a run has failed and a fallback is set, hands
-// later calls to it.
+// call runs the plan (or replays its CUDA graph) without the GIL and, once a run has failed and a
+// fallback is set, hands later calls to it. kiln._C.CudaGraphPool: the pool CUDA graphs share.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -16,6 +17,9 @@
 #include "python_status.h"
 #include "runtime/plan_decoder.h"
 #include "runtime/plan_runtime.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda_graph_runner.h"
+#endif
 
 namespace py = pybind11;
 
@@ -71,10 +75,26 @@ c10::Device DeviceOf(py::handle h) {
   }
 }
 
-// The Python object: the plan plus the eager fallback it switches to after a failed run.
+#ifdef KILN_WITH_CUDA
+using GraphRunner = CudaGraphRunner;
+#else
+// Without CUDA no plan runs on a GPU, so none is ever captured: a type that is never made.
+struct GraphRunner {
+  Status Run(const std::vector<at::Tensor>&, std::vector<at::Tensor>*, std::string*) {
+    return Status::RuntimeError("kiln._C was built without CUDA");
+  }
+  bool captured() const { return false; }
+  int captures() const { return 0; }
+  bool disabled() const { return true; }
+};
+#endif
+
+// The Python object: the plan (replayed as a CUDA graph when `graphs_` is set) plus the eager
+// fallback it switches to after a failed run.
 class PyPlan {
  public:
-  explicit PyPlan(std::unique_ptr<const Plan> plan) : plan_(std::move(plan)) {}
+  PyPlan(std::shared_ptr<const Plan> plan, std::unique_ptr<GraphRunner> graphs)
+      : plan_(std::move(plan)), graphs_(std::move(graphs)) {}
 
   // `args[0..n)` are the call's tensors; `tuple` holds them for a fallback call.
   py::object Call(PyObject* const* args, size_t n, py::handle tuple) {
@@ -90,9 +110,15 @@ class PyPlan {
     }
     std::vector<at::Tensor> outputs;
     Status status;
+    std::string graph_note;
     {
       py::gil_scoped_release no_gil;
-      status = plan_->Run(inputs, &outputs);
+      status = graphs_ ? graphs_->Run(inputs, &outputs, &graph_note) : plan_->Run(inputs, &outputs);
+    }
+    if (!graph_note.empty()) {
+      py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
+          "kiln: a compiled plan cannot be captured as a CUDA graph (%s); it runs without one",
+          graph_note);
     }
     if (!status.ok()) {
       if (!fallback_) ThrowPython(status);
@@ -113,35 +139,57 @@ class PyPlan {
     return Call(PySequence_Fast_ITEMS(args.ptr()), args.size(), args);
   }
 
-  std::unique_ptr<const Plan> plan_;
+  std::shared_ptr<const Plan> plan_;
+  std::unique_ptr<GraphRunner> graphs_;  // Null: no CUDA graph.
   py::object fallback_;
   std::atomic<bool> failed_{false};
 };
 
+#ifdef KILN_WITH_CUDA
+using GraphPool = std::shared_ptr<CudaGraphPool>;
+#else
+struct CudaGraphPool {};  // Never made: the Python class does not exist without CUDA.
+using GraphPool = std::shared_ptr<CudaGraphPool>;
+#endif
+
 std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::handle params,
-                                 py::handle device) {
+                                 py::handle device, py::handle kernel_ptx,
+                                 std::optional<GraphPool> cuda_graphs) {
   const std::string_view plan_bytes = BytesOf(plan, "plan");
   PlanBinding binding;
   binding.kernel_binary = BytesOf(kernel_binary, "kernel_binary");
+  binding.kernel_ptx = BytesOf(kernel_ptx, "kernel_ptx");
   binding.params = TensorsOf(params, "params");
   binding.device = DeviceOf(device);
   StatusOr<std::unique_ptr<Plan>> built = [&]() -> StatusOr<std::unique_ptr<Plan>> {
     KILN_ASSIGN_OR_RETURN(const PlanSpec spec, DecodePlan(plan_bytes));
     return Plan::Create(spec, std::move(binding));
   }();
-  return std::make_unique<PyPlan>(ValueOrThrow(std::move(built)));
+  std::shared_ptr<const Plan> made = ValueOrThrow(std::move(built));
+  std::unique_ptr<GraphRunner> graphs;
+#ifdef KILN_WITH_CUDA
+  if (cuda_graphs && *cuda_graphs && made->device().is_cuda()) {
+    graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs);
+  }
+#endif
+  return std::make_unique<PyPlan>(std::move(made), std::move(graphs));
 }
 
 constexpr const char* kPlanDoc =
     R"doc(A compiled graph's ExecutionPlan (proto/kiln/v1/artifact.proto), run in C++.
 
 Plan(plan: bytes,               # a serialized kiln.v1.ExecutionPlan, as the artifact holds it
-     kernel_binary: bytes = b"",  # ELF shared object; b"" when no step launches a kernel
+     kernel_binary: bytes = b"",  # CPU: ELF shared object; CUDA: cubin; b"" without kernels
      params: [Tensor] = (),     # bound once to the plan's first inputs (parameters, buffers)
-     device: str | torch.device = "cpu")
+     device: str | torch.device = "cpu",  # "cpu" or "cuda:N"
+     kernel_ptx: bytes = b"",   # CUDA: PTX loaded where the cubin does not load
+     cuda_graphs: CudaGraphPool | None = None)  # CUDA: capture once, replay (runtime/cuda_graph_runner.h)
 
 A call passes the rest of the plan's inputs: plan(*tensors) and plan.run(tensors) return a list
-of tensors. The prologue runs on the first call and again when a parameter changed in place.
+of tensors. The prologue runs on the first call and again when a parameter changed in place. A
+CUDA plan enqueues its work on the current stream of its device. With cuda_graphs, the first call
+captures the plan into a CUDA graph in that pool and later calls replay it; a plan that cannot be
+captured logs one warning and runs without a graph.
 
 Building raises ValueError when the bytes do not decode ("... does not decode: steps[2].library
 .args[0]: at byte 123: ...") or the plan is malformed or cannot be bound ("step 3 (aten::mm):
@@ -173,9 +221,24 @@ PyObject* PlanCallSlot(PyObject* self, PyObject* args, PyObject* kwargs) {
 }
 
 void RegisterRuntime(py::module_& m) {
+#ifdef KILN_WITH_CUDA
+  py::class_<CudaGraphPool, std::shared_ptr<CudaGraphPool>>(
+      m, "CudaGraphPool",
+      "The private memory pool the CUDA graphs of plans share (one per process: kiln's state "
+      "makes it); it orders their replays.")
+      .def(py::init<>());
+#endif
+  m.attr("HAS_CUDA") = py::bool_(
+#ifdef KILN_WITH_CUDA
+      true
+#else
+      false
+#endif
+  );
   auto plan = py::class_<PyPlan>(m, "Plan", py::is_final(), kPlanDoc);
   plan.def(py::init(&MakePlan), py::arg("plan"), py::arg("kernel_binary") = py::bytes(),
-           py::arg("params") = py::tuple(), py::arg("device") = "cpu")
+           py::arg("params") = py::tuple(), py::arg("device") = "cpu",
+           py::arg("kernel_ptx") = py::bytes(), py::arg("cuda_graphs") = py::none())
       .def(
           "__call__", [](PyPlan& self, const py::args& args) { return self.Call(args); },
           "Runs the plan on the tensors, one per input; returns the list of outputs.")
@@ -198,7 +261,21 @@ void RegisterRuntime(py::module_& m) {
           "num_inputs", [](const PyPlan& p) { return p.plan_->num_inputs(); },
           "The tensors a call passes (the plan's inputs after its parameters).")
       .def_property_readonly("num_outputs", [](const PyPlan& p) { return p.plan_->num_outputs(); })
-      .def_property_readonly("arena_bytes", [](const PyPlan& p) { return p.plan_->arena_bytes(); });
+      .def_property_readonly("arena_bytes", [](const PyPlan& p) { return p.plan_->arena_bytes(); })
+      .def_property_readonly(
+          "cuda_graph",
+          [](const PyPlan& p) -> py::object {
+            if (!p.graphs_) return py::none();
+            return py::str(p.graphs_->disabled()   ? "off"
+                           : p.graphs_->captured() ? "captured"
+                                                   : "pending");
+          },
+          "None without CUDA graphs; else 'pending' (not captured yet), 'captured', or 'off' "
+          "(a capture failed: the plan runs without a graph).")
+      .def_property_readonly(
+          "cuda_graph_captures",
+          [](const PyPlan& p) { return p.graphs_ ? p.graphs_->captures() : 0; },
+          "How many times the plan was captured (again after a parameter's storage moved).");
   // Plan is final (py::is_final): every instance is a PyPlan, which the slot relies on.
   // plan.__call__ read as an attribute stays the pybind11 method.
   reinterpret_cast<PyTypeObject*>(plan.ptr())->tp_call = PlanCallSlot;

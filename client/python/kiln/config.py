@@ -16,6 +16,11 @@ cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
 # by kilnd; other graphs, and every graph when no daemon answers, run eagerly).
 default_backend = os.environ.get("KILN_BACKEND", "kiln")
 
+# CUDA graphs for compiled graphs on a GPU: the "kiln" backend captures a plan once and replays
+# it (kiln.compile's mode="max-autotune-no-cudagraphs" or options={"triton.cudagraphs": False}
+# turn it off for one compile, mode="reduce-overhead" on; KILN_CUDA_GRAPHS=0 off by default).
+cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
+
 # What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen"}:
 # KILN_LOG=graph,guards.
 log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())

@@ -8,7 +8,7 @@ import torch
 from torch.nn.modules import module
 
 from kiln import _C, config
-from kiln.backends.registry import lookup_backend, prepare_backend
+from kiln.backends.registry import lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped
 from kiln.convert_frame import convert_frame
 from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
@@ -21,11 +21,13 @@ class FrameCallback:
     """What the hook calls for a frame it has no passing entry for (see client/hook).
 
     `observer`, when given, is told about every entry made (observer.entry(info)) and every
-    frame given up on (observer.eager(code, reason)): explain() listens this way."""
+    frame given up on (observer.eager(code, reason)): explain() listens this way. `mode` and
+    `options` are kiln.compile's, passed to a backend that takes them (registry.with_mode)."""
 
-    def __init__(self, backend, fullgraph: bool, observer=None):
-        self.backend = lookup_backend(backend)
-        prepare_backend(self.backend)
+    def __init__(self, backend, fullgraph: bool, observer=None, mode=None, options=None):
+        compiler_fn = lookup_backend(backend)
+        prepare_backend(compiler_fn)
+        self.backend = with_mode(compiler_fn, mode, options)
         self.backend_name = backend if isinstance(backend, str) else getattr(
             backend, "__name__", type(backend).__name__)
         self.fullgraph = fullgraph
@@ -140,7 +142,10 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
 
     backend: a registered name ("eager", ...) or a callable (gm, example_inputs) -> callable.
     fullgraph: raise kiln.exc.Unsupported instead of running a frame eagerly.
-    dynamic, mode, options: accepted for compatibility; kiln specializes on static shapes.
+    dynamic: accepted for compatibility; kiln specializes on static shapes.
+    mode, options: passed to the "kiln" backend, where they choose CUDA graphs: on by default
+    (kiln.config.cuda_graphs), "reduce-overhead" on, "max-autotune-no-cudagraphs" off, and
+    options={"triton.cudagraphs": bool} either way; other backends ignore them.
     """
     if mode is not None and mode not in ("default", "reduce-overhead", "max-autotune",
                                          "max-autotune-no-cudagraphs"):
@@ -148,7 +153,7 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
     backend = backend if backend is not None else config.default_backend
-    callback = FrameCallback(backend, fullgraph)
+    callback = FrameCallback(backend, fullgraph, mode=mode, options=options)
     if model is None:
         return lambda m: _wrap(m, callback)
     return _wrap(model, callback)

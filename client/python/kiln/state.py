@@ -85,6 +85,16 @@ class ProcessState:
         self.artifacts: List = []
         self._warned = set()
         self._lock = threading.Lock()
+        self._cuda_graph_pool = None
+
+    def cuda_graph_pool(self):
+        """The one memory pool all CUDA graphs of this process capture into (kiln._C.
+        CudaGraphPool, made on first use; kept across reset(): graphs still alive use it), or None
+        when kiln._C was built without CUDA."""
+        with self._lock:
+            if self._cuda_graph_pool is None and getattr(_C, "HAS_CUDA", False):
+                self._cuda_graph_pool = _C.CudaGraphPool()
+            return self._cuda_graph_pool
 
     @property
     def stance(self) -> str:

@@ -96,7 +96,10 @@ inline std::optional<StepSpec> FromProto(const kiln::v1::PlanStep& s) {
     return KernelStepSpec{k.symbol(),
                           {k.args().begin(), k.args().end()},
                           {k.writes().begin(), k.writes().end()},
-                          release};
+                          release,
+                          {k.grid().begin(), k.grid().end()},
+                          {k.block().begin(), k.block().end()},
+                          k.shared_memory_bytes()};
   }
   if (s.has_library()) {
     const auto& l = s.library();
@@ -142,7 +145,8 @@ inline std::string Dump(const MetaSpec& m) {
 inline std::string Dump(const StepSpec& step) {
   if (const auto* k = std::get_if<KernelStepSpec>(&step)) {
     return "kernel " + k->symbol + " args " + List(k->args) + " writes " + List(k->writes) +
-           " release " + List(k->release) + "\n";
+           " release " + List(k->release) + " grid " + List(k->grid) + " block " + List(k->block) +
+           " smem " + std::to_string(k->shared_memory_bytes) + "\n";
   }
   const auto& l = std::get<LibraryStepSpec>(step);
   std::string out =

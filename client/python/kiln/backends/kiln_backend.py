@@ -1,9 +1,12 @@
 """The "kiln" backend: lower the captured graph to the kiln.v1 IR, have kilnd compile it (or
 serve it from its cache), verify the artifact and run its plan in the C++ runtime.
 
-Inference graphs on the CPU only (v1): a graph that records autograd history or lives on
-another device runs eagerly. Any plumbing failure (no daemon, compile error, rejected artifact,
-load failure) runs the graph eagerly with one warning per kind of failure.
+Inference graphs whose tensors all live on the CPU or all on one CUDA device: a graph that
+records autograd history, or mixes devices, runs eagerly. A CUDA graph is compiled for its GPU's
+architecture and, unless turned off (kiln.config.cuda_graphs, kiln.compile's mode and options),
+its plan is captured into a CUDA graph and replayed. Any plumbing failure (no daemon, compile
+error such as a kilnd without CUDA support, rejected artifact, load failure) runs the graph
+eagerly with one warning per kind of failure.
 """
 import logging
 import time
@@ -39,17 +42,40 @@ class CompiledArtifact:
     aten_graph: Optional[torch.fx.GraphModule] = None
 
 
+def _graph_device(tensors) -> Optional[torch.device]:
+    """The one device all `tensors` live on (the CPU when there are none), or None when they
+    mix devices or one is on a device kiln does not compile for."""
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor)}
+    if not devices:
+        return torch.device("cpu")
+    if len(devices) > 1:
+        return None
+    device = devices.pop()
+    return device if device.type in ("cpu", "cuda") else None
+
+
 def _fallback_reasons(gm, example_inputs) -> Optional[str]:
     from kiln.graph import lowering
 
     if lowering.needs_autograd(gm, example_inputs):
         return "autograd"
-    for t in list(example_inputs) + list(lowering.attr_tensors(gm).values()):
-        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-            return "device"
+    if _graph_device(list(example_inputs) + list(lowering.attr_tensors(gm).values())) is None:
+        return "device"
     if not any(n.op == "call_function" or n.op == "call_method" for n in gm.graph.nodes):
         return "empty"
     return None
+
+
+def cuda_graphs_wanted(mode: Optional[str], options: Optional[dict]) -> bool:
+    """Whether a CUDA plan is captured into a CUDA graph, from kiln.compile's mode and options
+    (torch.compile's spellings) over kiln.config.cuda_graphs."""
+    if options and "triton.cudagraphs" in options:
+        return bool(options["triton.cudagraphs"])
+    if mode == "max-autotune-no-cudagraphs":
+        return False
+    if mode == "reduce-overhead":
+        return True
+    return config.cuda_graphs
 
 
 def _prepare() -> None:
@@ -65,9 +91,10 @@ def _prepare() -> None:
         log.debug("kiln backend: client not prepared (%s)", e)
 
 
-@register_backend(name="kiln", prepare=_prepare)
-def kiln(gm: torch.fx.GraphModule, example_inputs: list):
-    """Compiles `gm` through kilnd into fused CPU kernels plus ATen library calls."""
+@register_backend(name="kiln", prepare=_prepare, takes_mode=True)
+def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
+         options: Optional[dict] = None):
+    """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""
     from kiln.daemon.artifact import ArtifactRejected
     from kiln.daemon.client import DaemonRefused, DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
@@ -78,7 +105,7 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list):
         log.debug("kiln backend: %s graph runs eagerly", reason)
         return gm.forward
     try:
-        compiled = compile_graph(gm, example_inputs)
+        compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options))
     except LoweringError as e:
         _warn_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
         return gm.forward
@@ -108,10 +135,12 @@ class CompileFailed(RuntimeError):
     """kilnd answered with a CompileError."""
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
+                  cuda_graphs: bool = True) -> CompiledArtifact:
     """The loaded artifact for `gm`. A graph the client's index knows is fetched by key without
     lowering; any doubt about that artifact (missing, another compiler's, rejected) lowers and
-    compiles as a graph seen for the first time would."""
+    compiles as a graph seen for the first time would. `cuda_graphs`: a plan on a GPU is
+    captured into a CUDA graph and replayed."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.daemon.client import read_mac_key
@@ -123,9 +152,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     client = STATE.daemon.client()
     client.ensure_running()
     mac_key = read_mac_key(client.settings.mac_key_file)
-    target = art.cpu_target()
     params = list(lowering.attr_tensors(gm).values())
     inputs = params + list(example_inputs)
+    device = _graph_device(inputs)
+    target = art.target_for(device)
+    pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
     index = GraphIndex(client.settings.cache_dir / "graphs", mac_key)
     # The daemon's compiler is part of the key: after an upgrade the index misses, and the
     # graph is compiled by the new compiler instead of being served what the old one built.
@@ -142,7 +173,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
                 if body.compiler_version != compiler_version or body.target != target:
                     raise art.ArtifactRejected("artifact from another compiler or target")
                 art.check_inputs(body, inputs)
-                plan = art.build_plan(body, params, len(example_inputs))
+                plan = art.build_plan(body, params, len(example_inputs), device, pool)
                 return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
                                         body, plan)
         except art.ArtifactRejected as e:
@@ -159,7 +190,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArt
     # artifact known to be this graph's, and only then may the index remember it.
     body = art.verify_for_request(response.artifact, mac_key, request)
     art.check_inputs(body, inputs)
-    plan = art.build_plan(body, params, len(example_inputs))
+    plan = art.build_plan(body, params, len(example_inputs), device, pool)
     if skey is not None:
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,

@@ -1,4 +1,5 @@
 """The registry of named backends and the built-in ones."""
+import functools
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -10,22 +11,37 @@ CompilerFn = Callable[[torch.fx.GraphModule, list], Callable]
 _BACKENDS: Dict[str, CompilerFn] = {}
 # id(compiler_fn) -> what readies it (registered functions stay in _BACKENDS: ids are stable)
 _PREPARE: Dict[int, Callable[[], None]] = {}
+# ids of the backends that take kiln.compile's mode and options as keyword arguments
+_TAKES_MODE = set()
 
 
 def register_backend(compiler_fn: CompilerFn = None, name: str = None,
-                     prepare: Optional[Callable[[], None]] = None):
+                     prepare: Optional[Callable[[], None]] = None, takes_mode: bool = False):
     """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator.
     `prepare`, when given, runs each time the backend is chosen (kiln.compile, kiln.optimize):
-    work every first call would otherwise pay, such as imports. It must not raise."""
+    work every first call would otherwise pay, such as imports. It must not raise.
+    `takes_mode`: compiler_fn(gm, example_inputs, mode=..., options=...) receives kiln.compile's
+    mode and options (see with_mode)."""
     if compiler_fn is None:
-        return lambda fn: register_backend(fn, name, prepare)
+        return lambda fn: register_backend(fn, name, prepare, takes_mode)
     key = name or compiler_fn.__name__
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
     _BACKENDS[key] = compiler_fn
     if prepare is not None:
         _PREPARE[id(compiler_fn)] = prepare
+    if takes_mode:
+        _TAKES_MODE.add(id(compiler_fn))
     return compiler_fn
+
+
+def with_mode(compiler_fn: CompilerFn, mode: Optional[str], options: Optional[dict]) -> CompilerFn:
+    """`compiler_fn` bound to kiln.compile's `mode` and `options` when it was registered to take
+    them and either is given; otherwise `compiler_fn` itself (other backends ignore both, as
+    kiln.compile documents)."""
+    if id(compiler_fn) not in _TAKES_MODE or (mode is None and not options):
+        return compiler_fn
+    return functools.partial(compiler_fn, mode=mode, options=dict(options or {}))
 
 
 def prepare_backend(compiler_fn: CompilerFn) -> None:

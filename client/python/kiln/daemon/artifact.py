@@ -111,6 +111,28 @@ def cpu_target():
                             cpu_onednn=has_onednn())
 
 
+def cuda_arch(capability) -> str:
+    """The SM architecture of a GPU of compute capability (major, minor): (9, 0) -> "sm_90"."""
+    major, minor = capability
+    return f"sm_{int(major)}{int(minor)}"
+
+
+def cuda_target(index: int):
+    """The Target of code for GPU `index` (cubins for exactly its architecture)."""
+    from kiln.daemon import protocol
+
+    pb = protocol.messages()
+    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CUDA,
+                            cuda_arch=cuda_arch(torch.cuda.get_device_capability(index)))
+
+
+def target_for(device: torch.device):
+    """What kilnd compiles for to run on `device` (a CPU or a CUDA device with its index)."""
+    if device.type == "cuda":
+        return cuda_target(device.index if device.index is not None else 0)
+    return cpu_target()
+
+
 def has_onednn() -> bool:
     """Whether this torch registers oneDNN's fused operators, which plans may then call."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -135,13 +157,23 @@ def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
             raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")
 
 
-def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int):
+def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int,
+               device: torch.device = torch.device("cpu"), cuda_graphs=None):
     """The runtime's Plan for a verified body: its ExecutionPlan crosses to C++ once, in
     kiln.v1's wire format, and is decoded and validated there. `bound` (parameters) are fixed at load
-    and take the plan's first inputs; the call passes the remaining `num_user_inputs` tensors."""
+    and take the plan's first inputs; the call passes the remaining `num_user_inputs` tensors.
+    On a CUDA `device` the kernels are the body's cubin (its PTX where the cubin does not load),
+    and `cuda_graphs` (a kiln._C.CudaGraphPool, or None) has the plan captured and replayed."""
     from kiln import _C
+    from kiln.daemon import protocol
 
     n_bound = len(body.plan.inputs) - num_user_inputs
     if n_bound != len(bound):
         raise ArtifactRejected(f"plan binds {n_bound} parameters, the graph has {len(bound)}")
-    return _C.Plan(body.plan.SerializeToString(), body.kernel_binary, bound)
+    if device.type != "cuda":
+        return _C.Plan(body.plan.SerializeToString(), body.kernel_binary, bound)
+    if body.kernel_binary and body.format != protocol.messages().artifact.BINARY_FORMAT_CUBIN:
+        raise ArtifactRejected("a CUDA artifact's kernels are not a cubin")
+    return _C.Plan(body.plan.SerializeToString(), body.kernel_binary, bound,
+                   f"cuda:{device.index if device.index is not None else 0}",
+                   kernel_ptx=body.kernel_ptx, cuda_graphs=cuda_graphs)

@@ -303,12 +303,13 @@ def to_ir(aten_gm: torch.fx.GraphModule):
             const = b.graph.constants.add()
             dense = real.detach().contiguous()
             b.ids[n] = b.new_value(dense, const.value)
+            host = dense.cpu()  # a constant of a GPU graph: its bytes, read once at lowering
             if dense.dtype == torch.bfloat16 or dense.dtype == torch.float16:
-                const.data = dense.view(torch.int16).numpy().tobytes()
+                const.data = host.view(torch.int16).numpy().tobytes()
             elif dense.dtype == torch.bool:
-                const.data = dense.view(torch.uint8).numpy().tobytes()
+                const.data = host.view(torch.uint8).numpy().tobytes()
             else:
-                const.data = dense.numpy().tobytes()
+                const.data = host.numpy().tobytes()
         elif n.op == "call_function":
             b.node(n)
         elif n.op == "output":

@@ -69,8 +69,9 @@ kiln::v1::ExecutionPlan RichPlan() {
   k->mutable_kernel()->set_symbol("kiln_kernel_0");
   for (uint32_t a : {0u, 4u, 3u}) k->mutable_kernel()->add_args(a);
   k->mutable_kernel()->add_writes(3);
-  k->mutable_kernel()->add_grid(1);  // skipped: CUDA only
-  k->mutable_kernel()->set_shared_memory_bytes(16);
+  for (uint32_t g : {130u, 2u}) k->mutable_kernel()->add_grid(g);  // A CUDA launch's
+  for (uint32_t b : {128u, 1u, 1u}) k->mutable_kernel()->add_block(b);
+  k->mutable_kernel()->set_shared_memory_bytes(64 * 1024);
   k->add_release(4);
 
   auto* l = p.add_steps();

@@ -1,0 +1,50 @@
+// CudaGraphPool: the one private memory pool that all of a process's CUDA graphs capture into
+// (per device), and the order it imposes on their captures and replays.
+#ifndef KILN_RUNTIME_CUDA_GRAPH_POOL_H_
+#define KILN_RUNTIME_CUDA_GRAPH_POOL_H_
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <map>
+#include <mutex>
+#include <optional>
+
+namespace kiln::runtime {
+
+// Graphs that share a pool share memory: a graph's intermediates live in blocks the pool took
+// back at the end of its capture, which the next capture may hand out again. That is safe only
+// while no two graphs of the pool run at once, so every capture and replay holds Lock(), and
+// OrderAfterLast makes the stream it enqueues on wait for the last one's stream when they differ
+// (on one stream, replays are ordered already and cost nothing more). Each graph keeps its own
+// outputs allocated for its lifetime, so what it returns is never another graph's scratch.
+//
+// One object per process (kiln's runtime state makes it, every CUDA plan shares it); a test may
+// make its own.
+class CudaGraphPool {
+ public:
+  CudaGraphPool() = default;
+  CudaGraphPool(const CudaGraphPool&) = delete;
+  CudaGraphPool& operator=(const CudaGraphPool&) = delete;
+
+  // Held by a graph while it captures or replays, its input and output copies included.
+  std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mutex_); }
+
+  // Under Lock: the pool's id on `device` (made by the first capture there).
+  c10::MempoolId_t Id(c10::DeviceIndex device);
+
+  // Under Lock, before a capture or replay enqueues work on `stream`: makes `stream` wait for
+  // everything enqueued on the stream the previous capture or replay on that device used, when
+  // that was another stream; then records `stream` as the last.
+  void OrderAfterLast(const c10::cuda::CUDAStream& stream);
+
+ private:
+  std::mutex mutex_;
+  std::map<c10::DeviceIndex, c10::MempoolId_t> ids_;
+  std::map<c10::DeviceIndex, c10::cuda::CUDAStream> last_;
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_CUDA_GRAPH_POOL_H_

@@ -1,0 +1,226 @@
+// Capturing a CUDA plan into a CUDA graph and replaying it, with the copies of inputs, outputs
+// and prologue values that keep every replay's answer the plan's.
+#include "runtime/cuda_graph_runner.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <utility>
+
+namespace kiln::runtime {
+namespace {
+
+// A tensor the graph may read at a fixed address in place of `t`: same dtype, sizes and strides.
+at::Tensor StaticCopy(const at::Tensor& t) {
+  at::Tensor copy = at::empty_strided(t.sizes(), t.strides(), t.options());
+  copy.copy_(t);
+  return copy;
+}
+
+// Whether StaticCopy of `t` has exactly t's layout and copy_ can fill it.
+bool Copyable(const at::Tensor& t) {
+  return t.defined() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense();
+}
+
+// Makes `waiter` wait for what is enqueued on `stream` so far.
+void WaitFor(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
+  c10::Event done(c10::DeviceType::CUDA);
+  done.record(stream);
+  done.block(waiter);
+}
+
+}  // namespace
+
+CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
+                                 std::shared_ptr<CudaGraphPool> pool)
+    : plan_(std::move(plan)),
+      pool_(std::move(pool)),
+      sources_(plan_->OutputSources()),
+      bound_(plan_->BoundTensors()) {}
+
+CudaGraphRunner::~CudaGraphRunner() {
+  // A replay may still read the static inputs, which the caching allocator would hand out again
+  // on the stream they were made on, whatever stream replayed last.
+  if (graph_ == nullptr) return;
+  try {
+    c10::cuda::device_synchronize();
+  } catch (const c10::Error&) {  // At exit CUDA may be gone already; nothing runs then.
+  }
+}
+
+bool CudaGraphRunner::captured() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return graph_ != nullptr;
+}
+
+int CudaGraphRunner::captures() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return captures_;
+}
+
+bool CudaGraphRunner::disabled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return disabled_;
+}
+
+bool CudaGraphRunner::Matches(const std::vector<at::Tensor>& inputs) const {
+  if (inputs.size() != plan_->num_inputs()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (!Copyable(t) || t.device() != plan_->device()) return false;
+    if (graph_ == nullptr) continue;
+    const at::Tensor& s = static_inputs_[i];
+    if (t.scalar_type() != s.scalar_type() || t.sizes() != s.sizes() ||
+        t.strides() != s.strides()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool CudaGraphRunner::BoundMoved() const {
+  for (size_t i = 0; i < bound_.size(); ++i) {
+    if (bound_[i].data_ptr() != bound_addresses_[i]) return true;
+  }
+  return false;
+}
+
+Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs,
+                            std::string* note) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (disabled_) return plan_->Run(inputs, outputs);
+  try {
+    const c10::DeviceIndex device = plan_->device().index();
+    c10::cuda::CUDAGuard guard(device);
+    if (graph_ != nullptr && BoundMoved()) {
+      // Captured again below. The old graph may still be replaying: wait for it first.
+      c10::cuda::device_synchronize();
+      graph_.reset();
+    }
+    if (!Matches(inputs)) return plan_->Run(inputs, outputs);
+    std::shared_ptr<const std::vector<at::Tensor>> prologue;
+    if (plan_->num_prologue_outputs() > 0) {
+      // Run (again) here when a parameter it reads changed: outside the graph, on this stream.
+      KILN_ASSIGN_OR_RETURN(prologue, plan_->PrologueValues());
+    }
+    if (graph_ == nullptr) {
+      Status captured;
+      try {
+        captured = Capture(inputs, prologue);
+      } catch (const c10::Error& e) {
+        captured = Status::RuntimeError(e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        captured = Status::RuntimeError(e.what());
+      }
+      if (!captured.ok()) {
+        disabled_ = true;
+        graph_.reset();
+        static_inputs_.clear();
+        static_outputs_.clear();
+        prologue_copy_.clear();
+        prologue_source_.reset();
+        *note = captured.message();
+        return plan_->Run(inputs, outputs);
+      }
+    }
+    return Replay(inputs, prologue, outputs);
+  } catch (const c10::Error& e) {
+    return Status::RuntimeError(std::string("kiln plan: CUDA graph: ") +
+                                e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Status::RuntimeError(std::string("kiln plan: CUDA graph: ") + e.what());
+  }
+}
+
+Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
+                                const std::shared_ptr<const std::vector<at::Tensor>>& prologue) {
+  const c10::DeviceIndex device = plan_->device().index();
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  // Outside the pool: the static inputs and the prologue's copy live as long as the graph.
+  static_inputs_.clear();
+  for (const at::Tensor& t : inputs) static_inputs_.push_back(StaticCopy(t));
+  prologue_copy_.clear();
+  if (prologue != nullptr) {
+    for (const at::Tensor& t : *prologue) {
+      if (!Copyable(t)) return Status::RuntimeError("a prologue value is not dense");
+      prologue_copy_.push_back(StaticCopy(t));
+    }
+  }
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  WaitFor(side, current);
+  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    std::vector<at::Tensor> warm;
+    KILN_RETURN_IF_ERROR(plan_->RunWithPrologue(prologue_copy_, static_inputs_, &warm)
+                             .Prefixed("the warm-up before capture failed: "));
+    warm.clear();
+    std::unique_lock<std::mutex> pool_lock = pool_->Lock();
+    pool_->OrderAfterLast(side);
+    // Thread-local: other threads' CUDA calls during the capture are not disturbed; this
+    // thread's unsafe ones (a host synchronisation) fail the capture.
+    graph->capture_begin(pool_->Id(device), cudaStreamCaptureModeThreadLocal);
+    Status run = plan_->RunWithPrologue(prologue_copy_, static_inputs_, &static_outputs_);
+    try {
+      graph->capture_end();
+    } catch (const c10::Error& e) {
+      if (run.ok()) run = Status::RuntimeError(e.what_without_backtrace());
+    }
+    if (!run.ok()) {
+      static_outputs_.clear();
+      try {
+        graph.reset();
+      } catch (const c10::Error&) {  // The capture's own error says more.
+      }
+      return run.Prefixed("the capture failed: ");
+    }
+  }
+  WaitFor(current, side);
+  bound_addresses_.clear();
+  for (const at::Tensor& t : bound_) bound_addresses_.push_back(t.data_ptr());
+  prologue_source_ = prologue;
+  graph_ = std::move(graph);
+  ++captures_;
+  return Status::OK();
+}
+
+Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
+                               const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
+                               std::vector<at::Tensor>* outputs) {
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(plan_->device().index());
+  std::unique_lock<std::mutex> pool_lock = pool_->Lock();
+  pool_->OrderAfterLast(current);
+  if (prologue != prologue_source_) {
+    // Recomputed since the graph last read it: its new values into the buffers the graph reads.
+    for (size_t i = 0; i < prologue_copy_.size(); ++i) prologue_copy_[i].copy_((*prologue)[i]);
+    prologue_source_ = prologue;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) static_inputs_[i].copy_(inputs[i]);
+  }
+  graph_->replay();
+  outputs->clear();
+  outputs->reserve(sources_.size());
+  for (size_t i = 0; i < sources_.size(); ++i) {
+    switch (sources_[i].kind) {
+      case Plan::OutputSource::kInput:
+        outputs->push_back(inputs[sources_[i].index]);
+        break;
+      case Plan::OutputSource::kBound:
+        outputs->push_back(static_outputs_[i]);
+        break;
+      case Plan::OutputSource::kComputed: {
+        // The same value named twice is one tensor, as Plan::Run returns it.
+        size_t same = 0;
+        while (same < i && !static_outputs_[same].is_same(static_outputs_[i])) ++same;
+        outputs->push_back(same < i ? (*outputs)[same] : static_outputs_[i].clone());
+        break;
+      }
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace kiln::runtime

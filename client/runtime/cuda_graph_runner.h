@@ -1,0 +1,92 @@
+// CudaGraphRunner: a CUDA plan captured once into a CUDA graph and replayed on later calls,
+// with the copies that keep replays correct (inputs in, outputs out, the prologue's values).
+#ifndef KILN_RUNTIME_CUDA_GRAPH_RUNNER_H_
+#define KILN_RUNTIME_CUDA_GRAPH_RUNNER_H_
+
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGraph.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/cuda_graph_pool.h"
+#include "runtime/plan_runtime.h"
+#include "status.h"
+
+namespace kiln::runtime {
+
+// Policy. The first call that can use a graph captures one: it copies the inputs into static
+// buffers of the same sizes and strides, runs the plan once eagerly on a side stream (the
+// warm-up torch requires: cuBLAS and cuDNN make their workspaces there, not during capture),
+// captures a second run on that stream into a graph whose memory comes from `pool`, and then
+// replays it as every later call does:
+//  - Inputs are copied into the static buffers (skipped for one that is already its buffer), on
+//    the caller's current stream, before the replay. A call whose inputs differ from the capture's
+//    in dtype, sizes, strides or device, or are not dense with storage offset 0, runs the plan
+//    without the graph.
+//  - Outputs are copied out of the graph's static outputs into new tensors from the caching
+//    allocator after the replay, so an output the caller still holds is never overwritten by a
+//    later replay (one device copy per output; the graph's memory stays the graph's). An output
+//    that is one of the call's inputs, or a bound tensor, is returned as Plan::Run returns it.
+//  - Bound tensors (parameters, constants) are read by the graph at their addresses: an in-place
+//    update is seen by the next replay. One whose storage moved (`param.data = ...`) would leave
+//    the graph reading freed memory, so every replay compares their data pointers and captures
+//    again when one moved.
+//  - The prologue (values derived from parameters, Plan::PrologueValues) is never captured: the
+//    graph reads the runner's own copy of its values, and a replay that finds the plan's values
+//    recomputed (a parameter it reads changed) copies the new ones into that copy first.
+// A capture that fails (an op that synchronises with the host or is not capturable) makes the
+// runner run the plan without a graph from then on; Run says so once through `note`. A replay
+// never falls back silently to a different result: errors are returned as Plan::Run's are.
+//
+// Run may be called from several threads: calls of one runner are serialised, and the pool
+// orders the replays of all runners sharing it.
+class CudaGraphRunner {
+ public:
+  CudaGraphRunner(std::shared_ptr<const Plan> plan, std::shared_ptr<CudaGraphPool> pool);
+  ~CudaGraphRunner();
+  CudaGraphRunner(const CudaGraphRunner&) = delete;
+  CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
+
+  // Plan::Run's contract. Sets *note (otherwise left alone) when this call found that the plan
+  // cannot be captured: "why", for one warning.
+  Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs,
+             std::string* note);
+
+  // Whether a graph is captured now; how many captures have been made (a re-capture after a
+  // parameter moved counts again).
+  bool captured() const;
+  int captures() const;
+  // Whether the runner gave up on graphs (a capture failed).
+  bool disabled() const;
+
+ private:
+  bool Matches(const std::vector<at::Tensor>& inputs) const;
+  bool BoundMoved() const;
+  Status Capture(const std::vector<at::Tensor>& inputs,
+                 const std::shared_ptr<const std::vector<at::Tensor>>& prologue);
+  Status Replay(const std::vector<at::Tensor>& inputs,
+                const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
+                std::vector<at::Tensor>* outputs);
+
+  const std::shared_ptr<const Plan> plan_;
+  const std::shared_ptr<CudaGraphPool> pool_;
+  const std::vector<Plan::OutputSource> sources_;
+  const std::vector<at::Tensor> bound_;  // The plan's bound tensors, watched for moves.
+
+  mutable std::mutex mutex_;  // Guards everything below.
+  bool disabled_ = false;
+  int captures_ = 0;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  std::vector<at::Tensor> static_inputs_;
+  std::vector<at::Tensor> static_outputs_;
+  std::vector<at::Tensor> prologue_copy_;  // What the graph reads for the prologue's values.
+  std::shared_ptr<const std::vector<at::Tensor>> prologue_source_;  // What it was copied from.
+  std::vector<const void*> bound_addresses_;                        // At capture.
+};
+
+}  // namespace kiln::runtime
+
+#endif  // KILN_RUNTIME_CUDA_GRAPH_RUNNER_H_
