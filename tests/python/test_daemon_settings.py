@@ -93,3 +93,19 @@ def test_reset_keeps_the_daemon_client_unless_its_settings_changed(monkeypatch, 
     assert STATE.daemon.client().target == f"unix://{tmp_path}/b.sock"
     STATE.daemon.close()
     assert STATE.daemon._client is None
+
+
+def test_a_started_kilnd_is_told_where_nvrtc_is(tmp_path):
+    from kiln.daemon.client import _kilnd_environment
+
+    lib = tmp_path / "libnvrtc.so.13"
+    lib.write_bytes(b"")
+    named = DaemonSettings.from_env({"KILN_NVRTC": str(lib)})
+    assert named.nvrtc == str(lib)
+    env = _kilnd_environment(named)
+    assert env["KILN_NVRTC"] == str(lib)
+    # Without KILN_NVRTC the client names the NVRTC of this Python's CUDA wheels, where it has
+    # one (torch's CUDA builds bring it); kilnd cannot look into Python's packages itself.
+    found = DaemonSettings.from_env({}).nvrtc
+    if found is not None:
+        assert os.path.basename(found).startswith("libnvrtc.so.") and os.path.exists(found)

@@ -15,6 +15,15 @@ from kiln.daemon.settings import DaemonSettings
 log = logging.getLogger("kiln")
 
 
+
+def _kilnd_environment(settings) -> dict:
+    """The environment of a kilnd this client starts: ours, with the NVRTC this Python found
+    (torch's CUDA wheels) named for kilnd, which cannot look into Python's packages itself."""
+    env = dict(os.environ)
+    if settings.nvrtc and not env.get("KILN_NVRTC"):
+        env["KILN_NVRTC"] = settings.nvrtc
+    return env
+
 class DaemonUnavailable(RuntimeError):
     """No daemon answered, or it failed the request."""
 
@@ -272,7 +281,7 @@ class DaemonClient:
         start_timeout = settings.start_timeout
         try:
             done = subprocess.run(args, capture_output=True, text=True, timeout=start_timeout,
-                                  stdin=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, env=_kilnd_environment(settings))
         except subprocess.TimeoutExpired:
             # It goes on starting (a large cache is checked first); later graphs will find it.
             self._give_up(f"kilnd did not report ready within {start_timeout:.0f} s",

@@ -25,6 +25,9 @@ class DaemonSettings:
     socket: Path               # the local kilnd's socket (XDG_RUNTIME_DIR, KILN_CACHE_DIR)
     mac_key_file: Path         # KILN_MAC_KEY_FILE, else <cache_dir>/mac.key
     kilnd: Optional[str]       # KILN_KILND, else the build tree's kilnd, else kilnd on PATH
+    # KILN_NVRTC, else the libnvrtc of this Python's CUDA wheels or of /usr/local/cuda: what a
+    # kilnd the client starts builds CUDA kernels with (None: kilnd searches the loader's path).
+    nvrtc: Optional[str] = None
     start_timeout: float = 10.0  # KILN_DAEMON_START_TIMEOUT: longest wait for a kilnd we start
     idle_exit: str = "3600"      # KILN_DAEMON_IDLE_EXIT: that kilnd's --idle-exit
 
@@ -44,6 +47,7 @@ class DaemonSettings:
                    socket=Path(paths["socket"]),
                    mac_key_file=Path(paths["mac_key_file"]),
                    kilnd=env.get("KILN_KILND") or _found_kilnd(),
+                   nvrtc=env.get("KILN_NVRTC") or _found_nvrtc(),
                    start_timeout=_seconds(env, "KILN_DAEMON_START_TIMEOUT", cls.start_timeout),
                    idle_exit=env.get("KILN_DAEMON_IDLE_EXIT") or cls.idle_exit)
 
@@ -53,6 +57,26 @@ def _found_kilnd() -> Optional[str]:
     if built.exists():
         return str(built)
     return shutil.which("kilnd")
+
+
+def _found_nvrtc() -> Optional[str]:
+    """NVRTC where torch's CUDA wheels put it (nvidia-cuda-nvrtc: nvidia/cu13/lib for CUDA 13,
+    nvidia/cuda_nvrtc/lib before), else in the CUDA toolkit. Only a path is looked for: nothing
+    is loaded here."""
+    import glob
+    import sys
+
+    roots = [os.path.join(p, "nvidia", sub, "lib") for p in sys.path if p
+             for sub in ("cu13", "cuda_nvrtc")] + ["/usr/local/cuda/lib64"]
+    for root in roots:
+        for name in ("libnvrtc.so.13", "libnvrtc.so.12"):
+            path = os.path.join(root, name)
+            if os.path.exists(path):
+                return path
+        found = sorted(glob.glob(os.path.join(root, "libnvrtc.so.*[0-9]")))
+        if found:
+            return found[-1]
+    return None
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
