@@ -3,14 +3,40 @@
 #include "runtime/cuda_graph_pool.h"
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/core/Event.h>
 
 namespace kiln::runtime {
 
 c10::MempoolId_t CudaGraphPool::Id(c10::DeviceIndex device) {
   auto it = ids_.find(device);
-  if (it == ids_.end()) it = ids_.emplace(device, at::cuda::graph_pool_handle()).first;
+  if (it == ids_.end()) {
+    const c10::MempoolId_t id = at::cuda::graph_pool_handle();
+    c10::cuda::CUDAGuard guard(device);
+    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool(false, device));
+    auto anchor = std::make_unique<at::cuda::CUDAGraph>();
+    anchor->capture_begin(id, cudaStreamCaptureModeThreadLocal);
+    try {
+      at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device));
+    } catch (...) {
+      anchor->capture_end();
+      throw;
+    }
+    anchor->capture_end();
+    anchors_.emplace(device, std::move(anchor));
+    it = ids_.emplace(device, id).first;
+  }
   return it->second;
+}
+
+CudaGraphPool::~CudaGraphPool() {
+  for (auto& [device, anchor] : anchors_) {
+    try {
+      anchor.reset();
+    } catch (const c10::Error&) {  // the device is gone: nothing left to give back
+    }
+  }
 }
 
 void CudaGraphPool::OrderAfterLast(const c10::cuda::CUDAStream& stream) {

@@ -8,8 +8,13 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+
+namespace at::cuda {
+struct CUDAGraph;
+}
 
 namespace kiln::runtime {
 
@@ -20,18 +25,26 @@ namespace kiln::runtime {
 // (on one stream, replays are ordered already and cost nothing more). Each graph keeps its own
 // outputs allocated for its lifetime, so what it returns is never another graph's scratch.
 //
+// The pool keeps a graph of its own (an anchor: one 1-element fill) captured into it from its
+// first use to its destruction. Torch's device and host allocators drop a pool's entry when its
+// last graph is destroyed, and a capture into a handle whose entry is gone (a graph captured
+// again after its parameters moved, when it was the pool's only graph) fails torch's check that
+// a shared pool is live; a graph is what holds both allocators' references.
+//
 // One object per process (kiln's runtime state makes it, every CUDA plan shares it); a test may
 // make its own.
 class CudaGraphPool {
  public:
   CudaGraphPool() = default;
+  ~CudaGraphPool();
   CudaGraphPool(const CudaGraphPool&) = delete;
   CudaGraphPool& operator=(const CudaGraphPool&) = delete;
 
   // Held by a graph while it captures or replays, its input and output copies included.
   std::unique_lock<std::mutex> Lock() { return std::unique_lock<std::mutex>(mutex_); }
 
-  // Under Lock: the pool's id on `device` (made by the first capture there).
+  // Under Lock: the pool's id on `device` (made, and referenced by the pool, by the first
+  // capture there).
   c10::MempoolId_t Id(c10::DeviceIndex device);
 
   // Under Lock, before a capture or replay enqueues work on `stream`: makes `stream` wait for
@@ -42,6 +55,7 @@ class CudaGraphPool {
  private:
   std::mutex mutex_;
   std::map<c10::DeviceIndex, c10::MempoolId_t> ids_;
+  std::map<c10::DeviceIndex, std::unique_ptr<at::cuda::CUDAGraph>> anchors_;
   std::map<c10::DeviceIndex, c10::cuda::CUDAStream> last_;
 };
 

@@ -38,7 +38,21 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
     : plan_(std::move(plan)),
       pool_(std::move(pool)),
       sources_(plan_->OutputSources()),
-      bound_(plan_->BoundTensors()) {}
+      bound_(plan_->BoundTensors()) {
+  // Ops whose CUDA implementations read a device value on the host (their output's size, or the
+  // value itself), so that capturing them fails.
+  static const std::vector<std::string> kHostSynchronising = {
+      "aten::nonzero", "aten::masked_select", "aten::_local_scalar_dense", "aten::item",
+      "aten::unique_consecutive", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+      "aten::repeat_interleave", "aten::masked_scatter", "aten::argwhere", "aten::nonzero_numpy",
+      "aten::bincount", "aten::histc", "aten::is_nonzero", "aten::equal", "aten::allclose",
+      "aten::_assert_async", "aten::multinomial"};
+  const std::string step = plan_->FirstCallOf(kHostSynchronising);
+  if (!step.empty()) {
+    disabled_ = true;
+    pending_note_ = step + " synchronises with the host";
+  }
+}
 
 CudaGraphRunner::~CudaGraphRunner() {
   // A replay may still read the static inputs, which the caching allocator would hand out again
@@ -90,7 +104,11 @@ bool CudaGraphRunner::BoundMoved() const {
 Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs,
                             std::string* note) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (disabled_) return plan_->Run(inputs, outputs);
+  if (disabled_) {
+    if (!pending_note_.empty()) *note = std::move(pending_note_);
+    pending_note_.clear();
+    return plan_->Run(inputs, outputs);
+  }
   try {
     const c10::DeviceIndex device = plan_->device().index();
     c10::cuda::CUDAGuard guard(device);

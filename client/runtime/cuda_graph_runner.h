@@ -37,8 +37,11 @@ namespace kiln::runtime {
 //  - The prologue (values derived from parameters, Plan::PrologueValues) is never captured: the
 //    graph reads the runner's own copy of its values, and a replay that finds the plan's values
 //    recomputed (a parameter it reads changed) copies the new ones into that copy first.
-// A capture that fails (an op that synchronises with the host or is not capturable) makes the
-// runner run the plan without a graph from then on; Run says so once through `note`. A replay
+// A plan that calls an op known to synchronise with the host (nonzero, masked_select, item,
+// unique, ...: ops whose result's size or value the host must read) is never captured: a capture
+// that fails part-way leaves torch's CUDA generator in its capturing state, so that every later
+// random op of the process fails. Any other capture that fails makes the runner run the plan
+// without a graph from then on. Either way Run says so once through `note`. A replay
 // never falls back silently to a different result: errors are returned as Plan::Run's are.
 //
 // Run may be called from several threads: calls of one runner are serialised, and the pool
@@ -78,6 +81,7 @@ class CudaGraphRunner {
 
   mutable std::mutex mutex_;  // Guards everything below.
   bool disabled_ = false;
+  std::string pending_note_;  // Why the plan is never captured, until Run has said it.
   int captures_ = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::vector<at::Tensor> static_inputs_;

@@ -1006,4 +1006,16 @@ std::vector<at::Tensor> Plan::BoundTensors() const {
   return bound;
 }
 
+std::string Plan::FirstCallOf(const std::vector<std::string>& ops) const {
+  for (const Step& step : steps_) {
+    const auto* library = std::get_if<LibraryStep>(&step.body);
+    if (library == nullptr) continue;
+    const std::string& name = library->op.schema().name();
+    for (const std::string& op : ops) {
+      if (name == op) return step.label;
+    }
+  }
+  return "";
+}
+
 }  // namespace kiln::runtime

@@ -143,6 +143,10 @@ class Plan {
   size_t num_prologue_outputs() const { return prologue_output_slots_.size(); }
   uint64_t arena_bytes() const { return arena_bytes_; }
 
+  // The label of the first per-call library step that calls one of `ops` ("aten::nonzero"), or
+  // "" when none does.
+  std::string FirstCallOf(const std::vector<std::string>& ops) const;
+
  private:
   struct KernelStep {
     kiln_kernel_fn fn;   // No initializer: it would make Step's variant not default-constructible.

@@ -406,6 +406,9 @@ def test_a_plan_that_cannot_be_captured_warns_once_and_runs_without_a_graph(pool
     assert p.cuda_graph == "off"
     assert sum("cannot be captured as a CUDA graph" in r.getMessage()
                for r in caplog.records) == 1
+    # Refused before any capture began: torch's CUDA generator is not left capturing, so the
+    # process's random ops still work.
+    assert torch.randn(4, device="cuda").shape == (4,)
 
 
 # ---- the "kiln" backend on a GPU ----
