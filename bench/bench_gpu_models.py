@@ -6,7 +6,8 @@
                                      [--jsonl F] [--csv F] [--png F] [--report-only]
 
 Per model and dtype (fp32; bf16 under torch.autocast): the steady-state median of one call (CUDA
-events around each call, after warm-up) and its speedup over eager, the first call on a cold
+events around each call, after warm-up) and its speedup over eager, the first call (timed from
+the compile call, which is where torch.compile imports torch._dynamo) on a cold
 cache (kiln: a fresh kilnd cache directory; torch.compile: a fresh TORCHINDUCTOR_CACHE_DIR), and
 the first call of a second fresh process on the warm cache. Each compiler's process times eager
 and the compiled model in alternating rounds: its speedup is the ratio of its own pair, so the
@@ -87,6 +88,15 @@ def child(model: str, dtype: str, compiler: str, phase: str):
 
     from common import build_model, environment, first_tensor
 
+    import logging
+
+    warnings = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage()[:300])
+
+    logging.getLogger("kiln").addHandler(Keep(logging.WARNING))
     m, inputs = build_model(model, device="cuda", batch=BATCH[model])
     record = {"model": model, "dtype": dtype, "compiler": compiler, "phase": phase,
               **environment()}
@@ -94,8 +104,9 @@ def child(model: str, dtype: str, compiler: str, phase: str):
     with torch.no_grad(), autocast:
         ref = first_tensor(m(*inputs)).float()
         torch.cuda.synchronize()
-        cm = _compile(compiler, m)
+        # From the compile call: torch.compile imports torch._dynamo there, kiln on first use.
         t = time.perf_counter()
+        cm = _compile(compiler, m)
         out = first_tensor(cm(*inputs)).float()
         torch.cuda.synchronize()
         record["first_call_s"] = time.perf_counter() - t
@@ -112,8 +123,10 @@ def child(model: str, dtype: str, compiler: str, phase: str):
                 record["artifacts"] = len(arts)
                 record["kernels"] = sum(a.plan.num_kernels for a in arts)
                 record["compile_s"] = sum(a.compile_seconds for a in arts)
-                record["cuda_graphs"] = sum(bool(getattr(a.plan, "cuda_graph", False))
+                record["cuda_graphs"] = sum(getattr(a.plan, "cuda_graph", None) == "captured"
                                             for a in arts)
+    if warnings:
+        record["warnings"] = warnings
     print("RESULT " + json.dumps(record), flush=True)
 
 
@@ -146,7 +159,7 @@ def measure(model, dtype, compiler, timeout_s) -> dict:
     record = {"model": model, "dtype": dtype, "compiler": compiler,
               "gpu": cold.get("cuda"), "torch": cold.get("torch")}
     for k in ("eager_ms", "ms", "max_abs_err", "matches_eager", "kernels", "artifacts",
-              "compile_s", "cuda_graphs", "error"):
+              "compile_s", "cuda_graphs", "error", "warnings"):
         if k in cold:
             record[k] = cold[k]
     record["first_cold_s"] = cold.get("first_call_s")

@@ -19,6 +19,8 @@ aten = torch.ops.aten
 # Composite ops rewritten into pointwise ATen ops the compiler fuses, and library ops it keeps.
 _DECOMPOSED = [
     aten._native_batch_norm_legit_no_training, aten.native_batch_norm,
+    # What batch_norm dispatches to on CUDA (and ROCm) devices: native_batch_norm again.
+    aten.cudnn_batch_norm, aten.miopen_batch_norm,
     aten.gelu, aten.native_layer_norm,
     aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
@@ -29,7 +31,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-9"
+LOWERING_VERSION = b"kiln-lowering-10"
 
 
 class LoweringError(Exception):
