@@ -8,6 +8,7 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/Scalar.h>
@@ -865,6 +866,9 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
 
 Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
                       const at::Tensor& arena) const {
+  // The graph was traced with autocast applied: its casts are steps of the plan. Autocast left on
+  // would cast the library calls' arguments again (a float32 step given bfloat16 results).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const Step* step = nullptr;
   Status status;
   // ATen reports failures by throwing c10::Error: caught here, once per run, not per step.

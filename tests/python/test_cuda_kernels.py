@@ -124,3 +124,19 @@ def test_long_rows_loop_over_the_row():
 def test_non_contiguous_reduction_input():
     x = randn(256, 64).t()  # rows of 256 elements, 64 apart
     check(lambda a: torch.softmax(a, dim=-1), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_is_aten_attention_choosing_its_kernel_for_the_real_inputs(dtype):
+    # BERT's form: an additive mask; the plan calls aten::scaled_dot_product_attention (which
+    # picks flash / memory-efficient / math for these inputs), its epilogue is a generated kernel.
+    q, k, v = (randn(2, 4, 64, 32, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(2, 1, 1, 64, device="cuda", dtype=dtype)
+    mask[1, :, :, 48:] = -10000.0
+    art = check(lambda a, b, c, m: torch.nn.functional.scaled_dot_product_attention(
+        a, b, c, attn_mask=m) * 2 + 1, q, k, v, mask)
+    ops = [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
+    assert ops == ["aten::scaled_dot_product_attention"]
+    # GPT-2's form: causal, no mask.
+    check(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
+        a, b, c, is_causal=True).relu(), q, k, v)

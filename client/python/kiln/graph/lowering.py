@@ -25,13 +25,13 @@ _DECOMPOSED = [
     aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
     aten.addcdiv, aten.lerp, aten.masked_fill, aten.unbind, aten.split,
-    aten._softmax, aten._log_softmax,
+    aten._softmax, aten._log_softmax, aten._safe_softmax,
 ]
 
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-10"
+LOWERING_VERSION = b"kiln-lowering-11"
 
 
 class LoweringError(Exception):
@@ -66,6 +66,47 @@ def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias
     out = attention.transpose(1, 2).reshape(batch, tokens, embed_dim)
     # No weights: eager returns None there, the op's fake (which capture saw) an empty tensor.
     return torch.nn.functional.linear(out, proj_weight, proj_bias), query.new_empty((0,))
+
+
+@functools.lru_cache(maxsize=1)
+def _attention_op():
+    """kiln::attention, scaled_dot_product_attention's schema as an op of its own, for tracing
+    CUDA graphs: torch's scaled_dot_product_attention picks its kernel (flash, memory-efficient,
+    cuDNN, math) inside its composite implementation, so a trace would record that choice (an op
+    whose results include host integers the IR cannot carry, made for the tracer's fake inputs).
+    Traced as this op, it is lowered back to aten::scaled_dot_product_attention, which the plan
+    calls, choosing its kernel for the real inputs."""
+    lib = torch.library.Library("kiln", "FRAGMENT")
+    lib.define("attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+               "float dropout_p=0., bool is_causal=False, *, float? scale=None, "
+               "bool enable_gqa=False) -> Tensor")
+
+    def run(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+            enable_gqa=False):
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+            enable_gqa=enable_gqa)
+
+    def fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+             enable_gqa=False):
+        return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+    lib.impl("attention", run, "CompositeExplicitAutograd")
+    torch.library.register_fake("kiln::attention", fake, lib=lib)
+    _attention_op.lib = lib  # the registration lives as long as the library object
+    return torch.ops.kiln.attention.default
+
+
+_SDPA_TARGETS = (torch._C._nn.scaled_dot_product_attention,
+                 torch.nn.functional.scaled_dot_product_attention)
+
+
+def _attention_as_leaf(gm: torch.fx.GraphModule) -> None:
+    """Rewrites gm's scaled_dot_product_attention calls to kiln::attention (see _attention_op)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _SDPA_TARGETS:
+            node.target = _attention_op()
+    gm.recompile()
 
 
 @functools.lru_cache(maxsize=1)
@@ -122,6 +163,8 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
     for t in example_inputs:
         if not isinstance(t, torch.Tensor):
             raise LoweringError(f"non-tensor graph input of type {type(t).__name__}")
+    if any(t.is_cuda for t in (*params, *example_inputs)):
+        _attention_as_leaf(flat)
     with torch.no_grad():
         traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
                          decomposition_table=decompositions(), tracing_mode="fake",
@@ -272,7 +315,11 @@ class _Builder:
         if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
             raise LoweringError(f"{op_name(n.target)} mutates its input")
         node = self.graph.nodes.add()
+        # kiln::attention has scaled_dot_product_attention's schema and is that op (see
+        # _attention_op): the plan calls aten's, which picks its kernel for the real inputs.
         node.op = op_name(n.target)
+        if node.op == "kiln::attention":
+            node.op = "aten::scaled_dot_product_attention"
         for value, sarg in zip(n.args, schema.arguments):
             self.argument(node.args.add(), value, sarg.name)
         by_name = {a.name: a for a in schema.arguments}
