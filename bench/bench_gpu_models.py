@@ -110,10 +110,12 @@ def child(model: str, dtype: str, compiler: str, phase: str):
         out = first_tensor(cm(*inputs)).float()
         torch.cuda.synchronize()
         record["first_call_s"] = time.perf_counter() - t
-        tol = 2e-2 if dtype == "bf16" else 2e-3
+        # Relative to the output's magnitude: eager's own float32 convolutions use TF32 (10-bit
+        # mantissas), so two correct computations of resnet50's logits differ by ~1e-4 of them.
+        tol = 3e-2 if dtype == "bf16" else 1e-3
         err = (out - ref).abs().max().item()
         record["max_abs_err"] = err
-        record["matches_eager"] = bool(torch.allclose(out, ref, rtol=tol, atol=tol * 5))
+        record["matches_eager"] = err <= tol * max(1.0, ref.abs().max().item())
         if phase == "cold":
             record["eager_ms"], record["ms"] = _paired_ms([m, cm], inputs)
             if compiler == "kiln":

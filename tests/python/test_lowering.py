@@ -154,3 +154,48 @@ def test_backends_get_lazy_graph_modules_and_run_the_real_forward():
     # What runs on each call is the generated forward, not a wrapper that checks for code.
     assert compiled.__func__ is type(compiled.__self__).forward
     assert "_code" in compiled.__self__.__dict__
+
+
+def test_a_linear_under_autocast_multiplies_in_the_autocast_dtype():
+    # torch's addmm decomposition computes in float32; a bfloat16 region's matrix product must
+    # stay a bfloat16 one, as eager's is, and the result is eager's within bfloat16's precision.
+    lin = torch.nn.Linear(64, 32).eval()
+    x = torch.randn(8, 64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        gm, ex = capture(lin, x)
+        lo = lowering.lower(gm, ex)
+        expected = lin(x)
+        out = kiln.compile(lin, backend="kiln")(x)
+    mm = [n for n in lo.graph.nodes if n.op == "aten::mm"]
+    assert len(mm) == 1
+    bf16 = lowering.dtype_to_pb(torch.bfloat16)
+    assert mm[0].outputs[0].meta.dtype == bf16
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=1e-2)
+
+
+def test_cudnn_batch_norm_lowers_as_native_batch_norm():
+    # What batch_norm dispatches to on a CUDA device; traced here on CPU fakes.
+    def f(x, w, b, rm, rv):
+        return torch.ops.aten.cudnn_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)[0]
+
+    gm = torch.fx.symbolic_trace(f)
+    args = [torch.randn(2, 3, 4, 4), torch.randn(3), torch.randn(3), torch.randn(3),
+            torch.rand(3) + 0.5]
+    lo = lowering.lower(gm, args)
+    assert not any("batch_norm" in n.op for n in lo.graph.nodes)
+
+
+def test_attention_of_a_gpu_graph_is_traced_as_aten_attention():
+    # On CUDA, scaled_dot_product_attention would be traced as the kernel torch picks for the
+    # fakes (flash, efficient, cuDNN); kiln traces it whole. Checked here on the rewrite itself.
+    def f(q, k, v, m):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m).relu()
+
+    gm = torch.fx.symbolic_trace(f)
+    lowering._attention_as_leaf(gm)
+    args = [torch.randn(2, 4, 8, 16) for _ in range(3)] + [torch.randn(2, 1, 8, 8)]
+    torch.testing.assert_close(gm(*args), f(*args))
+    aten_gm, _ = lowering.to_aten(gm, args)
+    ops = [n.op for n in lowering.to_ir(aten_gm).nodes]
+    assert ops == ["aten::scaled_dot_product_attention", "aten::relu"]

@@ -31,7 +31,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-11"
+LOWERING_VERSION = b"kiln-lowering-12"
 
 
 class LoweringError(Exception):
@@ -109,9 +109,27 @@ def _attention_as_leaf(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _addmm_in_its_dtype(torch_addmm):
+    """aten.addmm as torch decomposes it (alpha * mm, then beta * self added), except that
+    bfloat16 and float16 operands stay in their dtype: torch's decomposition computes in float32
+    (its pointwise opmath rule), which would turn the matrix product of an autocast region into a
+    float32 one, slower and not the product eager computes."""
+
+    def addmm(self, mat1, mat2, beta=1, alpha=1):
+        if mat1.dtype not in (torch.bfloat16, torch.float16):
+            return torch_addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+        out = alpha * aten.mm(mat1, mat2)
+        if beta == 0:
+            return out
+        return beta * self + out
+
+    return addmm
+
+
 @functools.lru_cache(maxsize=1)
 def decompositions():
     table = get_decompositions(_DECOMPOSED)
+    table[aten.addmm.default] = _addmm_in_its_dtype(table[aten.addmm.default])
     table[aten._native_multi_head_attention.default] = _self_attention
     # squeeze() as squeeze.dims over its size-1 dims: torch's own decomposition of squeeze
     # (and of unbind, through it) ends in prims.squeeze, which the IR does not have.
