@@ -31,7 +31,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-12"
+LOWERING_VERSION = b"kiln-lowering-13"
 
 
 class LoweringError(Exception):
@@ -126,10 +126,63 @@ def _addmm_in_its_dtype(torch_addmm):
     return addmm
 
 
+def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
+    """Batch norm with running statistics, in the one form the compiler folds into a preceding
+    convolution whatever torch's version: ((x - mean) * rsqrt(var + eps)) * weight + bias per
+    channel, computed in float32 for bfloat16/float16 inputs as ATen's kernels do. torch's own
+    decompositions differ between releases (2.11: reciprocal(sqrt(.)) and a folded scale), and
+    one of them the folding pass did not recognise."""
+    compute = torch.float32 if input.dtype in (torch.bfloat16, torch.float16) else input.dtype
+    shape = [1, -1] + [1] * (input.dim() - 2)
+    out = input.to(compute) - running_mean.to(compute).view(shape)
+    out = out * torch.rsqrt(running_var.to(compute) + eps).view(shape)
+    if weight is not None:
+        out = out * weight.to(compute).view(shape)
+    if bias is not None:
+        out = out + bias.to(compute).view(shape)
+    return out.to(input.dtype)
+
+
+def _batch_norm_forms(table):
+    """The batch norm ops a trace meets, in eval form through _batch_norm_eval; in training
+    form (batch statistics) through torch's decompositions."""
+
+    def no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+        empty = input.new_zeros((0,))
+        return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps), empty, empty
+
+    def native(torch_form):
+        def decomposed(input, weight, bias, running_mean, running_var, training, momentum, eps):
+            if training or running_mean is None or running_var is None:
+                return torch_form(input, weight, bias, running_mean, running_var, training,
+                                  momentum, eps)
+            empty = input.new_zeros((0,))
+            return (_batch_norm_eval(input, weight, bias, running_mean, running_var, eps),
+                    empty, empty)
+        return decomposed
+
+    def cudnn(torch_form):
+        def decomposed(input, weight, bias, running_mean, running_var, training, momentum, eps):
+            if training or running_mean is None or running_var is None:
+                return torch_form(input, weight, bias, running_mean, running_var, training,
+                                  momentum, eps)
+            empty = input.new_zeros((0,))
+            return (_batch_norm_eval(input, weight, bias, running_mean, running_var, eps),
+                    empty, empty, input.new_zeros((0,), dtype=torch.uint8))
+        return decomposed
+
+    table[aten._native_batch_norm_legit_no_training.default] = no_training
+    table[aten.native_batch_norm.default] = native(table[aten.native_batch_norm.default])
+    for op in (aten.cudnn_batch_norm.default, aten.miopen_batch_norm.default):
+        if op in table:
+            table[op] = cudnn(table[op])
+
+
 @functools.lru_cache(maxsize=1)
 def decompositions():
     table = get_decompositions(_DECOMPOSED)
     table[aten.addmm.default] = _addmm_in_its_dtype(table[aten.addmm.default])
+    _batch_norm_forms(table)
     table[aten._native_multi_head_attention.default] = _self_attention
     # squeeze() as squeeze.dims over its size-1 dims: torch's own decomposition of squeeze
     # (and of unbind, through it) ends in prims.squeeze, which the IR does not have.
