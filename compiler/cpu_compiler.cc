@@ -4,13 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "compiler/codegen/cpu/cpp_codegen.h"
-#include "compiler/passes/bound_prologue.h"
-#include "compiler/passes/conv_folding.h"
-#include "compiler/passes/fusion.h"
 #include "compiler/passes/graph_passes.h"
-#include "compiler/passes/memory_plan.h"
 #include "compiler/passes/onednn_passes.h"
-#include "compiler/passes/pass_log.h"
+#include "compiler/passes/plan_pipeline.h"
 
 namespace kiln::compiler {
 namespace {
@@ -38,28 +34,20 @@ absl::StatusOr<GeneratedCpu> GenerateCpu(const kiln::v1::CompileRequest& request
   if (absl::StatusOr<std::string> isa = TargetIsa(request.target()); !isa.ok()) {
     return isa.status();
   }
-  kiln::v1::PassSnapshots snapshots;
-  PassLog passes(&snapshots);
-  passes.Record("received", request.graph());
-  kiln::v1::Graph graph = RunGraphPasses(request.graph(), nullptr, &passes);
-  graph = passes.After("fold convolution affine", FoldConvolutionAffine(graph));
-  graph = passes.After("dead code", EliminateDeadCode(graph));
+  DevicePasses onednn = nullptr;
   if (request.target().cpu_onednn()) {
-    graph = passes.After("oneDNN convolution", UseOneDnnConvolution(graph));
-    graph = passes.After("oneDNN linear", UseOneDnnLinear(graph));
-    graph = passes.After("oneDNN linear epilogues", FuseLinearEpilogues(graph));
-    graph = passes.After("dead code", EliminateDeadCode(graph));
-    graph = passes.After("in-place residuals", AccumulateResidualsInPlace(graph));
+    onednn = [](kiln::v1::Graph graph, PassLog& passes) {
+      graph = passes.After("oneDNN convolution", UseOneDnnConvolution(graph));
+      graph = passes.After("oneDNN linear", UseOneDnnLinear(graph));
+      graph = passes.After("oneDNN linear epilogues", FuseLinearEpilogues(graph));
+      graph = passes.After("dead code", EliminateDeadCode(graph));
+      return passes.After("in-place residuals", AccumulateResidualsInPlace(graph));
+    };
   }
-  const std::unordered_set<uint32_t> bound = BoundValues(graph);
-  graph = passes.After("bound nodes first", BoundNodesFirst(graph, bound));
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU, onednn);
   GeneratedCpu generated;
-  generated.body.set_pass_snapshots(CompressPassSnapshots(snapshots));
-  FusedProgram program = FuseGraph(graph, &bound);
-  *generated.body.mutable_plan() = BuildPlan(graph, program, &bound);
-  bool has_kernels = false;
-  for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;
-  if (has_kernels) generated.source = GenerateCpp(graph, program);
+  generated.body = std::move(planned.body);
+  if (planned.has_kernels) generated.source = GenerateCpp(*planned.graph, planned.program);
   return generated;
 }
 

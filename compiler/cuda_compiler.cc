@@ -6,12 +6,7 @@
 #include <regex>
 
 #include "absl/strings/str_cat.h"
-#include "compiler/passes/bound_prologue.h"
-#include "compiler/passes/conv_folding.h"
-#include "compiler/passes/fusion.h"
-#include "compiler/passes/graph_passes.h"
-#include "compiler/passes/memory_plan.h"
-#include "compiler/passes/pass_log.h"
+#include "compiler/passes/plan_pipeline.h"
 
 namespace kiln::compiler {
 namespace {
@@ -50,23 +45,12 @@ absl::StatusOr<GeneratedCuda> GenerateCuda(const kiln::v1::CompileRequest& reque
   if (absl::StatusOr<std::string> arch = TargetArch(request.target()); !arch.ok()) {
     return arch.status();
   }
-  kiln::v1::PassSnapshots snapshots;
-  PassLog passes(&snapshots);
-  passes.Record("received", request.graph());
-  kiln::v1::Graph graph = RunGraphPasses(request.graph(), nullptr, &passes);
-  graph = passes.After("fold convolution affine", FoldConvolutionAffine(graph));
-  graph = passes.After("dead code", EliminateDeadCode(graph));
-  const std::unordered_set<uint32_t> bound = BoundValues(graph);
-  graph = passes.After("bound nodes first", BoundNodesFirst(graph, bound));
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA);
   GeneratedCuda generated;
-  generated.body.set_pass_snapshots(CompressPassSnapshots(snapshots));
-  FusedProgram program = FuseGraph(graph, &bound, kiln::v1::DEVICE_KIND_CUDA);
+  generated.body = std::move(planned.body);
+  if (!planned.has_kernels) return generated;
   kiln::v1::ExecutionPlan* plan = generated.body.mutable_plan();
-  *plan = BuildPlan(graph, program, &bound);
-  bool has_kernels = false;
-  for (const FusedStep& s : program.steps) has_kernels = has_kernels || s.is_kernel;
-  if (!has_kernels) return generated;
-  CudaSource kernels = GenerateCudaKernels(graph, program);
+  CudaSource kernels = GenerateCudaKernels(*planned.graph, planned.program);
   for (kiln::v1::PlanStep& step : *plan->mutable_prologue()) SetLaunch(kernels, step);
   for (kiln::v1::PlanStep& step : *plan->mutable_steps()) SetLaunch(kernels, step);
   generated.source = std::move(kernels.source);

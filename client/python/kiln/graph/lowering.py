@@ -151,31 +151,23 @@ def _batch_norm_forms(table):
         empty = input.new_zeros((0,))
         return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps), empty, empty
 
-    def native(torch_form):
+    def with_running_stats(torch_form, extra_outputs):
+        """torch_form in training form; in eval form _batch_norm_eval, then empty save tensors
+        (and cudnn's empty reserve) as the op returns them."""
         def decomposed(input, weight, bias, running_mean, running_var, training, momentum, eps):
             if training or running_mean is None or running_var is None:
                 return torch_form(input, weight, bias, running_mean, running_var, training,
                                   momentum, eps)
-            empty = input.new_zeros((0,))
-            return (_batch_norm_eval(input, weight, bias, running_mean, running_var, eps),
-                    empty, empty)
-        return decomposed
-
-    def cudnn(torch_form):
-        def decomposed(input, weight, bias, running_mean, running_var, training, momentum, eps):
-            if training or running_mean is None or running_var is None:
-                return torch_form(input, weight, bias, running_mean, running_var, training,
-                                  momentum, eps)
-            empty = input.new_zeros((0,))
-            return (_batch_norm_eval(input, weight, bias, running_mean, running_var, eps),
-                    empty, empty, input.new_zeros((0,), dtype=torch.uint8))
+            out = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
+            return (out, *(input.new_zeros((0,), dtype=d or input.dtype) for d in extra_outputs))
         return decomposed
 
     table[aten._native_batch_norm_legit_no_training.default] = no_training
-    table[aten.native_batch_norm.default] = native(table[aten.native_batch_norm.default])
+    table[aten.native_batch_norm.default] = with_running_stats(
+        table[aten.native_batch_norm.default], (None, None))
     for op in (aten.cudnn_batch_norm.default, aten.miopen_batch_norm.default):
         if op in table:
-            table[op] = cudnn(table[op])
+            table[op] = with_running_stats(table[op], (None, None, torch.uint8))
 
 
 @functools.lru_cache(maxsize=1)
