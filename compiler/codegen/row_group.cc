@@ -54,4 +54,22 @@ std::string RowGroup::Index(int64_t offset, const std::vector<int64_t>& strides,
   return e;
 }
 
+void RowGroup::BindInput(uint32_t id, bool inner, LoadFn load, const std::string& indent,
+                         std::ostream& out, std::unordered_map<uint32_t, std::string>& vars) const {
+  if (vars.count(id)) return;
+  const int i = InputOf(id);
+  if (i < 0) return;
+  if (g_.inputs[i].literal) {
+    vars[id] = "lit" + std::to_string(i);
+    return;
+  }
+  const auto& m = *program_.meta.at(g_.inputs[i].base);
+  const std::string name = (inner ? "a" : "ra") + std::to_string(i);
+  out << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
+      << load(m.dtype(), "in" + std::to_string(i) + "[" +
+                             Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) + "]")
+      << ";\n";
+  vars[id] = name;
+}
+
 }  // namespace kiln::compiler

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,15 @@ class RowGroup {
   // The element offset `offset` + sum of index * stride over the kept dims (named i<d>) and, with
   // `inner`, the reduced ones (j<d>); dims of size 1 or stride 0 are left out.
   std::string Index(int64_t offset, const std::vector<int64_t>& strides, bool inner) const;
+
+  // Makes `id` a variable of the kernel when it is a group input not yet in `vars`: a one-element
+  // constant is its literal (lit<i>); any other input is loaded (`load(dtype, "in<i>[index]")`,
+  // the generator's load expression in the compute type) into a const (a<i> inside the reduced
+  // dims, ra<i> over the rows), written to `out` at `indent`. In-group values are left to the
+  // caller.
+  using LoadFn = std::string (*)(kiln::v1::DType dtype, const std::string& ref);
+  void BindInput(uint32_t id, bool inner, LoadFn load, const std::string& indent, std::ostream& out,
+                 std::unordered_map<uint32_t, std::string>& vars) const;
 
  private:
   const kiln::v1::Graph& graph_;

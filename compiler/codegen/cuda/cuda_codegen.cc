@@ -486,21 +486,7 @@ class RowKernel {
  private:
   void Bind(uint32_t id, const std::string& indent, bool inner,
             std::unordered_map<uint32_t, std::string>& vars) {
-    if (vars.count(id)) return;
-    const int i = rows_.InputOf(id);
-    if (i < 0) return;  // an in-group value: computed by the caller
-    if (g_.inputs[i].literal) {
-      vars[id] = "lit" + std::to_string(i);
-      return;
-    }
-    const auto& m = *program_.meta.at(g_.inputs[i].base);
-    const std::string name = (inner ? "a" : "ra") + std::to_string(i);
-    body_ << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
-          << Load(m.dtype(), "in" + std::to_string(i) + "[" +
-                                 rows_.Index(g_.inputs[i].offset, g_.inputs[i].strides, inner) +
-                                 "]")
-          << ";\n";
-    vars[id] = name;
+    rows_.BindInput(id, inner, &Load, indent, body_, vars);
   }
 
   void StoreIfOutput(uint32_t id, bool inner, const std::unordered_map<uint32_t, std::string>& vars,
