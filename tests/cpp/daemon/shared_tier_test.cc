@@ -30,6 +30,9 @@ class SharedTier : public ::testing::Test {
     return std::make_unique<TestDaemon>(
         dir_.Sub(name), compiler::TestCompilerOptions{}, [&](DaemonConfig& c) {
           c.redis = redis_->address();
+          // These tests are about what is shared, not about time: a loaded machine must not
+          // turn a slow Redis reply into a miss (the hung-Redis test sets its own timeout).
+          c.redis_timeout_ms = 10'000;
           c.redis_read_only = read_only;
           c.mac_key_file = key_file.empty() ? dir_.Sub("cluster.key") : key_file;
         });
