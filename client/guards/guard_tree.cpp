@@ -25,16 +25,18 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "guards/guard_api.h"
 #include "python_status.h"
 
-// ATen/autocast_mode.h pulls in all of ATen's operators (ATen/ATen.h) for this one function, which
-// has had this signature since torch 2.4.
+// ATen/autocast_mode.h pulls in all of ATen's operators (ATen/ATen.h) for these two functions,
+// which have had these signatures since torch 2.4.
 namespace at::autocast {
 TORCH_API bool is_autocast_enabled(at::DeviceType device_type);
+TORCH_API at::ScalarType get_autocast_dtype(at::DeviceType device_type);
 }  // namespace at::autocast
 
 namespace kiln::guards {
@@ -908,6 +910,10 @@ struct GlobalState {
   int8_t tf32_cudnn;
   bool autocast_cpu;
   bool autocast_cuda;
+  // The dtype autocast casts to where it is enabled (Undefined where it is not): a graph traced
+  // under bfloat16 autocast has bfloat16 casts, wrong under float16 autocast.
+  c10::ScalarType autocast_cpu_dtype;
+  c10::ScalarType autocast_cuda_dtype;
 
   // `cuda`: whether the process has a CUDA device. Without one the TF32 flags change no
   // result, and they are left unread: reading them costs hash lookups (about 100 ns, a tenth
@@ -923,6 +929,11 @@ struct GlobalState {
     s.tf32_cudnn = cuda ? Flag([&] { return context.allowTF32CuDNN(); }) : 0;
     s.autocast_cpu = at::autocast::is_autocast_enabled(c10::DeviceType::CPU);
     s.autocast_cuda = at::autocast::is_autocast_enabled(c10::DeviceType::CUDA);
+    s.autocast_cpu_dtype = s.autocast_cpu ? at::autocast::get_autocast_dtype(c10::DeviceType::CPU)
+                                          : c10::ScalarType::Undefined;
+    s.autocast_cuda_dtype = s.autocast_cuda
+                                ? at::autocast::get_autocast_dtype(c10::DeviceType::CUDA)
+                                : c10::ScalarType::Undefined;
     return s;
   }
 
@@ -976,6 +987,17 @@ class GlobalStateCheck : public LeafCheck {
     }
     if (now.autocast_cuda != e.autocast_cuda) {
       return Differs("CUDA autocast", e.autocast_cuda, now.autocast_cuda, why);
+    }
+    for (const auto& [what, expected, got] :
+         {std::tuple{"CPU autocast dtype", e.autocast_cpu_dtype, now.autocast_cpu_dtype},
+          std::tuple{"CUDA autocast dtype", e.autocast_cuda_dtype, now.autocast_cuda_dtype}}) {
+      if (expected != got) {
+        if (why) {
+          *why = std::string(what) + " changed, expected " + DtypeName(expected) + ", got " +
+                 DtypeName(got);
+        }
+        return false;
+      }
     }
     return true;
   }

@@ -10,6 +10,7 @@ import weakref
 import pytest
 import torch
 
+import kiln
 from kiln import _C
 
 L0 = ("local", 0)
@@ -385,6 +386,27 @@ def test_global_state_tracks_default_dtype_determinism_and_autocast():
     with torch.autocast("cpu"):
         assert "CPU autocast changed" in g.failure_reason((), frame_func)
     assert g.check((), frame_func)
+
+
+def test_global_state_tracks_the_autocast_dtype():
+    # A graph traced under bfloat16 autocast has bfloat16 casts: wrong under float16 autocast.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g = manager((L0, ("global_state",), "GLOBAL_STATE"))
+        assert g.check((), frame_func)
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert ("CPU autocast dtype changed, expected torch.bfloat16, got torch.float16"
+                    in g.failure_reason((), frame_func))
+
+
+def test_a_function_compiled_under_one_autocast_dtype_recompiles_under_another():
+    lin = torch.nn.Linear(16, 8).eval()
+    x = torch.randn(4, 16)
+    compiled = kiln.compile(lin, backend="kiln")
+    with torch.no_grad():
+        for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+            with torch.autocast("cpu", dtype=dtype):
+                out = compiled(x)
+                assert out.dtype == lin(x).dtype == dtype
 
 
 def test_global_state_checks_tf32_flags_only_with_a_cuda_device():
