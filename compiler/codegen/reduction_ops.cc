@@ -2,6 +2,7 @@
 #include "compiler/codegen/reduction_ops.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "compiler/codegen/pointwise_ops.h"
@@ -116,6 +117,15 @@ std::optional<Reduction> MatchReduction(
     }
   }
   return r;
+}
+
+std::string VarianceExpression(const Reduction& r, const std::string& m2, const std::string& count,
+                               const std::string& type, const std::string& math) {
+  char correction[64];
+  std::snprintf(correction, sizeof correction, "%a", r.correction);
+  const std::string var = m2 + " / " + math + "max((" + type + ")0, " + count + " - (" + type +
+                          ")" + correction + ")";
+  return r.kind == ReductionKind::kStd ? math + "sqrt(" + var + ")" : var;
 }
 
 }  // namespace kiln::compiler

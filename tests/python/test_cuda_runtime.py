@@ -431,7 +431,11 @@ def test_backend_matches_eager_on_a_gpu_across_parameter_updates(kilnd_cache, mo
         m.conv.weight.add_(0.01)
         x = torch.randn(2, 3, 16, 16, device="cuda")
         assert_close(compiled(x), m(x), rtol=1e-3, atol=1e-3)
+    from kiln.daemon import protocol
     from kiln.state import STATE
+    cuda = STATE.daemon.client().compiler_version_for(protocol.messages().graph.DEVICE_KIND_CUDA)
+    if "no-nvrtc" not in (cuda or "no-nvrtc"):  # a kilnd that builds CUDA kernels: compiled
+        assert STATE.artifacts, "kilnd builds CUDA kernels, yet the graph ran eagerly"
     if STATE.artifacts:
         plan = STATE.artifacts[-1].plan
         assert plan.cuda_graph == (None if mode else "captured")

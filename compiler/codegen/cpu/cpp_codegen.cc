@@ -3,7 +3,6 @@
 #include "compiler/codegen/cpu/cpp_codegen.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -469,11 +468,7 @@ class RowKernel {
         DeclareRow(t, m2_name, "0", indent);
         loop(" reduction(+:" + m2_name + ")",
              "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
-        char corr[64];
-        std::snprintf(corr, sizeof corr, "%a", r.correction);
-        const std::string var =
-            m2 + " / std::max((" + t + ")0, " + count + " - (" + t + ")" + corr + ")";
-        define(node.outputs(0), r.kind == ReductionKind::kStd ? "std::sqrt(" + var + ")" : var);
+        define(node.outputs(0), VarianceExpression(r, m2, count, t, "std::"));
         if (r.kind == ReductionKind::kVarMean) define(node.outputs(1), mean);
         break;
       }

@@ -4,7 +4,6 @@
 #include "compiler/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -590,11 +589,7 @@ class RowKernel {
         body_ << indent << "const " << t << " " << mean << " = " << acc << " / " << count << ";\n";
         pass(m2, "(" + t + ")0", "kiln_sum",
              "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
-        char corr[64];
-        std::snprintf(corr, sizeof corr, "%a", r.correction);
-        const std::string var =
-            m2 + " / ::max((" + t + ")0, " + count + " - (" + t + ")" + corr + ")";
-        define(node.outputs(0), r.kind == ReductionKind::kStd ? "::sqrt(" + var + ")" : var);
+        define(node.outputs(0), VarianceExpression(r, m2, count, t, "::"));
         if (r.kind == ReductionKind::kVarMean) define(node.outputs(1), mean);
         break;
       }
