@@ -24,6 +24,27 @@ bool Copyable(const at::Tensor& t) {
   return t.defined() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense();
 }
 
+// The elements of t's storage that t reads, from the storage's start: [0, offset + the largest
+// element's distance + 1). -1 when a stride is negative (no such view is laid over a span).
+int64_t SpanElements(const at::Tensor& t) {
+  int64_t last = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return 0;
+    if (t.stride(d) < 0) return -1;
+    last += (t.size(d) - 1) * t.stride(d);
+  }
+  return last + 1;
+}
+
+// That span as a dense 1-D tensor over t's own storage.
+at::Tensor SpanOf(const at::Tensor& t) { return t.as_strided({SpanElements(t)}, {1}, 0); }
+
+// Whether `a` and `b` are views of one layout: sizes, strides and storage offset.
+bool SameLayout(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.device() == b.device() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
+}
+
 // Makes `waiter` wait for what is enqueued on `stream` so far.
 void WaitFor(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
   c10::Event done(c10::DeviceType::CUDA);
@@ -41,12 +62,25 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
       bound_(plan_->BoundTensors()) {
   // Ops whose CUDA implementations read a device value on the host (their output's size, or the
   // value itself), so that capturing them fails.
-  static const std::vector<std::string> kHostSynchronising = {
-      "aten::nonzero", "aten::masked_select", "aten::_local_scalar_dense", "aten::item",
-      "aten::unique_consecutive", "aten::_unique", "aten::_unique2", "aten::unique_dim",
-      "aten::repeat_interleave", "aten::masked_scatter", "aten::argwhere", "aten::nonzero_numpy",
-      "aten::bincount", "aten::histc", "aten::is_nonzero", "aten::equal", "aten::allclose",
-      "aten::_assert_async", "aten::multinomial"};
+  static const std::vector<std::string> kHostSynchronising = {"aten::nonzero",
+                                                              "aten::masked_select",
+                                                              "aten::_local_scalar_dense",
+                                                              "aten::item",
+                                                              "aten::unique_consecutive",
+                                                              "aten::_unique",
+                                                              "aten::_unique2",
+                                                              "aten::unique_dim",
+                                                              "aten::repeat_interleave",
+                                                              "aten::masked_scatter",
+                                                              "aten::argwhere",
+                                                              "aten::nonzero_numpy",
+                                                              "aten::bincount",
+                                                              "aten::histc",
+                                                              "aten::is_nonzero",
+                                                              "aten::equal",
+                                                              "aten::allclose",
+                                                              "aten::_assert_async",
+                                                              "aten::multinomial"};
   const std::string step = plan_->FirstCallOf(kHostSynchronising);
   if (!step.empty()) {
     disabled_ = true;
@@ -123,6 +157,11 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
       // Run (again) here when a parameter it reads changed: outside the graph, on this stream.
       KILN_ASSIGN_OR_RETURN(prologue, plan_->PrologueValues());
     }
+    if (graph_ != nullptr && prologue != prologue_source_ && !PrologueFits(*prologue)) {
+      // Recomputed with another layout than the graph reads: captured again.
+      c10::cuda::device_synchronize();
+      graph_.reset();
+    }
     if (graph_ == nullptr) {
       Status captured;
       try {
@@ -138,6 +177,7 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
         static_inputs_.clear();
         static_outputs_.clear();
         prologue_copy_.clear();
+        prologue_span_.clear();
         prologue_source_.reset();
         *note = captured.message();
         return plan_->Run(inputs, outputs);
@@ -160,10 +200,18 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   static_inputs_.clear();
   for (const at::Tensor& t : inputs) static_inputs_.push_back(StaticCopy(t));
   prologue_copy_.clear();
+  prologue_span_.clear();
   if (prologue != nullptr) {
     for (const at::Tensor& t : *prologue) {
-      if (!Copyable(t)) return Status::RuntimeError("a prologue value is not dense");
-      prologue_copy_.push_back(StaticCopy(t));
+      // Copied with its exact layout (a broadcast or sliced view too: kernels were generated for
+      // its strides): the storage span it reads, and the same view over the copy of that span.
+      if (!t.defined() || SpanElements(t) < 0) {
+        return Status::RuntimeError("a prologue value has a negative stride");
+      }
+      at::Tensor span = at::empty({SpanElements(t)}, t.options());
+      span.copy_(SpanOf(t));
+      prologue_copy_.push_back(span.as_strided(t.sizes(), t.strides(), t.storage_offset()));
+      prologue_span_.push_back(std::move(span));
     }
   }
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
@@ -204,6 +252,14 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   return Status::OK();
 }
 
+bool CudaGraphRunner::PrologueFits(const std::vector<at::Tensor>& prologue) const {
+  if (prologue.size() != prologue_copy_.size()) return false;
+  for (size_t i = 0; i < prologue.size(); ++i) {
+    if (!prologue[i].defined() || !SameLayout(prologue[i], prologue_copy_[i])) return false;
+  }
+  return true;
+}
+
 Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
                                const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
                                std::vector<at::Tensor>* outputs) {
@@ -212,7 +268,9 @@ Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
   pool_->OrderAfterLast(current);
   if (prologue != prologue_source_) {
     // Recomputed since the graph last read it: its new values into the buffers the graph reads.
-    for (size_t i = 0; i < prologue_copy_.size(); ++i) prologue_copy_[i].copy_((*prologue)[i]);
+    for (size_t i = 0; i < prologue_span_.size(); ++i) {
+      prologue_span_[i].copy_(SpanOf((*prologue)[i]));
+    }
     prologue_source_ = prologue;
   }
   for (size_t i = 0; i < inputs.size(); ++i) {

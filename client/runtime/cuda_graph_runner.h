@@ -35,8 +35,10 @@ namespace kiln::runtime {
 //    the graph reading freed memory, so every replay compares their data pointers and captures
 //    again when one moved.
 //  - The prologue (values derived from parameters, Plan::PrologueValues) is never captured: the
-//    graph reads the runner's own copy of its values, and a replay that finds the plan's values
-//    recomputed (a parameter it reads changed) copies the new ones into that copy first.
+//    graph reads the runner's own copy of its values, each in its exact layout (a broadcast or
+//    sliced view is a view of the same sizes, strides and offset over a copy of the storage span
+//    it reads), and a replay that finds the plan's values recomputed (a parameter it reads
+//    changed) copies the new spans into that copy first, or captures again when a layout changed.
 // A plan that calls an op known to synchronise with the host (nonzero, masked_select, item,
 // unique, ...: ops whose result's size or value the host must read) is never captured: a capture
 // that fails part-way leaves torch's CUDA generator in its capturing state, so that every later
@@ -68,6 +70,8 @@ class CudaGraphRunner {
  private:
   bool Matches(const std::vector<at::Tensor>& inputs) const;
   bool BoundMoved() const;
+  // Whether recomputed prologue values have the layouts of those the graph was captured with.
+  bool PrologueFits(const std::vector<at::Tensor>& prologue) const;
   Status Capture(const std::vector<at::Tensor>& inputs,
                  const std::shared_ptr<const std::vector<at::Tensor>>& prologue);
   Status Replay(const std::vector<at::Tensor>& inputs,
@@ -86,7 +90,8 @@ class CudaGraphRunner {
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::vector<at::Tensor> static_inputs_;
   std::vector<at::Tensor> static_outputs_;
-  std::vector<at::Tensor> prologue_copy_;  // What the graph reads for the prologue's values.
+  std::vector<at::Tensor> prologue_copy_;  // What the graph reads for the prologue's values,
+  std::vector<at::Tensor> prologue_span_;  // laid over these copies of their storage spans.
   std::shared_ptr<const std::vector<at::Tensor>> prologue_source_;  // What it was copied from.
   std::vector<const void*> bound_addresses_;                        // At capture.
 };

@@ -442,3 +442,90 @@ def test_backend_matches_eager_on_a_gpu_across_parameter_updates(kilnd_cache, mo
         assert not plan.failed
     else:  # kilnd without CUDA: eager, said once
         assert sum("running the graph eagerly" in r.getMessage() for r in caplog.records) == 1
+
+
+def _compiled_on_gpu(model, make_input, *, autocast=None, calls=3, caplog):
+    """kiln.compile(model) on CUDA, called `calls` times on fresh inputs under no_grad (and
+    `autocast`, a dtype): every answer compared with eager's; returns the last artifact's plan.
+    Fails when the graph ran eagerly (kilnd builds CUDA kernels, or the test skips)."""
+    from kiln.state import STATE
+
+    cuda = STATE.daemon.client().compiler_version_for(pb.graph.DEVICE_KIND_CUDA)
+    if "no-nvrtc" in (cuda or "no-nvrtc"):
+        pytest.skip("kilnd builds no CUDA kernels here (no NVRTC)")
+    compiled = kiln.compile(model, backend="kiln")
+    ctx = (torch.autocast("cuda", dtype=autocast) if autocast is not None
+           else torch.autocast("cuda", enabled=False))
+    tol = dict(rtol=3e-2, atol=3e-2) if autocast is not None else dict(rtol=1e-3, atol=1e-3)
+    with torch.no_grad(), ctx, caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(calls):
+            x = make_input()
+            got, want = compiled(x), model(x)
+            got = got if isinstance(got, torch.Tensor) else got[0]
+            want = want if isinstance(want, torch.Tensor) else want[0]
+            assert_close(got.float(), want.float(), **tol)
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("kiln")]
+    assert STATE.artifacts, "the graph ran eagerly"
+    return STATE.artifacts[-1].plan
+
+
+@gpu
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_vit_attention_fast_path_compiles_to_sdpa_on_a_gpu(kilnd_cache, autocast, caplog):
+    # nn.MultiheadAttention's inference fast path (_native_multi_head_attention, as torchvision's
+    # ViT calls it): its attention is kilnd's scaled_dot_product_attention call, whichever
+    # kernel torch would pick for it (efficient, cuDNN under bfloat16), not a graph run eagerly.
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                                                 num_heads=2, hidden_dim=32,
+                                                 mlp_dim=64).cuda().eval()
+    plan = _compiled_on_gpu(model, lambda: torch.randn(2, 3, 32, 32, device="cuda"),
+                            autocast=autocast, caplog=caplog)
+    assert plan.cuda_graph == "captured"
+
+
+class ExpandedIds(torch.nn.Module):
+    """BERT's embeddings' pattern: a buffer of ids sliced to the sequence and broadcast over the
+    batch (a view with stride 0, derived from a buffer alone: a prologue value)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("ids", torch.zeros(1, 64, dtype=torch.long))
+        self.emb = torch.nn.Embedding(4, 16)
+        self.scale = torch.nn.Parameter(torch.randn(1, 16))
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        ids = self.ids[:, :s].expand(b, s)
+        return self.lin(x + self.emb(ids) * self.scale.expand(s, 16))
+
+
+@gpu
+def test_a_broadcast_prologue_value_is_captured_in_its_layout(kilnd_cache, caplog):
+    torch.manual_seed(0)
+    model = ExpandedIds().cuda().eval()
+    plan = _compiled_on_gpu(model, lambda: torch.randn(4, 8, 16, device="cuda"), caplog=caplog)
+    assert plan.cuda_graph == "captured"
+    compiled = kiln.compile(model, backend="kiln")
+    with torch.no_grad():
+        x = torch.randn(4, 8, 16, device="cuda")
+        compiled(x)
+        model.scale.mul_(-2)  # the prologue recomputed: the graph reads the new values
+        model.emb.weight.add_(1)
+        assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+
+
+@gpu
+def test_bert_runs_as_one_cuda_graph(kilnd_cache, caplog):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, vocab_size=512)
+    model = transformers.BertModel(config).cuda().eval()
+    plan = _compiled_on_gpu(
+        lambda ids: model(input_ids=ids).last_hidden_state,
+        lambda: torch.randint(0, 512, (2, 32), device="cuda"), caplog=caplog)
+    assert plan.cuda_graph == "captured"

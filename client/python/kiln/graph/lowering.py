@@ -62,7 +62,10 @@ def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias
     qkv = torch.nn.functional.linear(query, qkv_weight, qkv_bias)
     heads = qkv.view(batch, tokens, 3, num_head, head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = heads.select(0, 0), heads.select(0, 1), heads.select(0, 2)
-    attention = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    # On CUDA as kiln::attention: traced through torch's own, the trace would record the kernel
+    # it picks for the tracer's inputs (see _attention_op).
+    sdpa = _attention_op() if query.is_cuda else torch.nn.functional.scaled_dot_product_attention
+    attention = sdpa(q, k, v)
     out = attention.transpose(1, 2).reshape(batch, tokens, embed_dim)
     # No weights: eager returns None there, the op's fake (which capture saw) an empty tensor.
     return torch.nn.functional.linear(out, proj_weight, proj_bias), query.new_empty((0,))
