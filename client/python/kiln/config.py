@@ -21,7 +21,13 @@ default_backend = os.environ.get("KILN_BACKEND", "kiln")
 # turn it off for one compile, mode="reduce-overhead" on; KILN_CUDA_GRAPHS=0 off by default).
 cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 
-# What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen"}:
+# Stored captures (kiln.stored_capture): a frame compiled by the "kiln" backend is stored in the
+# cache directory, and a process that meets the same code (same kiln, torch, Python) installs it
+# without tracing when its guards hold. KILN_STORED_CAPTURES=0 turns both off.
+stored_captures = os.environ.get("KILN_STORED_CAPTURES", "1") != "0"
+
+# What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen", "cache"}
+# ("cache": why a stored capture was or was not used):
 # KILN_LOG=graph,guards.
 log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if p.strip())
 

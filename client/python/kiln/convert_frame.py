@@ -23,6 +23,10 @@ log = logging.getLogger("kiln")
 _compile_ids = itertools.count()
 
 
+def next_compile_id() -> int:
+    return next(_compile_ids)
+
+
 @dataclass
 class EntryInfo:
     """What kiln keeps about one compiled entry, for kiln.debug and explain."""
@@ -45,11 +49,19 @@ class EntryInfo:
 
 # -- capture -----------------------------------------------------------------------------------
 
-def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False):
+def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False,
+                  stored=None):
     """Captures the frame of `func` about to run with argument `slots`, compiles its graph with
     the backend and writes the transformed code: capture -> backend -> transform -> guards.
     Returns the hook's (guard_manager, transformed_code, info). Raises Unsupported (a frame
-    kiln cannot capture even in part, or any break with fullgraph) or BackendCompilerFailed."""
+    kiln cannot capture even in part, or any break with fullgraph) or BackendCompilerFailed.
+    `stored` (kiln.stored_capture.StoredCaptures): where the entry is stored when it can be."""
+    if stored is not None:
+        from kiln.graph.lowering import _global_state
+
+        global_state = _global_state()
+    else:
+        global_state = None
     capture = capture_frame(func, code, slots, may_break=not fullgraph)
     output = capture.output
     consts = ConstTable()
@@ -66,6 +78,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     name = f"__compiled_fn_{compile_id}"
     gm = None
     compiled = None
+    region = None
     call_expr = ""
     t1 = time.perf_counter()
     if op_count > 0:
@@ -94,8 +107,38 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.break_reason = graph_break.reason
         info.break_where = graph_break.where
         info.resume_codes = resumes
+    elif stored is not None:
+        _store(stored, code, output, consts, src, region, gm, compiled, global_state)
     _print_debug(info)
     return manager, new_code, info
+
+
+def _store(stored, code, output, consts, src, region, gm, compiled, global_state) -> None:
+    """Stores the entry for other processes (kiln.stored_capture), when a record can name all
+    it holds; otherwise says why at debug level."""
+    from kiln import stored_capture
+    from kiln.graph.lowering import attr_tensors
+    from kiln.state import STATE
+
+    try:
+        graph = None
+        if gm is not None:
+            artifact = next((a for a in reversed(STATE.artifacts) if a.plan is compiled), None)
+            if artifact is None:
+                raise stored_capture.NotStorable("the graph runs eagerly (no kilnd artifact)")
+            params = attr_tensors(gm)
+            sources = [output.attr_sources[name] for name in params]
+            device = next((t.device for t in [*params.values(), *(
+                i.example for i in output.inputs)]), torch.device("cpu"))
+            graph = stored_capture.describe_graph(artifact, sources,
+                                                  [i.source for i in output.inputs], device,
+                                                  stored.cuda_graphs)
+        record = stored_capture.describe_entry(
+            code=code, guards=output.guards, global_state=global_state, src=src,
+            consts=consts.objects, region=region, graph=graph)
+        stored.put(code, record)
+    except stored_capture.NotStorable as e:
+        log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)
 
 
 def _print_debug(info: EntryInfo):

@@ -2,7 +2,7 @@
 with the IR after each compiler pass, their plan and their generated C++."""
 import zlib
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 
@@ -49,6 +49,16 @@ def cache_entries(fn) -> List[CacheEntry]:
     return [CacheEntry(guards=list(mgr.describe()), guard_manager=mgr, code=new_code, info=info,
                        hits=hits)
             for mgr, new_code, info, hits in _C.cache_entries(code)]
+
+
+def explain_miss(fn) -> Optional[str]:
+    """Why the last call of `fn` (a function, a kiln-compiled callable or module) that found no
+    compiled entry did not install a stored capture (kiln.stored_capture): the guard that failed
+    on the live frame, or the part of the key (kiln's build, torch's or Python's version, the
+    compile setting, the code) that differs from the nearest capture stored for that code.
+    None when a stored capture was installed, or none was looked for."""
+    code = fn if hasattr(fn, "co_code") else innermost_fn(fn).__code__
+    return STATE.capture_misses.get(code)
 
 
 def artifacts(fn=None) -> list:

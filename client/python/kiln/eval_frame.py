@@ -32,6 +32,7 @@ class FrameCallback:
             backend, "__name__", type(backend).__name__)
         self.fullgraph = fullgraph
         self.observer = observer
+        self.stored = _stored_captures(compiler_fn, mode, options)
 
     def __call__(self, func, code, slots):
         if is_skipped(code):
@@ -58,9 +59,16 @@ class FrameCallback:
                             code.co_filename, code.co_firstlineno, config.cache_size_limit,
                             reason)
             return _C.CACHE_FULL
+        if self.stored is not None:
+            entry = self.stored.install(func, code, slots)
+            if entry is not None:
+                STATE.compiled_codes.add(code)
+                if self.observer is not None:
+                    self.observer.entry(entry[2])
+                return entry
         try:
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
-                                  fullgraph=self.fullgraph)
+                                  fullgraph=self.fullgraph, stored=self.stored)
         except Unsupported as e:
             if self.fullgraph:
                 raise
@@ -88,6 +96,18 @@ class FrameCallback:
         if self.observer is not None:
             self.observer.entry(entry[2])
         return entry
+
+
+def _stored_captures(compiler_fn, mode, options):
+    """The stored captures of frames compiled by the "kiln" backend with these options (None
+    for other backends: their compiled callables are Python objects no record can name)."""
+    from kiln.backends import kiln_backend
+    from kiln.stored_capture import StoredCaptures
+
+    if not config.stored_captures or compiler_fn is not kiln_backend.kiln:
+        return None
+    cuda_graphs = kiln_backend.cuda_graphs_wanted(mode, options)
+    return StoredCaptures(f"kiln|cuda_graphs={int(cuda_graphs)}", cuda_graphs)
 
 
 def _module_call():

@@ -83,6 +83,9 @@ class ProcessState:
         self.warned_limit: "weakref.WeakSet" = weakref.WeakSet()
         # Every artifact the "kiln" backend loaded, newest last (kiln.debug.artifacts).
         self.artifacts: List = []
+        # Why a code object's stored captures were not used, the last time one was looked for
+        # (kiln.debug.explain_miss).
+        self.capture_misses: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._warned = set()
         self._lock = threading.Lock()
         self._cuda_graph_pool = None
@@ -121,6 +124,7 @@ class ProcessState:
         self.compiled_codes = weakref.WeakSet()
         self.warned_limit = weakref.WeakSet()
         self.artifacts.clear()
+        self.capture_misses = weakref.WeakKeyDictionary()
         with self._lock:
             self._warned.clear()
         self.daemon.reset()

@@ -167,15 +167,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     known = index.get(skey) if skey is not None else None
     if known is not None:
         try:
-            found = client.lookup_key(known)
-            if found.found:
-                body = art.verify(found.artifact, mac_key, known)
-                if body.compiler_version != compiler_version or body.target != target:
-                    raise art.ArtifactRejected("artifact from another compiler or target")
-                art.check_inputs(body, inputs)
-                plan = art.build_plan(body, params, len(example_inputs), device, pool)
-                return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
-                                        body, plan)
+            body, plan = load_artifact_by_key(known, params, list(example_inputs), device,
+                                              cuda_graphs)
+            return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
+                                    body, plan)
         except art.ArtifactRejected as e:
             log.debug("kiln: index entry %s… not used (%s); lowering the graph", skey[:16], e)
 
@@ -195,3 +190,28 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph)
+
+
+def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.device,
+                         cuda_graphs: bool):
+    """(body, plan) of the artifact kilnd holds under `key`, a key this client computed or read
+    from its own authenticated records, for these parameters and inputs on `device`. Raises
+    ArtifactRejected when kilnd has no such artifact, or it is another compiler's, another
+    target's or for other inputs; DaemonUnavailable when no kilnd answers."""
+    from kiln.daemon import artifact as art
+    from kiln.daemon.client import read_mac_key
+
+    client = STATE.daemon.client()
+    client.ensure_running()
+    mac_key = read_mac_key(client.settings.mac_key_file)
+    target = art.target_for(device)
+    compiler_version = client.compiler_version_for(target.device_kind) or ""
+    found = client.lookup_key(key)
+    if not found.found:
+        raise art.ArtifactRejected(f"kilnd holds no artifact {key[:16]}…")
+    body = art.verify(found.artifact, mac_key, key)
+    if body.compiler_version != compiler_version or body.target != target:
+        raise art.ArtifactRejected("artifact from another compiler or target")
+    art.check_inputs(body, params + inputs)
+    pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
+    return body, art.build_plan(body, params, len(inputs), device, pool)

@@ -67,6 +67,7 @@ class OutputGraph:
         self._input_by_source: Dict[Source, Any] = {}
         self._input_by_id: Dict[int, Any] = {}  # id(real tensor) -> its tracker
         self.attrs: Dict[str, torch.Tensor] = {}  # get_attr target -> real tensor
+        self.attr_sources: Dict[str, Source] = {}  # get_attr target -> where the frame has it
         self._real_by_node: Dict[Any, torch.Tensor] = {}  # placeholder/get_attr node -> real
         self._attr_by_id: Dict[int, Any] = {}
         self._fakes: Dict[int, torch.Tensor] = {}  # id(real tensor) -> fake
@@ -147,6 +148,7 @@ class OutputGraph:
             return vt
         target = self.unique_name(_source_var_name(source))
         self.attrs[target] = real
+        self.attr_sources[target] = source
         node = self.graph.get_attr(target)
         self._real_by_node[node] = real
         example = self.fake(real, alone=True)

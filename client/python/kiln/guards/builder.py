@@ -115,7 +115,7 @@ class GuardSet:
         of its ID_MATCH guards weakly, and the death of one drops the tree's entry from that
         code's cache: the entry could never pass again, and what it holds (a graph module with
         a deleted model's weights) is freed with it."""
-        on_dead, manager_ref = _entry_dropper(code) if code is not None else (None, None)
+        on_dead, manager_ref = entry_dropper(code) if code is not None else (None, None)
         manager = _C.GuardManager(on_dead=on_dead)
         if manager_ref is not None:
             manager_ref.append(weakref.ref(manager))
@@ -126,7 +126,7 @@ class GuardSet:
         return manager
 
 
-def _entry_dropper(code):
+def entry_dropper(code):
     """The on_dead callback of an entry's guard tree (see GuardSet.build), and the list its
     manager's weak reference goes into once the manager exists. It holds nothing strongly: a
     callback must not keep the code or the tree alive."""

@@ -127,14 +127,20 @@ def transformed_code(code: types.CodeType, nslots: int, call_expr: str, body: Li
     lines.extend("        " + line for line in body)
     lines.append("    return __kiln_transformed")
     src = "\n".join(lines) + "\n"
+    return code_from_source(code, src, consts.objects), src
+
+
+def code_from_source(code: types.CodeType, src: str, objects: List[object]) -> types.CodeType:
+    """The transformed code object for `code` compiled from transformed_code's source `src`,
+    reading `objects` as its constants tuple (also how a stored capture is installed)."""
     module = compile(src, f"<kiln transformed {code.co_qualname}>", "exec")
     outer = next(c for c in module.co_consts if isinstance(c, types.CodeType))
     inner = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
     if inner.co_freevars != code.co_freevars:
         raise Unsupported("free variables of the transformed code do not match the original")
-    new_consts = tuple(tuple(consts.objects) if c == _CONSTS_PLACEHOLDER else c
+    new_consts = tuple(tuple(objects) if c == _CONSTS_PLACEHOLDER else c
                        for c in inner.co_consts)
     inner = inner.replace(co_consts=new_consts, co_name=code.co_name,
                           co_qualname=code.co_qualname)
     _C.mark_skip(inner)
-    return inner, src
+    return inner

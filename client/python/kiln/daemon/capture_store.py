@@ -1,0 +1,125 @@
+"""Stored captures on disk: for a capture key (kiln.stored_capture.capture_key), the records of
+the entries captured for that code, in the private cache directory every process on the
+machine shares. A missing, unreadable, malformed or unauthenticated file is a miss.
+
+A file is "<tag>\\n<payload>", payload = JSON (never pickle: nothing read here is unpickled),
+tag = HMAC-SHA256(MAC key, domain | capture key | payload): a record altered, copied under
+another key or written with another daemon's key is never installed."""
+import hashlib
+import hmac
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_DOMAIN = b"kiln-stored-capture-v1\0"
+# A stored record larger than this is refused unread (a capture of thousands of guards is
+# well under a megabyte).
+MAX_RECORD_BYTES = 64 << 20
+# Entries kept per code: the newest, as the frame hook keeps at most cache_size_limit.
+MAX_ENTRIES = 8
+
+
+class CaptureStore:
+    def __init__(self, root: Path, mac_key: bytes):
+        self.root = Path(root)
+        self._mac_key = mac_key
+
+    def _path(self, key: str) -> Path:
+        if not _HEX64.fullmatch(key):
+            raise ValueError(f"not a capture key: {key!r}")
+        return self.root / key[:2] / key
+
+    def tag(self, key: str, payload: bytes) -> str:
+        msg = _DOMAIN + key.encode() + b"\0" + payload
+        return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
+
+    def get(self, key: str) -> List[dict]:
+        """The entries stored for `key`, newest first; [] when none or the file is not one this
+        store wrote under this MAC key."""
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read(MAX_RECORD_BYTES + 1)
+        except OSError:
+            return []
+        return self.decode(key, data)
+
+    def decode(self, key: str, data: bytes) -> List[dict]:
+        if len(data) > MAX_RECORD_BYTES:
+            return []
+        tag, sep, payload = data.partition(b"\n")
+        if not sep or not hmac.compare_digest(tag, self.tag(key, payload).encode()):
+            return []
+        try:
+            record = json.loads(payload)
+        except ValueError:
+            return []
+        if not isinstance(record, dict) or record.get("key") != key:
+            return []
+        entries = record.get("entries")
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+    def encode(self, key: str, entries: List[dict]) -> bytes:
+        payload = json.dumps({"key": key, "entries": entries[:MAX_ENTRIES]},
+                             separators=(",", ":"), sort_keys=True).encode()
+        return self.tag(key, payload).encode() + b"\n" + payload
+
+    def put(self, key: str, entry: dict) -> None:
+        """Stores `entry` first among `key`'s entries (one equal to it is replaced). Best effort:
+        the store is an optimisation, a failure leaves the next process to capture again."""
+        entries = [e for e in self.get(key) if e.get("id") != entry.get("id")]
+        self.write(key, [entry] + entries)
+
+    def write(self, key: str, entries: List[dict]) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(self.encode(key, entries))
+            os.replace(tmp, path)  # atomic: readers see the old record or the new one
+        except OSError:
+            pass
+
+    def note_location(self, location: str, parts: dict) -> None:
+        """Remembers that a capture with key `parts` was stored for the code at `location`
+        (kiln.stored_capture.location_key): what explain_miss compares a miss with. Only read
+        for messages; never decides what runs."""
+        known = [p for p in self.locate(location) if p != parts][-(MAX_ENTRIES - 1):]
+        path = self.root / "locations" / location
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                json.dump(known + [parts], f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+    def locate(self, location: str) -> List[dict]:
+        try:
+            with open(self.root / "locations" / location, "rb") as f:
+                known = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return []
+        return [p for p in known if isinstance(p, dict)] if isinstance(known, list) else []
+
+    def keys(self) -> List[str]:
+        """Every key with a file here (for export)."""
+        out = []
+        try:
+            for sub in self.root.iterdir():
+                if sub.is_dir() and len(sub.name) == 2:
+                    out.extend(p.name for p in sub.iterdir() if _HEX64.fullmatch(p.name))
+        except OSError:
+            pass
+        return sorted(out)
+
+    def read_raw(self, key: str) -> Optional[bytes]:
+        try:
+            return self._path(key).read_bytes()
+        except OSError:
+            return None

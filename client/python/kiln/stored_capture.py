@@ -1,0 +1,737 @@
+"""Stored captures: what a capture produced for a code object, kept as a record that names no
+object by its address, and installed in another process without tracing (no symbolic execution,
+no fake tensors, no torch._dynamo import).
+
+A record holds the transformed code's source and the objects its constants tuple needs, the
+guards with their sources as paths from the frame, the graph as the key of its kilnd artifact
+and the paths of its parameters and inputs. Objects are named structurally: a class, function
+or module by its module and qualified name (a function also by a digest of its code); an object
+the capture pinned by identity (a model, a submodule) by its path and its class, bound at
+installation to the live object found there; a tensor by its metadata, checked on the live one.
+
+The key (capture_key) covers the code object's identity (its bytecode, constants, names, file,
+qualified name and lines, nested code included), kiln's own build (its Python sources and its
+extension), torch's and Python's versions and how the graph is compiled (the backend and its
+CUDA graph setting). A record is installed only when every structural check holds on the live
+frame and every guard passes on it: a changed model file is another key, a changed global it
+read fails a guard, another torch version is another key. Anything that cannot be named this
+way (a graph break's resume functions, another backend's callable, a constant object made in
+the frame) is not stored: that code is captured in each process, as before.
+"""
+import base64
+import gc
+import hashlib
+import importlib
+import json
+import logging
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from kiln import _C
+
+log = logging.getLogger("kiln")
+
+FORMAT = b"kiln-stored-capture-1"
+
+
+class NotStorable(Exception):
+    """A capture (or a value in it) that a record cannot name."""
+
+
+class NotInstallable(Exception):
+    """A record whose structural checks fail on the live frame."""
+
+
+# ---- keys -----------------------------------------------------------------------------------
+
+def _const_text(value) -> str:
+    """A canonical text of a code object's constant (frozensets sorted: their order follows
+    string hashing, which differs between processes)."""
+    if isinstance(value, frozenset):
+        return "frozenset(" + ",".join(sorted(_const_text(v) for v in value)) + ")"
+    if isinstance(value, tuple):
+        return "(" + ",".join(_const_text(v) for v in value) + ",)"
+    if isinstance(value, types.CodeType):
+        return "code:" + code_digest(value)
+    return f"{type(value).__name__}:{value!r}"
+
+
+def code_digest(code: types.CodeType) -> str:
+    """A digest of everything that makes `code` what it is: bytecode, constants (nested code
+    too), names, argument layout, file, qualified name, line and exception tables."""
+    cached = _CODE_DIGESTS.get(code)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256()
+    for part in (code.co_code, code.co_exceptiontable, code.co_linetable):
+        h.update(len(part).to_bytes(8, "little") + part)
+    fields = (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+              code.co_filename, code.co_qualname, code.co_firstlineno, code.co_flags,
+              code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount)
+    h.update(repr(fields).encode())
+    h.update(",".join(_const_text(c) for c in code.co_consts).encode())
+    digest = h.hexdigest()
+    _CODE_DIGESTS[code] = digest
+    return digest
+
+
+_CODE_DIGESTS: "Dict[types.CodeType, str]" = {}
+
+
+def _remembered_digest(signature: str, compute, cache_dir: Optional[Path]) -> str:
+    """compute()'s hex digest, remembered in `cache_dir` under `signature` (what it depends on:
+    paths, sizes, modification times), so that a start does not hash kiln's build again (its
+    extension is tens of megabytes)."""
+    memo = None
+    if cache_dir is not None:
+        memo = cache_dir / "build-digests" / hashlib.sha256(signature.encode()).hexdigest()
+        try:
+            text = memo.read_text().strip()
+            if len(text) == 64:
+                return text
+        except OSError:
+            pass
+    digest = compute()
+    if memo is not None:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = memo.with_suffix(f".{os.getpid()}")
+            tmp.write_text(digest)
+            os.replace(tmp, memo)
+        except OSError:
+            pass
+    return digest
+
+
+def _build_files() -> List[Path]:
+    import kiln
+
+    root = Path(kiln.__file__).parent
+    return sorted([*root.rglob("*.py"), Path(_C.__file__)])
+
+
+def _hash_files(files: List[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    for path in files:
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+_RUNTIME: Dict[Any, bytes] = {}
+
+
+def runtime_digest(cache_dir: Optional[Path]) -> bytes:
+    """kiln's build (every Python source of the package and the extension), torch's and
+    Python's versions: what a stored capture was made by."""
+    got = _RUNTIME.get(cache_dir)
+    if got is not None:
+        return got
+    files = _build_files()
+    root = Path(_C.__file__).parent
+    signature = "|".join(f"{p}:{st.st_size}:{st.st_mtime_ns}" for p, st in
+                         ((p, p.stat()) for p in files))
+    h = hashlib.sha256(FORMAT)
+    h.update(f"{torch.__version__}|{sys.version}|{sys.implementation.cache_tag}".encode())
+    h.update(_remembered_digest(signature, lambda: _hash_files(files, root), cache_dir).encode())
+    _RUNTIME[cache_dir] = got = h.digest()
+    return got
+
+
+def key_parts(code: types.CodeType, compile_setting: str, cache_dir: Optional[Path]) -> dict:
+    """What a capture key is made of, each part by name (explain_miss compares them)."""
+    return {"kiln": runtime_digest(cache_dir).hex(), "torch": torch.__version__,
+            "python": sys.version.split()[0], "setting": compile_setting,
+            "code": code_digest(code)}
+
+
+def capture_key(code: types.CodeType, compile_setting: str, cache_dir: Optional[Path]) -> str:
+    parts = key_parts(code, compile_setting, cache_dir)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def location_key(code: types.CodeType) -> str:
+    """Where a code object is, whatever its content: the captures stored for it under any key
+    are listed there (CaptureStore.locate), for explain_miss."""
+    return hashlib.sha256(f"{code.co_filename}|{code.co_qualname}".encode()).hexdigest()
+
+
+def nearest_difference(now: dict, stored: List[dict]) -> str:
+    """Which parts of the key differ between `now` and the stored entry nearest to it."""
+    if not stored:
+        return "no capture was ever stored for this code"
+    best = min(stored, key=lambda other: sum(other.get(k) != v for k, v in now.items()))
+    names = {"kiln": "kiln's build", "torch": "torch's version", "python": "Python's version",
+             "setting": "the compile setting (backend, CUDA graphs)",
+             "code": "the code (its file changed)"}
+    diff = [f"{names[k]} ({str(best.get(k))[:16]} stored, {str(v)[:16]} now)"
+            for k, v in now.items() if best.get(k) != v]
+    return "the nearest stored capture differs in " + "; ".join(diff) if diff else \
+        "a capture under this very key was stored, then lost"
+
+
+# ---- naming objects ---------------------------------------------------------------------------
+
+# Module-level objects without a qualified name that guards reach by identity (torch.nn's global
+# hook dicts), found by scanning these modules.
+_SCANNED_MODULES = ("torch.nn.modules.module",)
+# Where builtin functions bound to a class (torch.relu) are exported.
+_FUNCTION_MODULES = ("torch", "torch.nn.functional", "torch._C._nn", "torch.special",
+                     "torch.linalg", "torch.fft", "math", "operator", "builtins")
+
+
+def _resolve(module: str, qualname: str):
+    if "<locals>" in qualname:
+        raise NotInstallable(f"{module}.{qualname} is not importable")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise NotInstallable(f"cannot import {module}: {e}") from None
+    for part in qualname.split(".") if qualname else ():
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise NotInstallable(f"{module} has no {qualname}") from None
+    return obj
+
+
+def name_of(obj) -> Optional[list]:
+    """[kind, module, qualname(, code digest)] naming `obj` so that _resolve finds this very
+    object, or None."""
+    if isinstance(obj, types.ModuleType):
+        if sys.modules.get(obj.__name__) is obj:
+            return ["module", obj.__name__, ""]
+        return None
+    owner = getattr(obj, "__objclass__", None)  # slot wrappers, method descriptors
+    module = getattr(owner if owner is not None else obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
+        try:
+            if _resolve(module, qualname) is obj:
+                if isinstance(obj, types.FunctionType):
+                    return ["function", module, qualname, code_digest(obj.__code__)]
+                return ["named", module, qualname]
+        except NotInstallable:
+            pass
+    name = getattr(obj, "__name__", None)
+    if isinstance(name, str) and isinstance(obj, types.BuiltinFunctionType):
+        # torch.relu and kin: bound to torch._C._VariableFunctions, exported by a module.
+        for module in (getattr(obj, "__module__", None), *_FUNCTION_MODULES):
+            mod = sys.modules.get(module) if isinstance(module, str) else None
+            if mod is not None and getattr(mod, name, None) is obj:
+                return ["named", module, name]
+    for name in _SCANNED_MODULES:
+        mod = sys.modules.get(name)
+        for attr, value in (vars(mod).items() if mod is not None else ()):
+            if value is obj and not attr.startswith("__"):
+                return ["named", name, attr]
+    return None
+
+
+def _named(desc: list):
+    obj = _resolve(desc[1], desc[2])
+    if desc[0] == "function":
+        if not isinstance(obj, types.FunctionType) or code_digest(obj.__code__) != desc[3]:
+            raise NotInstallable(f"{desc[1]}.{desc[2]} is not the function captured")
+    return obj
+
+
+# ---- values -------------------------------------------------------------------------------------
+
+_DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+_MEMORY_FORMATS = {str(m): m for m in (torch.contiguous_format, torch.channels_last,
+                                        torch.channels_last_3d, torch.preserve_format)}
+_LAYOUTS = {str(x): x for x in (torch.strided, torch.sparse_coo, torch._mkldnn)}
+
+
+def encode(value):
+    """A JSON value standing for a constant, or a named object."""
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if type(value) is float:
+        return {"float": repr(value)}
+    if type(value) is bytes:
+        return {"bytes": base64.b64encode(value).decode()}
+    if type(value) is tuple:
+        return {"tuple": [encode(v) for v in value]}
+    if type(value) is torch.dtype:
+        return {"dtype": str(value)}
+    if type(value) is torch.device:
+        return {"device": str(value)}
+    if type(value) is torch.memory_format:
+        return {"memory_format": str(value)}
+    if type(value) is torch.layout:
+        return {"layout": str(value)}
+    if value is Ellipsis:
+        return {"ellipsis": True}
+    name = name_of(value)
+    if name is None:
+        raise NotStorable(f"a {type(value).__name__} that has no importable name")
+    return {"object": name}
+
+
+def decode(value):
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if not isinstance(value, dict) or len(value) != 1:
+        raise NotInstallable(f"malformed value {value!r}")
+    (kind, v), = value.items()
+    try:
+        if kind == "float":
+            return float(v)
+        if kind == "bytes":
+            return base64.b64decode(v)
+        if kind == "tuple":
+            return tuple(decode(x) for x in v)
+        if kind == "dtype":
+            return _DTYPES[v]
+        if kind == "device":
+            return torch.device(v)
+        if kind == "memory_format":
+            return _MEMORY_FORMATS[v]
+        if kind == "layout":
+            return _LAYOUTS[v]
+        if kind == "ellipsis":
+            return Ellipsis
+        if kind == "object":
+            return _named(v)
+    except (KeyError, ValueError, TypeError, IndexError) as e:
+        raise NotInstallable(f"malformed {kind} value {v!r}: {e}") from None
+    raise NotInstallable(f"unknown value kind {kind!r}")
+
+
+class _PathTable:
+    """The sources of a record, each once: entry i is [kind, parent index or None, argument],
+    parents before their children, so that a path shared by a thousand guards (a model's
+    submodule) is decoded and read once."""
+
+    def __init__(self):
+        self.rows: List[list] = []
+        self._index: Dict[Any, int] = {}
+
+    def add(self, path: tuple) -> int:
+        kind = path[0]
+        if kind in ("local", "closure", "global", "builtin"):
+            row, key = [kind, None, path[1]], path
+        elif kind == "object":
+            row = [kind, None, encode(path[1])]
+            key = (kind, id(path[1]))
+        elif kind in ("attr", "item"):
+            parent = self.add(path[1])
+            arg = path[2] if kind == "attr" else encode(path[2])
+            row, key = [kind, parent, arg], (kind, parent, type(path[2]), path[2])
+        elif kind in ("instance_dict", "type"):
+            parent = self.add(path[1])
+            row, key = [kind, parent, None], (kind, parent)
+        else:
+            raise NotStorable(f"a source of kind {kind!r}")
+        try:
+            i = self._index.get(key)
+        except TypeError:  # an unhashable item key
+            raise NotStorable("a source through an unhashable key") from None
+        if i is None:
+            i = self._index[key] = len(self.rows)
+            self.rows.append(row)
+        return i
+
+
+def _decode_paths(rows) -> List[tuple]:
+    """The guard-tree paths of a record's table (see _PathTable)."""
+    out: List[tuple] = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 3:
+            raise NotInstallable(f"malformed source {row!r}")
+        kind, parent, arg = row
+        if kind in ("attr", "item", "instance_dict", "type"):
+            if type(parent) is not int or not 0 <= parent < len(out):
+                raise NotInstallable(f"malformed source {row!r}")
+            base = out[parent]
+        if kind in ("local", "closure") and type(arg) is int:
+            out.append((kind, arg))
+        elif kind in ("global", "builtin") and type(arg) is str:
+            out.append((kind, sys.intern(arg)))
+        elif kind == "object":
+            out.append((kind, decode(arg)))
+        elif kind == "attr" and type(arg) is str:
+            out.append((kind, base, sys.intern(arg)))
+        elif kind == "item":
+            out.append((kind, base, decode(arg)))
+        elif kind in ("instance_dict", "type"):
+            out.append((kind, base))
+        else:
+            raise NotInstallable(f"malformed source {row!r}")
+    return out
+
+
+class _Frame:
+    """Values at a record's sources in the live frame, each read once (Python's reading of what
+    the C++ guard tree reads; where the two could differ, the tree's checks fail and nothing
+    runs)."""
+
+    def __init__(self, slots: tuple, func, rows: list, paths: List[tuple]):
+        self.slots = slots
+        self.func = func
+        self.rows = rows
+        self.paths = paths
+        self._values: Dict[int, Any] = {}
+
+    def value(self, i: int):
+        try:
+            return self._values[i]
+        except KeyError:
+            pass
+        kind, parent, arg = self.rows[i]
+        path = self.paths[i]
+        try:
+            if kind == "local":
+                v = self.slots[arg]
+            elif kind == "closure":
+                v = self.func.__closure__[arg].cell_contents
+            elif kind == "global":
+                v = self.func.__globals__[arg]
+            elif kind == "builtin":
+                b = self.func.__builtins__
+                v = b[arg] if isinstance(b, dict) else getattr(b, arg)
+            elif kind == "object":
+                v = path[1]
+            elif kind == "attr":
+                v = getattr(self.value(parent), arg)
+            elif kind == "item":
+                v = self.value(parent)[path[2]]
+            elif kind == "instance_dict":
+                v = object.__getattribute__(self.value(parent), "__dict__")
+            else:  # type
+                v = type(self.value(parent))
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as e:
+            raise NotInstallable(f"no value at {path!r}: {type(e).__name__}") from None
+        self._values[i] = v
+        return v
+
+
+def _source_name(path: tuple) -> str:
+    """A source path as people read it: L[0].a.weight."""
+    kind = path[0]
+    if kind in ("local", "closure"):
+        return f"{'L' if kind == 'local' else 'closure'}[{path[1]}]"
+    if kind in ("global", "builtin"):
+        return f"{'G' if kind == 'global' else 'builtins'}[{path[1]!r}]"
+    if kind == "object":
+        return f"<{type(path[1]).__name__}>"
+    if kind == "attr":
+        return f"{_source_name(path[1])}.{path[2]}"
+    if kind == "item":
+        return f"{_source_name(path[1])}[{path[2]!r}]"
+    return f"{kind}({_source_name(path[1])})"
+
+
+def _tensor_meta(t: torch.Tensor) -> dict:
+    return {"type": name_of(type(t)), "dtype": str(t.dtype), "device": str(t.device),
+            "size": list(t.shape), "stride": list(t.stride()),
+            "requires_grad": t.requires_grad, "keys": str(torch._C._dispatch_keys(t))}
+
+
+# ---- describing an entry ------------------------------------------------------------------------
+
+def describe_entry(*, code, guards, global_state: str, src: str, consts: list, region,
+                   graph: Optional[dict]) -> dict:
+    """The record of one entry (see module docstring). `guards`: the capture's GuardSet;
+    `consts`: the transformed code's constants tuple, in which `region` is the compiled graph's
+    callable; `graph`: describe_graph's, or None when the entry runs no graph. Raises
+    NotStorable."""
+    entry_guards = []
+    groups: Dict[int, int] = {}
+    table = _PathTable()
+    for g in guards:
+        path = g.source.guard_path() if g.source is not None else ("local", 0)
+        enc = {"path": table.add(path), "kind": g.kind, "text": g.describe()}
+        kind, value = g.kind, g.value
+        if kind == "TENSOR_MATCH":
+            enc["value"] = _tensor_meta(value)
+        elif kind == "ID_MATCH":
+            name = name_of(value)
+            if name is not None:
+                enc["value"] = {"object": name}
+            elif isinstance(value, types.FunctionType):
+                raise NotStorable(f"a function pinned by identity ({value.__qualname__})")
+            else:
+                cls = name_of(type(value))
+                if cls is None:
+                    raise NotStorable(f"an instance of {type(value).__qualname__}, a class "
+                                      "with no importable name")
+                enc["value"] = {"instance": cls,
+                                "group": groups.setdefault(id(value), len(groups))}
+        elif kind == "TYPE_MATCH":
+            enc["value"] = encode(value)
+        elif kind in ("CONSTANT_MATCH", "LEN_MATCH", "HASATTR", "NO_HASATTR", "NO_ITEM"):
+            enc["value"] = encode(value)
+        elif kind == "DICT_KEYS":
+            enc["value"] = encode(tuple(value))
+        elif kind == "ALIAS":
+            enc["value"] = table.add(value.guard_path())
+        elif kind == "DISTINCT":
+            enc["value"] = [table.add(s.guard_path()) for s in value]
+        elif kind != "GLOBAL_STATE":
+            raise NotStorable(f"a guard of kind {kind}")
+        entry_guards.append(enc)
+    if graph is not None:
+        graph = dict(graph, params=[table.add(p) for p in graph["params"]],
+                     inputs=[table.add(p) for p in graph["inputs"]])
+    entry_consts = []
+    for obj in consts:
+        entry_consts.append({"graph": True} if obj is region else encode(obj))
+    record = {"code": code_digest(code), "global_state": global_state, "source": src,
+              "consts": entry_consts, "paths": table.rows, "guards": entry_guards,
+              "graph": graph}
+    record["id"] = hashlib.sha256(repr(sorted(record.items())).encode()).hexdigest()
+    record["made"] = time.time()
+    return record
+
+
+def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
+                   cuda_graphs: bool) -> dict:
+    """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
+    with its parameters and inputs at these sources."""
+    return {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
+            "params": [s.guard_path() for s in param_sources],
+            "inputs": [s.guard_path() for s in input_sources]}
+
+
+# ---- installing an entry ------------------------------------------------------------------------
+
+def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: int) -> tuple:
+    path = frame.paths[at]
+    if kind == "TENSOR_MATCH":
+        live = frame.value(at)
+        if not isinstance(live, torch.Tensor):
+            raise NotInstallable(f"{_source_name(path)} is a {type(live).__name__}, not a tensor")
+        meta = _tensor_meta(live)
+        if meta != value:
+            diff = ", ".join(f"{k} {value.get(k)} captured, {meta[k]} now" for k in meta
+                             if meta[k] != value.get(k))
+            raise NotInstallable(f"the tensor {_source_name(path)} differs: {diff}")
+        return ("tensor", live)
+    if kind == "ID_MATCH":
+        if "instance" in value:
+            live = frame.value(at)
+            if type(live) is not _named(value["instance"]):
+                raise NotInstallable(f"{_source_name(path)} is a {type(live).__qualname__}, "
+                                     f"not the {value['instance'][2]} captured")
+            bound = groups.setdefault(value["group"], live)
+            if bound is not live:
+                raise NotInstallable("objects that were one are now two")
+            return ("id", live)
+        return ("id", decode(value))
+    if kind == "TYPE_MATCH":
+        return ("type", decode(value))
+    if kind == "CONSTANT_MATCH":
+        return ("constant", decode(value))
+    if kind == "LEN_MATCH":
+        return ("len", decode(value))
+    if kind == "DICT_KEYS":
+        return ("dict_keys", decode(value))
+    if kind == "HASATTR":
+        return ("has_attr", decode(value))
+    if kind == "NO_HASATTR":
+        return ("no_attr", decode(value))
+    if kind == "NO_ITEM":
+        return ("no_item", decode(value))
+    if kind == "ALIAS":
+        return ("is", frame.paths[value])
+    if kind == "DISTINCT":
+        return ("distinct", tuple(frame.paths[i] for i in value))
+    if kind == "GLOBAL_STATE":
+        return ("global_state",)
+    raise NotInstallable(f"unknown guard kind {kind!r}")
+
+
+def _guard_tree(record: dict, frame: _Frame, code):
+    from kiln.guards.builder import entry_dropper
+
+    on_dead, manager_ref = entry_dropper(code)
+    manager = _C.GuardManager(on_dead=on_dead)
+    manager_ref.append(__import__("weakref").ref(manager))
+    groups: Dict[int, Any] = {}
+    instances = set()
+    descriptions = []
+    for g in record["guards"]:
+        at = g["path"]
+        path = frame.paths[at]
+        check = _check_tuple(frame, g["kind"], g.get("value"), groups, at)
+        if g["kind"] == "ID_MATCH" and "instance" in g["value"]:
+            instances.add(g["value"]["group"])
+        try:
+            manager.add(path, check, g["text"])
+        except ValueError as e:
+            raise NotInstallable(f"guard {g['text']!r}: {e}") from None
+        descriptions.append(g["text"])
+    if len({id(v) for v in groups.values()}) != len(groups):
+        raise NotInstallable("objects that were two are now one")
+    return manager, descriptions
+
+
+def _graph_callable(graph: dict, frame: _Frame):
+    """The plan of the record's graph, loaded from kilnd by its artifact key."""
+    from kiln.backends.kiln_backend import CompiledArtifact, load_artifact_by_key
+    from kiln.daemon.artifact import ArtifactRejected
+    from kiln.daemon.client import DaemonUnavailable
+    from kiln.daemon.protocol import ProtocolUnavailable
+    from kiln.state import STATE
+
+    params = [frame.value(i) for i in graph["params"]]
+    inputs = [frame.value(i) for i in graph["inputs"]]
+    if not all(isinstance(t, torch.Tensor) for t in params + inputs):
+        raise NotInstallable("a parameter or input of the graph is no longer a tensor")
+    device = torch.device(graph["device"])
+    start = time.perf_counter()
+    try:
+        body, plan = load_artifact_by_key(graph["artifact"], params, inputs, device,
+                                          graph["cuda_graphs"])
+    except (ArtifactRejected, DaemonUnavailable, ProtocolUnavailable, RuntimeError,
+            ValueError) as e:
+        raise NotInstallable(f"artifact {graph['artifact'][:16]}… not loaded: {e}") from None
+    STATE.artifacts.append(CompiledArtifact(graph["artifact"], True, True, 0.0,
+                                            time.perf_counter() - start, body, plan))
+    return plan
+
+
+def install(record: dict, code, slots: tuple, func):
+    """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
+    checks and every guard hold here. Raises NotInstallable."""
+    from kiln.convert_frame import EntryInfo, next_compile_id
+    from kiln.graph.lowering import _global_state
+    from kiln.transform.codegen import code_from_source
+
+    start = time.perf_counter()
+    try:
+        if record.get("code") != code_digest(code):
+            raise NotInstallable("the record is another code's")
+        if record["global_state"] != _global_state():
+            raise NotInstallable("captured under another grad/autocast/default dtype state")
+        frame = _Frame(slots, func, record["paths"], _decode_paths(record["paths"]))
+        manager, descriptions = _guard_tree(record, frame, code)
+        why = manager.failure_reason(slots, func)
+        if why is not None:
+            raise NotInstallable(f"a guard fails: {why}")
+        region = plan = None
+        if record["graph"] is not None:
+            plan = _graph_callable(record["graph"], frame)
+            region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
+        objects = [region if c == {"graph": True} else decode(c) for c in record["consts"]]
+        new_code = code_from_source(code, record["source"], objects)
+    except NotInstallable:
+        raise
+    except (KeyError, TypeError, ValueError, SyntaxError, AttributeError, IndexError) as e:
+        raise NotInstallable(f"malformed record: {type(e).__name__}: {e}") from None
+    compile_id = next_compile_id()
+    info = EntryInfo(compile_id=compile_id, name=f"__compiled_fn_{compile_id}",
+                     graph_module=None, compiled_fn=plan, guards=descriptions,
+                     original_code=code, transformed_code=new_code,
+                     transformed_source=record["source"], op_count=-1, capture_seconds=0.0,
+                     backend_seconds=time.perf_counter() - start)
+    info.extra["stored_capture"] = record["id"]
+    return manager, new_code, info
+
+
+# ---- the process's stored captures ----------------------------------------------------------------
+
+class StoredCaptures:
+    """Stored captures for one compile setting (the "kiln" backend with or without CUDA
+    graphs): find and install a record for a frame the hook missed, and store what a capture
+    made. Every failure is a miss, said at debug level (KILN_LOG=cache: at warning level)."""
+
+    def __init__(self, setting: str, cuda_graphs: bool):
+        self.setting = setting
+        self.cuda_graphs = cuda_graphs
+        self._store = None
+        self._store_settings = None
+
+    def store(self):
+        from kiln.daemon.capture_store import CaptureStore
+        from kiln.daemon.client import DaemonUnavailable, read_mac_key
+        from kiln.state import STATE
+
+        settings = STATE.daemon.settings
+        if self._store is None or self._store_settings is not settings:
+            try:
+                mac_key = read_mac_key(settings.mac_key_file)
+            except DaemonUnavailable:
+                return None  # no kilnd has run with this cache yet: nothing stored either
+            self._store = CaptureStore(settings.cache_dir / "captures", mac_key)
+            self._store_settings = settings
+        return self._store
+
+    def key(self, code) -> str:
+        from kiln.state import STATE
+
+        return capture_key(code, self.setting, STATE.daemon.settings.cache_dir)
+
+    def install(self, func, code, slots):
+        """The hook's entry from a stored record that holds on this frame, or None."""
+        from kiln.state import STATE
+
+        # The collector is held off meanwhile: reading a record allocates enough to start a full
+        # collection, which in a process holding a model costs far more than the install.
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._install(func, code, slots)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _install(self, func, code, slots):
+        from kiln.state import STATE
+
+        store = self.store()
+        if store is None:
+            return None
+        key = self.key(code)
+        records = store.get(key)
+        reasons = []
+        for record in records:
+            try:
+                entry = install(record, code, slots, func)
+            except NotInstallable as e:
+                reasons.append(str(e))
+                continue
+            _say("kiln: %s: installed stored capture %s…", code.co_qualname, key[:16])
+            STATE.capture_misses.pop(code, None)
+            return entry
+        if reasons:
+            why = "; ".join(reasons)
+        else:
+            from kiln.state import STATE as _S
+
+            parts = key_parts(code, self.setting, _S.daemon.settings.cache_dir)
+            why = ("no capture stored under this code, kiln, torch and Python version and "
+                   "compile setting: " + nearest_difference(parts, store.locate(
+                       location_key(code))))
+        STATE.capture_misses[code] = why
+        _say("kiln: %s: no stored capture used (%s)", code.co_qualname, why)
+        return None
+
+    def put(self, code, record: dict) -> None:
+        from kiln.state import STATE
+
+        store = self.store()
+        if store is not None:
+            store.put(self.key(code), record)
+            store.note_location(location_key(code), key_parts(
+                code, self.setting, STATE.daemon.settings.cache_dir))
+
+
+def _say(fmt, *args):
+    from kiln import config
+
+    if config.logs("cache"):
+        log.warning(fmt, *args)
+    else:
+        log.debug(fmt, *args)

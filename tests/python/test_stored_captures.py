@@ -1,0 +1,185 @@
+"""Stored captures (kiln.stored_capture): a process that meets code another process compiled
+installs the stored capture without tracing (no torch._dynamo import, no fake tensors), and
+never a stale one: a changed model file, a changed global it read, another torch version, a
+different input, a tampered record, objects that were one and are now two all capture again,
+and every answer is eager's."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kiln.daemon import protocol
+
+if not protocol.available():
+    pytest.skip("the kiln.v1 modules are not available", allow_module_level=True)
+
+# The child: imports the model from MODEL_DIR/model.py, compiles it with kiln, checks the first
+# call against eager, and prints what kiln did.
+CHILD = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    if os.environ.get("FAKE_TORCH_VERSION"):
+        torch.__version__ = os.environ["FAKE_TORCH_VERSION"]
+    import kiln
+    sys.path.insert(0, os.environ["MODEL_DIR"])
+    import model
+    torch.manual_seed(0)
+    m = model.make().eval()
+    x = model.example()
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        got = compiled(x)
+        want = m(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    entries = kiln.debug.cache_entries(m)
+    print(json.dumps({
+        "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "dynamo": "torch._dynamo" in sys.modules,
+        "artifacts": len(kiln.debug.artifacts()),
+        "miss": kiln.debug.explain_miss(m),
+    }))
+""")
+
+MODEL = textwrap.dedent("""
+    import os
+    import torch
+
+    SCALE = float(os.environ.get("MODEL_SCALE", "2.0"))
+
+    class Net(torch.nn.Module):
+        def __init__(self, shared=False):
+            super().__init__()
+            self.a = torch.nn.Linear(16, 16)
+            self.b = self.a if shared else torch.nn.Linear(16, 16)
+            self.norm = torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x)) * SCALE
+            return self.norm(self.b(y) + x)
+
+    def make():
+        return Net(shared=os.environ.get("MODEL_SHARED") == "1")
+
+    def example():
+        return torch.randn(int(os.environ.get("MODEL_BATCH", "4")), 16)
+""")
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "model.py").write_text(MODEL)
+    return tmp_path
+
+
+def run_child(model_dir, **env_extra):
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("KILN_STORED_CAPTURES", None)
+    env.update(env_extra)
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache, model_dir):
+    first = run_child(model_dir)
+    assert first["stored"] == [False]  # captured, and stored
+    assert first["dynamo"]             # the capture's fake tensors import torch._dynamo
+    second = run_child(model_dir)
+    assert second["stored"] == [True]
+    assert not second["dynamo"]
+    assert second["artifacts"] == 1
+    assert second["miss"] is None
+
+
+def test_a_changed_model_file_is_captured_again(kilnd_cache, model_dir):
+    run_child(model_dir)
+    assert run_child(model_dir)["stored"] == [True]
+    source = (model_dir / "model.py").read_text()
+    (model_dir / "model.py").write_text(source.replace("torch.relu(", "torch.sigmoid("))
+    after = run_child(model_dir)  # the child compares with eager: sigmoid, not relu
+    assert after["stored"] == [False]
+    assert "no capture stored" in after["miss"]
+
+
+def test_a_changed_global_fails_a_guard_and_is_captured_again(kilnd_cache, model_dir):
+    run_child(model_dir)
+    after = run_child(model_dir, MODEL_SCALE="3.0")
+    assert after["stored"] == [False]
+    assert "SCALE" in after["miss"]
+
+
+def test_another_torch_version_never_uses_the_stored_capture(kilnd_cache, model_dir):
+    run_child(model_dir)
+    after = run_child(model_dir, FAKE_TORCH_VERSION="9.9.9")
+    assert after["stored"] == [False]
+
+
+def test_another_input_shape_is_captured_again(kilnd_cache, model_dir):
+    run_child(model_dir)
+    after = run_child(model_dir, MODEL_BATCH="7")
+    assert after["stored"] == [False]
+    assert "a guard fails" in after["miss"] or "differs" in after["miss"]
+    # Both entries are stored now: either batch installs without tracing.
+    assert run_child(model_dir, MODEL_BATCH="7")["stored"] == [True]
+    assert run_child(model_dir)["stored"] == [True]
+
+
+def test_objects_that_were_one_and_are_now_two_are_captured_again(kilnd_cache, model_dir):
+    run_child(model_dir, MODEL_SHARED="1")
+    after = run_child(model_dir)  # self.b is no longer self.a
+    assert after["stored"] == [False]
+
+
+def test_a_tampered_record_is_never_installed(kilnd_cache, model_dir):
+    run_child(model_dir)
+    records = [p for p in (kilnd_cache / "captures").glob("??/*") if p.is_file()]
+    tampered = 0
+    for path in records:
+        tag, _, payload = path.read_bytes().partition(b"\n")
+        if b'{"float":"2.0"}' in payload:  # the guard on SCALE, made to accept 3.0
+            path.write_bytes(tag + b"\n" + payload.replace(b'{"float":"2.0"}',
+                                                           b'{"float":"3.0"}'))
+            tampered += 1
+    assert tampered
+    assert run_child(model_dir, MODEL_SCALE="3.0")["stored"] == [False]
+    assert run_child(model_dir)["stored"] == [False]
+
+
+def test_stored_captures_can_be_turned_off(kilnd_cache, model_dir):
+    run_child(model_dir)
+    assert run_child(model_dir, KILN_STORED_CAPTURES="0")["stored"] == [False]
+
+
+def test_names_of_objects_resolve_to_the_same_object():
+    import torch
+
+    from kiln import stored_capture as sc
+
+    for obj in (torch.relu, torch.nn.Linear, object.__getattribute__, torch.float16,
+                torch.nn.functional.linear, sc.capture_key):
+        assert sc.decode(sc.encode(obj)) is obj or sc.decode(sc.encode(obj)) == obj
+    local_class = type("Local", (), {})
+    with pytest.raises(sc.NotStorable):
+        sc.encode(local_class())
+    for value in (1, -2.5, float("inf"), "s", b"\x00", (1, (2.0, None)), torch.channels_last,
+                  torch.device("cpu"), True, None):
+        assert sc.decode(sc.encode(value)) == value or value != value
+
+
+def test_a_function_whose_code_changed_is_not_the_function_named():
+    from kiln import stored_capture as sc
+
+    def f():
+        return 1
+
+    named = ["function", __name__, "helper_function", sc.code_digest(f.__code__)]
+    with pytest.raises(sc.NotInstallable):
+        sc.decode({"object": named})
+
+
+def helper_function():
+    return 2
