@@ -8,7 +8,9 @@
 //    fn, see module_forward) it calls fn.forward itself when Module.__call__ would do only that.
 //  * For a frame it has no passing entry for, the hook calls
 //        callback(func, code, slots: tuple)
-//    with capture disabled. It returns None (run this frame eagerly), SKIP (never look at this
+//    with capture disabled. It returns None (run this frame eagerly), EAGER (run this frame and
+//    every frame it calls eagerly, without calling back: its capture is under way elsewhere),
+//    SKIP (never look at this
 //    code again), CACHE_FULL (keep the entries, run misses eagerly from now on: the hook does so
 //    itself and does not call back for that code again) or a tuple
 //    (guard_manager, transformed_code, info) to add as a new entry and run now. An entry is used
@@ -58,6 +60,7 @@ typedef struct {
 static Py_ssize_t g_extra_index = -1;
 static PyObject* g_skip = NULL;        // sentinel: never look at this code again
 static PyObject* g_cache_full = NULL;  // sentinel: stop compiling this code
+static PyObject* g_eager = NULL;       // sentinel: this call and its callees as CPython runs them
 
 static void entry_clear(CacheEntry* e) {
   Py_CLEAR(e->guard_manager);
@@ -296,6 +299,13 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
   if (result == Py_None) {
     Py_DECREF(result);
     return eval_default(tstate, frame, throw_flag);
+  }
+  if (result == g_eager) {
+    Py_DECREF(result);
+    tls_callback = NULL;
+    PyObject* out = eval_default(tstate, frame, throw_flag);
+    tls_callback = callback;
+    return out;
   }
   if (result == g_skip || result == g_cache_full) {
     int mode = result == g_skip ? kModeSkip : kModeCacheFull;
@@ -676,7 +686,8 @@ int kiln_hook_init(PyObject* module) {
   if (g_skip == NULL) {
     g_skip = PyUnicode_InternFromString("kiln.SKIP");
     g_cache_full = PyUnicode_InternFromString("kiln.CACHE_FULL");
-    if (g_skip == NULL || g_cache_full == NULL) return -1;
+    g_eager = PyUnicode_InternFromString("kiln.EAGER");
+    if (g_skip == NULL || g_cache_full == NULL || g_eager == NULL) return -1;
   }
   if (g_str_call == NULL) {
     static const char* fields[5] = {"_compiled_call_impl", "_backward_hooks",
@@ -693,5 +704,6 @@ int kiln_hook_init(PyObject* module) {
   }
   if (PyModule_AddObjectRef(module, "SKIP", g_skip) < 0) return -1;
   if (PyModule_AddObjectRef(module, "CACHE_FULL", g_cache_full) < 0) return -1;
+  if (PyModule_AddObjectRef(module, "EAGER", g_eager) < 0) return -1;
   return PyModule_AddFunctions(module, hook_methods);
 }

@@ -208,6 +208,8 @@ def test_fresh_process_gets_every_artifact_from_the_cache(kilnd_cache):
 
 def _compile_recording_index(monkeypatch, fn, *args):
     """Compiles and runs `fn` through a fresh kiln; returns the index entries it wrote."""
+    # The index is what these tests exercise: no stored capture may answer before it.
+    monkeypatch.setattr(kiln.config, "stored_captures", False)
     from kiln.daemon.graph_index import GraphIndex
 
     written = []

@@ -7,10 +7,11 @@
 """
 from kiln import config, exc
 from kiln.backends import list_backends, register_backend
-from kiln.eval_frame import compile, disable, optimize, reset, run, set_stance
+from kiln.eval_frame import (compile, disable, optimize, reset, run, set_stance,
+                              wait_for_compiles)
 from kiln.explain import explain
 from kiln.export import export
 from kiln import debug
 
-__all__ = ["compile", "optimize", "disable", "reset", "run", "set_stance", "explain", "export",
-           "list_backends", "register_backend", "config", "exc", "debug"]
+__all__ = ["compile", "optimize", "disable", "reset", "run", "set_stance", "wait_for_compiles",
+           "explain", "export", "list_backends", "register_backend", "config", "exc", "debug"]

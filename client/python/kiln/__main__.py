@@ -1,5 +1,10 @@
-"""`python -m kiln demo`: compiles torchvision's resnet18 (random weights) with kiln and prints
-eager vs compiled time and what was captured."""
+"""kiln's command line:
+  python -m kiln demo                     compile resnet18, compare with eager
+  python -m kiln warm [--cpu-isa ISA] [--export BUNDLE] SCRIPT [ARGS...]
+                                          run SCRIPT so that its captures and artifacts are
+                                          stored (for another CPU ISA: compiled, not run here)
+  python -m kiln cache export BUNDLE      the stored captures and their artifacts, signed
+  python -m kiln cache import BUNDLE      checked and added to this machine's cache"""
 import argparse
 import statistics
 import sys
@@ -68,6 +73,67 @@ def demo(args):
     return 0
 
 
+def warm(args):
+    """Runs SCRIPT as __main__ with kiln's stored captures on: every frame it compiles with the
+    "kiln" backend leaves a stored capture and an artifact in kilnd's cache. With --cpu-isa
+    other than this machine's, kilnd builds for that ISA and the graphs run eagerly here."""
+    import os
+    import runpy
+
+    from kiln.daemon.artifact import cpu_isa
+
+    if args.cpu_isa:
+        native = cpu_isa()
+        os.environ["KILN_CPU_ISA"] = args.cpu_isa
+        if args.cpu_isa != native:
+            os.environ["KILN_COMPILE_ONLY"] = "1"
+        cpu_isa.cache_clear()  # read again, with the override
+    os.environ.pop("KILN_STORED_CAPTURES", None)
+    import kiln
+
+    kiln.config.stored_captures = True
+    kiln.config.compile_only = os.environ.get("KILN_COMPILE_ONLY") == "1"
+    sys.argv = [args.script, *args.args]
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            print(f"kiln warm: {args.script} exited with {e.code}", file=sys.stderr)
+            return 1
+    kiln.wait_for_compiles()
+    arts = kiln.debug.artifacts()
+    target = os.environ.get("KILN_CPU_ISA") or cpu_isa()
+    print(f"kiln warm: {len(arts)} graphs in kilnd's cache for {target}"
+          f"{' (compiled only: not runnable here)' if kiln.config.compile_only else ''}")
+    if args.export:
+        return cache(argparse.Namespace(action="export", bundle=args.export))
+    return 0
+
+
+def cache(args):
+    from kiln.cache_bundle import BundleError, export_bundle, import_bundle
+    from kiln.daemon.client import DaemonUnavailable
+    from kiln.state import STATE
+
+    settings = STATE.daemon.settings
+    try:
+        if args.action == "export":
+            counts = export_bundle(settings, args.bundle)
+            print(f"kiln cache export: {counts['captures']} stored captures, "
+                  f"{counts['artifacts']} artifacts -> {args.bundle}")
+            if counts["missing_artifacts"]:
+                print(f"  {len(counts['missing_artifacts'])} artifacts named by captures were "
+                      "not in kilnd's cache (those captures will load nothing)", file=sys.stderr)
+        else:
+            counts = import_bundle(settings, args.bundle)
+            print(f"kiln cache import: {counts['captures']} stored captures, "
+                  f"{counts['artifacts']} artifacts into {settings.cache_dir}")
+    except (BundleError, DaemonUnavailable, OSError) as e:
+        print(f"kiln cache {args.action}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kiln")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,9 +142,23 @@ def main(argv=None):
     d.add_argument("--iters", type=int, default=10)
     d.add_argument("--threads", type=int, default=2)
     d.add_argument("--backend", default=None, help="default: kiln.config.default_backend")
+    w = sub.add_parser("warm", help="run a script to store its captures and artifacts")
+    w.add_argument("--cpu-isa", default=None,
+                   help="x86-64 level to build for (x86-64, x86-64-v2/v3/v4); default: this CPU's")
+    w.add_argument("--export", default=None, metavar="BUNDLE",
+                   help="then write the cache bundle (as `cache export`)")
+    w.add_argument("script")
+    w.add_argument("args", nargs=argparse.REMAINDER)
+    c = sub.add_parser("cache", help="export or import a signed cache bundle")
+    c.add_argument("action", choices=("export", "import"))
+    c.add_argument("bundle")
     args = parser.parse_args(argv)
     if args.command == "demo":
         return demo(args)
+    if args.command == "warm":
+        return warm(args)
+    if args.command == "cache":
+        return cache(args)
     return 2
 
 

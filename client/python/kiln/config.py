@@ -26,6 +26,11 @@ cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 # without tracing when its guards hold. KILN_STORED_CAPTURES=0 turns both off.
 stored_captures = os.environ.get("KILN_STORED_CAPTURES", "1") != "0"
 
+# Compile without running: the "kiln" backend has kilnd build (and keep) each graph's artifact
+# and stores the capture, but runs the graph eagerly here (`python -m kiln warm` for a target
+# this machine cannot run, such as a CPU ISA it lacks). KILN_COMPILE_ONLY=1.
+compile_only = os.environ.get("KILN_COMPILE_ONLY", "0") == "1"
+
 # What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen", "cache"}
 # ("cache": why a stored capture was or was not used):
 # KILN_LOG=graph,guards.

@@ -2,50 +2,22 @@
 the transformed code, build the guard tree. Also decides which frames kiln never looks at."""
 import dis
 import io
-import itertools
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import List
 
 import torch
 
 from kiln import _C, config
 from kiln.capture.frame import capture_frame
+from kiln.entry import EntryInfo, next_compile_id
 from kiln.exc import BackendCompilerFailed
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
 
 log = logging.getLogger("kiln")
-
-_compile_ids = itertools.count()
-
-
-def next_compile_id() -> int:
-    return next(_compile_ids)
-
-
-@dataclass
-class EntryInfo:
-    """What kiln keeps about one compiled entry, for kiln.debug and explain."""
-    compile_id: int
-    name: str
-    graph_module: Optional[torch.fx.GraphModule]
-    compiled_fn: Any
-    guards: List[str]
-    original_code: Any
-    transformed_code: Any
-    transformed_source: str
-    op_count: int
-    capture_seconds: float
-    backend_seconds: float
-    break_reason: Optional[str] = None  # why the graph ended before the frame did
-    break_where: Optional[str] = None
-    resume_codes: list = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-
 
 # -- capture -----------------------------------------------------------------------------------
 
@@ -74,10 +46,10 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     else:
         body, resumes = break_body(func, code, graph_break, rebuild, consts)
     body = rebuild.prelude + body
-    compile_id = next(_compile_ids)
+    compile_id = next_compile_id()
     name = f"__compiled_fn_{compile_id}"
     gm = None
-    compiled = None
+    compiled = raw = None
     region = None
     call_expr = ""
     t1 = time.perf_counter()
@@ -85,10 +57,10 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
         try:
-            compiled = backend(gm, example_inputs)
+            raw = backend(gm, example_inputs)
         except Exception as e:
             raise BackendCompilerFailed(backend_name, e) from e
-        compiled = realized(compiled, gm)
+        compiled = realized(raw, gm)
         if not callable(compiled):
             raise BackendCompilerFailed(backend_name, TypeError(
                 f"backend returned {type(compiled).__name__}, not a callable"))
@@ -108,12 +80,14 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.break_where = graph_break.where
         info.resume_codes = resumes
     elif stored is not None:
-        _store(stored, code, output, consts, src, region, gm, compiled, global_state)
+        _store(stored, code, output, consts, src, region, gm, raw, global_state)
     _print_debug(info)
     return manager, new_code, info
 
 
 def _store(stored, code, output, consts, src, region, gm, compiled, global_state) -> None:
+    # `compiled`: what the backend returned (the artifact's plan, or under compile_only the
+    # graph module's forward it runs meanwhile).
     """Stores the entry for other processes (kiln.stored_capture), when a record can name all
     it holds; otherwise says why at debug level."""
     from kiln import stored_capture

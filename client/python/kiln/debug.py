@@ -8,7 +8,6 @@ import torch
 
 from kiln import _C
 from kiln.daemon import protocol
-from kiln.eval_frame import OptimizedModule
 from kiln.state import STATE
 
 
@@ -30,8 +29,8 @@ def innermost_fn(fn):
     seen = set()
     while id(fn) not in seen:
         seen.add(id(fn))
-        if isinstance(fn, OptimizedModule):
-            fn = fn._orig_mod
+        if isinstance(fn, torch.nn.Module) and "_kiln_region" in fn.__dict__:
+            fn = fn.__dict__["_kiln_region"].fn  # kiln.eval_frame.OptimizedModule
         elif isinstance(fn, _C.FrameRegion):
             fn = fn.fn
         elif isinstance(fn, torch.nn.Module):

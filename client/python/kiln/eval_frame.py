@@ -66,6 +66,14 @@ class FrameCallback:
                 if self.observer is not None:
                     self.observer.entry(entry[2])
                 return entry
+        if STATE.stance == "compile_in_background" and not self.fullgraph:
+            from kiln.background import BACKGROUND
+
+            return BACKGROUND.miss(self.capture, func, code, slots)
+        return self.capture(func, code, slots)
+
+    def capture(self, func, code, slots):
+        """Captures and compiles the frame: the hook's entry, or SKIP when it runs eagerly."""
         try:
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
                                   fullgraph=self.fullgraph, stored=self.stored)
@@ -262,7 +270,11 @@ def set_stance(stance: str = "default"):
     """How compiled functions behave from now on (process-wide):
     "default": compile on a miss; "eager_on_recompile": use what is compiled, run misses
     eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
-    the failed guards instead of compiling again; "force_eager": ignore kiln entirely."""
+    the failed guards instead of compiling again; "force_eager": ignore kiln entirely;
+    "compile_in_background": a miss runs eagerly at once (it and all it calls) while a worker
+    thread captures and compiles it, and later calls switch to the compiled code when it is
+    ready (a stored capture is still installed at once: kiln.wait_for_compiles waits for the
+    worker)."""
     prior = STATE.stance
     STATE.stance = stance  # checks it, and sets the hook's force_eager flag with it
     return _Stance(stance, prior)
@@ -274,8 +286,19 @@ def run():
     return set_stance("eager_on_recompile")
 
 
+def wait_for_compiles(timeout=None) -> bool:
+    """Waits until no background capture (the "compile_in_background" stance) is under way, or
+    `timeout` seconds passed; True when none is."""
+    from kiln.background import BACKGROUND
+
+    return BACKGROUND.wait(timeout)
+
+
 def reset():
     """Forgets every compiled entry: the next call of any compiled function captures again."""
+    from kiln.background import BACKGROUND
+
+    BACKGROUND.forget()
     for code in list(STATE.compiled_codes):
         _C.reset_code(code)
     STATE.reset()

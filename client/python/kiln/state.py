@@ -72,7 +72,8 @@ class DaemonState:
 
 
 class ProcessState:
-    STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
+    STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile",
+               "compile_in_background")
 
     def __init__(self):
         self._stance = "default"

@@ -110,9 +110,7 @@ def _remembered_digest(signature: str, compute, cache_dir: Optional[Path]) -> st
 
 
 def _build_files() -> List[Path]:
-    import kiln
-
-    root = Path(kiln.__file__).parent
+    root = Path(__file__).parent  # the kiln package
     return sorted([*root.rglob("*.py"), Path(_C.__file__)])
 
 
@@ -605,7 +603,7 @@ def _graph_callable(graph: dict, frame: _Frame):
 def install(record: dict, code, slots: tuple, func):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
     checks and every guard hold here. Raises NotInstallable."""
-    from kiln.convert_frame import EntryInfo, next_compile_id
+    from kiln.entry import EntryInfo, next_compile_id
     from kiln.graph.lowering import _global_state
     from kiln.transform.codegen import code_from_source
 
@@ -677,6 +675,10 @@ class StoredCaptures:
         """The hook's entry from a stored record that holds on this frame, or None."""
         from kiln.state import STATE
 
+        from kiln import config
+
+        if config.compile_only:
+            return None  # its artifacts may be for a target this machine cannot run
         # The collector is held off meanwhile: reading a record allocates enough to start a full
         # collection, which in a process holding a model costs far more than the install.
         enabled = gc.isenabled()

@@ -105,7 +105,8 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
         log.debug("kiln backend: %s graph runs eagerly", reason)
         return gm.forward
     try:
-        compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options))
+        compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options),
+                                 load=not config.compile_only)
     except LoweringError as e:
         _warn_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
         return gm.forward
@@ -124,6 +125,10 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
     except (RuntimeError, ValueError) as e:
         _warn_once("load", f"cannot load the artifact ({e})")
         return gm.forward
+    if compiled.plan is None:  # compile_only: kilnd built (and keeps) it; this process runs eager
+        compiled.plan = gm.forward
+        STATE.artifacts.append(compiled)
+        return compiled.plan
     compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
@@ -136,11 +141,12 @@ class CompileFailed(RuntimeError):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                  cuda_graphs: bool = True) -> CompiledArtifact:
+                  cuda_graphs: bool = True, load: bool = True) -> CompiledArtifact:
     """The loaded artifact for `gm`. A graph the client's index knows is fetched by key without
     lowering; any doubt about that artifact (missing, another compiler's, rejected) lowers and
     compiles as a graph seen for the first time would. `cuda_graphs`: a plan on a GPU is
-    captured into a CUDA graph and replayed."""
+    captured into a CUDA graph and replayed. `load=False`: compiled (or found) and verified,
+    not loaded (plan None: a target this machine cannot run, kiln.config.compile_only)."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.daemon.client import read_mac_key
@@ -168,7 +174,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     if known is not None:
         try:
             body, plan = load_artifact_by_key(known, params, list(example_inputs), device,
-                                              cuda_graphs)
+                                              cuda_graphs, load=load)
             return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
                                     body, plan)
         except art.ArtifactRejected as e:
@@ -185,7 +191,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     # artifact known to be this graph's, and only then may the index remember it.
     body = art.verify_for_request(response.artifact, mac_key, request)
     art.check_inputs(body, inputs)
-    plan = art.build_plan(body, params, len(example_inputs), device, pool)
+    plan = art.build_plan(body, params, len(example_inputs), device, pool) if load else None
     if skey is not None:
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
@@ -193,25 +199,37 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
 
 
 def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.device,
-                         cuda_graphs: bool):
-    """(body, plan) of the artifact kilnd holds under `key`, a key this client computed or read
-    from its own authenticated records, for these parameters and inputs on `device`. Raises
-    ArtifactRejected when kilnd has no such artifact, or it is another compiler's, another
-    target's or for other inputs; DaemonUnavailable when no kilnd answers."""
+                         cuda_graphs: bool, load: bool = True):
+    """(body, plan) of the artifact under `key`, a key this client computed or read from its own
+    authenticated records, for these parameters and inputs on `device`: from the artifacts
+    imported into the cache directory (`python -m kiln cache import`), else from kilnd. Raises
+    ArtifactRejected when there is no such artifact, or it is another compiler's, another
+    target's or for other inputs; DaemonUnavailable when it must come from kilnd and no kilnd
+    answers. `load=False`: plan None."""
+    from kiln.cache_bundle import imported_artifact
     from kiln.daemon import artifact as art
     from kiln.daemon.client import read_mac_key
 
-    client = STATE.daemon.client()
-    client.ensure_running()
-    mac_key = read_mac_key(client.settings.mac_key_file)
+    settings = STATE.daemon.settings
     target = art.target_for(device)
-    compiler_version = client.compiler_version_for(target.device_kind) or ""
-    found = client.lookup_key(key)
-    if not found.found:
-        raise art.ArtifactRejected(f"kilnd holds no artifact {key[:16]}…")
-    body = art.verify(found.artifact, mac_key, key)
-    if body.compiler_version != compiler_version or body.target != target:
-        raise art.ArtifactRejected("artifact from another compiler or target")
+    body = imported_artifact(settings, key)
+    if body is None:
+        client = STATE.daemon.client()
+        client.ensure_running()
+        mac_key = read_mac_key(client.settings.mac_key_file)
+        compiler_version = client.compiler_version_for(target.device_kind) or ""
+        found = client.lookup_key(key)
+        if not found.found:
+            raise art.ArtifactRejected(f"kilnd holds no artifact {key[:16]}…")
+        body = art.verify(found.artifact, mac_key, key)
+        if body.compiler_version != compiler_version:
+            raise art.ArtifactRejected("artifact from another compiler")
+    # An imported artifact carries its compiler's version in its signed body and key: the fleet's
+    # compiler, whatever (if any) kilnd this machine runs.
+    if body.target != target:
+        raise art.ArtifactRejected("artifact for another target")
     art.check_inputs(body, params + inputs)
+    if not load:
+        return body, None
     pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
     return body, art.build_plan(body, params, len(inputs), device, pool)

@@ -1,0 +1,105 @@
+"""Compiling in the background (the "compile_in_background" stance): a frame the hook misses
+runs eagerly at once, with everything it calls, while a worker thread captures and compiles it;
+a later call of that code finds the entry ready and switches to it. A serving process never
+stalls a request on a capture or a compile.
+
+The worker captures from the first call's argument slots, under that thread's grad, inference
+and autocast modes (torch keeps them per thread). The entry it makes is used only by a call
+whose guards it passes, like any other: what the eager call changed meanwhile can only make it
+miss, never run wrongly."""
+import contextlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, Optional
+
+import torch
+
+from kiln import _C
+
+log = logging.getLogger("kiln")
+
+
+def _thread_modes():
+    """The calling thread's modes that change what a capture records."""
+    autocast = []
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                autocast.append((device, torch.get_autocast_dtype(device)))
+        except (TypeError, AttributeError, RuntimeError):
+            pass
+    return torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast
+
+
+@contextlib.contextmanager
+def _in_modes(modes):
+    grad, inference, autocast = modes
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.inference_mode(inference))
+        stack.enter_context(torch.set_grad_enabled(grad))
+        for device, dtype in autocast:
+            stack.enter_context(torch.autocast(device, dtype=dtype))
+        yield
+
+
+class BackgroundCompiler:
+    """One worker thread for the process's background captures (they share the GIL and kilnd:
+    one at a time is as fast as several, and leaves the serving threads their share)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: Dict[object, object] = {}  # code -> Future
+        self._done: Dict[object, object] = {}     # code -> entry tuple or _C.SKIP
+        self._executor: Optional[ThreadPoolExecutor] = None
+
+    def miss(self, capture, func, code, slots):
+        """The hook's answer for a miss of `code`: the entry the worker made for it when ready
+        and its guards pass on this frame; otherwise _C.EAGER, with a capture under way.
+        `capture(func, code, slots)` is the callback's own capture (entry or _C.SKIP)."""
+        with self._lock:
+            done = self._done.pop(code, None)
+            if done is not None:
+                if done is _C.SKIP:
+                    return done
+                if done[0].check(slots, func):
+                    return done
+                # Made for a call unlike this one (another shape, say): capture this one too.
+            if code in self._pending:
+                return _C.EAGER
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="kiln-compile")
+            self._pending[code] = self._executor.submit(self._work, capture, func, code, slots,
+                                                        _thread_modes())
+        return _C.EAGER
+
+    def _work(self, capture, func, code, slots, modes):
+        try:
+            with _in_modes(modes):
+                result = capture(func, code, slots)
+        except BaseException as e:  # noqa: a failure here must leave the code to run eagerly
+            log.warning("kiln: background capture of %s failed, running it eagerly: %s: %s",
+                        code.co_qualname, type(e).__name__, e)
+            result = _C.SKIP
+        with self._lock:
+            self._done[code] = result
+            self._pending.pop(code, None)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until no capture is under way (or `timeout` seconds passed): True when none
+        is."""
+        with self._lock:
+            futures = list(self._pending.values())
+        from concurrent.futures import wait
+
+        _, not_done = wait(futures, timeout=timeout)
+        return not not_done
+
+    def forget(self) -> None:
+        """Drops finished entries not yet handed out (kiln.reset)."""
+        with self._lock:
+            self._done.clear()
+
+
+BACKGROUND = BackgroundCompiler()

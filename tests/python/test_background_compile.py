@@ -1,0 +1,160 @@
+"""The "compile_in_background" stance: a miss runs eagerly at once while a worker thread captures
+and compiles; later calls switch to the compiled entry when it is ready, never to a wrong one."""
+import threading
+import time
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import kiln
+from kiln import _C
+
+
+class SlowBackend:
+    """A backend that takes `delay` seconds to compile and counts calls of what it returns."""
+
+    def __init__(self, delay):
+        self.delay = delay
+        self.compiles = 0
+        self.calls = 0
+        self.threads = []
+
+    def __call__(self, gm, example_inputs):
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.delay)
+        self.compiles += 1
+        forward = gm.forward
+
+        def compiled(*args):
+            self.calls += 1
+            return forward(*args)
+
+        return compiled
+
+
+@pytest.fixture
+def background():
+    kiln.reset()
+    with kiln.set_stance("compile_in_background"):
+        yield
+    kiln.wait_for_compiles(30)
+    kiln.reset()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 32)
+        self.b = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)) * 2)
+
+
+def test_first_call_runs_eagerly_and_later_calls_switch_when_ready(background):
+    torch.manual_seed(0)
+    m = Net().eval()
+    backend = SlowBackend(delay=2.0)
+    compiled = kiln.compile(m, backend=backend)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        t = time.perf_counter()
+        got = compiled(x)
+        first = time.perf_counter() - t
+        assert_close(got, m(x))
+        assert first < 1.0  # not the compile's 2 s: it runs on the worker thread
+        assert backend.calls == 0
+        assert_close(compiled(x), m(x))  # still compiling: eager again, right again
+        assert kiln.wait_for_compiles(30)
+        assert backend.compiles == 1 and backend.threads == ["kiln-compile_0"]
+        for _ in range(3):
+            x = torch.randn(4, 32)
+            assert_close(compiled(x), m(x))
+        assert backend.calls == 3
+
+
+def test_a_parameter_changed_while_compiling_is_seen_after_the_switch(background):
+    torch.manual_seed(0)
+    m = Net().eval()
+    backend = SlowBackend(delay=1.0)
+    compiled = kiln.compile(m, backend=backend)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        compiled(x)
+        m.a.weight.mul_(-1)  # while the worker captures
+        assert_close(compiled(x), m(x))
+        kiln.wait_for_compiles(30)
+        assert_close(compiled(x), m(x))
+        assert backend.calls == 1
+
+
+def test_an_entry_made_for_another_call_is_not_handed_out(background):
+    torch.manual_seed(0)
+    m = Net().eval()
+    backend = SlowBackend(delay=0.5)
+    compiled = kiln.compile(m, backend=backend)
+    with torch.no_grad():
+        compiled(torch.randn(4, 32))
+        kiln.wait_for_compiles(30)
+        y = torch.randn(6, 32)  # another shape: the ready entry's guards fail
+        assert_close(compiled(y), m(y))
+        assert backend.calls == 0
+        kiln.wait_for_compiles(30)
+        assert_close(compiled(y), m(y))
+        assert backend.calls == 1 and backend.compiles == 2
+
+
+def test_frames_called_by_an_eager_miss_are_not_captured_on_their_own(background):
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(len(example_inputs))
+        return gm.forward
+
+    def inner(x):
+        return torch.sin(x) + 1
+
+    def outer(x):
+        return inner(x) * 2
+
+    f = kiln.compile(outer, backend=backend)
+    x = torch.randn(8)
+    assert_close(f(x), outer(x))
+    kiln.wait_for_compiles(30)
+    assert seen == [1]  # one capture, of outer with inner inlined
+    assert not _C.cache_entries(inner.__code__)
+
+
+def test_the_worker_captures_in_the_callers_grad_mode(background):
+    torch.manual_seed(0)
+    m = Net()
+    backend = SlowBackend(delay=0.2)
+    compiled = kiln.compile(m, backend=backend)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        compiled(x)
+        kiln.wait_for_compiles(30)
+        out = compiled(x)
+    assert backend.calls == 1  # made under no_grad, so it passes under no_grad
+    assert not out.requires_grad
+    with torch.enable_grad():
+        out = compiled(x)  # grad enabled: another entry, eager meanwhile, with autograd
+        assert out.requires_grad
+        out.sum().backward()
+    assert m.a.weight.grad is not None
+
+
+def test_a_failing_capture_leaves_the_code_running_eagerly(background, caplog):
+    def backend(gm, example_inputs):
+        raise RuntimeError("compiler exploded")
+
+    def f(x):
+        return x * 3
+
+    g = kiln.compile(f, backend=backend)
+    x = torch.randn(5)
+    assert_close(g(x), x * 3)
+    kiln.wait_for_compiles(30)
+    for _ in range(2):
+        assert_close(g(x), x * 3)
