@@ -5,7 +5,9 @@
 
 For each compiler, in a new cache directory: process 1 compiles the model (cold), then
 --warm-runs fresh interpreters, same cache, each time their first call (warm; every number
-reported for "warm" is the median over these processes). For kiln, one more process does the
+reported for "warm" is the median over these processes). kiln's warm processes install the
+stored capture (no tracing, no torch._dynamo import); "kiln traced" are the same processes with
+KILN_STORED_CAPTURES=0, which capture again and fetch the artifacts from kilnd. For kiln, one more process does the
 same after kilnd was stopped and restarted (the RocksDB store survives restarts). torch.compile runs
 with its default (inductor) backend and its on-disk caches in TORCHINDUCTOR_CACHE_DIR. Target:
 kiln's warm first call at most 10% of torch.compile's. --batch changes the inputs' batch size
@@ -14,8 +16,11 @@ both compilers pay in full, is the part of the first call that grows with it.
 
 What each process measures, the same way for both compilers, with the model built and run
 once eagerly beforehand (torch, torchvision and the weights are loaded before any clock):
-  first call   the call of the compiled model: capture, cache lookup or compile, loading, and
-               one run of the model. `import kiln` and kiln.compile() (or torch.compile()) are
+  first call   the call of the compiled model: capture (or a stored capture's installation),
+               cache lookup or compile, loading, and one run of the model.
+  beyond eager first call - the median of 3 eager calls made just before it: what a serving
+               process's first request costs beyond eager's (target: 30 ms with stored
+               captures). `import kiln` and kiln.compile() (or torch.compile()) are
                outside it; "import + compile() + first call" counts them too.
   steady call  the median of --steady later calls of the same process.
   overhead     first call - steady call: what the first call costs beyond running the model.
@@ -53,6 +58,11 @@ def child(model: str, compiler: str, steady_calls: int, batch):
 
     with torch.no_grad():
         ref = first_tensor(m(*inputs))
+        eager = []
+        for _ in range(3):
+            t = time.perf_counter()
+            m(*inputs)
+            eager.append(time.perf_counter() - t)
         gc.collect()
         t_import = time.perf_counter()
         if compiler == "kiln":
@@ -76,14 +86,20 @@ def child(model: str, compiler: str, steady_calls: int, batch):
     second = statistics.median(steady)
     gc_s = sum(-end - begin for begin, end in zip(gc_spans[::2], gc_spans[1::2]))
     # What the first call costs beyond running the model once.
+    eager_s = statistics.median(eager)
     record = {"first_call_s": first, "overhead_s": first - second, "steady_call_s": second,
+              "eager_call_s": eager_s, "beyond_eager_s": first - eager_s,
               "import_compile_first_call_s": done - t_import, "gc_in_first_call_s": gc_s,
               "process_s": time.perf_counter() - t0, **environment()}
     if compiler == "kiln":
         import kiln
 
         arts = kiln.debug.artifacts()
-        record.update(artifacts=len(arts), compiled=sum(1 for a in arts if not a.cache_hit),
+        entries = kiln.debug.cache_entries(m)
+        record.update(stored_captures=sum(1 for e in entries
+                                          if e.info.extra.get("stored_capture")),
+                      dynamo_imported="torch._dynamo" in sys.modules,
+                      artifacts=len(arts), compiled=sum(1 for a in arts if not a.cache_hit),
                       index_hits=sum(1 for a in arts if a.index_hit),
                       client_s=sum(a.client_seconds for a in arts))
     else:
@@ -143,6 +159,8 @@ def main():
         kiln_cold = run(a.model, "kiln", env, a.steady, a.batch)
         kiln_warm = median_record([run(a.model, "kiln", env, a.steady, a.batch)
                                    for _ in range(a.warm_runs)])
+        kiln_traced = median_record([run(a.model, "kiln", dict(env, KILN_STORED_CAPTURES="0"),
+                                         a.steady, a.batch) for _ in range(a.warm_runs)])
         stop_kilnd(env["KILN_CACHE_DIR"])
         # The client starts a new kilnd.
         kiln_restart = run(a.model, "kiln", env, a.steady, a.batch)
@@ -160,6 +178,7 @@ def main():
     print(f"  kiln           cold {kiln_cold['first_call_s']:8.3f} s   warm "
           f"{kiln_warm['first_call_s']:8.3f} s (compiled {kiln_warm['compiled']} of "
           f"{kiln_warm['artifacts']})   after kilnd restart {kiln_restart['first_call_s']:.3f} s")
+    print(f"  kiln traced    (KILN_STORED_CAPTURES=0)   warm {kiln_traced['first_call_s']:8.3f} s")
     print(f"  torch.compile  cold {tc_cold['first_call_s']:8.3f} s   warm "
           f"{tc_warm['first_call_s']:8.3f} s (FX graph cache: {tc_warm['fxgraph_cache_hit']} "
           f"hits, {tc_warm['fxgraph_cache_miss']} misses; AOT autograd cache: "
@@ -169,7 +188,13 @@ def main():
     print(f"  kiln warm / torch.compile warm = {ratio:.3f} (target <= 0.10); beyond one run of "
           f"the model: {kiln_warm['overhead_s']:.3f} s vs {tc_warm['overhead_s']:.3f} s = "
           f"{over:.3f}")
+    print(f"  kiln warm beyond one eager call: {kiln_warm['beyond_eager_s'] * 1e3:.1f} ms "
+          f"(target <= 30 ms; stored captures installed: {kiln_warm['stored_captures']}, "
+          f"torch._dynamo imported: {kiln_warm['dynamo_imported']}); traced: "
+          f"{kiln_traced['beyond_eager_s'] * 1e3:.1f} ms; torch.compile: "
+          f"{tc_warm['beyond_eager_s'] * 1e3:.1f} ms")
     rows = [("first call", "first_call_s"),
+            ("beyond one eager call", "beyond_eager_s"),
             ("overhead: first call - steady call", "overhead_s"),
             ("import + compile() + first call", "import_compile_first_call_s"),
             (f"steady call (median of {a.steady})", "steady_call_s"),
@@ -192,6 +217,12 @@ def main():
           "torch_compile_cold_s": tc_cold["first_call_s"],
           "torch_compile_warm_s": tc_warm["first_call_s"], "warm_ratio": ratio,
           "kiln_warm_overhead_s": kiln_warm["overhead_s"],
+          "kiln_warm_beyond_eager_s": kiln_warm["beyond_eager_s"],
+          "kiln_traced_warm_s": kiln_traced["first_call_s"],
+          "kiln_traced_beyond_eager_s": kiln_traced["beyond_eager_s"],
+          "torch_compile_warm_beyond_eager_s": tc_warm["beyond_eager_s"],
+          "kiln_warm_stored_captures": kiln_warm["stored_captures"],
+          "kiln_warm_dynamo_imported": kiln_warm["dynamo_imported"],
           "torch_compile_warm_overhead_s": tc_warm["overhead_s"], "warm_overhead_ratio": over,
           "kiln_warm_steady_s": kiln_warm["steady_call_s"],
           "torch_compile_warm_steady_s": tc_warm["steady_call_s"],
