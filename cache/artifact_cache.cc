@@ -1,4 +1,4 @@
-// ArtifactCache: local then remote lookup, verification, write-through.
+// ArtifactCache: local then remote lookup, verification, write-through, and their counts.
 #include "cache/artifact_cache.h"
 
 #include <spdlog/spdlog.h>
@@ -39,10 +39,20 @@ absl::StatusOr<CacheHit> ArtifactCache::LookupLocal(std::string_view key) {
 }
 
 absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
-  if (absl::StatusOr<CacheHit> hit = LookupLocal(key); hit.ok()) return hit;
+  if (absl::StatusOr<CacheHit> hit = LookupLocal(key); hit.ok()) {
+    ++local_hits_;
+    return hit;
+  }
+  absl::StatusOr<CacheHit> hit = LookupRemote(key);
+  if (!hit.ok()) ++misses_;
+  return hit;
+}
+
+absl::StatusOr<CacheHit> ArtifactCache::LookupRemote(std::string_view key) {
   if (remote_ == nullptr) return absl::NotFoundError("not cached");
   absl::StatusOr<std::string> payload = remote_->Get(key);
   if (!payload.ok()) {
+    ++remote_misses_;
     // A tier that is down says so once, when its circuit opens; its misses are quiet.
     if (absl::IsDataLoss(payload.status())) {
       spdlog::warn("shared cache tier: {}", payload.status().ToString());
@@ -51,6 +61,7 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
   }
   absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, *payload);
   if (!artifact.ok()) {
+    ++remote_misses_;
     ++rejected_;
     spdlog::warn("ignoring shared artifact {}: {}", key, artifact.status().ToString());
     return absl::NotFoundError("not cached");
@@ -60,6 +71,16 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
     spdlog::error("local artifact store: {}", s.ToString());
   }
   return CacheHit{*std::move(artifact), CacheTier::kRemote};
+}
+
+ArtifactCacheStats ArtifactCache::Stats() const {
+  ArtifactCacheStats stats;
+  stats.local_hits = local_hits_.load();
+  stats.remote_hits = remote_hits_.load();
+  stats.remote_misses = remote_misses_.load();
+  stats.misses = misses_.load();
+  stats.rejected = rejected_.load();
+  return stats;
 }
 
 absl::Status ArtifactCache::Store(std::string_view key, const kiln::v1::Artifact& artifact) {

@@ -29,6 +29,22 @@ struct CacheHit {
   CacheTier tier = CacheTier::kLocal;
 };
 
+// What Lookup found, by tier, since the cache was made. LookupLocal is not counted: it is a
+// second look on behalf of a request whose Lookup was counted already.
+struct ArtifactCacheStats {
+  uint64_t local_hits = 0;     // Lookups the local store served.
+  uint64_t remote_hits = 0;    // Lookups the shared tier served (after a local miss).
+  uint64_t remote_misses = 0;  // Lookups the shared tier was asked and could not serve (absent,
+                               // rejected, or the tier down or slow).
+  uint64_t misses = 0;         // Lookups no tier served.
+  uint64_t rejected = 0;       // Entries rejected by the MAC or key check (framing errors are
+                               // counted by the store).
+
+  uint64_t hits() const { return local_hits + remote_hits; }
+  // Every lookup the local store could not serve went on to the shared tier, or missed.
+  uint64_t local_misses() const { return remote_hits + misses; }
+};
+
 class ArtifactCache {
  public:
   // `local` and `mac` must outlive the cache; `remote` may be null (no shared tier).
@@ -43,21 +59,25 @@ class ArtifactCache {
   // Stores a signed artifact under `key`. Fails only when the local tier fails.
   absl::Status Store(std::string_view key, const kiln::v1::Artifact& artifact);
 
-  uint64_t remote_hits() const { return remote_hits_.load(); }
+  ArtifactCacheStats Stats() const;
   // The shared tier's counters (zeros without one).
   RemoteStoreStats remote_stats() const {
     return remote_ != nullptr ? remote_->Stats() : RemoteStoreStats();
   }
-  // Entries rejected by the MAC or key check (framing errors are counted by the store).
-  uint64_t rejected() const { return rejected_.load(); }
 
  private:
   absl::StatusOr<kiln::v1::Artifact> Check(std::string_view key, std::string_view payload);
+  // The shared tier's verified artifact for `key` (written through to the local tier), or
+  // NotFound; counts remote hits and misses.
+  absl::StatusOr<CacheHit> LookupRemote(std::string_view key);
 
   ArtifactStore* local_;
   RemoteStore* remote_;
   const Mac* mac_;
+  std::atomic<uint64_t> local_hits_{0};
   std::atomic<uint64_t> remote_hits_{0};
+  std::atomic<uint64_t> remote_misses_{0};
+  std::atomic<uint64_t> misses_{0};
   std::atomic<uint64_t> rejected_{0};
 };
 

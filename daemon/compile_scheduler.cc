@@ -11,15 +11,13 @@ absl::StatusOr<CompileOutcome> CompileScheduler::Compile(
     const std::string& key, const kiln::v1::CompileRequest& request,
     std::chrono::system_clock::time_point deadline, const std::function<bool()>& cancelled) {
   if (absl::StatusOr<cache::CacheHit> hit = cache_->Lookup(key); hit.ok()) {
-    ++stats_->hits;
     CompileOutcome outcome;
     outcome.artifact = std::move(hit->artifact);
     outcome.cache_hit = true;
     return outcome;
   }
-  ++stats_->misses;
   if (frozen_) {
-    ++stats_->rejected;
+    stats_->Refuse(Refusal::kFrozen);
     return absl::FailedPreconditionError("kilnd is frozen: it serves cached artifacts only");
   }
 
@@ -34,7 +32,7 @@ absl::StatusOr<CompileOutcome> CompileScheduler::Compile(
       // The task owns a copy of the request: the caller may give up before the compile ends.
       auto owned = std::make_shared<kiln::v1::CompileRequest>(request);
       if (!pool_->TrySubmit([this, key, owned, flight] { Run(key, *owned, flight); })) {
-        ++stats_->rejected;
+        stats_->Refuse(Refusal::kQueueFull);
         return absl::ResourceExhaustedError("compile queue is full; retry later");
       }
       flights_.emplace(key, flight);
@@ -68,12 +66,10 @@ void CompileScheduler::Run(const std::string& key, const kiln::v1::CompileReques
   } else {
     auto start = std::chrono::steady_clock::now();
     absl::StatusOr<kiln::v1::ArtifactBody> body = compiler_->Compile(request);
-    auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-    ++stats_->compiles;
-    stats_->compile_micros += micros;
-    outcome.compile_seconds = micros / 1e6;
+    auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - start);
+    stats_->compile_latency.Record(elapsed);
+    outcome.compile_seconds = elapsed.count() / 1e6;
     if (body.ok()) {
       body->set_key(key);
       body->set_compiler_version(compiler_->VersionFor(request.target().device_kind()));

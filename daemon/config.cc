@@ -1,6 +1,8 @@
 // Flag and config-file parsing for kilnd, with default paths from the environment (paths.h).
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -45,7 +47,8 @@ bool IsValueFlag(const std::string& name) {
                                                "redis-tls-ca",
                                                "redis-tls-cert",
                                                "redis-tls-key",
-                                               "redis-tls-server-name"};
+                                               "redis-tls-server-name",
+                                               "metrics-listen"};
   return kNames.count(name) != 0;
 }
 
@@ -72,6 +75,32 @@ absl::Status ParseNumber(const std::string& name, const std::string& value, T* o
     }
   }
   return absl::OkStatus();
+}
+
+// The metrics listener's address as civetweb must be given it: "IPv4:PORT". civetweb itself
+// reads a port alone as every interface and a malformed address as some other one, so kilnd
+// checks the address and spells loopback out.
+absl::StatusOr<std::string> MetricsAddress(const std::string& value) {
+  auto refuse = [&value](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen ", value, ": ", why, "; expected [IPV4:]PORT"));
+  };
+  absl::string_view host, port = value;
+  if (size_t colon = port.rfind(':'); colon != absl::string_view::npos) {
+    host = port.substr(0, colon);
+    port.remove_prefix(colon + 1);
+  }
+  if (host.empty() || host == "localhost") host = "127.0.0.1";
+  in_addr parsed{};
+  if (::inet_pton(AF_INET, std::string(host).c_str(), &parsed) != 1) {
+    return refuse("not an IPv4 address (no IPv6, no host names but localhost)");
+  }
+  uint32_t number = 0;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &number) || number > 65535) {
+    return refuse("not a port number");
+  }
+  return absl::StrCat(host, ":", number);
 }
 
 absl::Status ReadConfigFile(DaemonConfig& config, const std::string& path) {
@@ -166,6 +195,8 @@ absl::Status SetOption(DaemonConfig& c, const std::string& name, const std::stri
     c.log_level = value;
   else if (name == "log-file")
     c.log_file = value;
+  else if (name == "metrics-listen")
+    c.metrics_listen = value;
   else
     return absl::InvalidArgumentError(absl::StrCat("unknown option --", name));
   return absl::OkStatus();
@@ -262,6 +293,11 @@ absl::Status FinishConfig(DaemonConfig& c) {
   if (c.redis_tls_cert.empty() != c.redis_tls_key.empty()) {
     return absl::InvalidArgumentError("--redis-tls-cert and --redis-tls-key go together");
   }
+  if (!c.metrics_listen.empty()) {
+    absl::StatusOr<std::string> address = MetricsAddress(c.metrics_listen);
+    if (!address.ok()) return address.status();
+    c.metrics_listen = *std::move(address);
+  }
   if (c.socket_path.size() >= 100) {
     return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", c.socket_path));
   }
@@ -306,6 +342,10 @@ Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
   --log-file PATH          where a detached kilnd logs, rotated at 4 MiB, 3 kept
                            (default <cache-dir>/kilnd.log; --foreground logs to stderr,
                            in the journal's format under systemd)
+  --metrics-listen [IPV4:]PORT
+                           serve Prometheus metrics over HTTP at /metrics (default: off; a
+                           port alone binds 127.0.0.1). Unauthenticated plain HTTP exposing
+                           counters only: keep it on loopback or a private network
 )";
 }
 

@@ -46,8 +46,12 @@ struct DaemonConfig {
   std::string redis_tls_cert;       // Client certificate and key, for a Redis that asks.
   std::string redis_tls_key;
   std::string redis_tls_server_name;  // Name Redis's certificate must carry; default: its host.
-  bool foreground = false;            // Stay attached to the terminal, log to stderr.
-  std::string log_level = "warn";     // spdlog level: trace, debug, info, warn, error, off.
+  // "IPv4:PORT" of the HTTP listener serving Prometheus metrics at /metrics; empty = none.
+  // Unauthenticated (counters only, no secrets): keep it on loopback or a private network. A
+  // port alone (or ":PORT", "localhost:PORT") means loopback; FinishConfig writes it in full.
+  std::string metrics_listen;
+  bool foreground = false;         // Stay attached to the terminal, log to stderr.
+  std::string log_level = "warn";  // spdlog level: trace, debug, info, warn, error, off.
   // Where a detached kilnd logs (rotated; see logging.h). Default: <cache_dir>/kilnd.log.
   std::string log_file;
 };

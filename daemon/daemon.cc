@@ -17,6 +17,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/metrics.h"
 #include "daemon/own_directory.h"
 #include "daemon/request_decoding.h"
 
@@ -128,6 +129,14 @@ absl::Status Daemon::Start() {
   service_ = std::make_unique<KilnServiceImpl>(
       service_options, compiler_, scheduler_.get(), cache_.get(), store_.get(), pool_.get(),
       &stats_, [this] { last_activity_ns_ = NowNs(); }, [this] { RequestShutdown(); }, &draining_);
+  if (!config_.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = MetricsEndpoint::Start(
+        config_.metrics_listen, std::make_shared<DaemonMetrics>(MetricsSources{
+                                    &stats_, pool_.get(), cache_.get(), store_.get()}));
+    if (!metrics.ok()) return metrics.status();
+    metrics_ = *std::move(metrics);
+    spdlog::info("serving metrics on {} (port {})", config_.metrics_listen, metrics_->port());
+  }
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config_.socket_path, grpc::InsecureServerCredentials());
@@ -233,6 +242,7 @@ void Daemon::Wait() {
   server_->Shutdown(std::chrono::system_clock::now());  // cancels any call still running
   pool_->Drain();  // queued compiles still finish and are cached
   server_->Wait();
+  metrics_.reset();  // scraped until now, so a drain shows in the metrics
   ::unlink(config_.socket_path.c_str());
   stopped_ = true;
 }

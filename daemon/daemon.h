@@ -4,7 +4,7 @@
 // Lifecycle: Start() binds the socket (refusing when another daemon holds it) and serves;
 // Wait() blocks until RequestShutdown(), a Shutdown RPC, or the idle timeout, then drains: new
 // calls are refused, calls and compiles in flight finish (up to drain_seconds for calls), the
-// socket is removed and the database closed.
+// socket is removed, the metrics listener stopped and the database closed.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -27,6 +27,7 @@
 #include "daemon/config.h"
 #include "daemon/daemon_stats.h"
 #include "daemon/kiln_service.h"
+#include "daemon/metrics_endpoint.h"
 #include "daemon/worker_pool.h"
 
 namespace kiln::daemon {
@@ -46,6 +47,8 @@ class Daemon {
   const DaemonConfig& config() const { return config_; }
   // The TCP port actually bound (when listen_tcp asked for port 0), or 0.
   int tcp_port() const { return tcp_port_; }
+  // The metrics port actually bound (when metrics_listen asked for port 0), or 0 when none.
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
 
  private:
   absl::Status PrepareSocketDir();
@@ -67,6 +70,8 @@ class Daemon {
   std::unique_ptr<KilnServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;
+  // After what it reads from, so that it stops first.
+  std::unique_ptr<MetricsEndpoint> metrics_;
 
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> last_activity_ns_{0};

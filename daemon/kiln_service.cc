@@ -48,7 +48,8 @@ KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* com
       on_shutdown_(std::move(on_shutdown)),
       draining_(draining) {}
 
-grpc::Status KilnServiceImpl::Admit(grpc::ServerContext* context) {
+grpc::Status KilnServiceImpl::Admit(grpc::ServerContext* context, Rpc rpc) {
+  stats_->Count(rpc);
   if (on_activity_) on_activity_();
   // The Unix socket is guarded by its 0600 mode; every other transport needs the token.
   if (options_.token.empty() || context->peer().rfind("unix:", 0) == 0) return grpc::Status::OK;
@@ -57,7 +58,7 @@ grpc::Status KilnServiceImpl::Admit(grpc::ServerContext* context) {
   auto it = metadata.find("authorization");
   if (it == metadata.end() || it->second.size() != expected.size() ||
       CRYPTO_memcmp(it->second.data(), expected.data(), expected.size()) != 0) {
-    ++stats_->rejected;
+    stats_->Refuse(Refusal::kUnauthenticated);
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong bearer token");
   }
   return grpc::Status::OK;
@@ -66,13 +67,13 @@ grpc::Status KilnServiceImpl::Admit(grpc::ServerContext* context) {
 grpc::Status KilnServiceImpl::CheckRequest(const kiln::v1::CompileRequest& request) {
   size_t bytes = request.ByteSizeLong();
   if (bytes > options_.max_request_bytes) {
-    ++stats_->rejected;
+    stats_->Refuse(Refusal::kTooLarge);
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("request of ", bytes, " bytes exceeds the limit of ",
                                      options_.max_request_bytes));
   }
   if (absl::Status s = compiler::ValidateRequest(request, allowlist_); !s.ok()) {
-    ++stats_->rejected;
+    stats_->Refuse(Refusal::kInvalid);
     return ToGrpc(s);
   }
   return grpc::Status::OK;
@@ -82,7 +83,7 @@ grpc::Status KilnServiceImpl::Compile(grpc::ServerContext* context,
                                       const kiln::v1::CompileRequest* request,
                                       kiln::v1::CompileResponse* response) {
   ActiveCall active(active_calls_);
-  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = Admit(context, Rpc::kCompile); !s.ok()) return s;
   if (grpc::Status s = CheckRequest(*request); !s.ok()) return s;
   if (draining_->load()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "kilnd is shutting down");
@@ -107,12 +108,12 @@ grpc::Status KilnServiceImpl::Lookup(grpc::ServerContext* context,
                                      const kiln::v1::LookupRequest* request,
                                      kiln::v1::LookupResponse* response) {
   ActiveCall active(active_calls_);
-  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = Admit(context, Rpc::kLookup); !s.ok()) return s;
   std::string key;
   switch (request->by_case()) {
     case kiln::v1::LookupRequest::kKey:
       if (!cache::IsWellFormedKey(request->key())) {
-        ++stats_->rejected;
+        stats_->Refuse(Refusal::kInvalid);
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed key");
       }
       key = request->key();
@@ -120,20 +121,17 @@ grpc::Status KilnServiceImpl::Lookup(grpc::ServerContext* context,
     case kiln::v1::LookupRequest::kRequest:
       if (grpc::Status s = CheckRequest(request->request()); !s.ok()) return s;
       key = cache::CacheKey(request->request(),
-                           compiler_->VersionFor(request->request().target().device_kind()));
+                            compiler_->VersionFor(request->request().target().device_kind()));
       break;
     default:
-      ++stats_->rejected;
+      stats_->Refuse(Refusal::kInvalid);
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lookup needs a key or a request");
   }
   response->set_key(key);
   absl::StatusOr<cache::CacheHit> hit = cache_->Lookup(key);
   if (hit.ok()) {
-    ++stats_->hits;
     response->set_found(true);
     *response->mutable_artifact() = std::move(hit->artifact);
-  } else {
-    ++stats_->misses;
   }
   return grpc::Status::OK;
 }
@@ -141,21 +139,23 @@ grpc::Status KilnServiceImpl::Lookup(grpc::ServerContext* context,
 grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1::StatsRequest*,
                                     kiln::v1::StatsResponse* response) {
   ActiveCall active(active_calls_);
-  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = Admit(context, Rpc::kStats); !s.ok()) return s;
   cache::ArtifactStoreStats store = store_->Stats();
-  response->set_hits(stats_->hits);
-  response->set_misses(stats_->misses);
-  response->set_compiles(stats_->compiles);
+  const cache::ArtifactCacheStats lookups = cache_->Stats();
+  const LatencyHistogram::Snapshot compiles = stats_->compile_latency.Read();
+  response->set_hits(lookups.hits());
+  response->set_misses(lookups.misses);
+  response->set_compiles(compiles.count);
   response->set_compile_errors(stats_->compile_errors);
-  response->set_compile_seconds(stats_->compile_micros / 1e6);
+  response->set_compile_seconds(compiles.sum_micros / 1e6);
   response->set_bytes_stored(store.bytes);
   response->set_entries(store.entries);
   response->set_queue_depth(pool_->queue_depth());
   response->set_in_flight(pool_->running());
-  response->set_remote_hits(cache_->remote_hits());
+  response->set_remote_hits(lookups.remote_hits);
   response->set_evictions(store.evictions);
-  response->set_corrupt_records(store.corrupt + cache_->rejected());
-  response->set_rejected(stats_->rejected);
+  response->set_corrupt_records(store.corrupt + lookups.rejected);
+  response->set_rejected(stats_->refused_total());
   response->set_waiting(stats_->waiting);
   response->set_damaged_files(store.damaged_files);
   response->set_wal_damaged(store.wal_damaged);
@@ -175,7 +175,7 @@ grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1
 grpc::Status KilnServiceImpl::Health(grpc::ServerContext* context, const kiln::v1::HealthRequest*,
                                      kiln::v1::HealthResponse* response) {
   ActiveCall active(active_calls_);
-  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = Admit(context, Rpc::kHealth); !s.ok()) return s;
   response->set_state(draining_->load() ? kiln::v1::HealthResponse::STATE_DRAINING
                                         : kiln::v1::HealthResponse::STATE_SERVING);
   response->set_compiler_version(compiler_->Version());
@@ -193,7 +193,7 @@ grpc::Status KilnServiceImpl::Shutdown(grpc::ServerContext* context,
                                        const kiln::v1::ShutdownRequest*,
                                        kiln::v1::ShutdownResponse* response) {
   ActiveCall active(active_calls_);
-  if (grpc::Status s = Admit(context); !s.ok()) return s;
+  if (grpc::Status s = Admit(context, Rpc::kShutdown); !s.ok()) return s;
   if (on_shutdown_) on_shutdown_();
   response->set_accepted(true);
   return grpc::Status::OK;

@@ -51,8 +51,8 @@ class KilnServiceImpl final : public kiln::v1::KilnService::Service {
   int active_calls() const { return active_calls_.load(); }
 
  private:
-  // OK when the caller may use the service; counts activity.
-  grpc::Status Admit(grpc::ServerContext* context);
+  // OK when the caller may use the service; counts the call as `rpc` and as activity.
+  grpc::Status Admit(grpc::ServerContext* context, Rpc rpc);
   // Size and IR checks of a compile request.
   grpc::Status CheckRequest(const kiln::v1::CompileRequest& request);
 

@@ -9,7 +9,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # 1. System packages (Debian): the toolchain parts of kilnd and its tests.
 apt_pkgs=(build-essential cmake ccache pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
   protobuf-compiler librocksdb-dev pybind11-dev libgtest-dev libgmock-dev libhiredis-dev redis-server
-  libspdlog-dev libabsl-dev libssl-dev zlib1g-dev clang-format
+  libspdlog-dev libabsl-dev libssl-dev zlib1g-dev prometheus-cpp-dev clang-format
   clang libclang-rt-14-dev)  # scripts/fuzz.sh: clang, and libFuzzer (which clang only recommends)
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -11,6 +11,7 @@
 #include "cache/mac.h"
 #include "cache/record.h"
 #include "tests/cpp/support/graphs.h"
+#include "tests/cpp/support/held_compiles.h"
 #include "tests/cpp/support/redis_server.h"
 #include "tests/cpp/support/tamper.h"
 #include "tests/cpp/support/test_daemon.h"
@@ -253,20 +254,11 @@ TEST(KilndCompile, LookupNeverCompiles) {
 
 TEST(KilndCompile, FullQueueAnswersResourceExhausted) {
   TempDir dir;
-  TestDaemon kilnd(dir.path(), {}, [](DaemonConfig& c) {
-    c.workers = 1;
-    c.queue_limit = 1;
-  });
-  kilnd.compiler().Hold();
-  kiln::v1::CompileResponse r0, r1, r2;
-  auto running = std::async(std::launch::async, [&] { return kilnd.Compile(MakeRequest(0), &r0); });
-  ASSERT_TRUE(WaitFor([&] { return kilnd.compiler().compiles() == 1; }));
-  auto queued = std::async(std::launch::async, [&] { return kilnd.Compile(MakeRequest(1), &r1); });
-  ASSERT_TRUE(WaitFor([&] { return kilnd.Stats().queue_depth() == 1; }));
+  TestDaemon kilnd(dir.path(), {}, kiln::testing::OneWorkerQueueOfOne);
+  kiln::testing::HeldCompiles held(kilnd);
+  kiln::v1::CompileResponse r2;
   EXPECT_EQ(kilnd.Compile(MakeRequest(2), &r2).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  kilnd.compiler().Release();
-  EXPECT_TRUE(running.get().ok());
-  EXPECT_TRUE(queued.get().ok());
+  EXPECT_TRUE(held.Release());
   EXPECT_TRUE(kilnd.Compile(MakeRequest(2), &r2).ok());  // the daemon recovers once work drains
   EXPECT_EQ(kilnd.Stats().rejected(), 1u);
 }

@@ -6,6 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/cpp/support/temp_dir.h"
 
@@ -109,6 +112,41 @@ TEST(KilndConfig, RedisAuthAndTlsOptionsNeedRedisAndGoTogether) {
   EXPECT_FALSE(ParseCommandLine({"--redis-password-file", "pw"}).ok());
   EXPECT_FALSE(ParseCommandLine({"--redis", "c:1", "--redis-tls-cert", "c.pem"}).ok());
   EXPECT_FALSE(ParseCommandLine({"--redis", "c:1", "--redis-timeout-ms", "0"}).ok());
+}
+
+TEST(KilndConfig, MetricsListenIsOffByDefaultAndAPortAloneMeansLoopback) {
+  auto defaults = ParseCommandLine({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->config.metrics_listen, "");
+  for (const auto& [given, bound] :
+       std::vector<std::pair<std::string, std::string>>{{"9464", "127.0.0.1:9464"},
+                                                        {":9464", "127.0.0.1:9464"},
+                                                        {"localhost:9464", "127.0.0.1:9464"},
+                                                        {"0.0.0.0:9464", "0.0.0.0:9464"},
+                                                        {"10.1.2.3:0", "10.1.2.3:0"}}) {
+    auto parsed = ParseCommandLine({"--metrics-listen", given});
+    ASSERT_TRUE(parsed.ok()) << given << ": " << parsed.status();
+    EXPECT_EQ(parsed->config.metrics_listen, bound) << given;
+  }
+  TempDir dir;
+  std::ofstream(dir.Sub("kilnd.conf")) << "metrics_listen = 192.168.0.7:9100\n";
+  auto file = ParseCommandLine({"--config", dir.Sub("kilnd.conf")});
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->config.metrics_listen, "192.168.0.7:9100");
+}
+
+TEST(KilndConfig, MetricsListenRefusesWhatCivetwebWouldMisread) {
+  for (const char* bad : {"999.1.1.1:9464", "metrics.internal:9464", "[::1]:9464", "::1:9464",
+                          "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1",
+                          "127.0.0.1:9464s", "http://127.0.0.1:9464"}) {
+    auto parsed = ParseCommandLine({"--metrics-listen", bad});
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(parsed.status().message().find(std::string("--metrics-listen ") + bad),
+              std::string::npos)
+        << parsed.status();
+  }
+  EXPECT_NE(UsageText().find("--metrics-listen"), std::string::npos);
 }
 
 }  // namespace
