@@ -7,6 +7,7 @@
 #                          .whl/if-missing/: typing_extensions, grpcio's dependency
 #   .kilnd-bundle/kilnd    kilnd (stripped) with every shared library it needs but glibc's, run
 #                          by the system's loader with the bundle's lib/ as its library path
+#                          (scripts/kilnd_bundle.sh)
 #   client/python/kiln/v1  the generated modules (what they were generated from is recorded)
 # Usage: scripts/gpu_bundle.sh   (idempotent; needs .venv and the build/ of scripts/setup.sh and
 # the network for the wheels). Then copy the checkout with the three paths above, e.g.
@@ -50,36 +51,12 @@ mv "$new" .whl
 trap - EXIT
 
 # 3. kilnd, current with the tree, and the shared libraries it loads (glibc's stay the system's:
-# they come with the loader, and the machine's glibc is at least as new as this one's).
-if ! log=$(cmake --build build -j2 --target kilnd 2>&1); then
-  echo "$log" | tail -20 >&2
-  echo "gpu_bundle: kilnd does not build" >&2
+# the machine's glibc is at least as new as this one's).
+if ! scripts/kilnd_bundle.sh .kilnd-bundle; then
+  echo "gpu_bundle: no kilnd bundle" >&2
   exit 1
 fi
 bundle=$root/.kilnd-bundle
-rm -rf "$bundle"
-mkdir -p "$bundle/bin" "$bundle/lib"
-cp build/daemon/kilnd "$bundle/bin/kilnd"
-strip --strip-unneeded "$bundle/bin/kilnd"
-interp=$(readelf -l "$bundle/bin/kilnd" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-glibc='^(linux-vdso|ld-linux[^ ]*|libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl)\.so'
-ldd "$bundle/bin/kilnd" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
-  if [[ ! $name =~ $glibc ]]; then cp -L "$path" "$bundle/lib/$name"; fi
-done
-if ldd "$bundle/bin/kilnd" | grep -q 'not found'; then
-  echo "gpu_bundle: kilnd needs a library that is not installed here" >&2
-  exit 1
-fi
-# The library path goes to the loader on its command line, not through LD_LIBRARY_PATH: the
-# compiler kilnd starts inherits its environment and must load the machine's own libraries.
-cat >"$bundle/kilnd" <<EOF
-#!/bin/sh
-# kilnd with the shared libraries beside it (made by scripts/gpu_bundle.sh).
-d=\$(dirname "\$(readlink -f "\$0")")
-exec $interp --library-path "\$d/lib" "\$d/bin/kilnd" "\$@"
-EOF
-chmod +x "$bundle/kilnd"
-env -i "$bundle/kilnd" --help >/dev/null
 echo "gpu_bundle: .whl $(du -sh .whl | cut -f1), .kilnd-bundle $(du -sh "$bundle" | cut -f1)" \
   "($(ls "$bundle/lib" | wc -l) libraries), client/python/kiln/v1 $(du -sh client/python/kiln/v1 |
   cut -f1)"
