@@ -38,6 +38,8 @@ log "installing the newest versions requirements.txt allows"
   2> >(quiet)
 site=$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$root/client/python" > "$site/kiln-dev.pth"
+. scripts/venv.sh
+kiln_dist_info "$site"
 
 freeze() { "$1/bin/python" -m pip freeze --all --exclude-editable 2>/dev/null | sort -f; }
 if [ "$mode" = lock ]; then

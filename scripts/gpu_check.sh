@@ -38,7 +38,11 @@ $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torc
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 cmake -S . -B build-gpu -DPython_EXECUTABLE="$(command -v $py)" -DKILN_BUILD_DAEMON=OFF \
   -DKILN_BUILD_TESTS=OFF >/dev/null && cmake --build build-gpu -j"$(nproc)" 2>&1 | tail -3
-export PYTHONPATH=$root/client/python${PYTHONPATH:+:$PYTHONPATH}
+# The package's metadata (scripts/venv.sh) beside it on the path: torch.compile(backend="kiln")
+# finds kiln through its entry point.
+. scripts/venv.sh
+kiln_dist_info "$root/build-gpu/site"
+export PYTHONPATH=$root/client/python:$root/build-gpu/site${PYTHONPATH:+:$PYTHONPATH}
 
 # The "kiln" backend's prerequisites, each said once, so that a skip or an eager fallback in the
 # tests below has its cause printed here.
@@ -50,6 +54,9 @@ for mod in ("grpc", "google.protobuf", "tabulate"):
         print(f"{mod} {getattr(m, '__version__', '?')} from {os.path.dirname(m.__file__)}")
     except ImportError as e:
         print(f"{mod}: missing ({e})")
+from importlib.metadata import entry_points
+found = [ep.value for ep in entry_points(group="torch_dynamo_backends") if ep.name == "kiln"]
+print("torch.compile backend 'kiln':", found[0] if found else "MISSING (no kiln metadata)")
 from kiln.daemon import protocol
 try:
     protocol.messages()

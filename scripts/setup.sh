@@ -24,7 +24,8 @@ fi
 
 # 2. The virtual environment: requirements.txt at the exact versions of requirements.lock,
 # refreshed when either file changes (pip moves an installed package to its locked version).
-# The package lives in the tree (client/python); the environment finds it through a .pth file.
+# The package lives in the tree (client/python); the environment finds it through a .pth file, and
+# torch.compile(backend="kiln") through the package's metadata beside it (kiln_dist_info).
 . scripts/venv.sh
 kiln_locked_venv .venv "${KILN_PYTHON:-python3}"
 

@@ -22,7 +22,10 @@ from kiln.state import STATE
 
 log = logging.getLogger("kiln")
 
-def _warn_once(kind: str, message: str) -> None:
+
+def warn_eager_once(kind: str, message: str) -> None:
+    """Logs that a graph runs eagerly because of `message`: a warning the first time a failure
+    of `kind` happens in this process, debug output after."""
     if not STATE.first_warning(f"kiln backend: {kind}"):
         log.debug("kiln: %s", message)
         return
@@ -108,22 +111,22 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
         compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options),
                                  load=not config.compile_only)
     except LoweringError as e:
-        _warn_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
+        warn_eager_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
         return gm.forward
     except DaemonRefused as e:
-        _warn_once("refused", f"kilnd refused the graph ({e})")
+        warn_eager_once("refused", f"kilnd refused the graph ({e})")
         return gm.forward
     except (DaemonUnavailable, ProtocolUnavailable) as e:
-        _warn_once("daemon", f"no compile daemon ({e})")
+        warn_eager_once("daemon", f"no compile daemon ({e})")
         return gm.forward
     except CompileFailed as e:
-        _warn_once("compile", str(e))
+        warn_eager_once("compile", str(e))
         return gm.forward
     except ArtifactRejected as e:
-        _warn_once("artifact", str(e))
+        warn_eager_once("artifact", str(e))
         return gm.forward
     except (RuntimeError, ValueError) as e:
-        _warn_once("load", f"cannot load the artifact ({e})")
+        warn_eager_once("load", f"cannot load the artifact ({e})")
         return gm.forward
     if compiled.plan is None:  # compile_only: kilnd built (and keeps) it; this process runs eager
         compiled.plan = gm.forward

@@ -26,12 +26,17 @@ _DECOMPOSED = [
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
     aten.addcdiv, aten.lerp, aten.masked_fill, aten.unbind, aten.split,
     aten._softmax, aten._log_softmax, aten._safe_softmax,
+    # The backward graphs of torch.compile's training graphs (AOT autograd's split).
+    aten.gelu_backward, aten.threshold_backward, aten.tanh_backward, aten.sigmoid_backward,
+    aten.silu_backward, aten.hardtanh_backward, aten.leaky_relu_backward,
+    aten._softmax_backward_data, aten._log_softmax_backward_data,
+    aten.native_layer_norm_backward, aten.native_batch_norm_backward,
 ]
 
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-13"
+LOWERING_VERSION = b"kiln-lowering-14"
 
 
 class LoweringError(Exception):
