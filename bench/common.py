@@ -79,6 +79,19 @@ def _build_model(name: str, device: str):
 
         m = GPT2Model(GPT2Config(use_cache=False, attn_implementation="sdpa")).eval().to(device)
         return m, (torch.randint(0, 50257, (2, 128), device=device),)
+    if name == "small_mlp":  # the fleet benchmark's models: small, quick to compile
+        from torchvision.ops import MLP
+
+        return (MLP(64, [128, 128, 10], activation_layer=torch.nn.ReLU).eval().to(device),
+                (torch.randn(8, 64, device=device),))
+    if name == "small_cnn":
+        from torchvision.ops import Conv2dNormActivation
+
+        m = torch.nn.Sequential(Conv2dNormActivation(3, 16, 3, stride=2),
+                                Conv2dNormActivation(16, 32, 3, stride=2),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(32, 10))
+        return m.eval().to(device), (torch.randn(4, 3, 32, 32, device=device),)
     if name == "toy_add":  # seed 000: foo(a, b) = torch.add(a, b)
         return _Fn(lambda a, b: torch.add(a, b)), (torch.randn(64, 64), torch.randn(64, 64))
     if name == "toy_sin_cos":  # seed 000: sin(x) + cos(y)
