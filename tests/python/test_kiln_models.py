@@ -75,6 +75,27 @@ def test_multi_head_self_attention_fast_path_runs_as_linears_and_sdpa():
     assert len(projections) == 2, ops
 
 
+class _CrossAttention(torch.nn.Module):
+    """The fused op with three distinct tensors (as autocast hands it: q, k and v each cast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(64, 4, batch_first=True)
+
+    def forward(self, q, kv):
+        a = self.attention
+        return torch._native_multi_head_attention(
+            q, kv, kv * 2, a.embed_dim, a.num_heads, a.in_proj_weight, a.in_proj_bias,
+            a.out_proj.weight, a.out_proj.bias, need_weights=False)[0]
+
+
+def test_multi_head_attention_fast_path_on_distinct_q_k_v_runs_as_linears_and_sdpa():
+    art = compile_and_compare(_CrossAttention(), torch.randn(2, 10, 64), torch.randn(2, 10, 64))
+    ops = library_ops(art)
+    assert "aten::_native_multi_head_attention" not in ops
+    assert any("scaled_dot_product" in op for op in ops)
+
+
 def test_multi_head_attention_returning_its_weights_stays_the_fused_op():
     art = compile_and_compare(_SelfAttention(need_weights=True), torch.randn(2, 10, 64))
     assert "aten::_native_multi_head_attention" in library_ops(art)

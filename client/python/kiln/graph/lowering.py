@@ -36,7 +36,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-14"
+LOWERING_VERSION = b"kiln-lowering-15"
 
 
 class LoweringError(Exception):
@@ -59,14 +59,21 @@ def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias
     the two projections become linears that kilnd gives oneDNN with prepacked weights (the
     fused op runs them as unpacked GEMMs), and the attention itself is scaled_dot_product_attention
     (one fused kernel instead of two bmm and a softmax). Anything else stays the fused op."""
-    if (mask is not None or need_weights or query is not key or key is not value
-            or query.dim() != 3 or embed_dim % num_head != 0):
+    if (mask is not None or need_weights or embed_dim % num_head != 0
+            or any(t.dim() != 3 or t.shape[0] != query.shape[0] for t in (query, key, value))
+            or key.shape[1] != value.shape[1]):
         return NotImplemented
     batch, tokens, _ = query.shape
     head_dim = embed_dim // num_head
-    qkv = torch.nn.functional.linear(query, qkv_weight, qkv_bias)
-    heads = qkv.view(batch, tokens, 3, num_head, head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = heads.select(0, 0), heads.select(0, 1), heads.select(0, 2)
+    if query is key and key is value:  # self-attention: one projection for q, k and v
+        qkv = torch.nn.functional.linear(query, qkv_weight, qkv_bias)
+        heads = qkv.view(batch, tokens, 3, num_head, head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = heads.select(0, 0), heads.select(0, 1), heads.select(0, 2)
+    else:  # three tensors (autocast casts q, k and v apart): one projection each
+        biases = qkv_bias.chunk(3) if qkv_bias is not None else (None, None, None)
+        q, k, v = (torch.nn.functional.linear(t, w, b).view(batch, t.shape[1], num_head, head_dim)
+                   .transpose(1, 2) for t, w, b in zip((query, key, value),
+                                                       qkv_weight.chunk(3), biases))
     # On CUDA as kiln::attention: traced through torch's own, the trace would record the kernel
     # it picks for the tracer's inputs (see _attention_op).
     sdpa = _attention_op() if query.is_cuda else torch.nn.functional.scaled_dot_product_attention
