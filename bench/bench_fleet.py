@@ -11,6 +11,8 @@ every kilnd was restarted (new processes on the same cache folders and Redis; --
 it). For each wave it reports:
   compiles      the compiles the three kilnd ran (their Stats counters, summed), per distinct
                 graph: the target is 1.0, each graph compiled once across the fleet
+  waits         keys a kilnd left to another that held their compile lease in Redis, and the
+                wait hits, those served the other's artifact (Stats: shared_compile_wait*)
   wall          from the fork of the N clients until the last one finished: time to a warm fleet
   failed        clients that saw an error, a wrong result, a kiln warning or an eager fallback
   first call    p50/p95 over the clients of the first calls of both models (capture or stored
@@ -32,16 +34,18 @@ from fleet import MODELS, Fleet  # noqa: E402
 
 
 COLUMNS = (("wall s", 8), ("ok", 5), ("failed", 7), ("compiles", 9), ("graphs", 7),
-           ("per graph", 10), ("hits", 6), ("remote hits", 12), ("first p50", 10),
-           ("first p95", 10), ("ready p50", 10), ("ready p95", 10))
+           ("per graph", 10), ("hits", 6), ("remote hits", 12), ("waits", 6), ("wait hits", 10),
+           ("first p50", 10), ("first p95", 10), ("ready p50", 10), ("ready p95", 10))
 
 
 def row(label: str, w: dict) -> str:
     f, r = w["first_call_s"], w["ready_s"]
     cells = (f"{w['wall_s']:.1f}", w["ok"], w["failed"], w["compiles"], w["distinct_graphs"],
              _f(w["compiles_per_graph"]), sum(s["hits"] for s in w["daemon_stats"]),
-             sum(s["remote_hits"] for s in w["daemon_stats"]), _f(f["p50"]), _f(f["p95"]),
-             _f(r["p50"]), _f(r["p95"]))
+             sum(s["remote_hits"] for s in w["daemon_stats"]),
+             sum(s["shared_compile_waits"] for s in w["daemon_stats"]),
+             sum(s["shared_compile_wait_hits"] for s in w["daemon_stats"]),
+             _f(f["p50"]), _f(f["p95"]), _f(r["p50"]), _f(r["p95"]))
     return f"  {label:24}" + "".join(f"{c:>{width}}" for c, (_, width) in zip(cells, COLUMNS))
 
 
@@ -74,9 +78,9 @@ def report(args, waves: dict) -> None:
           f"{'yes' if once else 'NO'} ({cold['compiles']} compiles for "
           f"{cold['distinct_graphs']} graphs)")
     if not once:
-        print("  (each kilnd compiles a key once however many of its clients ask, but it sees "
-              "only its own compiles in flight: Redis is read before a compile and written "
-              "after it, so kilnd that miss the same key at once each compile it)")
+        print("  (a kilnd that finds a key's lease taken waits for the holder's artifact; it "
+              "compiles the key itself only when Redis does not answer, the lease goes without "
+              "an artifact, or --redis-lease-wait-ms passes: see the kilnd logs)")
 
 
 def main() -> int:

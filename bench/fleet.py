@@ -13,8 +13,9 @@ persistence), several kilnd in the foreground (each its own cache directory and 
 A wave's summary (Fleet.wave) has the clients' records, the daemons' counters for that wave (the
 Stats RPC: compiles, hits, misses, remote hits, ...; kilnd counts since its start, so a wave's
 figures are differences), each artifact key with the daemons that compiled it (those that answered
-a client with a compiled, not cached, artifact: a daemon compiles a key once however many of its
-clients ask), and the wall time from the fork of the clients until the last one finished.
+a client with a compiled, not cached, artifact: the fleet compiles a key once, the daemons that
+miss it while another compiles it waiting for that one's artifact), and the wall time from the
+fork of the clients until the last one finished.
 Everything the fleet started is stopped, and its folder removed, by close() (also on an exception,
 Ctrl-C or SIGTERM when used as a context manager)."""
 import json
@@ -36,7 +37,8 @@ import kilnd_harness as harness  # noqa: E402
 CLIENTS = HERE / "fleet_clients.py"
 MODELS = ("small_mlp", "small_cnn")
 STATS = ("compiles", "compile_errors", "hits", "misses", "remote_hits", "remote_writes",
-         "remote_errors", "remote_skipped", "rejected")
+         "remote_errors", "remote_skipped", "rejected", "shared_compile_waits",
+         "shared_compile_wait_hits")
 
 
 def percentile(values: List[float], q: float) -> Optional[float]:

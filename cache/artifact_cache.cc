@@ -43,16 +43,24 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
     ++local_hits_;
     return hit;
   }
-  absl::StatusOr<CacheHit> hit = LookupRemote(key);
-  if (!hit.ok()) ++misses_;
+  if (remote_ == nullptr) {
+    ++misses_;
+    return absl::NotFoundError("not cached");
+  }
+  absl::StatusOr<CacheHit> hit = FetchShared(key);
+  if (hit.ok()) {
+    ++remote_hits_;
+  } else {
+    ++remote_misses_;
+    ++misses_;
+  }
   return hit;
 }
 
-absl::StatusOr<CacheHit> ArtifactCache::LookupRemote(std::string_view key) {
+absl::StatusOr<CacheHit> ArtifactCache::FetchShared(std::string_view key) {
   if (remote_ == nullptr) return absl::NotFoundError("not cached");
   absl::StatusOr<std::string> payload = remote_->Get(key);
   if (!payload.ok()) {
-    ++remote_misses_;
     // A tier that is down says so once, when its circuit opens; its misses are quiet.
     if (absl::IsDataLoss(payload.status())) {
       spdlog::warn("shared cache tier: {}", payload.status().ToString());
@@ -61,12 +69,10 @@ absl::StatusOr<CacheHit> ArtifactCache::LookupRemote(std::string_view key) {
   }
   absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, *payload);
   if (!artifact.ok()) {
-    ++remote_misses_;
     ++rejected_;
     spdlog::warn("ignoring shared artifact {}: {}", key, artifact.status().ToString());
     return absl::NotFoundError("not cached");
   }
-  ++remote_hits_;
   if (absl::Status s = local_->Put(key, *payload); !s.ok()) {
     spdlog::error("local artifact store: {}", s.ToString());
   }
@@ -92,6 +98,15 @@ absl::Status ArtifactCache::Store(std::string_view key, const kiln::v1::Artifact
     }
   }
   return local;
+}
+
+absl::Status ArtifactCache::StoreLocal(std::string_view key, const kiln::v1::Artifact& artifact) {
+  return local_->Put(key, artifact.SerializeAsString());
+}
+
+absl::Status ArtifactCache::Publish(std::string_view key, const kiln::v1::Artifact& artifact) {
+  if (remote_ == nullptr) return absl::FailedPreconditionError("no shared cache tier");
+  return remote_->PutNow(key, artifact.SerializeAsString());
 }
 
 }  // namespace kiln::cache

@@ -7,7 +7,8 @@
 // written through to the local tier; the remote tier is asked at most once per Lookup and within
 // its deadline (a tier that is down or hung is a miss). Store writes the local tier and queues
 // the remote write (unless read-only): a compile's answer never waits for the shared tier, and a
-// remote failure is logged, never returned.
+// remote failure is logged, never returned. A compile that holds its key's fleet lease
+// (compile_lease.h) stores locally, answers, then Publishes, whose write lands before it returns.
 #pragma once
 
 #include <atomic>
@@ -56,8 +57,17 @@ class ArtifactCache {
   // The same from the local tier alone: for a compile worker's second look, which only needs to
   // see what another worker stored since the first.
   absl::StatusOr<CacheHit> LookupLocal(std::string_view key);
+  // The same from the shared tier alone (written through to the local tier), not counted as a
+  // lookup: for a compile that waits for another daemon's artifact, or that took the key's lease
+  // and looks once more before compiling. NotFound without a shared tier.
+  absl::StatusOr<CacheHit> FetchShared(std::string_view key);
   // Stores a signed artifact under `key`. Fails only when the local tier fails.
   absl::Status Store(std::string_view key, const kiln::v1::Artifact& artifact);
+  // The same in the local tier alone, for a compile that publishes the artifact itself.
+  absl::Status StoreLocal(std::string_view key, const kiln::v1::Artifact& artifact);
+  // Writes the artifact to the shared tier on the caller's thread, within the tier's deadline:
+  // OK once other daemons can read it, else why not (no tier, read-only, down, slow).
+  absl::Status Publish(std::string_view key, const kiln::v1::Artifact& artifact);
 
   ArtifactCacheStats Stats() const;
   // The shared tier's counters (zeros without one).
@@ -67,9 +77,6 @@ class ArtifactCache {
 
  private:
   absl::StatusOr<kiln::v1::Artifact> Check(std::string_view key, std::string_view payload);
-  // The shared tier's verified artifact for `key` (written through to the local tier), or
-  // NotFound; counts remote hits and misses.
-  absl::StatusOr<CacheHit> LookupRemote(std::string_view key);
 
   ArtifactStore* local_;
   RemoteStore* remote_;

@@ -1,4 +1,5 @@
-// RedisStore: GET on the caller's thread under a circuit breaker, SET and probes behind it.
+// RedisStore: GET (and SET for PutNow) on the caller's thread under a circuit breaker, queued
+// SETs and probes behind it.
 #include "cache/remote_store.h"
 
 #include <spdlog/spdlog.h>
@@ -135,6 +136,26 @@ absl::Status RedisStore::Put(std::string_view key, std::string_view payload) {
   return absl::OkStatus();
 }
 
+absl::Status RedisStore::Set(const std::string& redis_key, const std::string& record) {
+  absl::StatusOr<RedisReply> reply = Run({"SET", redis_key, record});
+  absl::Status written = !reply.ok() ? reply.status()
+                         : reply->type == RedisReply::Type::kError
+                             ? absl::UnavailableError(absl::StrCat("redis SET: ", reply->str))
+                             : absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (written.ok()) {
+    ++stats_.writes;
+  } else {
+    ++stats_.writes_dropped;
+  }
+  return written;
+}
+
+absl::Status RedisStore::PutNow(std::string_view key, std::string_view payload) {
+  if (options_.read_only) return absl::FailedPreconditionError("redis tier is read-only");
+  return Set(RedisKey(key), EncodeRecord(payload));
+}
+
 void RedisStore::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return queue_.empty() && !writing_; });
@@ -156,19 +177,11 @@ void RedisStore::Background() {
       queued_bytes_ -= record.size();
       writing_ = true;
       lock.unlock();
-      absl::Status written =
-          breaker_.Allow() ? absl::OkStatus() : absl::UnavailableError(breaker_.reason());
-      if (written.ok()) {
-        absl::StatusOr<RedisReply> reply = Run({"SET", key, record});
-        written = !reply.ok() ? reply.status()
-                  : reply->type == RedisReply::Type::kError
-                      ? absl::UnavailableError(absl::StrCat("redis SET: ", reply->str))
-                      : absl::OkStatus();
-      }
-      lock.lock();
-      if (written.ok()) {
-        ++stats_.writes;
+      if (breaker_.Allow()) {
+        Set(key, record).IgnoreError();  // counted there
+        lock.lock();
       } else {
+        lock.lock();
         ++stats_.writes_dropped;
       }
       writing_ = false;

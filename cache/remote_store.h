@@ -31,12 +31,15 @@ struct RemoteStoreStats {
 // What the daemon needs from a shared tier. Get: the payload, NotFound, DataLoss (corrupt), or
 // Unavailable (tier down or slow: treated as a miss), within the tier's deadline. Put: queues
 // the value for writing off the caller's thread; a value that cannot be written is dropped and
-// counted, never retried by the caller.
+// counted, never retried by the caller. PutNow: writes on the caller's thread, within the tier's
+// deadline, for a writer that must know the value is readable before it goes on (a compile whose
+// lease other daemons wait on, see compile_lease.h); a failure is counted as a dropped value.
 class RemoteStore {
  public:
   virtual ~RemoteStore() = default;
   virtual absl::StatusOr<std::string> Get(std::string_view key) = 0;
   virtual absl::Status Put(std::string_view key, std::string_view payload) = 0;
+  virtual absl::Status PutNow(std::string_view key, std::string_view payload) = 0;
   virtual bool read_only() const = 0;
   virtual RemoteStoreStats Stats() const = 0;
 };
@@ -62,6 +65,7 @@ struct RedisStoreOptions {
 
 // RemoteStore over Redis: GETs on the caller's thread over a pool of connections (calls do not
 // wait for one another), SETs and probes of a tier that is down on one background thread.
+// Other commands (the compile leases') go through Run, under the same deadlines and breaker.
 class RedisStore : public RemoteStore {
  public:
   // Reads the TLS files the options name; InvalidArgument when one is unusable. Connects lazily.
@@ -71,6 +75,7 @@ class RedisStore : public RemoteStore {
 
   absl::StatusOr<std::string> Get(std::string_view key) override;
   absl::Status Put(std::string_view key, std::string_view payload) override;
+  absl::Status PutNow(std::string_view key, std::string_view payload) override;
   bool read_only() const override { return options_.read_only; }
   RemoteStoreStats Stats() const override;
 
@@ -78,15 +83,19 @@ class RedisStore : public RemoteStore {
   void Flush();
   // The Redis key a cache key is stored under.
   std::string RedisKey(std::string_view key) const;
+  // One command on the caller's thread, on a pooled (or new) connection, within the deadlines
+  // above. Unavailable at once while the circuit is open; a failure opens it. A Redis error
+  // reply is a reply, not a failure.
+  absl::StatusOr<RedisReply> Run(const std::vector<std::string_view>& args);
 
  private:
   using Clock = RedisConnection::Clock;
 
   RedisStore(RedisStoreOptions options, std::unique_ptr<RedisTls> tls);
-  // One command on a pooled (or new) connection; failures open the circuit.
-  absl::StatusOr<RedisReply> Run(const std::vector<std::string_view>& args);
-  // The same, for probes and writes on the background thread: no circuit check.
+  // The same as Run, for probes and writes on the background thread: no circuit check.
   absl::StatusOr<RedisReply> RunUnchecked(const std::vector<std::string_view>& args);
+  // SET of one framed record, and what became of it (an error reply is Unavailable).
+  absl::Status Set(const std::string& redis_key, const std::string& record);
   void Failed(const absl::Status& status);
   void Background();
 

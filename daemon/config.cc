@@ -42,6 +42,8 @@ bool IsValueFlag(const std::string& name) {
                                                "log-level",
                                                "log-file",
                                                "redis-timeout-ms",
+                                               "redis-lease-wait-ms",
+                                               "redis-lease-ttl-ms",
                                                "redis-user",
                                                "redis-password-file",
                                                "redis-tls-ca",
@@ -177,6 +179,10 @@ absl::Status SetOption(DaemonConfig& c, const std::string& name, const std::stri
     return ParseBool(value, &c.redis_read_only);
   else if (name == "redis-timeout-ms")
     return ParseNumber(name, value, &c.redis_timeout_ms);
+  else if (name == "redis-lease-wait-ms")
+    return ParseNumber(name, value, &c.redis_lease_wait_ms);
+  else if (name == "redis-lease-ttl-ms")
+    return ParseNumber(name, value, &c.redis_lease_ttl_ms);
   else if (name == "redis-user")
     c.redis_user = value;
   else if (name == "redis-password-file")
@@ -285,6 +291,13 @@ absl::Status FinishConfig(DaemonConfig& c) {
   }
   if (c.redis_timeout_ms <= 0)
     return absl::InvalidArgumentError("--redis-timeout-ms must be positive");
+  // Never a client stalled for good on another daemon's compile.
+  if (c.redis_lease_wait_ms < 0 || c.redis_lease_wait_ms > 3'600'000) {
+    return absl::InvalidArgumentError("--redis-lease-wait-ms must be from 0 to 3600000 (an hour)");
+  }
+  if (c.redis_lease_ttl_ms < 100) {
+    return absl::InvalidArgumentError("--redis-lease-ttl-ms must be at least 100");
+  }
   const bool redis_extras = c.redis_tls || !c.redis_user.empty() || !c.redis_password_file.empty();
   if (c.redis.empty() && redis_extras) {
     return absl::InvalidArgumentError(
@@ -335,6 +348,9 @@ Options (also accepted as key=value lines in --config FILE, '-' or '_' in keys):
   --frozen                 serve cached artifacts only, never compile
   --redis HOST:PORT        shared cache tier (or unix:PATH); --redis-read-only to never write it
   --redis-timeout-ms MS    longest wait for Redis to answer before it is skipped (500)
+  --redis-lease-wait-ms MS longest wait for another kilnd's compile of a key whose lease it
+                           holds in Redis, then compile here (180000; 0: no leases)
+  --redis-lease-ttl-ms MS  a lease outlives its holder's last renewal this long (10000)
   --redis-user NAME        AUTH as this ACL user (Redis 6+), with --redis-password-file FILE
   --redis-tls              TLS to Redis; --redis-tls-ca FILE (default: system CAs),
                            --redis-tls-cert/--redis-tls-key FILE, --redis-tls-server-name NAME

@@ -39,6 +39,13 @@ struct DaemonConfig {
   // Longest wait for Redis to make progress. A hung Redis costs the calls in flight this long,
   // then is skipped (circuit open) and probed in the background until it answers again.
   int redis_timeout_ms = 500;
+  // Before compiling a key no tier holds, kilnd takes the key's lease in Redis; daemons that find
+  // it taken wait for the holder's artifact instead of compiling, at most this long (0: no leases,
+  // each daemon compiles what it misses). At most an hour. Read-only daemons take no lease.
+  int redis_lease_wait_ms = 180'000;
+  // How long a lease outlives its holder's last renewal (every third of it): the longest a dead
+  // holder keeps the others waiting.
+  int redis_lease_ttl_ms = 10'000;
   std::string redis_user;           // ACL user for AUTH (Redis 6+); empty: password only.
   std::string redis_password_file;  // File holding the AUTH password; empty: no AUTH.
   bool redis_tls = false;           // TLS to Redis (6+, built with TLS).

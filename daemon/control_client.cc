@@ -91,12 +91,13 @@ std::string FormatStats(const kiln::v1::StatsResponse& s) {
       "evictions: %d\ncorrupt_records: %d\nrejected: %d\nwaiting: %d\nuptime_seconds: %.1f\n"
       "damaged_files: %d\nwal_damaged: %d\nstore_repairs: %d\ncompactions: %d\n"
       "remote_errors: %d\nremote_skipped: %d\nremote_writes: %d\nremote_writes_dropped: %d\n"
-      "remote_down: %d\n",
+      "remote_down: %d\nshared_compile_waits: %d\nshared_compile_wait_hits: %d\n",
       s.hits(), s.misses(), s.compiles(), s.compile_errors(), s.compile_seconds(), s.bytes_stored(),
       s.entries(), s.queue_depth(), s.in_flight(), s.remote_hits(), s.evictions(),
       s.corrupt_records(), s.rejected(), s.waiting(), s.uptime_seconds(), s.damaged_files(),
       s.wal_damaged(), s.store_repairs(), s.compactions(), s.remote_errors(), s.remote_skipped(),
-      s.remote_writes(), s.remote_writes_dropped(), s.remote_down() ? 1 : 0);
+      s.remote_writes(), s.remote_writes_dropped(), s.remote_down() ? 1 : 0,
+      s.shared_compile_waits(), s.shared_compile_wait_hits());
 }
 
 }  // namespace kiln::daemon

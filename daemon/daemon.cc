@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -45,6 +46,15 @@ absl::StatusOr<std::string> ReadFileNamed(const std::string& path, std::string_v
   buffer << in.rdbuf();
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", std::string(what), " ", path));
   return buffer.str();
+}
+
+// Whose leases this daemon's are, in Redis: unique across the fleet, and saying where it runs.
+std::string LeaseHolder() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  std::random_device random;
+  return absl::StrCat(host, ":", ::getpid(), ":", absl::Hex(random(), absl::kZeroPad8),
+                      absl::Hex(random(), absl::kZeroPad8));
 }
 
 }  // namespace
@@ -105,14 +115,23 @@ absl::Status Daemon::Start() {
   store_ = *std::move(store);
 
   if (!config_.redis.empty()) {
-    absl::StatusOr<std::unique_ptr<cache::RemoteStore>> remote = OpenRedis();
+    absl::StatusOr<std::unique_ptr<cache::RedisStore>> remote = OpenRedis();
     if (!remote.ok()) return remote.status();
     remote_ = *std::move(remote);
+    // A read-only daemon publishes nothing, so it cannot hold a lease that others wait on; a
+    // frozen one never compiles.
+    if (!config_.redis_read_only && !config_.frozen && config_.redis_lease_wait_ms > 0) {
+      leases_ = std::make_unique<cache::CompileLeases>(
+          remote_.get(), cache::CompileLeaseOptions{
+                             LeaseHolder(), std::chrono::milliseconds(config_.redis_lease_ttl_ms)});
+    }
   }
   cache_ = std::make_unique<cache::ArtifactCache>(store_.get(), remote_.get(), mac_.get());
   pool_ = std::make_unique<WorkerPool>(config_.workers, config_.queue_limit);
-  scheduler_ = std::make_unique<CompileScheduler>(compiler_, cache_.get(), mac_.get(), pool_.get(),
-                                                  &stats_, config_.frozen);
+  scheduler_ = std::make_unique<CompileScheduler>(
+      compiler_, cache_.get(), mac_.get(), pool_.get(), &stats_,
+      SchedulerOptions{config_.frozen, leases_.get(),
+                       std::chrono::milliseconds(config_.redis_lease_wait_ms)});
 
   ServiceOptions service_options;
   service_options.max_request_bytes = config_.max_request_bytes;
@@ -175,7 +194,7 @@ absl::Status Daemon::Start() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<cache::RemoteStore>> Daemon::OpenRedis() const {
+absl::StatusOr<std::unique_ptr<cache::RedisStore>> Daemon::OpenRedis() const {
   cache::RedisStoreOptions redis;
   if (absl::Status s = cache::ParseRedisAddress(config_.redis, &redis.endpoint); !s.ok()) return s;
   redis.endpoint.user = config_.redis_user;
@@ -197,10 +216,7 @@ absl::StatusOr<std::unique_ptr<cache::RemoteStore>> Daemon::OpenRedis() const {
   // daemons that differ only in a device kind a request does not use (one without NVRTC) share
   // that request's entries.
   redis.key_namespace = absl::StrCat("kiln:v1:", mac_->Fingerprint());
-  absl::StatusOr<std::unique_ptr<cache::RedisStore>> store =
-      cache::RedisStore::Create(std::move(redis));
-  if (!store.ok()) return store.status();
-  return std::unique_ptr<cache::RemoteStore>(*std::move(store));
+  return cache::RedisStore::Create(std::move(redis));
 }
 
 void Daemon::RequestShutdown() {
@@ -240,7 +256,8 @@ void Daemon::Wait() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   server_->Shutdown(std::chrono::system_clock::now());  // cancels any call still running
-  pool_->Drain();  // queued compiles still finish and are cached
+  scheduler_->StopWaiting();  // no client is left to serve another daemon's artifact to
+  pool_->Drain();             // queued compiles still finish and are cached
   server_->Wait();
   metrics_.reset();  // scraped until now, so a drain shows in the metrics
   ::unlink(config_.socket_path.c_str());

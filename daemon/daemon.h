@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "cache/artifact_cache.h"
 #include "cache/artifact_store.h"
+#include "cache/compile_lease.h"
 #include "cache/mac.h"
 #include "cache/remote_store.h"
 #include "compiler/compiler.h"
@@ -53,7 +54,7 @@ class Daemon {
  private:
   absl::Status PrepareSocketDir();
   // The shared tier the configuration names (needs mac_).
-  absl::StatusOr<std::unique_ptr<cache::RemoteStore>> OpenRedis() const;
+  absl::StatusOr<std::unique_ptr<cache::RedisStore>> OpenRedis() const;
   bool IdleExpired() const;
 
   DaemonConfig config_;
@@ -62,7 +63,8 @@ class Daemon {
   int lock_fd_ = -1;
   std::unique_ptr<cache::Mac> mac_;
   std::unique_ptr<cache::ArtifactStore> store_;
-  std::unique_ptr<cache::RemoteStore> remote_;
+  std::unique_ptr<cache::RedisStore> remote_;
+  std::unique_ptr<cache::CompileLeases> leases_;  // with a writable Redis and leases on
   std::unique_ptr<cache::ArtifactCache> cache_;
   std::unique_ptr<WorkerPool> pool_;
   DaemonStats stats_;

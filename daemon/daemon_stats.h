@@ -29,6 +29,10 @@ struct DaemonStats {
   LatencyHistogram compile_latency;  // One sample per compile run, failed ones included.
   std::atomic<uint64_t> compile_errors{0};
   std::atomic<uint64_t> waiting{0};  // calls blocked on a flight now
+  // Keys that waited for another daemon's compile (it held their fleet lease), and those of them
+  // served its artifact; the others were compiled here after all.
+  std::atomic<uint64_t> shared_compile_waits{0};
+  std::atomic<uint64_t> shared_compile_wait_hits{0};
   std::array<std::atomic<uint64_t>, kRpcCount> requests{};
   std::array<std::atomic<uint64_t>, kRefusalCount> refused{};
 

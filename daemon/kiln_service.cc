@@ -167,6 +167,8 @@ grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1
   response->set_remote_writes(remote.writes);
   response->set_remote_writes_dropped(remote.writes_dropped);
   response->set_remote_down(remote.down);
+  response->set_shared_compile_waits(stats_->shared_compile_waits);
+  response->set_shared_compile_wait_hits(stats_->shared_compile_wait_hits);
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   return grpc::Status::OK;

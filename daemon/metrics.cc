@@ -96,6 +96,14 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   families.push_back(Single("kiln_compile_waiting_requests",
                             "Compile requests waiting for a compile to finish.", MetricType::Gauge,
                             sources_.stats->waiting.load()));
+  families.push_back(Single("kiln_shared_compile_waits_total",
+                            "Keys that waited for another kilnd's compile (it held their lease in "
+                            "the shared tier) instead of compiling.",
+                            MetricType::Counter, sources_.stats->shared_compile_waits.load()));
+  families.push_back(Single("kiln_shared_compile_wait_hits_total",
+                            "Waits for another kilnd's compile that ended with its artifact (the "
+                            "others compiled here after all).",
+                            MetricType::Counter, sources_.stats->shared_compile_wait_hits.load()));
   families.push_back(Single("kiln_store_bytes", "Bytes in the local artifact store.",
                             MetricType::Gauge, store.bytes));
   families.push_back(Single("kiln_store_entries", "Artifacts in the local artifact store.",

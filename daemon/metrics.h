@@ -26,6 +26,7 @@ struct MetricsSources {
 //   kiln_cache_hits_total{tier}, kiln_cache_misses_total{tier}  tier="local"|"shared"
 //   kiln_compiles_total, kiln_compile_errors_total, kiln_compile_duration_seconds (histogram)
 //   kiln_compile_queue_depth, kiln_compiles_in_flight, kiln_compile_waiting_requests
+//   kiln_shared_compile_waits_total, kiln_shared_compile_wait_hits_total
 //   kiln_store_bytes, kiln_store_entries, kiln_store_evictions_total
 //   kiln_requests_total{rpc}, kiln_requests_refused_total{reason}
 // Thread-safe: scrapes run on the HTTP server's threads while the daemon serves.

@@ -9,10 +9,14 @@ WorkerPool::WorkerPool(int threads, size_t queue_limit) : queue_limit_(queue_lim
 
 WorkerPool::~WorkerPool() { Drain(); }
 
-bool WorkerPool::TrySubmit(std::function<void()> task) {
+bool WorkerPool::TrySubmit(std::function<void()> task) { return Queue(std::move(task), true); }
+
+bool WorkerPool::Resubmit(std::function<void()> task) { return Queue(std::move(task), false); }
+
+bool WorkerPool::Queue(std::function<void()> task, bool limited) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_ || queue_.size() >= queue_limit_) return false;
+    if (draining_ || (limited && queue_.size() >= queue_limit_)) return false;
     queue_.push_back(std::move(task));
   }
   cv_.notify_one();

@@ -20,6 +20,10 @@ class WorkerPool {
 
   // Queues `task`; false when the queue already holds queue_limit tasks or the pool is draining.
   bool TrySubmit(std::function<void()> task);
+  // Queues a task that was admitted once already and left the pool meanwhile (a compile that
+  // waited for another daemon's), whatever the queue holds: the limit is for new work. False
+  // only while the pool is draining.
+  bool Resubmit(std::function<void()> task);
   // Refuses new tasks, runs every queued one, and joins the threads. Idempotent.
   void Drain();
 
@@ -27,6 +31,7 @@ class WorkerPool {
   size_t running() const;
 
  private:
+  bool Queue(std::function<void()> task, bool limited);
   void Loop();
 
   const size_t queue_limit_;

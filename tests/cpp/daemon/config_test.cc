@@ -114,6 +114,21 @@ TEST(KilndConfig, RedisAuthAndTlsOptionsNeedRedisAndGoTogether) {
   EXPECT_FALSE(ParseCommandLine({"--redis", "c:1", "--redis-timeout-ms", "0"}).ok());
 }
 
+TEST(KilndConfig, LeaseWaitIsMinutesByDefaultZeroTurnsLeasesOffAndAnHourIsTheMost) {
+  auto defaults = ParseCommandLine({});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->config.redis_lease_wait_ms, 180'000);
+  EXPECT_EQ(defaults->config.redis_lease_ttl_ms, 10'000);
+  auto parsed = ParseCommandLine({"--redis-lease-wait-ms", "0", "--redis-lease-ttl-ms=2000"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->config.redis_lease_wait_ms, 0);
+  EXPECT_EQ(parsed->config.redis_lease_ttl_ms, 2'000);
+  EXPECT_TRUE(ParseCommandLine({"--redis-lease-wait-ms", "3600000"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis-lease-wait-ms", "3600001"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis-lease-wait-ms", "-1"}).ok());
+  EXPECT_FALSE(ParseCommandLine({"--redis-lease-ttl-ms", "99"}).ok());
+}
+
 TEST(KilndConfig, MetricsListenIsOffByDefaultAndAPortAloneMeansLoopback) {
   auto defaults = ParseCommandLine({});
   ASSERT_TRUE(defaults.ok()) << defaults.status();

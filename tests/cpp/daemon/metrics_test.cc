@@ -156,7 +156,8 @@ TEST(KilndMetrics, EveryMetricHasHelpAndType) {
         "kiln_compile_errors_total", "kiln_compile_duration_seconds", "kiln_compile_queue_depth",
         "kiln_compiles_in_flight", "kiln_compile_waiting_requests", "kiln_store_bytes",
         "kiln_store_entries", "kiln_store_evictions_total", "kiln_requests_total",
-        "kiln_requests_refused_total"}) {
+        "kiln_requests_refused_total", "kiln_shared_compile_waits_total",
+        "kiln_shared_compile_wait_hits_total"}) {
     EXPECT_NE(scrape.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
     EXPECT_NE(scrape.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
   }
