@@ -22,6 +22,7 @@ import base64
 import gc
 import hashlib
 import importlib
+import reprlib
 import json
 import logging
 import os
@@ -208,6 +209,12 @@ def name_of(obj) -> Optional[list]:
         if sys.modules.get(obj.__name__) is obj:
             return ["module", obj.__name__, ""]
         return None
+    if type(obj) is dict and isinstance(obj.get("__name__"), str):
+        # A module's globals (where an inlined function from another module reads its names).
+        mod = sys.modules.get(obj["__name__"])
+        if mod is not None and vars(mod) is obj:
+            return ["globals", obj["__name__"], ""]
+        return None
     owner = getattr(obj, "__objclass__", None)  # slot wrappers, method descriptors
     module = getattr(owner if owner is not None else obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
@@ -235,6 +242,8 @@ def name_of(obj) -> Optional[list]:
 
 
 def _named(desc: list):
+    if desc[0] == "globals":
+        return vars(_resolve(desc[1], ""))
     obj = _resolve(desc[1], desc[2])
     if desc[0] == "function":
         if not isinstance(obj, types.FunctionType) or code_digest(obj.__code__) != desc[3]:
@@ -272,7 +281,8 @@ def encode(value):
         return {"ellipsis": True}
     name = name_of(value)
     if name is None:
-        raise NotStorable(f"a {type(value).__name__} that has no importable name")
+        raise NotStorable(f"a {type(value).__name__} that has no importable name "
+                          f"({reprlib.repr(value)})")
     return {"object": name}
 
 
@@ -458,7 +468,11 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             if name is not None:
                 enc["value"] = {"object": name}
             elif isinstance(value, types.FunctionType):
-                raise NotStorable(f"a function pinned by identity ({value.__qualname__})")
+                # A function with no importable name (a decorator's inner function, a closure):
+                # bound at load to the function at its path whose code is the one inlined; what
+                # it read through its closure, defaults and globals has guards of its own.
+                enc["value"] = {"function": code_digest(value.__code__),
+                                "group": groups.setdefault(id(value), len(groups))}
             else:
                 cls = name_of(type(value))
                 if cls is None:
@@ -517,6 +531,15 @@ def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: in
             raise NotInstallable(f"the tensor {_source_name(path)} differs: {diff}")
         return ("tensor", live)
     if kind == "ID_MATCH":
+        if "function" in value:
+            live = frame.value(at)
+            if not isinstance(live, types.FunctionType) or \
+                    code_digest(live.__code__) != value["function"]:
+                raise NotInstallable(f"{_source_name(path)} is not the function captured")
+            bound = groups.setdefault(value["group"], live)
+            if bound is not live:
+                raise NotInstallable("objects that were one are now two")
+            return ("id", live)
         if "instance" in value:
             live = frame.value(at)
             if type(live) is not _named(value["instance"]):
@@ -557,14 +580,11 @@ def _guard_tree(record: dict, frame: _Frame, code):
     manager = _C.GuardManager(on_dead=on_dead)
     manager_ref.append(__import__("weakref").ref(manager))
     groups: Dict[int, Any] = {}
-    instances = set()
     descriptions = []
     for g in record["guards"]:
         at = g["path"]
         path = frame.paths[at]
         check = _check_tuple(frame, g["kind"], g.get("value"), groups, at)
-        if g["kind"] == "ID_MATCH" and "instance" in g["value"]:
-            instances.add(g["value"]["group"])
         try:
             manager.add(path, check, g["text"])
         except ValueError as e:
