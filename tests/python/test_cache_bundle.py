@@ -5,6 +5,7 @@ kilnd gives a fresh process the stored capture and its artifact: no tracing, no 
 tampered bundle, or one signed with another fleet's key, is refused whole."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,12 +86,13 @@ def test_warm_export_import_serves_without_kilnd(fleet):
     assert result(warmed)["artifacts"] == 1 and "1 graphs in kilnd's cache" in warmed.stdout
     bundle = tmp / "fleet.bundle"
     exported = run(["-m", "kiln", "cache", "export", str(bundle)], build)
-    assert "1 stored captures, 1 artifacts" in exported.stdout
+    counts = re.search(r"(\d+) stored captures, (\d+) artifacts", exported.stdout).groups()
+    assert int(counts[0]) >= 1 and int(counts[1]) >= 1  # with every other capture of the cache
     # Before the import, the serving machine has nothing and no kilnd: eager, with a warning.
     before = result(run([str(script)], serving))
     assert before["stored"] == [False] and before["artifacts"] == 0
     imported = run(["-m", "kiln", "cache", "import", str(bundle)], serving)
-    assert "1 stored captures, 1 artifacts" in imported.stdout
+    assert f"{counts[0]} stored captures, {counts[1]} artifacts" in imported.stdout
     after = result(run([str(script)], serving))
     assert after == {"stored": [True], "artifacts": 1, "dynamo": False}
 
