@@ -470,7 +470,10 @@ def _compiled_on_gpu(model, make_input, *, autocast=None, calls=3, caplog):
 
 
 @gpu
-@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("autocast", [None, pytest.param(torch.bfloat16, marks=pytest.mark.xfail(
+    strict=True, reason="known: under bfloat16 autocast the trace still records "
+    "_scaled_dot_product_cudnn_attention (a tuple result the IR cannot carry); the graph runs "
+    "eagerly"))], ids=["fp32", "bf16"])
 def test_vit_attention_fast_path_compiles_to_sdpa_on_a_gpu(kilnd_cache, autocast, caplog):
     # nn.MultiheadAttention's inference fast path (_native_multi_head_attention, as torchvision's
     # ViT calls it): its attention is kilnd's scaled_dot_product_attention call, whichever
