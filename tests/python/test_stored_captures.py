@@ -34,7 +34,7 @@ CHILD = textwrap.dedent("""
         got = compiled(x)
         want = m(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    entries = kiln.debug.cache_entries(m)
+    entries = kiln.debug.cache_entries(type(m).forward.__code__)  # the frame compiled
     print(json.dumps({
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
         "dynamo": "torch._dynamo" in sys.modules,
@@ -44,10 +44,19 @@ CHILD = textwrap.dedent("""
 """)
 
 MODEL = textwrap.dedent("""
+    import functools
     import os
     import torch
 
     SCALE = float(os.environ.get("MODEL_SCALE", "2.0"))
+
+    def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
+        if os.environ.get("MODEL_DECORATED") != "1":
+            return fn
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        return wrapper
 
     class Net(torch.nn.Module):
         def __init__(self, shared=False):
@@ -56,6 +65,7 @@ MODEL = textwrap.dedent("""
             self.b = self.a if shared else torch.nn.Linear(16, 16)
             self.norm = torch.nn.LayerNorm(16)
 
+        @with_defaults
         def forward(self, x):
             y = torch.relu(self.a(x)) * SCALE
             return self.norm(self.b(y) + x)
@@ -93,6 +103,16 @@ def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache
     assert not second["dynamo"]
     assert second["artifacts"] == 1
     assert second["miss"] is None
+
+
+def test_a_wrapped_forward_is_stored_through_its_closure(kilnd_cache, model_dir):
+    # The compiled frame is the wrapper; the forward it calls is reached through its closure
+    # cell and has no importable name (Net.forward is the wrapper): bound by path and code.
+    assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [False]
+    assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [True]
+    source = (model_dir / "model.py").read_text()
+    (model_dir / "model.py").write_text(source.replace("* SCALE", "* SCALE + 1"))
+    assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [False]
 
 
 def test_a_changed_model_file_is_captured_again(kilnd_cache, model_dir):

@@ -324,11 +324,23 @@ class _PathTable:
     def __init__(self):
         self.rows: List[list] = []
         self._index: Dict[Any, int] = {}
+        # Closure cells held by functions the record pins (id(cell) -> (the function's path
+        # index, the cell's index)): a cell is named as that function's, bound at load.
+        self.cells: Dict[int, Tuple[int, int]] = {}
+        # Functions the record pins by identity (id -> their path index): wherever else the
+        # record holds one (a source rooted at it, a constant), it is the live one at that path.
+        self.pinned: Dict[int, int] = {}
 
     def add(self, path: tuple) -> int:
         kind = path[0]
         if kind in ("local", "closure", "global", "builtin"):
             row, key = [kind, None, path[1]], path
+        elif kind == "object" and id(path[1]) in self.pinned:
+            row = ["pinned", self.pinned[id(path[1])], None]
+            key = tuple(row)
+        elif kind == "object" and id(path[1]) in self.cells:
+            function, index = self.cells[id(path[1])]
+            row, key = ["cell", function, index], ("cell", function, index)
         elif kind == "object":
             row = [kind, None, encode(path[1])]
             key = (kind, id(path[1]))
@@ -351,45 +363,53 @@ class _PathTable:
         return i
 
 
-def _decode_paths(rows) -> List[tuple]:
-    """The guard-tree paths of a record's table (see _PathTable)."""
-    out: List[tuple] = []
-    for row in rows:
-        if not isinstance(row, list) or len(row) != 3:
-            raise NotInstallable(f"malformed source {row!r}")
-        kind, parent, arg = row
-        if kind in ("attr", "item", "instance_dict", "type"):
-            if type(parent) is not int or not 0 <= parent < len(out):
-                raise NotInstallable(f"malformed source {row!r}")
-            base = out[parent]
-        if kind in ("local", "closure") and type(arg) is int:
-            out.append((kind, arg))
-        elif kind in ("global", "builtin") and type(arg) is str:
-            out.append((kind, sys.intern(arg)))
-        elif kind == "object":
-            out.append((kind, decode(arg)))
-        elif kind == "attr" and type(arg) is str:
-            out.append((kind, base, sys.intern(arg)))
-        elif kind == "item":
-            out.append((kind, base, decode(arg)))
-        elif kind in ("instance_dict", "type"):
-            out.append((kind, base))
-        else:
-            raise NotInstallable(f"malformed source {row!r}")
-    return out
-
-
 class _Frame:
     """Values at a record's sources in the live frame, each read once (Python's reading of what
     the C++ guard tree reads; where the two could differ, the tree's checks fail and nothing
     runs)."""
 
-    def __init__(self, slots: tuple, func, rows: list, paths: List[tuple]):
+    def __init__(self, slots: tuple, func, rows: list):
         self.slots = slots
         self.func = func
         self.rows = rows
-        self.paths = paths
         self._values: Dict[int, Any] = {}
+        self.paths: List[tuple] = []
+        self._decode()
+
+    def _decode(self) -> None:
+        """The guard-tree paths of the record's table (see _PathTable), in order: a closure
+        cell's row reads its function's (earlier) row on the live frame."""
+        out = self.paths
+        for row in self.rows:
+            if not isinstance(row, list) or len(row) != 3:
+                raise NotInstallable(f"malformed source {row!r}")
+            kind, parent, arg = row
+            if kind in ("attr", "item", "instance_dict", "type", "cell", "pinned"):
+                if type(parent) is not int or not 0 <= parent < len(out):
+                    raise NotInstallable(f"malformed source {row!r}")
+                base = out[parent]
+            if kind in ("local", "closure") and type(arg) is int:
+                out.append((kind, arg))
+            elif kind in ("global", "builtin") and type(arg) is str:
+                out.append((kind, sys.intern(arg)))
+            elif kind == "object":
+                out.append((kind, decode(arg)))
+            elif kind == "pinned":
+                out.append(("object", self.value(parent)))
+            elif kind == "cell" and type(arg) is int:
+                function = self.value(parent)
+                closure = getattr(function, "__closure__", None) or ()
+                if not isinstance(function, types.FunctionType) or arg >= len(closure):
+                    raise NotInstallable(f"{_source_name(base)} has no closure cell {arg}")
+                out.append(("object", closure[arg]))
+            elif kind == "attr" and type(arg) is str:
+                out.append((kind, base, sys.intern(arg)))
+            elif kind == "item":
+                out.append((kind, base, decode(arg)))
+            elif kind in ("instance_dict", "type"):
+                out.append((kind, base))
+            else:
+                raise NotInstallable(f"malformed source {row!r}")
 
     def value(self, i: int):
         try:
@@ -408,7 +428,7 @@ class _Frame:
             elif kind == "builtin":
                 b = self.func.__builtins__
                 v = b[arg] if isinstance(b, dict) else getattr(b, arg)
-            elif kind == "object":
+            elif kind in ("object", "cell", "pinned"):
                 v = path[1]
             elif kind == "attr":
                 v = getattr(self.value(parent), arg)
@@ -457,6 +477,13 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
     entry_guards = []
     groups: Dict[int, int] = {}
     table = _PathTable()
+    for g in guards:  # the functions pinned by identity first: their cells are named by them
+        if g.kind == "ID_MATCH" and isinstance(g.value, types.FunctionType) and \
+                g.source is not None:
+            at = table.add(g.source.guard_path())
+            table.pinned.setdefault(id(g.value), at)
+            for i, cell in enumerate(g.value.__closure__ or ()):
+                table.cells.setdefault(id(cell), (at, i))
     for g in guards:
         path = g.source.guard_path() if g.source is not None else ("local", 0)
         enc = {"path": table.add(path), "kind": g.kind, "text": g.describe()}
@@ -498,7 +525,12 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
                      inputs=[table.add(p) for p in graph["inputs"]])
     entry_consts = []
     for obj in consts:
-        entry_consts.append({"graph": True} if obj is region else encode(obj))
+        if obj is region:
+            entry_consts.append({"graph": True})
+        elif id(obj) in table.pinned:
+            entry_consts.append({"pinned": table.pinned[id(obj)]})
+        else:
+            entry_consts.append(encode(obj))
     record = {"code": code_digest(code), "global_state": global_state, "source": src,
               "consts": entry_consts, "paths": table.rows, "guards": entry_guards,
               "graph": graph}
@@ -633,7 +665,7 @@ def install(record: dict, code, slots: tuple, func):
             raise NotInstallable("the record is another code's")
         if record["global_state"] != _global_state():
             raise NotInstallable("captured under another grad/autocast/default dtype state")
-        frame = _Frame(slots, func, record["paths"], _decode_paths(record["paths"]))
+        frame = _Frame(slots, func, record["paths"])
         manager, descriptions = _guard_tree(record, frame, code)
         why = manager.failure_reason(slots, func)
         if why is not None:
@@ -642,7 +674,9 @@ def install(record: dict, code, slots: tuple, func):
         if record["graph"] is not None:
             plan = _graph_callable(record["graph"], frame)
             region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
-        objects = [region if c == {"graph": True} else decode(c) for c in record["consts"]]
+        objects = [region if c == {"graph": True} else
+                   frame.value(c["pinned"]) if isinstance(c, dict) and "pinned" in c else
+                   decode(c) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)
     except NotInstallable:
         raise
