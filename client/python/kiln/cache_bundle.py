@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from kiln.daemon.private_files import write_private
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MEMBER = re.compile(r"(captures|artifacts)/([0-9a-f]{64})")
 _DOMAIN = b"kiln-cache-bundle-v1\0"
@@ -150,12 +152,8 @@ def import_bundle(settings, bundle: Path) -> dict:
                 art.verify(artifact, mac_key, key)
             except Exception as e:
                 raise BundleError(f"artifact {key[:16]}… does not verify: {e}") from e
-            path = _imported_path(settings, key)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            if not write_private(_imported_path(settings, key), data):
+                raise BundleError(f"cannot write artifact {key[:16]}… into {settings.cache_dir}")
         counts[kind] += 1
     return counts
 

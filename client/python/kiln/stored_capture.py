@@ -25,7 +25,6 @@ import importlib
 import reprlib
 import json
 import logging
-import os
 import sys
 import time
 import types
@@ -35,6 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from kiln import _C
+from kiln.daemon.private_files import write_private
 
 log = logging.getLogger("kiln")
 
@@ -100,13 +100,7 @@ def _remembered_digest(signature: str, compute, cache_dir: Optional[Path]) -> st
             pass
     digest = compute()
     if memo is not None:
-        try:
-            memo.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = memo.with_suffix(f".{os.getpid()}")
-            tmp.write_text(digest)
-            os.replace(tmp, memo)
-        except OSError:
-            pass
+        write_private(memo, digest.encode())
     return digest
 
 
@@ -563,25 +557,21 @@ def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: in
             raise NotInstallable(f"the tensor {_source_name(path)} differs: {diff}")
         return ("tensor", live)
     if kind == "ID_MATCH":
+        if "function" not in value and "instance" not in value:
+            return ("id", decode(value))
+        # An object named by its path: the live one there, if it is what was captured and
+        # keeps the identities the capture saw.
+        live = frame.value(at)
         if "function" in value:
-            live = frame.value(at)
             if not isinstance(live, types.FunctionType) or \
                     code_digest(live.__code__) != value["function"]:
                 raise NotInstallable(f"{_source_name(path)} is not the function captured")
-            bound = groups.setdefault(value["group"], live)
-            if bound is not live:
-                raise NotInstallable("objects that were one are now two")
-            return ("id", live)
-        if "instance" in value:
-            live = frame.value(at)
-            if type(live) is not _named(value["instance"]):
-                raise NotInstallable(f"{_source_name(path)} is a {type(live).__qualname__}, "
-                                     f"not the {value['instance'][2]} captured")
-            bound = groups.setdefault(value["group"], live)
-            if bound is not live:
-                raise NotInstallable("objects that were one are now two")
-            return ("id", live)
-        return ("id", decode(value))
+        elif type(live) is not _named(value["instance"]):
+            raise NotInstallable(f"{_source_name(path)} is a {type(live).__qualname__}, "
+                                 f"not the {value['instance'][2]} captured")
+        if groups.setdefault(value["group"], live) is not live:
+            raise NotInstallable("objects that were one are now two")
+        return ("id", live)
     if kind == "TYPE_MATCH":
         return ("type", decode(value))
     if kind == "CONSTANT_MATCH":

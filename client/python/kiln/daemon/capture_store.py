@@ -8,11 +8,11 @@ another key or written with another daemon's key is never installed."""
 import hashlib
 import hmac
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import List, Optional
+
+from kiln.daemon.private_files import write_private
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DOMAIN = b"kiln-stored-capture-v1\0"
@@ -74,30 +74,14 @@ class CaptureStore:
         self.write(key, [entry] + entries)
 
     def write(self, key: str, entries: List[dict]) -> None:
-        path = self._path(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(self.encode(key, entries))
-            os.replace(tmp, path)  # atomic: readers see the old record or the new one
-        except OSError:
-            pass
+        write_private(self._path(key), self.encode(key, entries))
 
     def note_location(self, location: str, parts: dict) -> None:
         """Remembers that a capture with key `parts` was stored for the code at `location`
         (kiln.stored_capture.location_key): what explain_miss compares a miss with. Only read
         for messages; never decides what runs."""
         known = [p for p in self.locate(location) if p != parts][-(MAX_ENTRIES - 1):]
-        path = self.root / "locations" / location
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                json.dump(known + [parts], f)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        write_private(self.root / "locations" / location, json.dumps(known + [parts]).encode())
 
     def locate(self, location: str) -> List[dict]:
         try:

@@ -8,11 +8,11 @@ that was altered, copied to another structure key or written under another daemo
 maps a graph to an artifact compiled for a different graph (whose inputs may look the same)."""
 import hashlib
 import hmac
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Optional
+
+from kiln.daemon.private_files import write_private
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DOMAIN = b"kiln-graph-index-v1\0"
@@ -45,12 +45,6 @@ class GraphIndex:
     def put(self, structure_key: str, key: str) -> None:
         if not _HEX64.fullmatch(key):
             raise ValueError(f"not a cache key: {key!r}")
-        path = self._path(structure_key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{key} {self._tag(structure_key, key)}\n")
-            os.replace(tmp, path)  # atomic: readers see the old entry or the new one
-        except OSError:
-            pass  # the index is an optimisation; the next process lowers again
+        # The index is an optimisation: unwritten, the next process lowers again.
+        write_private(self._path(structure_key),
+                      f"{key} {self._tag(structure_key, key)}\n".encode())
