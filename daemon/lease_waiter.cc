@@ -53,11 +53,17 @@ std::optional<WaitEnd> LeaseWaiter::Poll(const Waiting& waiting,
     return WaitEnd::kArtifact;
   }
   // Looked at after the artifact: a holder publishes before it releases, so a lease found gone
-  // here either failed, or published after the look above (the compile that follows takes the
-  // lease, then looks once more).
+  // here either failed, or published after the look above; one more look tells them apart, and
+  // a holder that published is this wait's hit.
   absl::StatusOr<bool> held = leases_->Held(waiting.key);
   if (!held.ok()) return WaitEnd::kUnavailable;
-  if (!*held) return WaitEnd::kLeaseGone;
+  if (!*held) {
+    if (absl::StatusOr<cache::CacheHit> found = cache_->FetchShared(waiting.key); found.ok()) {
+      *hit = *std::move(found);
+      return WaitEnd::kArtifact;
+    }
+    return WaitEnd::kLeaseGone;
+  }
   if (Clock::now() >= waiting.until) return WaitEnd::kTooLong;
   return std::nullopt;
 }
