@@ -59,6 +59,42 @@ def test_two_convolutions_run_channels_last_and_outputs_stay_contiguous(groups):
     assert out.meta["val"].is_contiguous()
 
 
+def test_cuda_convolutions_take_channels_last_weights_too():
+    """Traced over fake CUDA tensors (no GPU needed): on CUDA every convolution's activation and
+    weight are channels-last (the weight's conversion reads a parameter only, so the prologue
+    makes it once), and float16 is converted as well; the output is contiguous again."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    F = torch.nn.functional
+
+    def f(w1, b1, w2, w3, x):
+        y = torch.relu(F.conv2d(x, w1, b1, padding=1))
+        z = F.conv2d(y, w2, padding=1) + y
+        return F.conv2d(z, w3, padding=1, groups=8).sigmoid()
+
+    for dtype in (torch.float32, torch.float16):
+        with FakeTensorMode():
+            args = [torch.empty(8, 3, 3, 3), torch.empty(8), torch.empty(8, 8, 3, 3),
+                    torch.empty(8, 1, 3, 3), torch.empty(2, 3, 16, 16)]
+            args = [a.to(device="cuda", dtype=dtype) for a in args]
+        gm = make_fx(f, tracing_mode="fake")(*args)
+        relaid = layout.channels_last(gm, args)
+        assert relaid is not None
+        convs = convolutions(relaid)
+        assert len(convs) == 3
+        cl = torch.channels_last
+        for conv in convs:
+            for v in (conv.args[0], conv.args[1], conv):
+                assert v.meta["val"].is_contiguous(memory_format=cl), (conv, v)
+        # The dense weights needed a copy (a clone of a placeholder), the [8, 1, 3, 3] one did not.
+        weight_copies = [c.args[1] for c in convs if c.args[1].op != "placeholder"]
+        assert len(weight_copies) == 2
+        for copy in weight_copies:
+            assert copy.target is aten.clone.default and copy.args[0].op == "placeholder"
+        (out,) = [n for n in relaid.graph.nodes if n.op == "output"][0].args[0:1]
+        assert torch.utils._pytree.tree_leaves(out)[0].meta["val"].is_contiguous()
+
+
 def test_metadata_after_the_pass_matches_real_execution():
     m = ConvNet(groups=8).eval()
     x = torch.randn(2, 3, 12, 12)
@@ -136,3 +172,89 @@ def test_intermediate_activation_output_keeps_eager_layout(kilnd_cache):
     for o, e in zip(out, expected):
         torch.testing.assert_close(o, e)
         assert o.stride() == e.stride()
+
+
+class FlatConvNet(torch.nn.Module):
+    """Parameters on the module itself, so that torch.fx.symbolic_trace reads them as get_attr
+    nodes (the form kiln's lowering binds as parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        P = torch.nn.Parameter
+        self.w1, self.w2 = P(torch.randn(16, 3, 3, 3)), P(torch.randn(16, 16, 3, 3))
+        self.gamma, self.beta = P(torch.randn(16)), P(torch.randn(16))
+        self.register_buffer("mean", torch.randn(16))
+        self.register_buffer("var", torch.rand(16))
+        self.fc = P(torch.randn(10, 16))
+
+    def forward(self, x):
+        F = torch.nn.functional
+        y = F.batch_norm(F.conv2d(x, self.w1, padding=1), self.mean, self.var, self.gamma,
+                         self.beta)
+        y = torch.relu(F.conv2d(torch.relu(y), self.w2, padding=1) + y)
+        return F.linear(F.max_pool2d(y, 2).mean((2, 3)), self.fc)
+
+
+def test_a_cuda_convnet_compiles_channels_last_for_sm_90_without_a_gpu(kilnd_cache, monkeypatch):
+    """The whole CUDA pipeline on fake CUDA tensors, compile only: the batch norm folds into a
+    channels-last weight that the prologue writes, every activation between the convolutions is
+    channels-last, and NVRTC builds the kernels into a cubin."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from kiln.backends import kiln_backend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    with FakeTensorMode():
+        with torch.device("cuda"):
+            m = FlatConvNet().eval()
+        x = torch.empty(2, 3, 16, 16, device="cuda")
+    gm = torch.fx.symbolic_trace(m)
+    try:
+        with torch.no_grad():
+            art = kiln_backend.compile_graph(gm, [x], cuda_graphs=False, load=False)
+    except kiln_backend.CompileFailed as e:
+        if "builds no CUDA kernels" in str(e):
+            pytest.skip(f"kilnd has no NVRTC here: {e}")
+        raise
+    assert art.body.format == 2  # BINARY_FORMAT_CUBIN
+    assert art.body.kernel_binary and art.body.kernel_ptx
+    plan = art.body.plan
+    values = {v.id: v.meta for v in plan.values}
+
+    def channels_last(meta):
+        n, c, h, w = meta.sizes
+        return list(meta.strides) == [c * h * w, 1, w * c, c]
+
+    convs = [s.library for s in plan.steps
+             if s.WhichOneof("kind") == "library" and s.library.op == "aten::convolution"]
+    assert len(convs) == 2
+    prologue_outputs = set(plan.prologue_outputs)
+    for call in convs:
+        x_id, w_id = call.args[0].value, call.args[1].value
+        assert channels_last(values[x_id]) and channels_last(values[w_id])
+        assert channels_last(values[call.outputs[0]])
+        assert w_id in prologue_outputs  # the weight's conversion (and fold) runs once
+    # The batch norm was folded: no per-call kernel reads its running statistics.
+    assert art.body.plan.prologue
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("groups", [1, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_convnet_matches_eager_on_cuda(kilnd_cache, groups, dtype):
+    m = ConvNet(groups=groups).eval().to(device="cuda", dtype=dtype)
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 16, 16, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        expected = m(x)
+        compiled = kiln.compile(m, backend="kiln")
+        out = compiled(x).clone()
+        y = torch.randn_like(x)
+        out_y, expected_y = compiled(y).clone(), m(y)  # a replay with another input
+    assert kiln.debug.artifacts(), "the graph ran eagerly instead of through kilnd"
+    # cuDNN picks other algorithms for NHWC than for NCHW; float32 convolutions use TF32.
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out, expected, **tol)
+    torch.testing.assert_close(out_y, expected_y, **tol)
+    assert out.stride() == expected.stride()

@@ -1,6 +1,8 @@
-"""Layout choice for the "kiln" backend's ATen graphs: convolutions on the CPU run channels-last.
+"""Layout choice for the "kiln" backend's ATen graphs: convolutions run channels-last.
 
-oneDNN convolves NHWC activations without the per-call reorders that NCHW needs, and every op
+oneDNN convolves NHWC activations without the per-call reorders that NCHW needs; cuDNN's
+tensor-core convolutions (TF32, bfloat16, float16) are NHWC kernels, which an NCHW call reaches
+through transposes of its input, weight and result. Every op
 between two convolutions (batch norm, ReLU, residual adds, pooling) keeps the channels-last
 layout of its input, so one conversion at the first convolution carries through the network.
 The pass works on the traced ATen graph because the strides of every later value must be known
@@ -31,20 +33,34 @@ def _groups(conv: torch.fx.Node) -> int:
     return conv.args[8] if len(conv.args) > 8 else conv.kwargs.get("groups", 1)
 
 
+# The dtypes each device's convolutions run channels-last in.
+_DTYPES = {"cpu": (torch.float32, torch.bfloat16),
+           "cuda": (torch.float32, torch.bfloat16, torch.float16)}
+
+
 def _wants_channels_last(node: torch.fx.Node) -> bool:
     if node.target is not aten.convolution.default:
         return False
     x, w = node.args[0].meta.get("val"), node.args[1].meta.get("val")
     transposed = node.args[6] if len(node.args) > 6 else node.kwargs.get("transposed", False)
     return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == 4
-            and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+            and w.device == x.device and x.dtype in _DTYPES.get(x.device.type, ())
             and not transposed)
+
+
+def _weight_channels_last(conv: torch.fx.Node) -> bool:
+    """Whether `conv`'s weight is converted too. On CUDA always: ATen's cuDNN call otherwise
+    copies an NCHW weight to NHWC on every call, and the conversion of a parameter is a bound
+    value that the plan's prologue makes once. On the CPU only for grouped (depthwise)
+    convolutions, which are much slower with an NCHW weight beside NHWC activations; oneDNN
+    packs dense ones from either layout in the prologue."""
+    return conv.args[0].meta["val"].device.type == "cuda" or _groups(conv) > 1
 
 
 def channels_last(aten_gm: torch.fx.GraphModule,
                   example_inputs: Sequence) -> Optional[torch.fx.GraphModule]:
-    """`aten_gm` retraced with its 2-D convolutions' activations (and grouped convolutions'
-    weights) channels-last, or
+    """`aten_gm` retraced with its 2-D convolutions' activations (and the weights
+    _weight_channels_last names) channels-last, or
     None when that does not apply (too few convolutions, an output whose eager layout it could
     not restore)."""
     convs = [n for n in aten_gm.graph.nodes if _wants_channels_last(n)]
@@ -72,10 +88,8 @@ def channels_last(aten_gm: torch.fx.GraphModule,
             continue
         if node in conv_set:
             x = graph.call_function(_to_channels_last, (env[node.args[0]],))
-            # Grouped (depthwise) convolutions are much slower with an NCHW weight beside NHWC
-            # activations; dense ones are not, and their weights are not copied every call.
             w = env[node.args[1]]
-            if _groups(node) > 1:
+            if _weight_channels_last(node):
                 w = graph.call_function(_to_channels_last, (w,))
             rest = _map(tuple(node.args[2:]), env)
             env[node] = graph.call_function(node.target, (x, w) + rest, _map(dict(node.kwargs), env))
