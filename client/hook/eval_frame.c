@@ -10,7 +10,8 @@
 //        callback(func, code, slots: tuple)
 //    with capture disabled. It returns None (run this frame eagerly), EAGER (run this frame and
 //    every frame it calls eagerly, without calling back: its capture is under way elsewhere),
-//    SKIP (never look at this
+//    (EAGER, after) (the same, then after() once the frame has returned or raised: work that
+//    should not compete with this call for the CPU starts when it is over), SKIP (never look at this
 //    code again), CACHE_FULL (keep the entries, run misses eagerly from now on: the hook does so
 //    itself and does not call back for that code again) or a tuple
 //    (guard_manager, transformed_code, info) to add as a new entry and run now. An entry is used
@@ -245,6 +246,28 @@ static int guards_pass(CodeState* st, CacheEntry* e, _PyInterpreterFrame* frame,
   return st->generation == generation ? ok : -1;
 }
 
+// Calls after() with the frame's exception, if any, set aside and restored: its own failure is
+// reported as unraisable, never raised in place of the frame's result.
+static void run_after(PyObject* after) {
+#if PY_VERSION_HEX >= 0x030C0000
+  PyObject* raised = PyErr_GetRaisedException();
+#else
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+#endif
+  PyObject* r = PyObject_CallNoArgs(after);
+  if (r == NULL) {
+    PyErr_WriteUnraisable(after);
+  } else {
+    Py_DECREF(r);
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  PyErr_SetRaisedException(raised);
+#else
+  PyErr_Restore(type, value, traceback);
+#endif
+}
+
 static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* frame, int throw_flag) {
   PyObject* callback = tls_callback;
   PyCodeObject* code = frame->f_code;
@@ -307,6 +330,17 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
     tls_callback = callback;
     return out;
   }
+  if (PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 2 &&
+      PyTuple_GET_ITEM(result, 0) == g_eager) {
+    PyObject* after = Py_NewRef(PyTuple_GET_ITEM(result, 1));
+    Py_DECREF(result);
+    tls_callback = NULL;
+    PyObject* out = eval_default(tstate, frame, throw_flag);
+    tls_callback = callback;
+    run_after(after);
+    Py_DECREF(after);
+    return out;
+  }
   if (result == g_skip || result == g_cache_full) {
     int mode = result == g_skip ? kModeSkip : kModeCacheFull;
     Py_DECREF(result);
@@ -318,8 +352,8 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
   if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 3 ||
       !PyCode_Check(PyTuple_GET_ITEM(result, 1))) {
     PyErr_SetString(PyExc_TypeError,
-                    "kiln frame callback must return None, SKIP, CACHE_FULL or "
-                    "(guard_manager, code, info)");
+                    "kiln frame callback must return None, EAGER, (EAGER, after), SKIP, "
+                    "CACHE_FULL or (guard_manager, code, info)");
     Py_DECREF(result);
     goto fail;
   }

@@ -924,7 +924,13 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   for (int s : prologue_output_slots_) kept->push_back(vals[s]);
   prologue_values_ = std::move(kept);
   prologue_stamps_ = std::move(now);
+  ++prologue_runs_;
   return prologue_values_;
+}
+
+int Plan::prologue_runs() const {
+  std::lock_guard<std::mutex> lock(prologue_mutex_);
+  return prologue_runs_;
 }
 
 Status Plan::Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const {
@@ -1000,6 +1006,17 @@ std::vector<Plan::OutputSource> Plan::OutputSources() const {
     }
   }
   return sources;
+}
+
+std::vector<at::Tensor> Plan::ExampleInputs() const {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(input_slots_.size());
+  for (int s : input_slots_) {
+    const ValueMeta& m = metas_[s];
+    inputs.push_back(EmptyWithLayout(m, at::TensorOptions().dtype(m.dtype).device(device_)));
+    inputs.back().zero_();
+  }
+  return inputs;
 }
 
 std::vector<at::Tensor> Plan::BoundTensors() const {

@@ -135,12 +135,19 @@ class Plan {
   // a caller that captures the plan's reads by address watches their data pointers.
   std::vector<at::Tensor> BoundTensors() const;
   const c10::Device& device() const { return device_; }
+  // Zeroed tensors with each per-call input's metadata, on the plan's device: a run over them
+  // does what a first run sets up (the prologue, oneDNN's primitives, a CUDA graph) ahead of
+  // the first real call.
+  std::vector<at::Tensor> ExampleInputs() const;
 
   int num_kernels() const { return num_kernels_; }
   int num_library_calls() const { return num_library_calls_; }
   size_t num_inputs() const { return input_slots_.size(); }
   size_t num_outputs() const { return output_slots_.size(); }
   size_t num_prologue_outputs() const { return prologue_output_slots_.size(); }
+  // How many times the prologue has run: once for the first call, again after a bound tensor
+  // it reads changed.
+  int prologue_runs() const;
   uint64_t arena_bytes() const { return arena_bytes_; }
 
   // The label of the first per-call library step that calls one of `ops` ("aten::nonzero"), or
@@ -207,6 +214,7 @@ class Plan {
   std::vector<int> prologue_output_slots_;
   std::vector<int> watched_;  // Constant slots the prologue reads.
   mutable std::mutex prologue_mutex_;
+  mutable int prologue_runs_ = 0;  // Under prologue_mutex_.
   mutable std::shared_ptr<const std::vector<at::Tensor>> prologue_values_;  // Under the mutex.
   mutable Stamps prologue_stamps_;                                          // Under the mutex.
   uint64_t arena_bytes_ = 0;

@@ -89,6 +89,12 @@ struct GraphRunner {
 };
 #endif
 
+// Said once per plan, when its capture fails (the runner then runs it without a graph).
+void WarnNoGraph(const std::string& note) {
+  py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
+      "kiln: a compiled plan cannot be captured as a CUDA graph (%s); it runs without one", note);
+}
+
 // The Python object: the plan (replayed as a CUDA graph when `graphs_` is set) plus the eager
 // fallback it switches to after a failed run.
 class PyPlan {
@@ -116,9 +122,7 @@ class PyPlan {
       status = graphs_ ? graphs_->Run(inputs, &outputs, &graph_note) : plan_->Run(inputs, &outputs);
     }
     if (!graph_note.empty()) {
-      py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
-          "kiln: a compiled plan cannot be captured as a CUDA graph (%s); it runs without one",
-          graph_note);
+      WarnNoGraph(graph_note);
     }
     if (!status.ok()) {
       if (!fallback_) ThrowPython(status);
@@ -133,6 +137,28 @@ class PyPlan {
       out[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(outputs[i])));
     }
     return out;
+  }
+
+  // One run over ExampleInputs, its outputs dropped: what a first call sets up is done here.
+  // A failure only leaves that to the first call (failed_ stays as it was).
+  void Warm() {
+    Status status;
+    std::string graph_note;
+    {
+      py::gil_scoped_release no_gil;
+      try {
+        std::vector<at::Tensor> inputs = plan_->ExampleInputs();
+        std::vector<at::Tensor> outputs;
+        status =
+            graphs_ ? graphs_->Run(inputs, &outputs, &graph_note) : plan_->Run(inputs, &outputs);
+      } catch (const std::exception& e) {
+        status = Status::RuntimeError(e.what());
+      }
+    }
+    if (!graph_note.empty()) {
+      WarnNoGraph(graph_note);
+    }
+    if (!status.ok()) ThrowPython(status);
   }
 
   py::object Call(const py::tuple& args) {
@@ -246,6 +272,12 @@ void RegisterRuntime(py::module_& m) {
           "run",
           [](PyPlan& self, py::handle tensors) { return self.Call(TupleOf(tensors, "run")); },
           py::arg("tensors"), "Like plan(*tensors).")
+      .def(
+          "warm", &PyPlan::Warm,
+          "Runs the plan once over zeroed inputs of its inputs' metadata, without the GIL, and "
+          "drops the results: the prologue, oneDNN's primitives and a CUDA graph are then ready "
+          "for the first call. Raises RuntimeError when that run fails (the plan is not marked "
+          "failed: the first call tries again).")
       .def_property(
           "fallback", [](const PyPlan& p) { return p.fallback_; },
           [](PyPlan& p, py::object f) { p.fallback_ = std::move(f); },
@@ -261,6 +293,10 @@ void RegisterRuntime(py::module_& m) {
           "num_inputs", [](const PyPlan& p) { return p.plan_->num_inputs(); },
           "The tensors a call passes (the plan's inputs after its parameters).")
       .def_property_readonly("num_outputs", [](const PyPlan& p) { return p.plan_->num_outputs(); })
+      .def_property_readonly(
+          "prologue_runs", [](const PyPlan& p) { return p.plan_->prologue_runs(); },
+          "How many times the prologue has run (the first call's or warm()'s, and again after "
+          "a parameter it reads changed in place).")
       .def_property_readonly("arena_bytes", [](const PyPlan& p) { return p.plan_->arena_bytes(); })
       .def_property_readonly(
           "cuda_graph",

@@ -203,3 +203,54 @@ def test_a_function_whose_code_changed_is_not_the_function_named():
 
 def helper_function():
     return 2
+
+
+# The child under the "compile_in_background" stance: the first call runs eagerly while the
+# worker installs the stored capture and runs its plan once; the second call gets the entry.
+CHILD_BACKGROUND = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import kiln
+    sys.path.insert(0, os.environ["MODEL_DIR"])
+    import model
+    torch.manual_seed(0)
+    m = model.make().eval()
+    compiled = kiln.compile(m)
+    code = type(m).forward.__code__
+    kiln.set_stance("compile_in_background")
+    with torch.no_grad():
+        x = model.example()
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+        entries_after_first = len(kiln.debug.cache_entries(code))
+        assert kiln.wait_for_compiles(120)
+        plans = [a.plan for a in kiln.debug.artifacts()]
+        runs_before = [p.prologue_runs for p in plans]
+        x = model.example()
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+    entries = kiln.debug.cache_entries(code)
+    print(json.dumps({
+        "entries_after_first": entries_after_first,
+        "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "prologue_runs_before_second": runs_before,
+        "prologue_runs_after_second": [p.prologue_runs for p in plans],
+        "dynamo": "torch._dynamo" in sys.modules,
+    }))
+""")
+
+
+def test_in_the_background_stance_the_worker_installs_and_warms_the_stored_capture(
+        kilnd_cache, model_dir):
+    assert run_child(model_dir)["stored"] == [False]  # captured and stored
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("KILN_STORED_CAPTURES", None)
+    done = subprocess.run([sys.executable, "-c", CHILD_BACKGROUND], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["entries_after_first"] == 0  # the first call ran eagerly
+    assert got["stored"] == [True]
+    # The worker ran the plan (its prologue included) before any call used it; the call that
+    # then got the entry ran nothing of it again.
+    assert got["prologue_runs_before_second"] == [1]
+    assert got["prologue_runs_after_second"] == [1]
+    assert not got["dynamo"]

@@ -1,7 +1,8 @@
 """Compiling in the background (the "compile_in_background" stance): a frame the hook misses
-runs eagerly at once, with everything it calls, while a worker thread captures and compiles it;
-a later call of that code finds the entry ready and switches to it. A serving process never
-stalls a request on a capture or a compile.
+runs eagerly at once, with everything it calls; when it has returned, a worker thread installs
+the code's stored capture or captures and compiles it, and runs the plan once; a later call of
+that code finds the entry ready and switches to it. A serving process never stalls a request on
+a capture or a compile, and the call that missed does not share the CPU with that work.
 
 The worker captures from the first call's argument slots, under that thread's grad, inference
 and autocast modes (torch keeps them per thread). The entry it makes is used only by a call
@@ -10,7 +11,7 @@ miss, never run wrongly."""
 import contextlib
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Optional
 
 import torch
@@ -55,8 +56,9 @@ class BackgroundCompiler:
 
     def miss(self, capture, func, code, slots):
         """The hook's answer for a miss of `code`: the entry the worker made for it when ready
-        and its guards pass on this frame; otherwise _C.EAGER, with a capture under way.
-        `capture(func, code, slots)` is the callback's own capture (entry or _C.SKIP)."""
+        and its guards pass on this frame; otherwise eager: _C.EAGER while a capture is under
+        way, or (_C.EAGER, start) with the capture submitted by start() once this call is
+        over. `capture(func, code, slots)` is the callback's own (entry or _C.SKIP)."""
         with self._lock:
             done = self._done.pop(code, None)
             if done is not None:
@@ -70,9 +72,18 @@ class BackgroundCompiler:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1,
                                                     thread_name_prefix="kiln-compile")
-            self._pending[code] = self._executor.submit(self._work, capture, func, code, slots,
-                                                        _thread_modes())
-        return _C.EAGER
+            started = Future()  # pending from now: other calls meanwhile run eagerly
+            self._pending[code] = started
+        modes = _thread_modes()
+
+        def start():
+            with self._lock:
+                if self._pending.get(code) is not started:
+                    return  # forgotten meanwhile (kiln.reset)
+                work = self._executor.submit(self._work, capture, func, code, slots, modes)
+            work.add_done_callback(lambda f: started.set_result(None))
+
+        return _C.EAGER, start
 
     def _work(self, capture, func, code, slots, modes):
         try:

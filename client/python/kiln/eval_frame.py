@@ -59,18 +59,36 @@ class FrameCallback:
                             code.co_filename, code.co_firstlineno, config.cache_size_limit,
                             reason)
             return _C.CACHE_FULL
-        if self.stored is not None:
-            entry = self.stored.install(func, code, slots)
-            if entry is not None:
-                STATE.compiled_codes.add(code)
-                if self.observer is not None:
-                    self.observer.entry(entry[2])
-                return entry
         if STATE.stance == "compile_in_background" and not self.fullgraph:
             from kiln.background import BACKGROUND
 
-            return BACKGROUND.miss(self.capture, func, code, slots)
-        return self.capture(func, code, slots)
+            return BACKGROUND.miss(self.prepare, func, code, slots)
+        return self.install_stored(func, code, slots) or self.capture(func, code, slots)
+
+    def install_stored(self, func, code, slots):
+        """The entry of a stored capture that holds on this frame, or None."""
+        if self.stored is None:
+            return None
+        entry = self.stored.install(func, code, slots)
+        if entry is not None:
+            STATE.compiled_codes.add(code)
+            if self.observer is not None:
+                self.observer.entry(entry[2])
+        return entry
+
+    def prepare(self, func, code, slots):
+        """A background miss's work (kiln.background): the stored capture, or a capture, then one
+        run of its plan over zeroed inputs, so that the call that gets the entry runs at full
+        speed (no prologue, no first-run setup left)."""
+        entry = self.install_stored(func, code, slots) or self.capture(func, code, slots)
+        if entry is not _C.SKIP:
+            warm = getattr(entry[2].compiled_fn, "warm", None)
+            if warm is not None:
+                try:
+                    warm()
+                except RuntimeError as e:  # the first call sets it up instead
+                    log.debug("kiln: warming %s's plan failed: %s", code.co_qualname, e)
+        return entry
 
     def capture(self, func, code, slots):
         """Captures and compiles the frame: the hook's entry, or SKIP when it runs eagerly."""
@@ -272,9 +290,9 @@ def set_stance(stance: str = "default"):
     eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
     the failed guards instead of compiling again; "force_eager": ignore kiln entirely;
     "compile_in_background": a miss runs eagerly at once (it and all it calls) while a worker
-    thread captures and compiles it, and later calls switch to the compiled code when it is
-    ready (a stored capture is still installed at once: kiln.wait_for_compiles waits for the
-    worker)."""
+    thread installs its stored capture or captures and compiles it, then runs the plan once
+    over zeroed inputs (its prologue and first-run setup), and later calls switch to the
+    compiled code when it is ready (kiln.wait_for_compiles waits for the worker)."""
     prior = STATE.stance
     STATE.stance = stance  # checks it, and sets the hook's force_eager flag with it
     return _Stance(stance, prior)
