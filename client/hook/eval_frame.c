@@ -336,8 +336,8 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
     Py_DECREF(result);
     tls_callback = NULL;
     PyObject* out = eval_default(tstate, frame, throw_flag);
+    run_after(after);  // what it runs is not captured either
     tls_callback = callback;
-    run_after(after);
     Py_DECREF(after);
     return out;
   }

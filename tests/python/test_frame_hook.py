@@ -377,3 +377,44 @@ def test_a_compiled_module_traced_by_torch_jit_goes_through_module_call():
 def test_a_region_refuses_a_malformed_module_call():
     with pytest.raises(TypeError, match="module_call"):
         _C.FrameRegion(torch.nn.ReLU(), None, module_call=(1, 2))
+
+
+def test_eager_then_after_runs_after_the_frame_returned_or_raised(monkeypatch):
+    """The answer (EAGER, after): the frame and its callees run eagerly without a callback, then
+    after() runs, also when the frame raised (whose exception still propagates); a failing
+    after() is reported as unraisable, never raised in the frame's place."""
+    events = []
+    asked = []
+
+    def callee(x):
+        events.append("callee")
+        return x * 2
+
+    def fn(x, fail=False):
+        events.append("frame")
+        if fail:
+            raise ValueError("from the frame")
+        return callee(x) + 1
+
+    def callback(func, code, slots):
+        asked.append(code.co_name)
+        return _C.EAGER, lambda: events.append("after")
+
+    region = _C.FrameRegion(fn, callback)
+    assert region(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert events == ["frame", "callee", "after"]
+    assert asked == ["fn"]  # callee ran without a callback
+    events.clear()
+    with pytest.raises(ValueError, match="from the frame"):
+        region(torch.ones(2), True)
+    assert events == ["frame", "after"]
+
+    unraisable = []
+    monkeypatch.setattr("sys.unraisablehook", lambda u: unraisable.append(u.exc_value))
+
+    def failing_after():
+        raise RuntimeError("from after")
+
+    region = _C.FrameRegion(fn, lambda func, code, slots: (_C.EAGER, failing_after))
+    assert region(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert [str(e) for e in unraisable] == ["from after"]
