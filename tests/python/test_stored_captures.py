@@ -35,8 +35,12 @@ CHILD = textwrap.dedent("""
         want = m(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     entries = kiln.debug.cache_entries(type(m).forward.__code__)  # the frame compiled
+    from kiln.state import STATE
+    resumed = [e for c in list(STATE.compiled_codes) if c.co_name.startswith("__resume_at_")
+               for e in kiln.debug.cache_entries(c)]
     print(json.dumps({
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "resumes_stored": [e.info.extra.get("stored_capture") is not None for e in resumed],
         "dynamo": "torch._dynamo" in sys.modules,
         "artifacts": len(kiln.debug.artifacts()),
         "miss": kiln.debug.explain_miss(m),
@@ -49,6 +53,7 @@ MODEL = textwrap.dedent("""
     import torch
 
     SCALE = float(os.environ.get("MODEL_SCALE", "2.0"))
+    BREAK = os.environ.get("MODEL_BREAK") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
         if os.environ.get("MODEL_DECORATED") != "1":
@@ -68,6 +73,8 @@ MODEL = textwrap.dedent("""
         @with_defaults
         def forward(self, x):
             y = torch.relu(self.a(x)) * SCALE
+            if BREAK and y.sum() > 0:  # data-dependent: a graph break, two resume functions
+                y = y - 1
             return self.norm(self.b(y) + x)
 
     def make():
@@ -254,3 +261,20 @@ def test_in_the_background_stance_the_worker_installs_and_warms_the_stored_captu
     assert got["prologue_runs_before_second"] == [1]
     assert got["prologue_runs_after_second"] == [1]
     assert not got["dynamo"]
+
+
+def test_a_frame_with_a_graph_break_is_stored_with_its_resume_function(kilnd_cache, model_dir):
+    first = run_child(model_dir, MODEL_BREAK="1")
+    assert first["stored"] == [False] and first["resumes_stored"] == [False]
+    second = run_child(model_dir, MODEL_BREAK="1")
+    # Both the frame up to the break and the resume function it calls were installed: nothing
+    # traced, no torch._dynamo import, and the answers were eager's (checked in the child).
+    assert second["stored"] == [True]
+    assert second["resumes_stored"] == [True]
+    assert not second["dynamo"]
+    assert second["miss"] is None
+    # The model file changed after the break: the frame's code is another, captured again.
+    source = (model_dir / "model.py").read_text()
+    (model_dir / "model.py").write_text(source.replace("y = y - 1", "y = y - 2"))
+    third = run_child(model_dir, MODEL_BREAK="1")
+    assert third["stored"] == [False] and third["resumes_stored"] == [False]

@@ -79,7 +79,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.break_reason = graph_break.reason
         info.break_where = graph_break.where
         info.resume_codes = resumes
-    elif stored is not None:
+    if stored is not None:
         _store(stored, code, output, consts, src, region, gm, raw, global_state)
     _print_debug(info)
     return manager, new_code, info

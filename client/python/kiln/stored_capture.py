@@ -15,8 +15,10 @@ extension), torch's and Python's versions and how the graph is compiled (the bac
 CUDA graph setting). A record is installed only when every structural check holds on the live
 frame and every guard passes on it: a changed model file is another key, a changed global it
 read fails a guard, another torch version is another key. Anything that cannot be named this
-way (a graph break's resume functions, another backend's callable, a constant object made in
-the frame) is not stored: that code is captured in each process, as before.
+way (another backend's callable, a constant object made in the frame) is not stored: that code
+is captured in each process, as before. A graph break's resume function is named by how it was
+made from the frame's code (kiln.transform.resume.ResumeRecipe); made again from the live code
+at installation, it is the same code object, whose own capture is stored under its own key.
 """
 import base64
 import gc
@@ -523,6 +525,10 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             entry_consts.append({"graph": True})
         elif id(obj) in table.pinned:
             entry_consts.append({"pinned": table.pinned[id(obj)]})
+        elif isinstance(obj, types.FunctionType) and \
+                getattr(obj, "__kiln_resume__", None) is not None:
+            # A graph break's resume function: made again from the live code by its recipe.
+            entry_consts.append({"resume": list(obj.__kiln_resume__)})
         else:
             entry_consts.append(encode(obj))
     record = {"code": code_digest(code), "global_state": global_state, "source": src,
@@ -642,6 +648,22 @@ def _graph_callable(graph: dict, frame: _Frame):
     return plan
 
 
+def _resume(code, func, recipe: list):
+    """The resume function a record's recipe names, made again from the live code: the same
+    code object as the capturing process made, so its own stored capture is found by its key."""
+    from kiln.transform.resume import ResumeRecipe, resume_function
+
+    offset, is_null, unbound, name = recipe
+    if not (type(offset) is int and type(name) is str and name.startswith("__resume_at_") and
+            all(type(b) is bool for b in is_null) and all(type(u) is str for u in unbound)):
+        raise NotInstallable(f"malformed resume function {recipe!r}")
+    try:
+        return resume_function(code, func.__globals__,
+                               ResumeRecipe(offset, tuple(is_null), tuple(unbound), name))
+    except (ValueError, IndexError, KeyError) as e:
+        raise NotInstallable(f"resume function {name} not made: {e}") from None
+
+
 def install(record: dict, code, slots: tuple, func):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
     checks and every guard hold here. Raises NotInstallable."""
@@ -666,7 +688,8 @@ def install(record: dict, code, slots: tuple, func):
             region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
         objects = [region if c == {"graph": True} else
                    frame.value(c["pinned"]) if isinstance(c, dict) and "pinned" in c else
-                   decode(c) for c in record["consts"]]
+                   _resume(code, func, c["resume"]) if isinstance(c, dict) and "resume" in c
+                   else decode(c) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)
     except NotInstallable:
         raise

@@ -1,10 +1,9 @@
 """The code that finishes a frame after its graph when the graph broke: the one instruction the
 capture could not model runs in Python, then a resume function continues the frame."""
 import itertools
-import types
 
 from kiln.exc import Unsupported
-from kiln.transform.resume import make_resume_code
+from kiln.transform.resume import ResumeRecipe, resume_function
 
 _resume_ids = itertools.count(1)
 
@@ -27,9 +26,9 @@ def break_body(func, code, gb, rebuild, consts):
         is_null = [not isinstance(v, str) and v.is_null for v in stack_vts]
         n = next(_resume_ids)
         rname = f"__resume_at_{target_offset}_{n}"
-        rcode = make_resume_code(code, target_offset, is_null, unbound, rname)
-        fn = types.FunctionType(rcode, func.__globals__, rname)
-        resumes.append(rcode)
+        fn = resume_function(code, func.__globals__, ResumeRecipe(
+            target_offset, tuple(is_null), tuple(unbound), rname))
+        resumes.append(fn.__code__)
         args = local_exprs + [v if isinstance(v, str) else rebuild(v)
                               for v in stack_vts if isinstance(v, str) or not v.is_null]
         return f"{consts.ref(fn)}({', '.join(args)})"

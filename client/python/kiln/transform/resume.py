@@ -13,7 +13,7 @@ past the prologue.
 """
 import dis
 import types
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from kiln.capture.code_layout import parse_exception_table
 
@@ -108,3 +108,23 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
         co_name=name,
         co_qualname=name,
     )
+
+
+class ResumeRecipe(NamedTuple):
+    """What make_resume_code made a resume function from, besides the code it continues: the
+    same recipe on the same code gives the same code object (a stored capture names a resume
+    function so, and makes it again in another process)."""
+    target_offset: int
+    stack_is_null: tuple
+    unbound_locals: tuple
+    name: str
+
+
+def resume_function(code: types.CodeType, globals_: dict, recipe: ResumeRecipe):
+    """The resume function `recipe` describes for `code`, with `globals_`, carrying its recipe
+    as __kiln_resume__."""
+    rcode = make_resume_code(code, recipe.target_offset, recipe.stack_is_null,
+                             recipe.unbound_locals, recipe.name)
+    fn = types.FunctionType(rcode, globals_, recipe.name)
+    fn.__kiln_resume__ = recipe
+    return fn
