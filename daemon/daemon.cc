@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -127,6 +128,17 @@ absl::Status Daemon::Start() {
     }
   }
   cache_ = std::make_unique<cache::ArtifactCache>(store_.get(), remote_.get(), mac_.get());
+  // Stored captures in a store of their own: a few KB each, counted and evicted apart from the
+  // artifacts.
+  cache::ArtifactStoreOptions capture_options;
+  capture_options.path = config_.cache_dir + "/capture-records";
+  capture_options.max_bytes = std::max<uint64_t>(uint64_t{64} << 20, config_.cache_max_bytes / 16);
+  absl::StatusOr<std::unique_ptr<cache::ArtifactStore>> capture_store =
+      cache::ArtifactStore::Open(capture_options);
+  if (!capture_store.ok()) return capture_store.status();
+  capture_store_ = *std::move(capture_store);
+  captures_ =
+      std::make_unique<cache::CaptureRecords>(capture_store_.get(), remote_.get(), mac_.get());
   pool_ = std::make_unique<WorkerPool>(config_.workers, config_.queue_limit);
   scheduler_ = std::make_unique<CompileScheduler>(
       compiler_, cache_.get(), mac_.get(), pool_.get(), &stats_,
@@ -146,8 +158,8 @@ absl::Status Daemon::Start() {
   }
   last_activity_ns_ = NowNs();
   service_ = std::make_unique<KilnServiceImpl>(
-      service_options, compiler_, scheduler_.get(), cache_.get(), store_.get(), pool_.get(),
-      &stats_, [this] { last_activity_ns_ = NowNs(); }, [this] { RequestShutdown(); }, &draining_);
+      service_options, compiler_, scheduler_.get(), cache_.get(), store_.get(),
+      ServiceCaptures{captures_.get(), capture_store_.get()}, pool_.get(), &stats_, [this] { last_activity_ns_ = NowNs(); }, [this] { RequestShutdown(); }, &draining_);
   if (!config_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = MetricsEndpoint::Start(
         config_.metrics_listen, std::make_shared<DaemonMetrics>(MetricsSources{

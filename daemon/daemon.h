@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cache/artifact_cache.h"
+#include "cache/capture_records.h"
 #include "cache/artifact_store.h"
 #include "cache/compile_lease.h"
 #include "cache/mac.h"
@@ -66,6 +67,8 @@ class Daemon {
   std::unique_ptr<cache::RedisStore> remote_;
   std::unique_ptr<cache::CompileLeases> leases_;  // with a writable Redis and leases on
   std::unique_ptr<cache::ArtifactCache> cache_;
+  std::unique_ptr<cache::ArtifactStore> capture_store_;  // stored-capture records
+  std::unique_ptr<cache::CaptureRecords> captures_;
   std::unique_ptr<WorkerPool> pool_;
   DaemonStats stats_;
   std::unique_ptr<CompileScheduler> scheduler_;

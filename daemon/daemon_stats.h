@@ -12,8 +12,8 @@
 namespace kiln::daemon {
 
 // The RPCs of kiln.v1.KilnService, counted as they arrive (refused ones included).
-enum class Rpc { kCompile, kLookup, kStats, kHealth, kShutdown };
-inline constexpr size_t kRpcCount = 5;
+enum class Rpc { kCompile, kLookup, kStats, kHealth, kShutdown, kPutCaptures, kGetCaptures };
+inline constexpr size_t kRpcCount = 7;
 
 // Why a request was refused.
 enum class Refusal {

@@ -1,4 +1,4 @@
-// KilnServiceImpl: admission (token), validation, and the five RPCs.
+// KilnServiceImpl: admission (token), validation, and the RPCs.
 #include "daemon/kiln_service.h"
 
 #include <openssl/crypto.h>
@@ -33,7 +33,8 @@ grpc::Status ToGrpc(const absl::Status& status) {
 
 KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* compiler,
                                  CompileScheduler* scheduler, cache::ArtifactCache* cache,
-                                 cache::ArtifactStore* store, WorkerPool* pool, DaemonStats* stats,
+                                 cache::ArtifactStore* store, ServiceCaptures captures,
+                                 WorkerPool* pool, DaemonStats* stats,
                                  std::function<void()> on_activity,
                                  std::function<void()> on_shutdown,
                                  const std::atomic<bool>* draining)
@@ -42,6 +43,7 @@ KilnServiceImpl::KilnServiceImpl(ServiceOptions options, compiler::Compiler* com
       scheduler_(scheduler),
       cache_(cache),
       store_(store),
+      captures_(captures),
       pool_(pool),
       stats_(stats),
       on_activity_(std::move(on_activity)),
@@ -169,6 +171,11 @@ grpc::Status KilnServiceImpl::Stats(grpc::ServerContext* context, const kiln::v1
   response->set_remote_down(remote.down);
   response->set_shared_compile_waits(stats_->shared_compile_waits);
   response->set_shared_compile_wait_hits(stats_->shared_compile_wait_hits);
+  const cache::CaptureRecordStats captures = captures_.records->Stats();
+  response->set_capture_records(captures_.store->Stats().entries);
+  response->set_capture_hits(captures.gets);
+  response->set_capture_puts(captures.puts);
+  response->set_capture_rejected(captures.rejected);
   response->set_uptime_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
   return grpc::Status::OK;
@@ -198,6 +205,40 @@ grpc::Status KilnServiceImpl::Shutdown(grpc::ServerContext* context,
   if (grpc::Status s = Admit(context, Rpc::kShutdown); !s.ok()) return s;
   if (on_shutdown_) on_shutdown_();
   response->set_accepted(true);
+  return grpc::Status::OK;
+}
+
+grpc::Status KilnServiceImpl::PutCaptures(grpc::ServerContext* context,
+                                          const kiln::v1::PutCapturesRequest* request,
+                                          kiln::v1::PutCapturesResponse*) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context, Rpc::kPutCaptures); !s.ok()) return s;
+  if (options_.frozen) {
+    stats_->Refuse(Refusal::kFrozen);
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "kilnd is frozen: it stores nothing new");
+  }
+  absl::Status stored = captures_.records->Put(request->key(), request->record());
+  if (absl::IsInvalidArgument(stored) || absl::IsPermissionDenied(stored)) {
+    stats_->Refuse(Refusal::kInvalid);
+  }
+  return ToGrpc(stored);
+}
+
+grpc::Status KilnServiceImpl::GetCaptures(grpc::ServerContext* context,
+                                          const kiln::v1::GetCapturesRequest* request,
+                                          kiln::v1::GetCapturesResponse* response) {
+  ActiveCall active(active_calls_);
+  if (grpc::Status s = Admit(context, Rpc::kGetCaptures); !s.ok()) return s;
+  if (!cache::IsWellFormedKey(request->key())) {
+    stats_->Refuse(Refusal::kInvalid);
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "malformed capture key");
+  }
+  absl::StatusOr<std::string> record = captures_.records->Get(request->key());
+  if (record.ok()) {
+    response->set_found(true);
+    response->set_record(*std::move(record));
+  }
   return grpc::Status::OK;
 }
 

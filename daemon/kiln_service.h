@@ -9,6 +9,7 @@
 
 #include "cache/artifact_cache.h"
 #include "cache/artifact_store.h"
+#include "cache/capture_records.h"
 #include "compiler/compiler.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_allowlist.h"
@@ -27,13 +28,19 @@ struct ServiceOptions {
   std::string token;
 };
 
+// The stored-capture records a service serves, and the store they live in (for its counts).
+struct ServiceCaptures {
+  cache::CaptureRecords* records;
+  const cache::ArtifactStore* store;
+};
+
 class KilnServiceImpl final : public kiln::v1::KilnService::Service {
  public:
   // Pointers must outlive the service. `on_activity` is called at the start of every call;
   // `on_shutdown` when a client asks the daemon to stop; `draining` reports shutdown.
   KilnServiceImpl(ServiceOptions options, compiler::Compiler* compiler, CompileScheduler* scheduler,
-                  cache::ArtifactCache* cache, cache::ArtifactStore* store, WorkerPool* pool,
-                  DaemonStats* stats, std::function<void()> on_activity,
+                  cache::ArtifactCache* cache, cache::ArtifactStore* store,
+                  ServiceCaptures captures, WorkerPool* pool, DaemonStats* stats, std::function<void()> on_activity,
                   std::function<void()> on_shutdown, const std::atomic<bool>* draining);
 
   grpc::Status Compile(grpc::ServerContext* context, const kiln::v1::CompileRequest* request,
@@ -46,6 +53,12 @@ class KilnServiceImpl final : public kiln::v1::KilnService::Service {
                       kiln::v1::HealthResponse* response) override;
   grpc::Status Shutdown(grpc::ServerContext* context, const kiln::v1::ShutdownRequest* request,
                         kiln::v1::ShutdownResponse* response) override;
+  grpc::Status PutCaptures(grpc::ServerContext* context,
+                           const kiln::v1::PutCapturesRequest* request,
+                           kiln::v1::PutCapturesResponse* response) override;
+  grpc::Status GetCaptures(grpc::ServerContext* context,
+                           const kiln::v1::GetCapturesRequest* request,
+                           kiln::v1::GetCapturesResponse* response) override;
 
   // Calls being handled now (the daemon waits for these to reach 0 when it drains).
   int active_calls() const { return active_calls_.load(); }
@@ -61,6 +74,7 @@ class KilnServiceImpl final : public kiln::v1::KilnService::Service {
   CompileScheduler* scheduler_;
   cache::ArtifactCache* cache_;
   cache::ArtifactStore* store_;
+  ServiceCaptures captures_;
   WorkerPool* pool_;
   DaemonStats* stats_;
   std::function<void()> on_activity_;

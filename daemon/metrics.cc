@@ -14,8 +14,8 @@ using prometheus::MetricFamily;
 using prometheus::MetricType;
 
 // Label values, in the order of the enums in daemon_stats.h.
-constexpr std::array<std::string_view, kRpcCount> kRpcNames = {"Compile", "Lookup", "Stats",
-                                                               "Health", "Shutdown"};
+constexpr std::array<std::string_view, kRpcCount> kRpcNames = {
+    "Compile", "Lookup", "Stats", "Health", "Shutdown", "PutCaptures", "GetCaptures"};
 constexpr std::array<std::string_view, kRefusalCount> kRefusalNames = {
     "unauthenticated", "too_large", "invalid", "frozen", "queue_full"};
 

@@ -172,8 +172,14 @@ def test_a_tampered_record_is_never_installed(kilnd_cache, model_dir):
                                                            b'{"float":"3.0"}'))
             tampered += 1
     assert tampered
+    # The altered file is refused; the genuine record kilnd keeps guards SCALE == 2.0, which
+    # fails here: captured again.
     assert run_child(model_dir, MODEL_SCALE="3.0")["stored"] == [False]
-    assert run_child(model_dir)["stored"] == [False]
+    # With SCALE 2.0 the genuine record (kilnd's, written back over the altered file) holds.
+    assert run_child(model_dir)["stored"] == [True]
+    for path in records:
+        tag, _, payload = path.read_bytes().partition(b"\n")
+        assert b'{"float":"2.0"}' in payload and tag  # no longer the altered bytes
 
 
 def test_stored_captures_can_be_turned_off(kilnd_cache, model_dir):
@@ -278,3 +284,20 @@ def test_a_frame_with_a_graph_break_is_stored_with_its_resume_function(kilnd_cac
     (model_dir / "model.py").write_text(source.replace("y = y - 1", "y = y - 2"))
     third = run_child(model_dir, MODEL_BREAK="1")
     assert third["stored"] == [False] and third["resumes_stored"] == [False]
+
+
+def test_a_record_only_kilnd_keeps_is_installed_and_kept_again(kilnd_cache, model_dir):
+    """A capture is stored in kilnd too (PutCaptures): a machine whose directory has none (a new
+    host of a fleet whose kilnd shares a Redis tier) installs it from kilnd (GetCaptures)."""
+    import shutil
+
+    assert run_child(model_dir)["stored"] == [False]
+    shutil.rmtree(kilnd_cache / "captures")
+    second = run_child(model_dir)
+    assert second["stored"] == [True]
+    assert not second["dynamo"]
+    assert any((kilnd_cache / "captures").glob("??/*"))  # kept in the directory again
+    from kiln.state import STATE
+
+    stats = STATE.daemon.client().stats()
+    assert stats.capture_records >= 1 and stats.capture_hits >= 1

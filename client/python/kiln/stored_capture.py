@@ -729,7 +729,8 @@ class StoredCaptures:
                 mac_key = read_mac_key(settings.mac_key_file)
             except DaemonUnavailable:
                 return None  # no kilnd has run with this cache yet: nothing stored either
-            self._store = CaptureStore(settings.cache_dir / "captures", mac_key)
+            self._store = CaptureStore(settings.cache_dir / "captures", mac_key,
+                                       daemon=STATE.daemon.client())
             self._store_settings = settings
         return self._store
 

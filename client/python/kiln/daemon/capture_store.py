@@ -1,6 +1,8 @@
-"""Stored captures on disk: for a capture key (kiln.stored_capture.capture_key), the records of
-the entries captured for that code, in the private cache directory every process on the
-machine shares. A missing, unreadable, malformed or unauthenticated file is a miss.
+"""Stored captures: for a capture key (kiln.stored_capture.capture_key), the records of the
+entries captured for that code, in the private cache directory every process on the machine
+shares, and in kilnd's tiers (its capture store and the shared Redis tier, PutCaptures and
+GetCaptures), where the processes of other machines find them. A missing, unreadable, malformed
+or unauthenticated record is a miss; a kilnd that is down or answers slowly is a miss too.
 
 A file is "<tag>\\n<payload>", payload = JSON (never pickle: nothing read here is unpickled),
 tag = HMAC-SHA256(MAC key, domain | capture key | payload): a record altered, copied under
@@ -8,25 +10,32 @@ another key or written with another daemon's key is never installed."""
 import hashlib
 import hmac
 import json
+import logging
 import re
 from pathlib import Path
 from typing import List, Optional
 
 from kiln.daemon.private_files import write_private
 
+log = logging.getLogger("kiln")
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _DOMAIN = b"kiln-stored-capture-v1\0"
 # A stored record larger than this is refused unread (a capture of thousands of guards is
-# well under a megabyte).
-MAX_RECORD_BYTES = 64 << 20
+# well under a megabyte); kilnd refuses larger ones too (cache/capture_records.h).
+MAX_RECORD_BYTES = 4 << 20
 # Entries kept per code: the newest, as the frame hook keeps at most cache_size_limit.
 MAX_ENTRIES = 8
 
 
 class CaptureStore:
-    def __init__(self, root: Path, mac_key: bytes):
+    """`daemon`: a kiln.daemon.client.DaemonClient whose tiers back the directory (None: the
+    directory alone)."""
+
+    def __init__(self, root: Path, mac_key: bytes, daemon=None):
         self.root = Path(root)
         self._mac_key = mac_key
+        self._daemon = daemon
 
     def _path(self, key: str) -> Path:
         if not _HEX64.fullmatch(key):
@@ -38,14 +47,30 @@ class CaptureStore:
         return hmac.new(self._mac_key, msg, hashlib.sha256).hexdigest()
 
     def get(self, key: str) -> List[dict]:
-        """The entries stored for `key`, newest first; [] when none or the file is not one this
-        store wrote under this MAC key."""
+        """The entries stored for `key`, newest first: from the directory, else from kilnd (then
+        kept in the directory); [] when none verifies under this MAC key."""
         try:
             with open(self._path(key), "rb") as f:
                 data = f.read(MAX_RECORD_BYTES + 1)
         except OSError:
-            return []
-        return self.decode(key, data)
+            data = b""
+        entries = self.decode(key, data)
+        if entries or self._daemon is None:
+            return entries
+        data = self._fetch(key)
+        entries = self.decode(key, data) if data else []
+        if entries:
+            write_private(self._path(key), data)
+        return entries
+
+    def _fetch(self, key: str) -> Optional[bytes]:
+        from kiln.daemon.client import DaemonUnavailable
+
+        try:
+            return self._daemon.get_captures(key)
+        except DaemonUnavailable as e:
+            log.debug("kiln: stored captures not fetched from kilnd: %s", e)
+            return None
 
     def decode(self, key: str, data: bytes) -> List[dict]:
         if len(data) > MAX_RECORD_BYTES:
@@ -74,7 +99,15 @@ class CaptureStore:
         self.write(key, [entry] + entries)
 
     def write(self, key: str, entries: List[dict]) -> None:
-        write_private(self._path(key), self.encode(key, entries))
+        data = self.encode(key, entries)
+        write_private(self._path(key), data)
+        if self._daemon is not None:
+            from kiln.daemon.client import DaemonUnavailable
+
+            try:
+                self._daemon.put_captures(key, data)
+            except DaemonUnavailable as e:
+                log.debug("kiln: stored captures not sent to kilnd: %s", e)
 
     def note_location(self, location: str, parts: dict) -> None:
         """Remembers that a capture with key `parts` was stored for the code at `location`

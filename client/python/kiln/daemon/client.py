@@ -202,6 +202,20 @@ class DaemonClient:
     def lookup_key(self, key: str, timeout: float = 10.0):
         return self._call_running("Lookup", self.pb.service.LookupRequest(key=key), timeout)
 
+    def put_captures(self, key: str, record: bytes, timeout: float = 5.0):
+        """Stores a signed stored-capture record (kiln.daemon.capture_store) in the daemon's
+        tiers, where other processes and machines find it."""
+        self.ensure_running()
+        return self._call("PutCaptures", self.pb.service.PutCapturesRequest(
+            key=key, record=record), timeout)
+
+    def get_captures(self, key: str, timeout: float = 5.0) -> Optional[bytes]:
+        """The signed stored-capture record the daemon's tiers hold for `key`, or None."""
+        self.ensure_running()
+        response = self._call("GetCaptures", self.pb.service.GetCapturesRequest(key=key),
+                              timeout)
+        return response.record if response.found else None
+
     def _call_running(self, method: str, request, timeout: float):
         """A watched call on a running daemon. A local daemon found dead (killed, crashed, idle
         exit) is started again and the call made once more, so the graph is still compiled."""
