@@ -6,14 +6,17 @@ with kiln.compile(model, backend="kiln") and checking them against eager.
     python bench/bench_fleet.py [--clients 64] [--daemons 3] [--no-restart] [--timeout S]
                                 [--client-nice N] [--workers N] [--keep] [--out F]
 
-Waves of N clients: on a cold cache; again on the warm cache (same daemons); and again after
+Waves of N clients: on a cold cache; again on the warm cache (same daemons); again after
 every kilnd was restarted (new processes on the same cache folders and Redis; --no-restart skips
-it). For each wave it reports:
+it); and on a new host: one more kilnd on an empty cache directory joins the Redis tier, and all N
+clients use it, with an empty client cache directory. For each wave it reports:
   compiles      the compiles the three kilnd ran (their Stats counters, summed), per distinct
                 graph: the target is 1.0, each graph compiled once across the fleet
   waits         keys a kilnd left to another that held their compile lease in Redis, and the
                 wait hits, those served the other's artifact (Stats: shared_compile_wait*)
   wall          from the fork of the N clients until the last one finished: time to a warm fleet
+  stored        (client, model) pairs installed from a stored capture (no tracing): all of them,
+                2 per client, once the fleet is warm, on the new host too (through Redis)
   failed        clients that saw an error, a wrong result, a kiln warning or an eager fallback
   first call    p50/p95 over the clients of the first calls of both models (capture or stored
                 capture, lowering, compile or cache hit, loading, one run)
@@ -35,7 +38,8 @@ from fleet import MODELS, Fleet  # noqa: E402
 
 COLUMNS = (("wall s", 8), ("ok", 5), ("failed", 7), ("compiles", 9), ("graphs", 7),
            ("per graph", 10), ("hits", 6), ("remote hits", 12), ("waits", 6), ("wait hits", 10),
-           ("first p50", 10), ("first p95", 10), ("ready p50", 10), ("ready p95", 10))
+           ("stored", 7), ("first p50", 10), ("first p95", 10), ("ready p50", 10),
+           ("ready p95", 10))
 
 
 def row(label: str, w: dict) -> str:
@@ -45,7 +49,7 @@ def row(label: str, w: dict) -> str:
              sum(s["remote_hits"] for s in w["daemon_stats"]),
              sum(s["shared_compile_waits"] for s in w["daemon_stats"]),
              sum(s["shared_compile_wait_hits"] for s in w["daemon_stats"]),
-             _f(f["p50"]), _f(f["p95"]), _f(r["p50"]), _f(r["p95"]))
+             w["stored_captures"], _f(f["p50"]), _f(f["p95"]), _f(r["p50"]), _f(r["p95"]))
     return f"  {label:24}" + "".join(f"{c:>{width}}" for c, (_, width) in zip(cells, COLUMNS))
 
 
@@ -111,6 +115,7 @@ def main() -> int:
         if not args.no_restart:
             fleet.restart_daemons()
             waves["warm, kilnd restarted"] = fleet.wave(args.clients, args.timeout)
+        waves["new host"] = fleet.wave(args.clients, args.timeout, daemons=[fleet.add_daemon()])
         if args.keep:
             print(f"fleet folder kept: {fleet.root}")
     report(args, waves)

@@ -155,15 +155,27 @@ class Fleet:
     def stats(self) -> List[dict]:
         return [d.stats() for d in self.daemons]
 
+    def add_daemon(self, workers: Optional[int] = None) -> int:
+        """Starts one more kilnd on a new, empty cache directory sharing the fleet's Redis and
+        key (a new host joining the fleet); returns its index."""
+        d = FleetDaemon(self.daemons[0].binary, self.root, f"kilnd{len(self.daemons)}",
+                        self.redis.address, self.key, workers)
+        d.start()
+        self.daemons.append(d)
+        return len(self.daemons) - 1
+
     def restart_daemons(self) -> None:
         for d in self.daemons:
             d.stop()
         for d in self.daemons:
             d.start()
 
-    def wave(self, clients: int, timeout: float = 1800.0) -> dict:
-        """Starts `clients` client processes at once, waits (at most `timeout` s) for all of
-        them, and returns the wave's summary."""
+    def wave(self, clients: int, timeout: float = 1800.0,
+             daemons: Optional[List[int]] = None) -> dict:
+        """Starts `clients` client processes at once, round-robin over the daemons with these
+        indices (all by default), waits (at most `timeout` s) for all of them, and returns the
+        wave's summary (its daemon_stats: every daemon's)."""
+        chosen = [self.daemons[i] for i in daemons] if daemons is not None else self.daemons
         out = self.root / f"wave{self.waves}"
         self.waves += 1
         out.mkdir()
@@ -171,8 +183,9 @@ class Fleet:
                if k not in ("KILN_DAEMON", "KILN_CACHE_DIR", "XDG_RUNTIME_DIR")}
         env["KILN_MAC_KEY_FILE"] = str(self.key)
         env["FLEET_DAEMONS"] = json.dumps([{"socket": str(d.socket),
-                                            "cache_dir": str(d.cache_dir)}
-                                           for d in self.daemons])
+                                            "cache_dir": str(d.cache_dir),
+                                            "index": self.daemons.index(d)}
+                                           for d in chosen])
         before = self.stats()
         nice = self.client_nice
         with open(out / "zygote.log", "wb") as log:
@@ -276,4 +289,7 @@ def summarize(records: List[dict], stats: List[dict], wall_s: float, models: Lis
         "artifacts_compiled": sum(k["served_compiled"] for k in keys.values()),
         "artifacts_cache_hits": sum(k["served"] - k["served_compiled"] for k in keys.values()),
         "artifacts_index_hits": sum(k["index_hits"] for k in keys.values()),
+        # (client, model) pairs whose frame was installed from a stored capture, not traced.
+        "stored_captures": sum(bool(m.get("stored_capture")) for r in records
+                               for m in r["models"].values()),
     }

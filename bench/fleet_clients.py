@@ -14,8 +14,8 @@ torch.testing.assert_close.
 Each client writes one JSON object on its stdout, which is OUT_DIR/client-<slot>.json (its stderr
 is client-<slot>.log):
   {"slot", "pid", "daemon", "ok", "ready_s" (fork to done), "models": {name: {"first_call_s",
-   "correct", "artifacts": [{"key", "cache_hit", "index_hit", "compile_s"}]}}, "warnings",
-   "errors"}
+   "correct", "stored_capture" (installed without tracing), "artifacts": [{"key", "cache_hit",
+   "index_hit", "compile_s"}]}}, "warnings", "errors"}
 ok: every model ran kiln's artifacts (no eager fallback), correct results, no exception and no
 warning from kiln. The zygote prints {"started", "finished", "exits": {slot: status}} (time.time()
 of the fork and of the last client's end) once every client ended or TIMEOUT_S passed (then the
@@ -50,7 +50,8 @@ def run_client(slot: int, models: list, daemons: list, started: float) -> dict:
     kiln.reset()  # the daemon settings are read from this environment on first use
     warnings = _Warnings()
     logging.getLogger("kiln").addHandler(warnings)
-    record = {"slot": slot, "pid": os.getpid(), "daemon": daemon, "models": {}, "errors": []}
+    record = {"slot": slot, "pid": os.getpid(), "daemon": daemons[daemon].get("index", daemon),
+              "models": {}, "errors": []}
     for name in models:
         m, inputs = build_model(name)
         seen = len(kiln.debug.artifacts())
@@ -70,6 +71,8 @@ def run_client(slot: int, models: list, daemons: list, started: float) -> dict:
         result["artifacts"] = [{"key": a.key, "cache_hit": a.cache_hit, "index_hit": a.index_hit,
                                 "compile_s": a.compile_seconds}
                                for a in kiln.debug.artifacts()[seen:]]
+        result["stored_capture"] = any(e.info.extra.get("stored_capture") for e in
+                                       kiln.debug.cache_entries(type(m).forward.__code__))
     record["warnings"] = warnings.messages
     record["ok"] = (not record["errors"] and not warnings.messages and
                     all(r["correct"] and r["artifacts"] for r in record["models"].values()))

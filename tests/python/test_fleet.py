@@ -8,7 +8,8 @@ no warning) and right results, and each graph is compiled exactly once across th
 kilnd that misses a key first takes its compile lease in Redis, and the others, missing it while
 it compiles, wait for its artifact instead of compiling it too (their clients get a hit). Once
 the cache is warm no wave compiles anything, whether the daemons are the same processes or new
-ones."""
+ones; and on a new host joining the fleet (its kilnd and its clients' cache directory empty),
+every frame is installed from the stored captures the fleet keeps in Redis, without tracing."""
 import sys
 import time
 
@@ -44,6 +45,9 @@ def test_fleet_of_three_kilnd_sharing_redis_compiles_each_graph_exactly_once():
         warm = fleet.wave(CLIENTS, timeout=60)
         fleet.restart_daemons()
         restarted = fleet.wave(CLIENTS, timeout=60)
+        # A new host joins: its kilnd and its clients' cache directory are empty; what the
+        # fleet stored (artifacts and stored captures) reaches it through Redis.
+        new_host = fleet.wave(CLIENTS, timeout=60, daemons=[fleet.add_daemon()])
     took = time.monotonic() - began
     print(f"\n[figure] cold: {cold['compiles']} compiles for {cold['distinct_graphs']} graphs "
           f"(by daemon: {[s['compiles'] for s in cold['daemon_stats']]}; waits for another's "
@@ -62,9 +66,13 @@ def test_fleet_of_three_kilnd_sharing_redis_compiles_each_graph_exactly_once():
     for key in cold["keys"].values():
         assert len(key["compiled_by"]) == 1  # one kilnd compiled it; the others served a hit
 
-    for wave in (warm, restarted):
+    for wave in (warm, restarted, new_host):
         check_wave(wave, graphs)
         assert wave["compiles"] == 0, wave["daemon_stats"]
         assert wave["artifacts_compiled"] == 0
         assert set(wave["keys"]) == set(cold["keys"])
-    assert took < 120
+        # Every client of a warm fleet installs its frames from stored captures: no tracing.
+        assert wave["stored_captures"] == CLIENTS * graphs
+    new_kilnd = new_host["daemon_stats"][-1]
+    assert new_kilnd["remote_hits"] == graphs  # the artifacts came from the shared tier
+    assert took < 150
