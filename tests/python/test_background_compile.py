@@ -158,3 +158,22 @@ def test_a_failing_capture_leaves_the_code_running_eagerly(background, caplog):
     kiln.wait_for_compiles(30)
     for _ in range(2):
         assert_close(g(x), x * 3)
+
+
+def test_a_frame_that_adds_to_its_kwargs_gets_an_entry_for_how_it_was_called(background):
+    # The worker starts once the call has returned; by then the frame has added to the **kwargs
+    # dict the call made for it (transformers' config-defaults wrapper does): the worker reads
+    # the dict as it was when the call began, so the entry's guards hold for the next such call.
+    backend = SlowBackend(delay=0.0)
+
+    def fn(x, **kwargs):
+        kwargs.setdefault("scale", 2.0)
+        return x * kwargs["scale"] + 1
+
+    compiled = kiln.compile(fn, backend=backend)
+    x = torch.randn(4)
+    assert_close(compiled(x), x * 2 + 1)
+    assert kiln.wait_for_compiles(30)
+    assert_close(compiled(x), x * 2 + 1)
+    assert backend.compiles == 1
+    assert backend.calls == 1  # the entry ran: made for a call without kwargs, like this one

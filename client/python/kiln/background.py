@@ -9,6 +9,7 @@ and autocast modes (torch keeps them per thread). The entry it makes is used onl
 whose guards it passes, like any other: what the eager call changed meanwhile can only make it
 miss, never run wrongly."""
 import contextlib
+import inspect
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +45,19 @@ def _in_modes(modes):
         yield
 
 
+def _as_called(code, slots: tuple) -> tuple:
+    """`slots` with the frame's **kwargs dict copied: the call made that dict for this frame
+    alone, and the frame may add to it (transformers' config-defaults wrapper does) before the
+    worker reads it; everything else is the caller's objects, whose later state the entry's
+    guards check when it is handed out."""
+    if not code.co_flags & inspect.CO_VARKEYWORDS:
+        return slots
+    at = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)
+    if at >= len(slots) or type(slots[at]) is not dict:
+        return slots
+    return slots[:at] + (dict(slots[at]),) + slots[at + 1:]
+
+
 class BackgroundCompiler:
     """One worker thread for the process's background captures (they share the GIL and kilnd:
     one at a time is as fast as several, and leaves the serving threads their share)."""
@@ -75,6 +89,7 @@ class BackgroundCompiler:
             started = Future()  # pending from now: other calls meanwhile run eagerly
             self._pending[code] = started
         modes = _thread_modes()
+        slots = _as_called(code, slots)
 
         def start():
             with self._lock:
