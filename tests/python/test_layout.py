@@ -95,6 +95,31 @@ def test_cuda_convolutions_take_channels_last_weights_too():
         assert torch.utils._pytree.tree_leaves(out)[0].meta["val"].is_contiguous()
 
 
+def test_cuda_graphs_of_mostly_grouped_convolutions_keep_their_layout():
+    """ResNeXt-like grouped convolutions (several input channels per group) are slower in NHWC
+    on cuDNN: a CUDA graph whose work is mostly theirs is left alone, while depthwise ones (one
+    input channel per group, MobileNet's) go channels-last."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    F = torch.nn.functional
+
+    with FakeTensorMode():
+        x = torch.empty(2, 64, 16, 16, device="cuda")
+        grouped = [torch.empty(64, 64, 1, 1, device="cuda"),
+                   torch.empty(64, 8, 3, 3, device="cuda"), x]     # 8 groups of 8 channels
+        depthwise = [torch.empty(64, 64, 1, 1, device="cuda"),
+                     torch.empty(64, 1, 3, 3, device="cuda"), x]   # 64 groups of 1
+
+    def g(w1, w2, x):
+        return F.conv2d(F.conv2d(x, w1), w2, padding=1, groups=w1.shape[0] // w2.shape[1])
+
+    assert layout.channels_last(make_fx(g, tracing_mode="fake")(*grouped), grouped) is None
+    relaid = layout.channels_last(make_fx(g, tracing_mode="fake")(*depthwise), depthwise)
+    assert relaid is not None
+    for conv in convolutions(relaid):
+        assert conv.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
+
+
 def test_metadata_after_the_pass_matches_real_execution():
     m = ConvNet(groups=8).eval()
     x = torch.randn(2, 3, 12, 12)

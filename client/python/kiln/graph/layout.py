@@ -21,6 +21,29 @@ aten = torch.ops.aten
 MIN_CONVOLUTIONS = 2
 
 
+# On CUDA: the largest share of the convolutions' multiply-adds that grouped convolutions with
+# more than one input channel per group (ResNeXt's) may have for the graph to go channels-last.
+# cuDNN's NHWC kernels for those can be several times slower than its NCHW ones, while dense and
+# depthwise (one input channel per group) convolutions gain.
+MAX_GROUPED_SHARE = 0.25
+
+
+def _macs(conv: torch.fx.Node) -> int:
+    """Multiply-adds of a 2-D convolution: one per output element per weight element of its
+    group."""
+    w, y = conv.args[1].meta["val"], conv.meta["val"]
+    return y.numel() * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _grouped_share(convs) -> float:
+    """The share of `convs`' multiply-adds in grouped convolutions with more than one input
+    channel per group."""
+    total = sum(_macs(c) for c in convs)
+    grouped = sum(_macs(c) for c in convs
+                  if _groups(c) > 1 and c.args[1].meta["val"].shape[1] > 1)
+    return grouped / total if total else 0.0
+
+
 def _to_channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
@@ -61,10 +84,13 @@ def channels_last(aten_gm: torch.fx.GraphModule,
                   example_inputs: Sequence) -> Optional[torch.fx.GraphModule]:
     """`aten_gm` retraced with its 2-D convolutions' activations (and the weights
     _weight_channels_last names) channels-last, or
-    None when that does not apply (too few convolutions, an output whose eager layout it could
-    not restore)."""
+    None when that does not apply (too few convolutions, on CUDA a graph whose work is mostly
+    grouped convolutions, an output whose eager layout it could not restore)."""
     convs = [n for n in aten_gm.graph.nodes if _wants_channels_last(n)]
     if len(convs) < MIN_CONVOLUTIONS:
+        return None
+    if convs[0].args[0].meta["val"].device.type == "cuda" and \
+            _grouped_share(convs) > MAX_GROUPED_SHARE:
         return None
     graph = torch.fx.Graph()
     env = {}
