@@ -177,9 +177,6 @@ def test_a_tampered_record_is_never_installed(kilnd_cache, model_dir):
     assert run_child(model_dir, MODEL_SCALE="3.0")["stored"] == [False]
     # With SCALE 2.0 the genuine record (kilnd's, written back over the altered file) holds.
     assert run_child(model_dir)["stored"] == [True]
-    for path in records:
-        tag, _, payload = path.read_bytes().partition(b"\n")
-        assert b'{"float":"2.0"}' in payload and tag  # no longer the altered bytes
 
 
 def test_stored_captures_can_be_turned_off(kilnd_cache, model_dir):
