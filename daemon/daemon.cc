@@ -163,7 +163,8 @@ absl::Status Daemon::Start() {
   if (!config_.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = MetricsEndpoint::Start(
         config_.metrics_listen, std::make_shared<DaemonMetrics>(MetricsSources{
-                                    &stats_, pool_.get(), cache_.get(), store_.get()}));
+                                    &stats_, pool_.get(), cache_.get(), store_.get(),
+                                    captures_.get(), capture_store_.get()}));
     if (!metrics.ok()) return metrics.status();
     metrics_ = *std::move(metrics);
     spdlog::info("serving metrics on {} (port {})", config_.metrics_listen, metrics_->port());

@@ -111,6 +111,17 @@ std::vector<MetricFamily> DaemonMetrics::Collect() const {
   families.push_back(Single("kiln_store_evictions_total",
                             "Artifacts evicted from the local store by its size limit.",
                             MetricType::Counter, store.evictions));
+  const cache::CaptureRecordStats captures = sources_.captures->Stats();
+  families.push_back(Single("kiln_capture_records", "Stored-capture records in the local store.",
+                            MetricType::Gauge, sources_.capture_store->Stats().entries));
+  families.push_back(Single("kiln_capture_hits_total",
+                            "GetCaptures calls served a record (from either tier).",
+                            MetricType::Counter, captures.gets));
+  families.push_back(Single("kiln_capture_puts_total", "Stored-capture records stored.",
+                            MetricType::Counter, captures.puts));
+  families.push_back(Single("kiln_capture_rejected_total",
+                            "Stored-capture records refused or dropped for failing verification.",
+                            MetricType::Counter, captures.rejected));
   families.push_back(Labelled("kiln_requests_total", "RPCs received, refused ones included.", "rpc",
                               kRpcNames, Load(sources_.stats->requests)));
   families.push_back(Labelled("kiln_requests_refused_total", "Requests refused, by reason.",

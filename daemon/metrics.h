@@ -9,6 +9,7 @@
 
 #include "cache/artifact_cache.h"
 #include "cache/artifact_store.h"
+#include "cache/capture_records.h"
 #include "daemon/daemon_stats.h"
 #include "daemon/worker_pool.h"
 
@@ -20,6 +21,8 @@ struct MetricsSources {
   const WorkerPool* pool;
   const cache::ArtifactCache* cache;
   const cache::ArtifactStore* store;
+  const cache::CaptureRecords* captures;      // stored-capture records
+  const cache::ArtifactStore* capture_store;  // and the store they live in
 };
 
 // A prometheus-cpp Collectable that reads its sources afresh on every scrape:
@@ -29,6 +32,8 @@ struct MetricsSources {
 //   kiln_shared_compile_waits_total, kiln_shared_compile_wait_hits_total
 //   kiln_store_bytes, kiln_store_entries, kiln_store_evictions_total
 //   kiln_requests_total{rpc}, kiln_requests_refused_total{reason}
+//   kiln_capture_records, kiln_capture_hits_total, kiln_capture_puts_total,
+//   kiln_capture_rejected_total
 // Thread-safe: scrapes run on the HTTP server's threads while the daemon serves.
 class DaemonMetrics final : public prometheus::Collectable {
  public:

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "cache/capture_records.h"
+#include "cache/mac.h"
 #include "tests/cpp/support/graphs.h"
 #include "tests/cpp/support/held_compiles.h"
 #include "tests/cpp/support/redis_server.h"
@@ -157,7 +159,8 @@ TEST(KilndMetrics, EveryMetricHasHelpAndType) {
         "kiln_compiles_in_flight", "kiln_compile_waiting_requests", "kiln_store_bytes",
         "kiln_store_entries", "kiln_store_evictions_total", "kiln_requests_total",
         "kiln_requests_refused_total", "kiln_shared_compile_waits_total",
-        "kiln_shared_compile_wait_hits_total"}) {
+        "kiln_shared_compile_wait_hits_total", "kiln_capture_records", "kiln_capture_hits_total",
+        "kiln_capture_puts_total", "kiln_capture_rejected_total"}) {
     EXPECT_NE(scrape.find(std::string("# HELP ") + name + " "), std::string::npos) << name;
     EXPECT_NE(scrape.find(std::string("# TYPE ") + name + " "), std::string::npos) << name;
   }
@@ -166,6 +169,37 @@ TEST(KilndMetrics, EveryMetricHasHelpAndType) {
   EXPECT_NE(scrape.find("# TYPE kiln_requests_refused_total counter"), std::string::npos);
   EXPECT_NE(HttpGet(kilnd.daemon().metrics_port(), "/other").status_line.find(" 404 "),
             std::string::npos);
+}
+
+TEST(KilndMetrics, StoredCaptureRecordsAreCounted) {
+  TempDir dir;
+  TestDaemon kilnd(dir.path(), {}, WithMetrics);
+  absl::StatusOr<cache::Mac> mac = cache::Mac::LoadOrCreate(kilnd.config().mac_key_file);
+  ASSERT_TRUE(mac.ok());
+  const std::string key(64, 'c');
+  auto put = [&](const std::string& record) {
+    grpc::ClientContext context;
+    kiln::v1::PutCapturesRequest request;
+    request.set_key(key);
+    request.set_record(record);
+    kiln::v1::PutCapturesResponse response;
+    return kilnd.NewClient()->PutCaptures(&context, request, &response);
+  };
+  ASSERT_TRUE(put(cache::CaptureRecords::Sign(*mac, key, "payload")).ok());
+  EXPECT_FALSE(put(cache::CaptureRecords::Sign(*mac, std::string(64, 'd'), "payload")).ok());
+  grpc::ClientContext context;
+  kiln::v1::GetCapturesRequest get;
+  get.set_key(key);
+  kiln::v1::GetCapturesResponse got;
+  ASSERT_TRUE(kilnd.NewClient()->GetCaptures(&context, get, &got).ok());
+  ASSERT_TRUE(got.found());
+  ExpectSamples(Scrape(kilnd), {{"kiln_capture_records", 1},
+                                {"kiln_capture_puts_total", 1},
+                                {"kiln_capture_hits_total", 1},
+                                {"kiln_capture_rejected_total", 1},
+                                {"kiln_requests_total{rpc=\"PutCaptures\"}", 2},
+                                {"kiln_requests_total{rpc=\"GetCaptures\"}", 1},
+                                {"kiln_store_entries", 0}});
 }
 
 TEST(KilndMetrics, AFailedCompileIsAnErrorAndStillTimed) {
