@@ -1,8 +1,6 @@
 // ArtifactCache: local then remote lookup, verification, write-through, and their counts.
 #include "cache/artifact_cache.h"
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 
 namespace kiln::cache {
@@ -22,20 +20,20 @@ absl::StatusOr<kiln::v1::Artifact> ArtifactCache::Check(std::string_view key,
   return artifact;
 }
 
+// The accept function for the tiers: verifies `value` as the artifact of `key` into *out.
+VerifiedTiers::Accept ArtifactCache::Into(std::string_view key, kiln::v1::Artifact* out) {
+  return [this, key, out](std::string_view value) -> absl::Status {
+    absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, value);
+    if (!artifact.ok()) return artifact.status();
+    *out = *std::move(artifact);
+    return absl::OkStatus();
+  };
+}
+
 absl::StatusOr<CacheHit> ArtifactCache::LookupLocal(std::string_view key) {
-  absl::StatusOr<std::string> payload = local_->Get(key);
-  if (payload.ok()) {
-    absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, *payload);
-    if (artifact.ok()) return CacheHit{*std::move(artifact), CacheTier::kLocal};
-    ++rejected_;
-    spdlog::warn("dropping local artifact {}: {}", key, artifact.status().ToString());
-    local_->Delete(key).IgnoreError();
-  } else if (payload.status().code() == absl::StatusCode::kDataLoss) {
-    spdlog::warn("{}", payload.status().ToString());
-  } else if (!absl::IsNotFound(payload.status())) {
-    spdlog::error("local artifact store: {}", payload.status().ToString());
-  }
-  return absl::NotFoundError("not cached");
+  CacheHit hit{kiln::v1::Artifact(), CacheTier::kLocal};
+  if (absl::Status s = tiers_.GetLocal(key, Into(key, &hit.artifact)); !s.ok()) return s;
+  return hit;
 }
 
 absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
@@ -43,7 +41,7 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
     ++local_hits_;
     return hit;
   }
-  if (remote_ == nullptr) {
+  if (tiers_.remote() == nullptr) {
     ++misses_;
     return absl::NotFoundError("not cached");
   }
@@ -58,25 +56,9 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
 }
 
 absl::StatusOr<CacheHit> ArtifactCache::FetchShared(std::string_view key) {
-  if (remote_ == nullptr) return absl::NotFoundError("not cached");
-  absl::StatusOr<std::string> payload = remote_->Get(key);
-  if (!payload.ok()) {
-    // A tier that is down says so once, when its circuit opens; its misses are quiet.
-    if (absl::IsDataLoss(payload.status())) {
-      spdlog::warn("shared cache tier: {}", payload.status().ToString());
-    }
-    return absl::NotFoundError("not cached");
-  }
-  absl::StatusOr<kiln::v1::Artifact> artifact = Check(key, *payload);
-  if (!artifact.ok()) {
-    ++rejected_;
-    spdlog::warn("ignoring shared artifact {}: {}", key, artifact.status().ToString());
-    return absl::NotFoundError("not cached");
-  }
-  if (absl::Status s = local_->Put(key, *payload); !s.ok()) {
-    spdlog::error("local artifact store: {}", s.ToString());
-  }
-  return CacheHit{*std::move(artifact), CacheTier::kRemote};
+  CacheHit hit{kiln::v1::Artifact(), CacheTier::kRemote};
+  if (absl::Status s = tiers_.GetShared(key, Into(key, &hit.artifact)); !s.ok()) return s;
+  return hit;
 }
 
 ArtifactCacheStats ArtifactCache::Stats() const {
@@ -85,28 +67,20 @@ ArtifactCacheStats ArtifactCache::Stats() const {
   stats.remote_hits = remote_hits_.load();
   stats.remote_misses = remote_misses_.load();
   stats.misses = misses_.load();
-  stats.rejected = rejected_.load();
+  stats.rejected = tiers_.rejected();
   return stats;
 }
 
 absl::Status ArtifactCache::Store(std::string_view key, const kiln::v1::Artifact& artifact) {
-  std::string payload = artifact.SerializeAsString();
-  absl::Status local = local_->Put(key, payload);
-  if (remote_ != nullptr && !remote_->read_only()) {
-    if (absl::Status s = remote_->Put(key, payload); !s.ok()) {
-      spdlog::debug("shared cache tier: {}", s.ToString());
-    }
-  }
-  return local;
+  return tiers_.Put(key, artifact.SerializeAsString());
 }
 
 absl::Status ArtifactCache::StoreLocal(std::string_view key, const kiln::v1::Artifact& artifact) {
-  return local_->Put(key, artifact.SerializeAsString());
+  return tiers_.PutLocal(key, artifact.SerializeAsString());
 }
 
 absl::Status ArtifactCache::Publish(std::string_view key, const kiln::v1::Artifact& artifact) {
-  if (remote_ == nullptr) return absl::FailedPreconditionError("no shared cache tier");
-  return remote_->PutNow(key, artifact.SerializeAsString());
+  return tiers_.PutShared(key, artifact.SerializeAsString());
 }
 
 }  // namespace kiln::cache

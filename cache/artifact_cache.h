@@ -19,6 +19,7 @@
 #include "cache/artifact_store.h"
 #include "cache/mac.h"
 #include "cache/remote_store.h"
+#include "cache/verified_tiers.h"
 #include "kiln/v1/artifact.pb.h"
 
 namespace kiln::cache {
@@ -50,7 +51,7 @@ class ArtifactCache {
  public:
   // `local` and `mac` must outlive the cache; `remote` may be null (no shared tier).
   ArtifactCache(ArtifactStore* local, RemoteStore* remote, const Mac* mac)
-      : local_(local), remote_(remote), mac_(mac) {}
+      : tiers_(local, remote, "artifact"), mac_(mac) {}
 
   // The verified artifact for `key`, or NotFound.
   absl::StatusOr<CacheHit> Lookup(std::string_view key);
@@ -72,20 +73,19 @@ class ArtifactCache {
   ArtifactCacheStats Stats() const;
   // The shared tier's counters (zeros without one).
   RemoteStoreStats remote_stats() const {
-    return remote_ != nullptr ? remote_->Stats() : RemoteStoreStats();
+    return tiers_.remote() != nullptr ? tiers_.remote()->Stats() : RemoteStoreStats();
   }
 
  private:
   absl::StatusOr<kiln::v1::Artifact> Check(std::string_view key, std::string_view payload);
+  VerifiedTiers::Accept Into(std::string_view key, kiln::v1::Artifact* out);
 
-  ArtifactStore* local_;
-  RemoteStore* remote_;
+  VerifiedTiers tiers_;
   const Mac* mac_;
   std::atomic<uint64_t> local_hits_{0};
   std::atomic<uint64_t> remote_hits_{0};
   std::atomic<uint64_t> remote_misses_{0};
   std::atomic<uint64_t> misses_{0};
-  std::atomic<uint64_t> rejected_{0};
 };
 
 }  // namespace kiln::cache

@@ -1,8 +1,6 @@
 // CaptureRecords: verification of stored-capture records, and their two tiers.
 #include "cache/capture_records.h"
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_key.h"
@@ -18,13 +16,6 @@ std::string TagInput(std::string_view key, std::string_view payload) {
   input.append(key).push_back('\0');
   input.append(payload);
   return input;
-}
-
-bool IsLowerHex(std::string_view s) {
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -44,7 +35,8 @@ absl::Status CaptureRecords::Verify(const Mac& mac, std::string_view key,
                                                    " bytes exceeds ", kMaxRecordBytes));
   }
   if (record.size() <= kTagHexDigits || record[kTagHexDigits] != '\n' ||
-      !IsLowerHex(record.substr(0, kTagHexDigits))) {
+      // A tag is written as a key is: 64 lowercase hex digits.
+      !IsWellFormedKey(record.substr(0, kTagHexDigits))) {
     return absl::InvalidArgumentError("not a capture record (<64 hex digits>\\n<payload>)");
   }
   const std::string tag =
@@ -56,58 +48,36 @@ absl::Status CaptureRecords::Verify(const Mac& mac, std::string_view key,
   return absl::OkStatus();
 }
 
-std::string CaptureRecords::RemoteKey(std::string_view key) {
-  return "capture:" + std::string(key);
-}
-
 absl::StatusOr<std::string> CaptureRecords::Get(std::string_view key) {
   if (!IsWellFormedKey(key)) return absl::InvalidArgumentError("malformed capture key");
-  absl::StatusOr<std::string> local = local_->Get(key);
-  if (local.ok()) {
-    if (absl::Status s = Verify(*mac_, key, *local); s.ok()) {
-      ++gets_;
-      return local;
-    } else {
-      ++rejected_;
-      spdlog::warn("dropping stored capture {}: {}", key, s.ToString());
-      local_->Delete(key).IgnoreError();
-    }
-  } else if (!absl::IsNotFound(local.status())) {
-    spdlog::warn("capture store: {}", local.status().ToString());
+  std::string record;
+  auto accept = [&](std::string_view value) {
+    absl::Status verified = Verify(*mac_, key, value);
+    if (verified.ok()) record = std::string(value);
+    return verified;
+  };
+  if (tiers_.GetLocal(key, accept).ok()) {
+    ++gets_;
+    return record;
   }
-  if (remote_ == nullptr) return absl::NotFoundError("no stored capture");
-  absl::StatusOr<std::string> shared = remote_->Get(RemoteKey(key));
-  if (!shared.ok()) return absl::NotFoundError("no stored capture");
-  if (absl::Status s = Verify(*mac_, key, *shared); !s.ok()) {
-    ++rejected_;
-    spdlog::warn("ignoring shared stored capture {}: {}", key, s.ToString());
-    return absl::NotFoundError("no stored capture");
-  }
-  if (absl::Status s = local_->Put(key, *shared); !s.ok()) {
-    spdlog::error("capture store: {}", s.ToString());
-  }
+  if (!tiers_.GetShared(key, accept).ok()) return absl::NotFoundError("no stored capture");
   ++gets_;
   ++remote_gets_;
-  return shared;
+  return record;
 }
 
 absl::Status CaptureRecords::Put(std::string_view key, std::string_view record) {
   if (absl::Status s = Verify(*mac_, key, record); !s.ok()) {
-    ++rejected_;
+    ++refused_;
     return s;
   }
-  absl::Status local = local_->Put(key, record);
-  if (remote_ != nullptr && !remote_->read_only()) {
-    if (absl::Status s = remote_->Put(RemoteKey(key), record); !s.ok()) {
-      spdlog::debug("shared cache tier: {}", s.ToString());
-    }
-  }
-  if (local.ok()) ++puts_;
-  return local;
+  absl::Status stored = tiers_.Put(key, record);
+  if (stored.ok()) ++puts_;
+  return stored;
 }
 
 CaptureRecordStats CaptureRecords::Stats() const {
-  return {gets_.load(), remote_gets_.load(), puts_.load(), rejected_.load()};
+  return {gets_.load(), remote_gets_.load(), puts_.load(), refused_.load() + tiers_.rejected()};
 }
 
 }  // namespace kiln::cache

@@ -28,6 +28,7 @@
 #include "cache/artifact_store.h"
 #include "cache/mac.h"
 #include "cache/remote_store.h"
+#include "cache/verified_tiers.h"
 
 namespace kiln::cache {
 
@@ -45,7 +46,7 @@ class CaptureRecords {
   // `local` (the daemon's capture store, not its artifact store) and `mac` must outlive this;
   // `remote` may be null.
   CaptureRecords(ArtifactStore* local, RemoteStore* remote, const Mac* mac)
-      : local_(local), remote_(remote), mac_(mac) {}
+      : tiers_(local, remote, "stored capture", "capture:"), mac_(mac) {}
 
   absl::StatusOr<std::string> Get(std::string_view key);
   absl::Status Put(std::string_view key, std::string_view record);
@@ -58,16 +59,13 @@ class CaptureRecords {
   CaptureRecordStats Stats() const;
 
  private:
-  // The shared tier's name of a capture key: apart from artifact keys in the same namespace.
-  static std::string RemoteKey(std::string_view key);
-
-  ArtifactStore* local_;
-  RemoteStore* remote_;
+  // The shared tier holds capture keys as "capture:<key>", apart from artifact keys.
+  VerifiedTiers tiers_;
   const Mac* mac_;
   std::atomic<uint64_t> gets_{0};
   std::atomic<uint64_t> remote_gets_{0};
   std::atomic<uint64_t> puts_{0};
-  std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> refused_{0};  // Puts that did not verify (the tiers count the rest).
 };
 
 }  // namespace kiln::cache

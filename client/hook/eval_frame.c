@@ -323,22 +323,18 @@ static PyObject* kiln_eval_frame(PyThreadState* tstate, _PyInterpreterFrame* fra
     Py_DECREF(result);
     return eval_default(tstate, frame, throw_flag);
   }
-  if (result == g_eager) {
+  const bool eager_then = PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 2 &&
+                          PyTuple_GET_ITEM(result, 0) == g_eager;
+  if (result == g_eager || eager_then) {
+    PyObject* after = eager_then ? Py_NewRef(PyTuple_GET_ITEM(result, 1)) : NULL;
     Py_DECREF(result);
     tls_callback = NULL;
     PyObject* out = eval_default(tstate, frame, throw_flag);
+    if (after != NULL) {
+      run_after(after);  // what it runs is not captured either
+      Py_DECREF(after);
+    }
     tls_callback = callback;
-    return out;
-  }
-  if (PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 2 &&
-      PyTuple_GET_ITEM(result, 0) == g_eager) {
-    PyObject* after = Py_NewRef(PyTuple_GET_ITEM(result, 1));
-    Py_DECREF(result);
-    tls_callback = NULL;
-    PyObject* out = eval_default(tstate, frame, throw_flag);
-    run_after(after);  // what it runs is not captured either
-    tls_callback = callback;
-    Py_DECREF(after);
     return out;
   }
   if (result == g_skip || result == g_cache_full) {

@@ -89,12 +89,6 @@ struct GraphRunner {
 };
 #endif
 
-// Said once per plan, when its capture fails (the runner then runs it without a graph).
-void WarnNoGraph(const std::string& note) {
-  py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
-      "kiln: a compiled plan cannot be captured as a CUDA graph (%s); it runs without one", note);
-}
-
 // The Python object: the plan (replayed as a CUDA graph when `graphs_` is set) plus the eager
 // fallback it switches to after a failed run.
 class PyPlan {
@@ -115,15 +109,7 @@ class PyPlan {
       inputs.push_back(THPVariable_Unpack(args[i]));
     }
     std::vector<at::Tensor> outputs;
-    Status status;
-    std::string graph_note;
-    {
-      py::gil_scoped_release no_gil;
-      status = graphs_ ? graphs_->Run(inputs, &outputs, &graph_note) : plan_->Run(inputs, &outputs);
-    }
-    if (!graph_note.empty()) {
-      WarnNoGraph(graph_note);
-    }
+    Status status = Run(inputs, &outputs);
     if (!status.ok()) {
       if (!fallback_) ThrowPython(status);
       failed_ = true;
@@ -139,26 +125,33 @@ class PyPlan {
     return out;
   }
 
-  // One run over ExampleInputs, its outputs dropped: what a first call sets up is done here.
-  // A failure only leaves that to the first call (failed_ stays as it was).
-  void Warm() {
+  // The plan (or its CUDA graph) on `inputs`, without the GIL; a failed capture is said once.
+  Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) {
     Status status;
     std::string graph_note;
     {
       py::gil_scoped_release no_gil;
-      try {
-        std::vector<at::Tensor> inputs = plan_->ExampleInputs();
-        std::vector<at::Tensor> outputs;
-        status =
-            graphs_ ? graphs_->Run(inputs, &outputs, &graph_note) : plan_->Run(inputs, &outputs);
-      } catch (const std::exception& e) {
-        status = Status::RuntimeError(e.what());
-      }
+      status = graphs_ ? graphs_->Run(inputs, outputs, &graph_note) : plan_->Run(inputs, outputs);
     }
     if (!graph_note.empty()) {
-      WarnNoGraph(graph_note);
+      py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
+          "kiln: a compiled plan cannot be captured as a CUDA graph (%s); it runs without one",
+          graph_note);
     }
-    if (!status.ok()) ThrowPython(status);
+    return status;
+  }
+
+  // One run over ExampleInputs, its outputs dropped: what a first call sets up is done here.
+  // A failure only leaves that to the first call (failed_ stays as it was).
+  void Warm() {
+    std::vector<at::Tensor> inputs;
+    try {
+      inputs = plan_->ExampleInputs();
+    } catch (const std::exception& e) {
+      ThrowPython(Status::RuntimeError(e.what()));
+    }
+    std::vector<at::Tensor> outputs;
+    if (Status status = Run(inputs, &outputs); !status.ok()) ThrowPython(status);
   }
 
   py::object Call(const py::tuple& args) {

@@ -664,6 +664,17 @@ def _resume(code, func, recipe: list):
         raise NotInstallable(f"resume function {name} not made: {e}") from None
 
 
+def _const(c, region, frame: _Frame, code, func):
+    """The object one of a record's constants names on this frame (see describe_entry)."""
+    if c == {"graph": True}:
+        return region
+    if isinstance(c, dict) and "pinned" in c:
+        return frame.value(c["pinned"])
+    if isinstance(c, dict) and "resume" in c:
+        return _resume(code, func, c["resume"])
+    return decode(c)
+
+
 def install(record: dict, code, slots: tuple, func):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
     checks and every guard hold here. Raises NotInstallable."""
@@ -686,10 +697,7 @@ def install(record: dict, code, slots: tuple, func):
         if record["graph"] is not None:
             plan = _graph_callable(record["graph"], frame)
             region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
-        objects = [region if c == {"graph": True} else
-                   frame.value(c["pinned"]) if isinstance(c, dict) and "pinned" in c else
-                   _resume(code, func, c["resume"]) if isinstance(c, dict) and "resume" in c
-                   else decode(c) for c in record["consts"]]
+        objects = [_const(c, region, frame, code, func) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)
     except NotInstallable:
         raise

@@ -177,21 +177,12 @@ TEST(KilndMetrics, StoredCaptureRecordsAreCounted) {
   absl::StatusOr<cache::Mac> mac = cache::Mac::LoadOrCreate(kilnd.config().mac_key_file);
   ASSERT_TRUE(mac.ok());
   const std::string key(64, 'c');
-  auto put = [&](const std::string& record) {
-    grpc::ClientContext context;
-    kiln::v1::PutCapturesRequest request;
-    request.set_key(key);
-    request.set_record(record);
-    kiln::v1::PutCapturesResponse response;
-    return kilnd.NewClient()->PutCaptures(&context, request, &response);
-  };
-  ASSERT_TRUE(put(cache::CaptureRecords::Sign(*mac, key, "payload")).ok());
-  EXPECT_FALSE(put(cache::CaptureRecords::Sign(*mac, std::string(64, 'd'), "payload")).ok());
-  grpc::ClientContext context;
-  kiln::v1::GetCapturesRequest get;
-  get.set_key(key);
+  ASSERT_TRUE(kilnd.PutCaptures(key, cache::CaptureRecords::Sign(*mac, key, "payload")).ok());
+  EXPECT_FALSE(
+      kilnd.PutCaptures(key, cache::CaptureRecords::Sign(*mac, std::string(64, 'd'), "payload"))
+          .ok());
   kiln::v1::GetCapturesResponse got;
-  ASSERT_TRUE(kilnd.NewClient()->GetCaptures(&context, get, &got).ok());
+  ASSERT_TRUE(kilnd.GetCaptures(key, &got).ok());
   ASSERT_TRUE(got.found());
   ExpectSamples(Scrape(kilnd), {{"kiln_capture_records", 1},
                                 {"kiln_capture_puts_total", 1},

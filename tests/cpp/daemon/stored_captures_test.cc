@@ -37,20 +37,12 @@ class StoredCaptures : public ::testing::Test {
     return cache::CaptureRecords::Sign(*mac, key, payload);
   }
   static grpc::Status Put(TestDaemon& kilnd, const std::string& key, const std::string& record) {
-    grpc::ClientContext context;
-    kiln::v1::PutCapturesRequest request;
-    request.set_key(key);
-    request.set_record(record);
-    kiln::v1::PutCapturesResponse response;
-    return kilnd.NewClient()->PutCaptures(&context, request, &response);
+    return kilnd.PutCaptures(key, record);
   }
   static kiln::v1::GetCapturesResponse Get(TestDaemon& kilnd, const std::string& key,
                                            grpc::StatusCode expect = grpc::StatusCode::OK) {
-    grpc::ClientContext context;
-    kiln::v1::GetCapturesRequest request;
-    request.set_key(key);
     kiln::v1::GetCapturesResponse response;
-    EXPECT_EQ(kilnd.NewClient()->GetCaptures(&context, request, &response).error_code(), expect);
+    EXPECT_EQ(kilnd.GetCaptures(key, &response).error_code(), expect);
     return response;
   }
 

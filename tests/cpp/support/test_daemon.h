@@ -66,6 +66,22 @@ class TestDaemon {
     return NewClient()->Compile(&context, request, response);
   }
 
+  grpc::Status PutCaptures(const std::string& key, const std::string& record) const {
+    grpc::ClientContext context;
+    kiln::v1::PutCapturesRequest request;
+    request.set_key(key);
+    request.set_record(record);
+    kiln::v1::PutCapturesResponse response;
+    return NewClient()->PutCaptures(&context, request, &response);
+  }
+
+  grpc::Status GetCaptures(const std::string& key, kiln::v1::GetCapturesResponse* response) const {
+    grpc::ClientContext context;
+    kiln::v1::GetCapturesRequest request;
+    request.set_key(key);
+    return NewClient()->GetCaptures(&context, request, response);
+  }
+
   kiln::v1::StatsResponse Stats() const {
     grpc::ClientContext context;
     kiln::v1::StatsResponse response;
