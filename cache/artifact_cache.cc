@@ -47,7 +47,8 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
   }
   absl::StatusOr<CacheHit> hit = FetchShared(key);
   if (hit.ok()) {
-    ++remote_hits_;
+    // Served locally when a concurrent lookup of the key fetched it for both.
+    ++(hit->tier == CacheTier::kRemote ? remote_hits_ : local_hits_);
   } else {
     ++remote_misses_;
     ++misses_;
@@ -56,8 +57,10 @@ absl::StatusOr<CacheHit> ArtifactCache::Lookup(std::string_view key) {
 }
 
 absl::StatusOr<CacheHit> ArtifactCache::FetchShared(std::string_view key) {
-  CacheHit hit{kiln::v1::Artifact(), CacheTier::kRemote};
-  if (absl::Status s = tiers_.GetShared(key, Into(key, &hit.artifact)); !s.ok()) return s;
+  CacheHit hit;
+  absl::StatusOr<CacheTier> tier = tiers_.GetShared(key, Into(key, &hit.artifact));
+  if (!tier.ok()) return tier.status();
+  hit.tier = *tier;
   return hit;
 }
 

@@ -5,7 +5,8 @@
 // signed body names the key asked for; anything else (corrupt, foreign key, swapped entry) is
 // dropped from the local tier and reported as a miss, so the caller recompiles. A remote hit is
 // written through to the local tier; the remote tier is asked at most once per Lookup and within
-// its deadline (a tier that is down or hung is a miss). Store writes the local tier and queues
+// its deadline (a tier that is down or hung is a miss), and once for concurrent Lookups of one
+// key (the others wait for that read and are served locally, see verified_tiers.h). Store writes the local tier and queues
 // the remote write (unless read-only): a compile's answer never waits for the shared tier, and a
 // remote failure is logged, never returned. A compile that holds its key's fleet lease
 // (compile_lease.h) stores locally, answers, then Publishes, whose write lands before it returns.
@@ -24,8 +25,6 @@
 
 namespace kiln::cache {
 
-enum class CacheTier { kLocal, kRemote };
-
 struct CacheHit {
   kiln::v1::Artifact artifact;
   CacheTier tier = CacheTier::kLocal;
@@ -35,7 +34,8 @@ struct CacheHit {
 // second look on behalf of a request whose Lookup was counted already.
 struct ArtifactCacheStats {
   uint64_t local_hits = 0;     // Lookups the local store served.
-  uint64_t remote_hits = 0;    // Lookups the shared tier served (after a local miss).
+  uint64_t remote_hits = 0;    // Lookups the shared tier served (after a local miss); a lookup
+                               // served by a concurrent one's shared read is a local hit.
   uint64_t remote_misses = 0;  // Lookups the shared tier was asked and could not serve (absent,
                                // rejected, or the tier down or slow).
   uint64_t misses = 0;         // Lookups no tier served.

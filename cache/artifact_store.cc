@@ -64,6 +64,10 @@ rocksdb::DBOptions DatabaseOptions(uint64_t max_bytes) {
   // The access family's small writes would otherwise keep old logs, and the artifacts in them,
   // on disk long after the records family was flushed.
   options.max_total_wal_size = 2 * WriteBufferBytes(max_bytes);
+  // RocksDB would reserve a write buffer's worth (up to 70 MiB) of disk for each open log ahead
+  // of any write: a cache whose records are a few KB to a few MB each should not hold that much
+  // disk it does not use, least of all on a machine running several daemons.
+  options.allow_fallocate = false;
   return options;
 }
 

@@ -60,9 +60,10 @@ absl::StatusOr<std::string> CaptureRecords::Get(std::string_view key) {
     ++gets_;
     return record;
   }
-  if (!tiers_.GetShared(key, accept).ok()) return absl::NotFoundError("no stored capture");
+  absl::StatusOr<CacheTier> tier = tiers_.GetShared(key, accept);
+  if (!tier.ok()) return absl::NotFoundError("no stored capture");
   ++gets_;
-  ++remote_gets_;
+  if (*tier == CacheTier::kRemote) ++remote_gets_;
   return record;
 }
 

@@ -25,8 +25,51 @@ absl::Status VerifiedTiers::GetLocal(std::string_view key, const Accept& accept)
   return absl::NotFoundError("not cached");
 }
 
-absl::Status VerifiedTiers::GetShared(std::string_view key, const Accept& accept) {
+absl::StatusOr<CacheTier> VerifiedTiers::GetShared(std::string_view key, const Accept& accept) {
   if (remote_ == nullptr) return absl::NotFoundError("not cached");
+  std::shared_ptr<Fetch> fetch;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(fetches_mu_);
+    auto [it, inserted] = fetches_.try_emplace(std::string(key));
+    if (inserted) it->second = std::make_shared<Fetch>();
+    fetch = it->second;
+    first = inserted;
+  }
+  if (!first) {
+    {
+      // The first caller's read is bounded by the tier's deadline, so this wait is too.
+      std::unique_lock<std::mutex> lock(fetch->mu);
+      fetch->cv.wait(lock, [&] { return fetch->done; });
+    }
+    if (!fetch->found) return absl::NotFoundError("not cached");
+    if (GetLocal(key, accept).ok()) return CacheTier::kLocal;
+    // Found, but the local store did not keep it (full, failing): read it for this caller.
+    if (absl::Status s = ReadShared(key, accept); !s.ok()) return s;
+    return CacheTier::kRemote;
+  }
+  absl::StatusOr<CacheTier> served = absl::NotFoundError("not cached");
+  // A read of this key that ended since the caller's local miss wrote it through.
+  if (GetLocal(key, accept).ok()) {
+    served = CacheTier::kLocal;
+  } else if (ReadShared(key, accept).ok()) {
+    served = CacheTier::kRemote;
+  }
+  {
+    std::lock_guard<std::mutex> lock(fetches_mu_);
+    fetches_.erase(std::string(key));
+  }
+  {
+    std::lock_guard<std::mutex> lock(fetch->mu);
+    fetch->done = true;
+    fetch->found = served.ok();
+  }
+  fetch->cv.notify_all();
+  return served;
+}
+
+absl::Status VerifiedTiers::ReadShared(std::string_view key, const Accept& accept) {
+  ++shared_reads_;
   absl::StatusOr<std::string> value = remote_->Get(RemoteKey(key));
   if (!value.ok()) {
     // A tier that is down says so once, when its circuit opens; its misses are quiet.

@@ -7,22 +7,32 @@
 // rejected) one it refuses; a damaged or failing store is logged and is a miss. GetShared does
 // the same from the shared tier at `remote_prefix + key` (a refused value is ignored, a taken
 // one written to the local store); without a shared tier, or one that is down or slow, it is a
-// miss. Put writes the local store and queues the shared write unless the tier is read-only; it
+// miss. Concurrent GetShared calls for one key make one shared read: the first reads and writes
+// through, the others wait for it and are served from the local store (kLocal), so that a fleet
+// of clients starting at once on a new host fetches each value once, not once per client. Put writes the local store and queues the shared write unless the tier is read-only; it
 // fails only when the local write fails. PutShared writes the shared tier on the caller's
 // thread, within its deadline.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cache/artifact_store.h"
 #include "cache/remote_store.h"
 
 namespace kiln::cache {
+
+// Which tier served a value.
+enum class CacheTier { kLocal, kRemote };
 
 class VerifiedTiers {
  public:
@@ -40,7 +50,9 @@ class VerifiedTiers {
 
   // OK when served; NotFound otherwise.
   absl::Status GetLocal(std::string_view key, const Accept& accept);
-  absl::Status GetShared(std::string_view key, const Accept& accept);
+  // The tier that served it (kLocal: another call's shared read of the key, or one that ended
+  // since the caller's local miss, put it there); NotFound otherwise.
+  absl::StatusOr<CacheTier> GetShared(std::string_view key, const Accept& accept);
   absl::Status Put(std::string_view key, std::string_view value);
   absl::Status PutLocal(std::string_view key, std::string_view value);
   // FailedPrecondition without a shared tier.
@@ -48,16 +60,31 @@ class VerifiedTiers {
 
   // Values refused by `accept` since the tiers were made.
   uint64_t rejected() const { return rejected_.load(); }
+  // Shared reads made (one per key for concurrent callers).
+  uint64_t shared_reads() const { return shared_reads_.load(); }
   const RemoteStore* remote() const { return remote_; }
 
  private:
+  // One key's shared read in progress, which later callers for the key wait for.
+  struct Fetch {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool found = false;
+  };
+
   std::string RemoteKey(std::string_view key) const;
+  // Reads the shared tier, checks and writes through: OK when served.
+  absl::Status ReadShared(std::string_view key, const Accept& accept);
 
   ArtifactStore* local_;
   RemoteStore* remote_;
   const std::string what_;
   const std::string remote_prefix_;
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> shared_reads_{0};
+  std::mutex fetches_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Fetch>> fetches_;
 };
 
 }  // namespace kiln::cache
