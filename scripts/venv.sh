@@ -28,7 +28,8 @@ kiln_locked_venv() {
     # This machine's pip index lists folders it does not have; those warnings are noise.
     "$dir/bin/python" -m pip install -q -c requirements.lock pip setuptools 2>&1 \
       | grep -v "WARNING: Location" || true
-    if ! "$dir/bin/python" -m pip install -q -r requirements.txt -c requirements.lock \
+    # --no-cache-dir: torch's CUDA libraries are GBs that a cache would hold a second copy of.
+    if ! "$dir/bin/python" -m pip install -q --no-cache-dir -r requirements.txt -c requirements.lock \
       2> >(grep -v "WARNING: Location" >&2); then
       # A failed or interrupted install can leave pip itself broken: the next setup starts over.
       log "installing into $dir failed; removing it so that the next setup makes it anew"
