@@ -6,7 +6,9 @@
 For each compiler, in a new cache directory: process 1 compiles the model (cold), then
 --warm-runs fresh interpreters, same cache, each time their first call (warm; every number
 reported for "warm" is the median over these processes). kiln's warm processes install the
-stored capture (no tracing, no torch._dynamo import); "kiln traced" are the same processes with
+stored capture (no tracing, no torch._dynamo import), whose plan kiln.compile() has loaded and
+run once (StoredCaptures.prepare); "kiln not prepared" are the same with KILN_PREPARE_STORED=0,
+which leaves all of it to the first call; "kiln traced" are the same processes with
 KILN_STORED_CAPTURES=0, which capture again and fetch the artifacts from kilnd; "kiln background"
 are warm processes under kiln.set_stance("compile_in_background"): their first call runs eagerly
 while a worker thread installs the stored capture and runs its plan once, and the next call
@@ -24,7 +26,9 @@ once eagerly beforehand (torch, torchvision and the weights are loaded before an
   beyond eager first call - the median of 3 eager calls made just before it: what a serving
                process's first request costs beyond eager's (target: 30 ms with stored
                captures). `import kiln` and kiln.compile() (or torch.compile()) are
-               outside it; "import + compile() + first call" counts them too.
+               outside it: a server calls compile() at startup, before its first request;
+               "compile() call" is kiln.compile()'s own time (the stored capture's
+               preparation) and "import + compile() + first call" counts them all.
   steady call  the median of --steady later calls of the same process.
   overhead     first call - steady call: what the first call costs beyond running the model.
 The clocks start after gc.collect(): a garbage collection owed by building the model would
@@ -71,11 +75,14 @@ def child(model: str, compiler: str, steady_calls: int, batch):
         if compiler in ("kiln", "kiln-background"):
             import kiln
 
-            cm = kiln.compile(m, backend="kiln")
             if compiler == "kiln-background":
                 kiln.set_stance("compile_in_background")
+            t_compile = time.perf_counter()
+            cm = kiln.compile(m, backend="kiln")
         else:
+            t_compile = time.perf_counter()
             cm = torch.compile(m)
+        compile_s = time.perf_counter() - t_compile
         gc.callbacks.append(gc_clock)
         dynamo_before = "torch._dynamo" in sys.modules  # torchvision's ops import it
         t = time.perf_counter()
@@ -104,6 +111,7 @@ def child(model: str, compiler: str, steady_calls: int, batch):
     record = {"first_call_s": first, "overhead_s": first - second, "steady_call_s": second,
               "eager_call_s": eager_s, "beyond_eager_s": first - eager_s,
               "import_compile_first_call_s": done - t_import, "gc_in_first_call_s": gc_s,
+              "compile_call_s": compile_s,
               "process_s": time.perf_counter() - t0, **environment()}
     if compiler == "kiln-background":
         record.update(ready_s=ready_s, switch_call_s=switch_s)
@@ -118,6 +126,8 @@ def child(model: str, compiler: str, steady_calls: int, batch):
                    for e in kiln.debug.cache_entries(code)]
         record.update(stored_captures=sum(1 for e in entries
                                           if e.info.extra.get("stored_capture")),
+                      prepared_plans=sum(1 for e in entries
+                                         if e.info.extra.get("prepared_plan")),
                       install_s=sum(e.info.backend_seconds for e in entries
                                     if e.info.extra.get("stored_capture")),
                       dynamo_imported_by_call=not dynamo_before and "torch._dynamo" in sys.modules,
@@ -183,6 +193,8 @@ def main():
                                    for _ in range(a.warm_runs)])
         kiln_traced = median_record([run(a.model, "kiln", dict(env, KILN_STORED_CAPTURES="0"),
                                          a.steady, a.batch) for _ in range(a.warm_runs)])
+        kiln_unprepared = median_record([run(a.model, "kiln", dict(env, KILN_PREPARE_STORED="0"),
+                                             a.steady, a.batch) for _ in range(a.warm_runs)])
         kiln_bg = median_record([run(a.model, "kiln-background", env, a.steady, a.batch)
                                  for _ in range(a.warm_runs)])
         stop_kilnd(env["KILN_CACHE_DIR"])
@@ -216,7 +228,10 @@ def main():
           "(guards, artifact lookup, verification, plan loading)")
     print(f"  kiln warm beyond one eager call: {kiln_warm['beyond_eager_s'] * 1e3:.1f} ms "
           f"(target <= 30 ms; stored captures installed: {kiln_warm['stored_captures']}, "
-          f"torch._dynamo imported by it: {kiln_warm['dynamo_imported_by_call']}); traced: "
+          f"their plans prepared by kiln.compile(): {kiln_warm['prepared_plans']}, which took "
+          f"{kiln_warm['compile_call_s'] * 1e3:.1f} ms; torch._dynamo imported by it: "
+          f"{kiln_warm['dynamo_imported_by_call']}); not prepared (KILN_PREPARE_STORED=0): "
+          f"{kiln_unprepared['beyond_eager_s'] * 1e3:.1f} ms; traced: "
           f"{kiln_traced['beyond_eager_s'] * 1e3:.1f} ms; torch.compile: "
           f"{tc_warm['beyond_eager_s'] * 1e3:.1f} ms")
     print(f"  kiln warm, compile_in_background stance: first call "
@@ -230,6 +245,7 @@ def main():
     rows = [("first call", "first_call_s"),
             ("beyond one eager call", "beyond_eager_s"),
             ("overhead: first call - steady call", "overhead_s"),
+            ("compile() call", "compile_call_s"),
             ("import + compile() + first call", "import_compile_first_call_s"),
             (f"steady call (median of {a.steady})", "steady_call_s"),
             ("gc inside the first call", "gc_in_first_call_s")]
@@ -254,6 +270,10 @@ def main():
           "kiln_warm_beyond_eager_s": kiln_warm["beyond_eager_s"],
           "kiln_traced_warm_s": kiln_traced["first_call_s"],
           "kiln_traced_beyond_eager_s": kiln_traced["beyond_eager_s"],
+          "kiln_unprepared_beyond_eager_s": kiln_unprepared["beyond_eager_s"],
+          "kiln_warm_prepared_plans": kiln_warm["prepared_plans"],
+          "kiln_warm_compile_call_s": kiln_warm["compile_call_s"],
+          "torch_compile_warm_compile_call_s": tc_warm["compile_call_s"],
           "torch_compile_warm_beyond_eager_s": tc_warm["beyond_eager_s"],
           "kiln_warm_stored_captures": kiln_warm["stored_captures"],
           "kiln_warm_dynamo_imported_by_call": kiln_warm["dynamo_imported_by_call"],

@@ -30,7 +30,12 @@ CHILD = textwrap.dedent("""
     m = model.make().eval()
     x = model.example()
     compiled = kiln.compile(m)
+    after = os.environ.get("MODEL_AFTER_COMPILE")
     with torch.no_grad():
+        if after == "reload":  # new weights written into the same parameters
+            m.load_state_dict({k: torch.randn_like(v) for k, v in m.state_dict().items()})
+        elif after == "replace":  # a new parameter object where the old one was
+            m.a.weight = torch.nn.Parameter(torch.randn_like(m.a.weight))
         got = compiled(x)
         want = m(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -40,6 +45,8 @@ CHILD = textwrap.dedent("""
                for e in kiln.debug.cache_entries(c)]
     print(json.dumps({
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "prepared": [e.info.extra.get("prepared_plan", False) for e in entries],
+        "prologue_runs": [e.info.compiled_fn.prologue_runs for e in entries],
         "resumes_stored": [e.info.extra.get("stored_capture") is not None for e in resumed],
         "dynamo": "torch._dynamo" in sys.modules,
         "artifacts": len(kiln.debug.artifacts()),
@@ -112,6 +119,82 @@ def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache
     assert second["miss"] is None
 
 
+def test_compile_prepares_the_stored_plan_so_the_first_call_only_checks_guards(
+        kilnd_cache, model_dir):
+    run_child(model_dir)
+    warm = run_child(model_dir)
+    assert warm["stored"] == [True] and warm["prepared"] == [True]
+    assert warm["prologue_runs"] == [1]  # run by kiln.compile; the first call did not again
+    assert not warm["dynamo"]
+    off = run_child(model_dir, KILN_PREPARE_STORED="0")
+    assert off["stored"] == [True] and off["prepared"] == [False]
+
+
+def test_weights_loaded_after_compile_are_the_ones_the_prepared_plan_uses(kilnd_cache, model_dir):
+    # The child checks the first call against eager with the new weights: the prepared plan's
+    # prologue (bias folds, packed weights) ran on the old ones and must run again.
+    run_child(model_dir)
+    reloaded = run_child(model_dir, MODEL_AFTER_COMPILE="reload")
+    assert reloaded["stored"] == [True] and reloaded["prepared"] == [True]
+    assert reloaded["prologue_runs"] == [2]
+
+
+def test_a_parameter_replaced_after_compile_is_not_served_by_the_prepared_plan(
+        kilnd_cache, model_dir):
+    run_child(model_dir)
+    replaced = run_child(model_dir, MODEL_AFTER_COMPILE="replace")
+    assert replaced["stored"] == [True] and replaced["prepared"] == [False]
+
+
+# kiln.compile prepares over gRPC, then forks: the child inherits the prepared plan and opens a
+# channel of its own for a graph it must compile; the parent goes on using kilnd too.
+FORK_CHILD = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import kiln
+    sys.path.insert(0, os.environ["MODEL_DIR"])
+    import model
+    from kiln.state import STATE
+    torch.manual_seed(0)
+    m = model.make().eval()
+    compiled = kiln.compile(m)
+    assert not STATE.daemon.has_client(), "kiln.compile left a gRPC channel open"
+
+    def run(batch):
+        x = torch.randn(batch, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+        entries = kiln.debug.cache_entries(type(m).forward.__code__)
+        return [bool(e.info.extra.get("prepared_plan")) for e in entries]
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            prepared = run(4)   # the prepared plan, inherited
+            run(5)              # another shape: captured and compiled through kilnd, from here
+            print(json.dumps({"child_prepared": prepared}), flush=True)
+            os._exit(0)
+        except BaseException as e:
+            print("child failed:", repr(e), file=sys.stderr, flush=True)
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    run(6)  # the parent compiles through kilnd after the fork as well
+    print(json.dumps({"child_status": status}))
+""")
+
+
+def test_a_process_that_forks_after_compile_serves_from_both(kilnd_cache, model_dir):
+    run_child(model_dir)  # the stored capture
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
+    env.pop("KILN_STORED_CAPTURES", None)
+    done = subprocess.run([sys.executable, "-c", FORK_CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(l) for l in done.stdout.strip().splitlines()]
+    assert lines[0] == {"child_prepared": [True]}
+    assert lines[-1] == {"child_status": 0}
+
+
 def test_a_wrapped_forward_is_stored_through_its_closure(kilnd_cache, model_dir):
     # The compiled frame is the wrapper; the forward it calls is reached through its closure
     # cell and has no importable name (Net.forward is the wrapper): bound by path and code.
@@ -150,9 +233,13 @@ def test_another_input_shape_is_captured_again(kilnd_cache, model_dir):
     after = run_child(model_dir, MODEL_BATCH="7")
     assert after["stored"] == [False]
     assert "a guard fails" in after["miss"] or "differs" in after["miss"]
-    # Both entries are stored now: either batch installs without tracing.
-    assert run_child(model_dir, MODEL_BATCH="7")["stored"] == [True]
-    assert run_child(model_dir)["stored"] == [True]
+    # Both entries are stored now: either batch installs without tracing. kiln.compile prepares
+    # the newest (batch 7); a call of batch 4 fails its guards and installs the other, loaded
+    # on the call, and every answer is eager's.
+    seven = run_child(model_dir, MODEL_BATCH="7")
+    assert seven["stored"] == [True] and seven["prepared"] == [True]
+    four = run_child(model_dir)
+    assert four["stored"] == [True] and four["prepared"] == [False]
 
 
 def test_objects_that_were_one_and_are_now_two_are_captured_again(kilnd_cache, model_dir):
@@ -241,6 +328,8 @@ CHILD_BACKGROUND = textwrap.dedent("""
     print(json.dumps({
         "entries_after_first": entries_after_first,
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "prepared": [e.info.extra.get("prepared_plan", False) for e in entries],
+        "prologue_runs": [e.info.compiled_fn.prologue_runs for e in entries],
         "prologue_runs_before_second": runs_before,
         "prologue_runs_after_second": [p.prologue_runs for p in plans],
         "dynamo": "torch._dynamo" in sys.modules,

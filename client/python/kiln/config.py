@@ -26,6 +26,11 @@ cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 # without tracing when its guards hold. KILN_STORED_CAPTURES=0 turns both off.
 stored_captures = os.environ.get("KILN_STORED_CAPTURES", "1") != "0"
 
+# kiln.compile(model) on a warm cache reads the stored capture of model's forward and loads and
+# runs its plan once before returning, so that the first call runs at full speed (the first call
+# still checks every guard on its own frame). KILN_PREPARE_STORED=0: the first call does it.
+prepare_stored_captures = os.environ.get("KILN_PREPARE_STORED", "1") != "0"
+
 # Compile without running: the "kiln" backend has kilnd build (and keep) each graph's artifact
 # and stores the capture, but runs the graph eagerly here (`python -m kiln warm` for a target
 # this machine cannot run, such as a CPU ISA it lacks). KILN_COMPILE_ONLY=1.

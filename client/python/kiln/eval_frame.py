@@ -3,6 +3,7 @@ kiln.reset, and the callback the hook calls on a cache miss."""
 import functools
 import logging
 import operator
+import types
 
 import torch
 from torch.nn.modules import module
@@ -168,12 +169,43 @@ class OptimizedModule(torch.nn.Module):
         return f"OptimizedModule({self._orig_mod!r})"
 
 
+def _prepare_stored(target, callback) -> None:
+    """kiln.compile on a warm cache: the stored capture of the frame a call of `target` runs
+    first (a module's forward, a function, a bound method) prepared now, so that the first call
+    runs at full speed (StoredCaptures.prepare)."""
+    if callback.stored is None or not config.prepare_stored_captures:
+        return
+    if isinstance(target, torch.nn.Module):
+        func = getattr(type(target), "forward", None)
+        if "forward" in target.__dict__ or not isinstance(func, types.FunctionType):
+            return
+        func, bound_self = func, target
+    elif isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        func, bound_self = target.__func__, target.__self__
+    elif isinstance(target, types.FunctionType):
+        func, bound_self = target, None
+    else:
+        return
+    had_client = STATE.daemon.has_client()
+    try:
+        callback.stored.prepare(func, bound_self=bound_self)
+    finally:
+        # kiln.compile leaves no gRPC channel open: a server that compiles and then forks its
+        # workers shares none with them (gRPC does not survive a fork); the first call that
+        # needs kilnd opens one, in whichever process makes it.
+        if not had_client:
+            STATE.daemon.close()
+
+
 def _wrap(target, callback):
     if isinstance(target, torch.nn.Module):
-        return OptimizedModule(target, callback)
+        wrapped = OptimizedModule(target, callback)
+        _prepare_stored(target, callback)
+        return wrapped
     if not callable(target):
         raise TypeError(f"kiln.compile expects a function or an nn.Module, got "
                         f"{type(target).__name__}")
+    _prepare_stored(target, callback)
     region = _C.FrameRegion(target, callback)
     try:
         functools.update_wrapper(region, target)

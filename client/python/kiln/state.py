@@ -58,6 +58,10 @@ class DaemonState:
                 self._client = DaemonClient(settings=settings)
             return self._client
 
+    def has_client(self) -> bool:
+        with self._lock:
+            return self._client is not None
+
     def close(self) -> None:
         """Closes the client: the next use makes a new one that knows nothing of kilnd yet, as a
         new process's would."""

@@ -623,10 +623,12 @@ def _guard_tree(record: dict, frame: _Frame, code):
     return manager, descriptions
 
 
-def _graph_callable(graph: dict, frame: _Frame):
-    """The plan of the record's graph, loaded from kilnd by its artifact key."""
+def _graph_callable(graph: dict, frame: _Frame, prepared: Optional[dict] = None):
+    """(plan, whether it was prepared) of the record's graph: loaded from kilnd by its artifact
+    key, or the plan prepared for it before the call (StoredCaptures.prepare) when that was
+    prepared for the very parameters this frame holds."""
     from kiln.backends.kiln_backend import CompiledArtifact, load_artifact_by_key
-    from kiln.daemon.artifact import ArtifactRejected
+    from kiln.daemon import artifact as art
     from kiln.daemon.client import DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
     from kiln.state import STATE
@@ -637,15 +639,52 @@ def _graph_callable(graph: dict, frame: _Frame):
         raise NotInstallable("a parameter or input of the graph is no longer a tensor")
     device = torch.device(graph["device"])
     start = time.perf_counter()
+    ready = prepared.pop(graph["artifact"], None) if prepared else None
+    if ready is not None and not ready.fits(params, device, graph["cuda_graphs"]):
+        ready = None
     try:
-        body, plan = load_artifact_by_key(graph["artifact"], params, inputs, device,
-                                          graph["cuda_graphs"])
-    except (ArtifactRejected, DaemonUnavailable, ProtocolUnavailable, RuntimeError,
+        if ready is not None:
+            art.check_inputs(ready.body, params + inputs)
+            body, plan = ready.body, ready.plan
+        else:
+            body, plan = load_artifact_by_key(graph["artifact"], params, inputs, device,
+                                              graph["cuda_graphs"])
+    except (art.ArtifactRejected, DaemonUnavailable, ProtocolUnavailable, RuntimeError,
             ValueError) as e:
         raise NotInstallable(f"artifact {graph['artifact'][:16]}… not loaded: {e}") from None
     STATE.artifacts.append(CompiledArtifact(graph["artifact"], True, True, 0.0,
                                             time.perf_counter() - start, body, plan))
-    return plan
+    return plan, ready is not None
+
+
+class _PreparedPlan:
+    """A graph's plan loaded and run once before the first call, for `params`."""
+
+    def __init__(self, params: list, body, plan, device: torch.device, cuda_graphs: bool):
+        self.params, self.body, self.plan = params, body, plan
+        self.device, self.cuda_graphs = device, cuda_graphs
+
+    def fits(self, params: list, device: torch.device, cuda_graphs: bool) -> bool:
+        # The same tensor objects: the plan binds them, and its prologue runs again when one
+        # has been written since (Plan's version stamps), so their values may have changed.
+        return (device == self.device and cuda_graphs == self.cuda_graphs and
+                len(params) == len(self.params) and
+                all(a is b for a, b in zip(params, self.params)))
+
+
+# A frame slot that preparation has no value for: an argument of a call not yet made.
+_UNBOUND = object()
+
+
+def _root(rows: list, i: int):
+    """The (kind, arg) of the row that the path of row `i` starts from."""
+    seen = 0
+    while seen <= len(rows):
+        kind, parent, arg = rows[i]
+        if kind not in ("attr", "item", "instance_dict", "type", "cell", "pinned"):
+            return kind, arg
+        i, seen = parent, seen + 1
+    raise NotInstallable("a source row is its own ancestor")
 
 
 def _resume(code, func, recipe: list):
@@ -675,9 +714,10 @@ def _const(c, region, frame: _Frame, code, func):
     return decode(c)
 
 
-def install(record: dict, code, slots: tuple, func):
+def install(record: dict, code, slots: tuple, func, prepared: Optional[dict] = None):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
-    checks and every guard hold here. Raises NotInstallable."""
+    checks and every guard hold here. Raises NotInstallable. `prepared`: plans prepared before
+    the call, by artifact key (a plan used is taken out)."""
     from kiln.entry import EntryInfo, next_compile_id
     from kiln.graph.lowering import _global_state
     from kiln.transform.codegen import code_from_source
@@ -694,8 +734,9 @@ def install(record: dict, code, slots: tuple, func):
         if why is not None:
             raise NotInstallable(f"a guard fails: {why}")
         region = plan = None
+        was_prepared = False
         if record["graph"] is not None:
-            plan = _graph_callable(record["graph"], frame)
+            plan, was_prepared = _graph_callable(record["graph"], frame, prepared)
             region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
         objects = [_const(c, region, frame, code, func) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)
@@ -710,6 +751,7 @@ def install(record: dict, code, slots: tuple, func):
                      transformed_source=record["source"], op_count=-1, capture_seconds=0.0,
                      backend_seconds=time.perf_counter() - start)
     info.extra["stored_capture"] = record["id"]
+    info.extra["prepared_plan"] = was_prepared
     return manager, new_code, info
 
 
@@ -725,6 +767,11 @@ class StoredCaptures:
         self.cuda_graphs = cuda_graphs
         self._store = None
         self._store_settings = None
+        # What prepare read ahead of the first call: records by capture key, plans by artifact
+        # key. Each is used once.
+        self._records: Dict[str, List[dict]] = {}
+        self._plans: Dict[str, _PreparedPlan] = {}
+        self._prepared_for: Dict[str, str] = {}  # capture key -> artifact key of its plan
 
     def store(self):
         from kiln.daemon.capture_store import CaptureStore
@@ -738,7 +785,7 @@ class StoredCaptures:
             except DaemonUnavailable:
                 return None  # no kilnd has run with this cache yet: nothing stored either
             self._store = CaptureStore(settings.cache_dir / "captures", mac_key,
-                                       daemon=STATE.daemon.client())
+                                       daemon=STATE.daemon.client)
             self._store_settings = settings
         return self._store
 
@@ -765,18 +812,105 @@ class StoredCaptures:
             if enabled:
                 gc.enable()
 
-    def _install(self, func, code, slots):
-        from kiln.state import STATE
+    def prepare(self, func, bound_self=None) -> bool:
+        """The work of a stored capture's installation that needs no call, done before the
+        first call (kiln.compile): the records for `func`'s code read, and the newest one's
+        graph loaded and its plan run once over zeroed inputs (the prologue and the kernels'
+        first-run setup), for the parameters it reaches from `bound_self` (a module whose
+        forward `func` is), globals or closures. The first call then checks the guards on its
+        frame and installs without waiting on kilnd, the artifact or the plan's first run; the
+        plan is used only for the very tensors it was prepared with. True when a plan was
+        prepared; any failure leaves the first call to do it all."""
+        from kiln import config
 
+        code = getattr(func, "__code__", None)
+        if config.compile_only or not isinstance(code, types.CodeType):
+            return False
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._prepare(func, code, bound_self)
+        except Exception as e:  # preparation is an optimisation: never the user's error
+            _say("kiln: %s: nothing prepared (%s: %s)", code.co_qualname, type(e).__name__, e)
+            return False
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _prepare(self, func, code, bound_self) -> bool:
+        from kiln.backends.kiln_backend import artifact_body_by_key, build_plan_for
+        from kiln.daemon import artifact as art
+
+        store = self.store()
+        if store is None:
+            return False
+        key = self.key(code)
+        records = store.get(key)
+        if not records:
+            return False
+        self._records[key] = records
+        record = records[0]
+        graph = record.get("graph")
+        if graph is None or record.get("code") != code_digest(code):
+            return False
+        # The plan runs now as the first call would: under the record's grad mode, which the
+        # first call's guards require (its prologue's outputs are made in that mode and kept).
+        grad, inference = str(record.get("global_state")).split("|")[:2]
+        if inference == "True":
+            mode = torch.inference_mode()
+        elif grad == "False":
+            mode = torch.no_grad()
+        else:
+            return False  # a graph that records autograd history is made on the call
+        rows = record["paths"]
+        for i in graph["params"]:
+            kind, arg = _root(rows, i)
+            if kind == "local" and not (arg == 0 and bound_self is not None):
+                return False  # reached from an argument of the call
+        nslots = code.co_nlocals + len(code.co_cellvars) + len(code.co_freevars)
+        slots = (bound_self,) + (_UNBOUND,) * (nslots - 1)
+        frame = _Frame(slots, func, rows)
+        params = [frame.value(i) for i in graph["params"]]
+        if not all(isinstance(t, torch.Tensor) for t in params):
+            return False
+        device = torch.device(graph["device"])
+        body = artifact_body_by_key(graph["artifact"], device)
+        art.check_inputs(body, params, leading=True)
+        plan = build_plan_for(body, params, len(graph["inputs"]), device, graph["cuda_graphs"])
+        warm = getattr(plan, "warm", None)
+        if warm is not None:
+            with mode:
+                warm()
+        self._plans[graph["artifact"]] = _PreparedPlan(params, body, plan, device,
+                                                       graph["cuda_graphs"])
+        self._prepared_for[key] = graph["artifact"]
+        _say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
+        return True
+
+    def _install(self, func, code, slots):
         store = self.store()
         if store is None:
             return None
         key = self.key(code)
-        records = store.get(key)
+        records = self._records.pop(key, None) or store.get(key)
+        # A prepared plan serves this code's first install or none: one the install did not use
+        # (its guards failed, its parameters were replaced) is not kept alive for nothing.
+        prepared = self._prepared_for.pop(key, None)
+        try:
+            return self._install_records(func, code, slots, key, records, store)
+        finally:
+            if prepared is not None:
+                self._plans.pop(prepared, None)
+
+    def _install_records(self, func, code, slots, key, records, store):
+        """The entry of the first of `records` that installs on this frame, or None (the reason
+        kept for explain_miss)."""
+        from kiln.state import STATE
+
         reasons = []
         for record in records:
             try:
-                entry = install(record, code, slots, func)
+                entry = install(record, code, slots, func, self._plans)
             except NotInstallable as e:
                 reasons.append(str(e))
                 continue
@@ -786,9 +920,7 @@ class StoredCaptures:
         if reasons:
             why = "; ".join(reasons)
         else:
-            from kiln.state import STATE as _S
-
-            parts = key_parts(code, self.setting, _S.daemon.settings.cache_dir)
+            parts = key_parts(code, self.setting, STATE.daemon.settings.cache_dir)
             why = ("no capture stored under this code, kiln, torch and Python version and "
                    "compile setting: " + nearest_difference(parts, store.locate(
                        location_key(code))))

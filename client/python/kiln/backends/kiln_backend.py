@@ -165,7 +165,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     inputs = params + list(example_inputs)
     device = _graph_device(inputs)
     target = art.target_for(device)
-    pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
     index = GraphIndex(client.settings.cache_dir / "graphs", mac_key)
     # The daemon's compiler is part of the key: after an upgrade the index misses, and the
     # graph is compiled by the new compiler instead of being served what the old one built.
@@ -194,7 +193,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     # artifact known to be this graph's, and only then may the index remember it.
     body = art.verify_for_request(response.artifact, mac_key, request)
     art.check_inputs(body, inputs)
-    plan = art.build_plan(body, params, len(example_inputs), device, pool) if load else None
+    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs) if load else None
     if skey is not None:
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
@@ -209,6 +208,18 @@ def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.dev
     ArtifactRejected when there is no such artifact, or it is another compiler's, another
     target's or for other inputs; DaemonUnavailable when it must come from kilnd and no kilnd
     answers. `load=False`: plan None."""
+    from kiln.daemon import artifact as art
+
+    body = artifact_body_by_key(key, device)
+    art.check_inputs(body, params + inputs)
+    if not load:
+        return body, None
+    return body, build_plan_for(body, params, len(inputs), device, cuda_graphs)
+
+
+def artifact_body_by_key(key: str, device: torch.device):
+    """The verified body of the artifact under `key` for `device`'s target (see
+    load_artifact_by_key), its inputs not yet checked."""
     from kiln.cache_bundle import imported_artifact
     from kiln.daemon import artifact as art
     from kiln.daemon.client import read_mac_key
@@ -231,8 +242,13 @@ def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.dev
     # compiler, whatever (if any) kilnd this machine runs.
     if body.target != target:
         raise art.ArtifactRejected("artifact for another target")
-    art.check_inputs(body, params + inputs)
-    if not load:
-        return body, None
+    return body
+
+
+def build_plan_for(body, params: list, num_inputs: int, device: torch.device,
+                   cuda_graphs: bool):
+    """The loaded plan of a checked body, in the process's CUDA graph pool when it replays."""
+    from kiln.daemon import artifact as art
+
     pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
-    return body, art.build_plan(body, params, len(inputs), device, pool)
+    return art.build_plan(body, params, num_inputs, device, pool)

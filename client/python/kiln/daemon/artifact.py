@@ -138,14 +138,15 @@ def has_onednn() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def check_inputs(body, tensors: Sequence[torch.Tensor]) -> None:
+def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -> None:
     """Refuses a plan whose inputs do not describe `tensors` exactly (a wrong hit must never
-    run: this also catches a stale client-side index)."""
+    run: this also catches a stale client-side index). `leading`: `tensors` are its first
+    inputs only (the parameters it binds, before the inputs of a call are known)."""
     from kiln.graph.lowering import dtype_from_pb
 
     plan = body.plan
     metas = {v.id: v.meta for v in plan.values}
-    if len(plan.inputs) != len(tensors):
+    if len(plan.inputs) != len(tensors) and not (leading and len(tensors) <= len(plan.inputs)):
         raise ArtifactRejected(f"plan takes {len(plan.inputs)} inputs, not {len(tensors)}")
     for i, (vid, t) in enumerate(zip(plan.inputs, tensors)):
         meta = metas.get(vid)

@@ -29,8 +29,9 @@ MAX_ENTRIES = 8
 
 
 class CaptureStore:
-    """`daemon`: a kiln.daemon.client.DaemonClient whose tiers back the directory (None: the
-    directory alone)."""
+    """`daemon`: a function returning the kiln.daemon.client.DaemonClient whose tiers back the
+    directory, called at each use (the process's client may be closed and made anew between
+    uses); None: the directory alone."""
 
     def __init__(self, root: Path, mac_key: bytes, daemon=None):
         self.root = Path(root)
@@ -67,7 +68,7 @@ class CaptureStore:
         from kiln.daemon.client import DaemonUnavailable
 
         try:
-            return self._daemon.get_captures(key)
+            return self._daemon().get_captures(key)
         except DaemonUnavailable as e:
             log.debug("kiln: stored captures not fetched from kilnd: %s", e)
             return None
@@ -105,7 +106,7 @@ class CaptureStore:
             from kiln.daemon.client import DaemonUnavailable
 
             try:
-                self._daemon.put_captures(key, data)
+                self._daemon().put_captures(key, data)
             except DaemonUnavailable as e:
                 log.debug("kiln: stored captures not sent to kilnd: %s", e)
 
