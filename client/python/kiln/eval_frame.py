@@ -192,9 +192,10 @@ def _prepare_stored(target, callback) -> None:
     finally:
         # kiln.compile leaves no gRPC channel open: a server that compiles and then forks its
         # workers shares none with them (gRPC does not survive a fork); the first call that
-        # needs kilnd opens one, in whichever process makes it.
+        # needs kilnd opens one, in whichever process makes it. A kilnd found down stays known
+        # as down: the first call does not wait on it a second time.
         if not had_client:
-            STATE.daemon.close()
+            STATE.daemon.close(keep_down=True)
 
 
 def _wrap(target, callback):

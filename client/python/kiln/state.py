@@ -28,6 +28,7 @@ class DaemonState:
         self._settings = None
         self._stale = False
         self._client = None
+        self._down = None  # a closed client's knowledge that kilnd is down, for the next one
         self._lock = threading.Lock()
 
     @property
@@ -40,9 +41,11 @@ class DaemonState:
             from kiln.daemon.settings import DaemonSettings
 
             settings = DaemonSettings.from_env()
-            if self._client is not None and settings != self._settings:
-                self._client.close()
-                self._client = None
+            if settings != self._settings:
+                self._down = None
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
             self._settings, self._stale = settings, False
         return self._settings
 
@@ -56,17 +59,23 @@ class DaemonState:
                 from kiln.daemon.client import DaemonClient
 
                 self._client = DaemonClient(settings=settings)
+                if self._down is not None:
+                    self._client.assume_down(self._down)
+                    self._down = None
             return self._client
 
     def has_client(self) -> bool:
         with self._lock:
             return self._client is not None
 
-    def close(self) -> None:
+    def close(self, keep_down: bool = False) -> None:
         """Closes the client: the next use makes a new one that knows nothing of kilnd yet, as a
-        new process's would."""
+        new process's would. `keep_down`: unless it knew kilnd to be down (not answering, not
+        startable), which the next one then knows for the rest of the back-off, instead of
+        waiting on kilnd again."""
         with self._lock:
             client, self._client = self._client, None
+            self._down = client.down_state() if keep_down and client is not None else None
         if client is not None:
             client.close()
 

@@ -242,6 +242,19 @@ class DaemonClient:
         self._ready = False
         log.debug("kiln: %s; not trying kilnd again for %.0f s", reason, self._backoff)
 
+    def down_state(self):
+        """What this client knows of a kilnd that is down (for assume_down), or None."""
+        with self._lock:
+            if time.monotonic() >= self._retry_at:
+                return None
+            return self._retry_at, self._backoff, self._down_reason
+
+    def assume_down(self, state) -> None:
+        """Takes another client's down_state: calls fail at once until its back-off ends."""
+        with self._lock:
+            self._retry_at, self._backoff, self._down_reason = state
+            self._ready = False
+
     def ensure_running(self) -> None:
         """Returns when the daemon answers Health (its compiler_version is then known); starts
         a local kilnd first if allowed. Fails at once while a failure is remembered."""
