@@ -6,10 +6,11 @@
 // dropped from the local tier and reported as a miss, so the caller recompiles. A remote hit is
 // written through to the local tier; the remote tier is asked at most once per Lookup and within
 // its deadline (a tier that is down or hung is a miss), and once for concurrent Lookups of one
-// key (the others wait for that read and are served locally, see verified_tiers.h). Store writes the local tier and queues
-// the remote write (unless read-only): a compile's answer never waits for the shared tier, and a
-// remote failure is logged, never returned. A compile that holds its key's fleet lease
-// (compile_lease.h) stores locally, answers, then Publishes, whose write lands before it returns.
+// key (the others wait for that read and are served locally, see verified_tiers.h). Store writes
+// the local tier and queues the remote write (unless read-only): a compile's answer never waits for
+// the shared tier, and a remote failure is logged, never returned. A compile that holds its key's
+// fleet lease (compile_lease.h) stores locally, answers, then Publishes, whose write lands before
+// it returns.
 #pragma once
 
 #include <atomic>

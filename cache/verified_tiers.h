@@ -9,9 +9,10 @@
 // one written to the local store); without a shared tier, or one that is down or slow, it is a
 // miss. Concurrent GetShared calls for one key make one shared read: the first reads and writes
 // through, the others wait for it and are served from the local store (kLocal), so that a fleet
-// of clients starting at once on a new host fetches each value once, not once per client. Put writes the local store and queues the shared write unless the tier is read-only; it
-// fails only when the local write fails. PutShared writes the shared tier on the caller's
-// thread, within its deadline.
+// of clients starting at once on a new host fetches each value once, not once per client. Put
+// writes the local store and queues the shared write unless the tier is read-only; it fails only
+// when the local write fails. PutShared writes the shared tier on the caller's thread, within its
+// deadline.
 #pragma once
 
 #include <atomic>
