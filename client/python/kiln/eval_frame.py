@@ -176,15 +176,13 @@ def _prepare_stored(target, callback) -> None:
     if callback.stored is None or not config.prepare_stored_captures:
         return
     if isinstance(target, torch.nn.Module):
-        func = getattr(type(target), "forward", None)
-        if "forward" in target.__dict__ or not isinstance(func, types.FunctionType):
-            return
-        func, bound_self = func, target
-    elif isinstance(target, types.MethodType) and isinstance(target.__func__, types.FunctionType):
+        func = None if "forward" in target.__dict__ else getattr(type(target), "forward", None)
+        bound_self = target
+    elif isinstance(target, types.MethodType):
         func, bound_self = target.__func__, target.__self__
-    elif isinstance(target, types.FunctionType):
-        func, bound_self = target, None
     else:
+        func, bound_self = target, None
+    if not isinstance(func, types.FunctionType):
         return
     had_client = STATE.daemon.has_client()
     try:

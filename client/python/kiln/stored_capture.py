@@ -623,10 +623,10 @@ def _guard_tree(record: dict, frame: _Frame, code):
     return manager, descriptions
 
 
-def _graph_callable(graph: dict, frame: _Frame, prepared: Optional[dict] = None):
+def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPlan"] = None):
     """(plan, whether it was prepared) of the record's graph: loaded from kilnd by its artifact
-    key, or the plan prepared for it before the call (StoredCaptures.prepare) when that was
-    prepared for the very parameters this frame holds."""
+    key, or `prepared` (StoredCaptures.prepare) when that is this graph's plan, prepared for the
+    very parameters this frame holds."""
     from kiln.backends.kiln_backend import CompiledArtifact, load_artifact_by_key
     from kiln.daemon import artifact as art
     from kiln.daemon.client import DaemonUnavailable
@@ -639,9 +639,7 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional[dict] = None)
         raise NotInstallable("a parameter or input of the graph is no longer a tensor")
     device = torch.device(graph["device"])
     start = time.perf_counter()
-    ready = prepared.pop(graph["artifact"], None) if prepared else None
-    if ready is not None and not ready.fits(params, device, graph["cuda_graphs"]):
-        ready = None
+    ready = prepared if prepared is not None and prepared.fits(graph, params, device) else None
     try:
         if ready is not None:
             art.check_inputs(ready.body, params + inputs)
@@ -658,33 +656,25 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional[dict] = None)
 
 
 class _PreparedPlan:
-    """A graph's plan loaded and run once before the first call, for `params`."""
+    """A record's graph (its artifact key, device and CUDA graph setting) loaded as `plan` and
+    run once before the first call, for `params`."""
 
-    def __init__(self, params: list, body, plan, device: torch.device, cuda_graphs: bool):
-        self.params, self.body, self.plan = params, body, plan
-        self.device, self.cuda_graphs = device, cuda_graphs
+    def __init__(self, graph: dict, params: list, body, plan):
+        self.graph, self.params, self.body, self.plan = graph, params, body, plan
 
-    def fits(self, params: list, device: torch.device, cuda_graphs: bool) -> bool:
+    def fits(self, graph: dict, params: list, device: torch.device) -> bool:
         # The same tensor objects: the plan binds them, and its prologue runs again when one
         # has been written since (Plan's version stamps), so their values may have changed.
-        return (device == self.device and cuda_graphs == self.cuda_graphs and
+        return (graph["artifact"] == self.graph["artifact"] and
+                device == torch.device(self.graph["device"]) and
+                graph["cuda_graphs"] == self.graph["cuda_graphs"] and
                 len(params) == len(self.params) and
                 all(a is b for a, b in zip(params, self.params)))
 
 
-# A frame slot that preparation has no value for: an argument of a call not yet made.
+# A frame slot that preparation has no value for: an argument of a call not yet made. It has no
+# attributes or items, so no path through it reaches a tensor.
 _UNBOUND = object()
-
-
-def _root(rows: list, i: int):
-    """The (kind, arg) of the row that the path of row `i` starts from."""
-    seen = 0
-    while seen <= len(rows):
-        kind, parent, arg = rows[i]
-        if kind not in ("attr", "item", "instance_dict", "type", "cell", "pinned"):
-            return kind, arg
-        i, seen = parent, seen + 1
-    raise NotInstallable("a source row is its own ancestor")
 
 
 def _resume(code, func, recipe: list):
@@ -714,10 +704,11 @@ def _const(c, region, frame: _Frame, code, func):
     return decode(c)
 
 
-def install(record: dict, code, slots: tuple, func, prepared: Optional[dict] = None):
+def install(record: dict, code, slots: tuple, func,
+            prepared: Optional[_PreparedPlan] = None):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
-    checks and every guard hold here. Raises NotInstallable. `prepared`: plans prepared before
-    the call, by artifact key (a plan used is taken out)."""
+    checks and every guard hold here. Raises NotInstallable. `prepared`: the plan prepared
+    before the call for this code, used where it fits (see _graph_callable)."""
     from kiln.entry import EntryInfo, next_compile_id
     from kiln.graph.lowering import _global_state
     from kiln.transform.codegen import code_from_source
@@ -767,11 +758,10 @@ class StoredCaptures:
         self.cuda_graphs = cuda_graphs
         self._store = None
         self._store_settings = None
-        # What prepare read ahead of the first call: records by capture key, plans by artifact
-        # key. Each is used once.
-        self._records: Dict[str, List[dict]] = {}
-        self._plans: Dict[str, _PreparedPlan] = {}
-        self._prepared_for: Dict[str, str] = {}  # capture key -> artifact key of its plan
+        # What prepare read ahead of the first call, by capture key: the records and the plan
+        # of the newest (None if not prepared). The first install of the code takes it, used or
+        # not, so that a plan no call uses is not kept alive.
+        self._prepared: Dict[str, Tuple[List[dict], Optional[_PreparedPlan]]] = {}
 
     def store(self):
         from kiln.daemon.capture_store import CaptureStore
@@ -840,6 +830,7 @@ class StoredCaptures:
     def _prepare(self, func, code, bound_self) -> bool:
         from kiln.backends.kiln_backend import artifact_body_by_key, build_plan_for
         from kiln.daemon import artifact as art
+        from kiln.graph.lowering import _global_state
 
         store = self.store()
         if store is None:
@@ -848,69 +839,54 @@ class StoredCaptures:
         records = store.get(key)
         if not records:
             return False
-        self._records[key] = records
+        self._prepared[key] = (records, None)
         record = records[0]
         graph = record.get("graph")
         if graph is None or record.get("code") != code_digest(code):
             return False
-        # The plan runs now as the first call would: under the record's grad mode, which the
-        # first call's guards require (its prologue's outputs are made in that mode and kept).
-        grad, inference = str(record.get("global_state")).split("|")[:2]
-        if inference == "True":
-            mode = torch.inference_mode()
-        elif grad == "False":
-            mode = torch.no_grad()
+        # The plan runs now as the first call would: in the global state the first call's
+        # guards require (its prologue's outputs are made in it and kept). Only a graph run
+        # without autograd is prepared, and only when the rest of that state (default dtype,
+        # autocast) is this thread's now.
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                if _global_state() == record["global_state"]:
+                    break
         else:
-            return False  # a graph that records autograd history is made on the call
-        rows = record["paths"]
-        for i in graph["params"]:
-            kind, arg = _root(rows, i)
-            if kind == "local" and not (arg == 0 and bound_self is not None):
-                return False  # reached from an argument of the call
+            return False
+        # Slot 0 is `bound_self` where the code takes it as its first argument (not *args).
         nslots = code.co_nlocals + len(code.co_cellvars) + len(code.co_freevars)
-        slots = (bound_self,) + (_UNBOUND,) * (nslots - 1)
-        frame = _Frame(slots, func, rows)
+        first = bound_self if bound_self is not None and code.co_argcount > 0 else _UNBOUND
+        frame = _Frame((first,) + (_UNBOUND,) * (nslots - 1), func, record["paths"])
         params = [frame.value(i) for i in graph["params"]]
         if not all(isinstance(t, torch.Tensor) for t in params):
-            return False
+            return False  # a parameter reached from an argument of the call
         device = torch.device(graph["device"])
         body = artifact_body_by_key(graph["artifact"], device)
         art.check_inputs(body, params, leading=True)
         plan = build_plan_for(body, params, len(graph["inputs"]), device, graph["cuda_graphs"])
         warm = getattr(plan, "warm", None)
         if warm is not None:
-            with mode:
+            with mode():
                 warm()
-        self._plans[graph["artifact"]] = _PreparedPlan(params, body, plan, device,
-                                                       graph["cuda_graphs"])
-        self._prepared_for[key] = graph["artifact"]
+        self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan))
         _say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
         return True
 
     def _install(self, func, code, slots):
+        from kiln.state import STATE
+
         store = self.store()
         if store is None:
             return None
         key = self.key(code)
-        records = self._records.pop(key, None) or store.get(key)
-        # A prepared plan serves this code's first install or none: one the install did not use
-        # (its guards failed, its parameters were replaced) is not kept alive for nothing.
-        prepared = self._prepared_for.pop(key, None)
-        try:
-            return self._install_records(func, code, slots, key, records, store)
-        finally:
-            if prepared is not None:
-                self._plans.pop(prepared, None)
-
-    def _install_records(self, func, code, slots, key, records, store):
-        """The entry of the first of `records` that installs on this frame, or None (the reason
-        kept for explain_miss)."""
-        from kiln.state import STATE
-
+        records, prepared = self._prepared.pop(key, (None, None))
+        if records is None:
+            records = store.get(key)
         reasons = []
         for record in records:
             try:
-                entry = install(record, code, slots, func, self._plans)
+                entry = install(record, code, slots, func, prepared)
             except NotInstallable as e:
                 reasons.append(str(e))
                 continue
