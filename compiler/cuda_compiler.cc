@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/passes/conv_folding.h"
 #include "compiler/passes/plan_pipeline.h"
 
 namespace kiln::compiler {
@@ -13,7 +14,7 @@ namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules,
 // NVRTC flags).
-constexpr char kCudaCompilerVersion[] = "kiln-cuda-1";
+constexpr char kCudaCompilerVersion[] = "kiln-cuda-2";
 
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.
@@ -45,7 +46,12 @@ absl::StatusOr<GeneratedCuda> GenerateCuda(const kiln::v1::CompileRequest& reque
   if (absl::StatusOr<std::string> arch = TargetArch(request.target()); !arch.ok()) {
     return arch.status();
   }
-  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA);
+  // ATen's CUDA convolutions add their bias in a pass of their own: a pointwise node fuses it
+  // into the kernel that reads the result.
+  const DevicePasses bias_epilogues = [](kiln::v1::Graph graph, PassLog& passes) {
+    return passes.After("convolution bias as epilogue", ConvolutionBiasAsEpilogue(graph));
+  };
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA, bias_epilogues);
   GeneratedCuda generated;
   generated.body = std::move(planned.body);
   if (!planned.has_kernels) return generated;

@@ -238,4 +238,52 @@ Graph FoldConvolutionAffine(const Graph& graph, PassStats* stats) {
   return Folder(graph, stats).Run();
 }
 
+Graph ConvolutionBiasAsEpilogue(const Graph& graph, PassStats* stats) {
+  ValueIndex index = IndexValues(graph);
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& conv = graph.nodes(i);
+    if (conv.op() != "aten::convolution" || conv.args_size() != 9 || conv.outputs_size() != 1 ||
+        conv.args(2).kind_case() != Argument::kValue || !conv.args(2).name().empty()) {
+      continue;
+    }
+    const TensorMeta& y = conv.outputs(0).meta();
+    const uint32_t b = conv.args(2).value();
+    const TensorMeta& bm = *index.meta.at(b);
+    if (y.sizes_size() < 3 || bm.sizes_size() != 1 || bm.sizes(0) != y.sizes(1) ||
+        bm.dtype() != y.dtype() || (bm.sizes(0) > 1 && bm.strides(0) != 1)) {
+      continue;
+    }
+    std::vector<int64_t> column(y.sizes_size(), 1);
+    column[1] = y.sizes(1);
+    std::vector<Node> nodes(3);
+    Node& view = nodes[0];
+    view.set_op("aten::view");
+    view.add_args()->set_value(b);
+    auto* list = view.add_args()->mutable_int_list();
+    for (int64_t s : column) list->add_values(s);
+    kiln::v1::Value* column_value = view.add_outputs();
+    column_value->set_id(index.next_id++);
+    TensorMeta* cm = column_value->mutable_meta();
+    cm->set_dtype(bm.dtype());
+    *cm->mutable_device() = bm.device();
+    for (int64_t s : column) cm->add_sizes(s);
+    for (int64_t s : ContiguousStrides(column)) cm->add_strides(s);
+
+    Node& bare = nodes[1];
+    bare = conv;
+    bare.mutable_args(2)->mutable_none();
+    bare.mutable_outputs(0)->set_id(index.next_id++);
+
+    Node& add = nodes[2];
+    add.set_op("aten::add.Tensor");
+    add.add_args()->set_value(bare.outputs(0).id());
+    add.add_args()->set_value(column_value->id());
+    *add.add_outputs() = conv.outputs(0);
+    replace[i] = std::move(nodes);
+    if (stats) ++stats->convolution_bias_epilogues;
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
 }  // namespace kiln::compiler

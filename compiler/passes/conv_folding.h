@@ -16,4 +16,13 @@ namespace kiln::compiler {
 // the old convolution die. Results change only by float rounding.
 kiln::v1::Graph FoldConvolutionAffine(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
+// Rewrites aten::convolution with a bias value (of the result's dtype, one per output channel)
+// into the convolution without it and an aten::add.Tensor of the bias viewed as [1, C, 1, ...],
+// which defines the old result. ATen's CUDA convolutions add a bias in a separate pass over the
+// result (`output.add_(bias)`); as a pointwise node it fuses into the kernel of what reads the
+// result (the ReLU or residual add a folded batch norm leaves), as it does when no norm was
+// folded. The same additions in the same dtype: results do not change.
+kiln::v1::Graph ConvolutionBiasAsEpilogue(const kiln::v1::Graph& graph,
+                                          PassStats* stats = nullptr);
+
 }  // namespace kiln::compiler

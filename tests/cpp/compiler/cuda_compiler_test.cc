@@ -312,7 +312,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-1|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-2|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -328,6 +328,35 @@ TEST(CudaCompilerTest, GenerateCudaFillsLaunchesWithoutBuilding) {
     EXPECT_NE(generated->source.find("void __launch_bounds__(" + std::to_string(k->block(0)) +
                                      ") " + k->symbol() + "("),
               std::string::npos);
+  }
+}
+
+TEST(CudaCompilerTest, ConvolutionBiasIsAddedByTheKernelThatReadsTheResult) {
+  // ATen's CUDA convolution adds a bias in a pass of its own; the plan calls it without one
+  // and the ReLU's kernel adds it. A bias of another dtype than the result stays with ATen.
+  for (kiln::v1::DType bias_dtype : {kF32, kBF16}) {
+    GraphBuilder b;
+    uint32_t w = b.Input({8, 3, 3, 3});
+    uint32_t bias = b.Input({8}, bias_dtype);
+    b.Bound(2);
+    uint32_t x = b.Input({2, 3, 8, 8});
+    uint32_t conv = b.Op("aten::convolution",
+                         {V(x), V(w), V(bias), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
+                          Ints({0, 0}), I(1)},
+                         {2, 8, 8, 8});
+    b.Output(b.Op("aten::relu", {V(conv)}, {2, 8, 8, 8}));
+    auto generated = GenerateCuda(CudaRequest(b));
+    ASSERT_TRUE(generated.ok()) << generated.status();
+    const kiln::v1::ExecutionPlan& plan = generated->body.plan();
+    ASSERT_EQ(plan.steps_size(), 2) << plan.DebugString();
+    ASSERT_TRUE(plan.steps(0).has_library());
+    const kiln::v1::LibraryCall& call = plan.steps(0).library();
+    EXPECT_EQ(call.op(), "aten::convolution");
+    const bool moved = bias_dtype == kF32;
+    EXPECT_EQ(call.args(2).kind_case() == kiln::v1::Argument::kNone, moved);
+    ASSERT_TRUE(plan.steps(1).has_kernel());
+    // The kernel reads the convolution's result, and the bias where it was moved.
+    EXPECT_EQ(plan.steps(1).kernel().args_size(), moved ? 3 : 2);
   }
 }
 
@@ -356,7 +385,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-1|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-2|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -374,7 +403,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-1|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-2|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
