@@ -127,6 +127,17 @@ def test_non_contiguous_reduction_input():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_reductions_over_height_and_width(dtype):
+    # The kept channel dim is the one adjacent in memory: a column kernel. 3 x 40 rows is not a
+    # whole number of 32-row tiles; the squeeze-excite form (mean, then a product with the full
+    # tensor) and a two-pass variance.
+    x = randn(3, 40, 7, 9, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    hs = torch.nn.functional.hardswish
+    check(lambda a: hs(a).mean(dim=(2, 3), keepdim=True) * a, x)
+    check(lambda a: (a.var(dim=(2, 3)), a.amax(dim=(2, 3), keepdim=True)), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_is_aten_attention_choosing_its_kernel_for_the_real_inputs(dtype):
     # BERT's form: an additive mask; the plan calls aten::scaled_dot_product_attention (which
     # picks flash / memory-efficient / math for these inputs), its epilogue is a generated kernel.

@@ -104,6 +104,19 @@ static __device__ __forceinline__ T kiln_block_reduce(T v, T identity, T* scratc
   for (int o = 16; o > 0; o >>= 1) v = Op::op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+
+// Every thread of a (32, Y) block gets Op over the values `v` of the threads with its
+// threadIdx.x (one column of rows), combined in threadIdx.y order. `scratch` (32 * blockDim.y
+// values in shared memory) may be shared by consecutive calls, as kiln_block_reduce's.
+template <typename Op, typename T>
+static __device__ __forceinline__ T kiln_column_reduce(T v, T* scratch) {
+  __syncthreads();
+  scratch[threadIdx.y * 32 + threadIdx.x] = v;
+  __syncthreads();
+  v = scratch[threadIdx.x];
+  for (unsigned y = 1; y < blockDim.y; ++y) v = Op::op(v, scratch[y * 32 + threadIdx.x]);
+  return v;
+}
 )";
 
 // Threads of a pointwise block; the most blocks a grid names (the kernels loop past it).
@@ -113,6 +126,11 @@ constexpr int64_t kMaxGrid = int64_t{1} << 20;
 // between one warp and kMaxRowBlock.
 constexpr int64_t kRowElementsPerThread = 4;
 constexpr int64_t kMaxRowBlock = 1024;
+// Column blocks (rows adjacent in memory, see RowKernel): 32 rows a block, up to
+// kMaxColumnThreads threads along each row, each handling about kColumnElementsPerThread.
+constexpr int64_t kColumnRows = 32;
+constexpr int64_t kMaxColumnThreads = 16;
+constexpr int64_t kColumnElementsPerThread = 8;
 // Bytes one vector access moves.
 constexpr int64_t kVectorBytes = 16;
 
@@ -393,6 +411,11 @@ class PointwiseKernel {
 // over the row (strided by the block), recomputing the full-space nodes it needs, then a block
 // reduction whose result every thread holds (var: a second pass around the mean); row nodes are
 // computed by every thread and stored by thread 0; a last pass stores the full-space outputs.
+// Where the rows are adjacent in memory and the reduced dims are not (a channels-last tensor's
+// mean over H and W: the kept channel dim has stride 1), a block per row would read one element
+// per 32-byte sector. Then the block is (32, Y) over 32 consecutive rows ("columns"): threadIdx.x
+// picks the row, so a warp's loads are contiguous, threadIdx.y strides along it, and a column
+// reduction combines each row's Y partial values.
 class RowKernel {
  public:
   RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
@@ -420,12 +443,25 @@ class RowKernel {
         last += std::max<int64_t>(m.sizes(d) - 1, 0) * m.strides(d);
       largest = std::max(largest, last);
     }
-    int64_t block = 32;
-    while (block < kMaxRowBlock && block * kRowElementsPerThread < length) block *= 2;
-    const int64_t grid = std::clamp<int64_t>(rows, 1, kMaxGrid);
+    column_ = RowsAdjacent();
+    int64_t block = 32, grid = 0;
+    if (column_) {
+      int64_t threads = 1;  // along a row
+      while (threads < kMaxColumnThreads && threads * kColumnElementsPerThread < length) {
+        threads *= 2;
+      }
+      grid = std::clamp<int64_t>(CeilDiv(rows, kColumnRows), 1, kMaxGrid);
+      launch->block[0] = static_cast<uint32_t>(kColumnRows);
+      launch->block[1] = static_cast<uint32_t>(threads);
+      block = kColumnRows * threads;
+      type_ = IndexType(std::max({largest, rows + grid * kColumnRows, length + threads}));
+    } else {
+      while (block < kMaxRowBlock && block * kRowElementsPerThread < length) block *= 2;
+      grid = std::clamp<int64_t>(rows, 1, kMaxGrid);
+      launch->block[0] = static_cast<uint32_t>(block);
+      type_ = IndexType(std::max({largest, rows + grid, length + block}));
+    }
     launch->grid[0] = static_cast<uint32_t>(grid);
-    launch->block[0] = static_cast<uint32_t>(block);
-    type_ = IndexType(std::max({largest, rows + grid, length + block}));
     length_ = length;
 
     std::ostringstream params, head;
@@ -437,12 +473,26 @@ class RowKernel {
       }
     }
     for (const std::string& t : {std::string("float"), std::string("double")}) {
-      if (scratch_types.count(t))
-        head << "  __shared__ " << t << " kiln_scratch_" << t << "[32];\n";
+      if (scratch_types.count(t)) {
+        head << "  __shared__ " << t << " kiln_scratch_" << t << "["
+             << (column_ ? block : 32) << "];\n";
+      }
     }
     std::string indent = "    ";
-    body_ << "  for (" << type_ << " kiln_row = blockIdx.x; kiln_row < " << rows
-          << "; kiln_row += gridDim.x) {\n";
+    if (column_) {
+      // Threads past the last row compute the last row again and store nothing; they take part
+      // in every column reduction.
+      body_ << "  for (" << type_ << " kiln_tile = blockIdx.x; kiln_tile < "
+            << CeilDiv(rows, kColumnRows) << "; kiln_tile += gridDim.x) {\n"
+            << indent << "const " << type_ << " kiln_first = kiln_tile * " << kColumnRows
+            << " + threadIdx.x;\n"
+            << indent << "const bool kiln_active = kiln_first < " << rows << ";\n"
+            << indent << "const " << type_ << " kiln_row = kiln_active ? kiln_first : " << rows - 1
+            << ";\n";
+    } else {
+      body_ << "  for (" << type_ << " kiln_row = blockIdx.x; kiln_row < " << rows
+            << "; kiln_row += gridDim.x) {\n";
+    }
     body_ << Decompose({g_.sizes.begin(), g_.sizes.begin() + outer_}, "kiln_row", "i", type_,
                        indent);
     std::unordered_map<uint32_t, std::string> rows_var;
@@ -464,7 +514,9 @@ class RowKernel {
       for (const auto& out : node.outputs())
         StoreIfOutput(out.id(), false, rows_var, indent + "  ", stores);
       if (!stores.str().empty()) {
-        body_ << indent << "if (threadIdx.x == 0) {\n" << stores.str() << indent << "}\n";
+        body_ << indent << (column_ ? "if (threadIdx.y == 0 && kiln_active) {\n"
+                                    : "if (threadIdx.x == 0) {\n")
+              << stores.str() << indent << "}\n";
       }
     }
     std::vector<uint32_t> full_outputs;
@@ -508,8 +560,13 @@ class RowKernel {
   std::unordered_map<uint32_t, std::string> OpenPass(
       std::string& indent, const std::unordered_map<uint32_t, std::string>& rows_var,
       const std::vector<uint32_t>& targets) {
-    body_ << indent << "for (" << type_ << " kiln_e = threadIdx.x; kiln_e < " << length_
-          << "; kiln_e += blockDim.x) {\n";
+    if (column_) {
+      body_ << indent << "for (" << type_ << " kiln_e = threadIdx.y; kiln_active && kiln_e < "
+            << length_ << "; kiln_e += blockDim.y) {\n";
+    } else {
+      body_ << indent << "for (" << type_ << " kiln_e = threadIdx.x; kiln_e < " << length_
+            << "; kiln_e += blockDim.x) {\n";
+    }
     indent += "  ";
     body_ << Decompose({g_.sizes.begin() + outer_, g_.sizes.end()}, "kiln_e", "j", type_, indent,
                        outer_);
@@ -557,8 +614,13 @@ class RowKernel {
       body_ << indent << "const " << t << " x = " << vars.at(r.input) << ";\n";
       body_ << indent << statement << "\n";
       ClosePass(indent);
-      body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc << ", "
-            << identity << ", " << scratch << ");\n";
+      if (column_) {
+        body_ << indent << acc << " = kiln_column_reduce<" << op << "<" << t << ">>(" << acc
+              << ", " << scratch << ");\n";
+      } else {
+        body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc
+              << ", " << identity << ", " << scratch << ");\n";
+      }
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
       const std::string name = "r" + std::to_string(out.id());
@@ -596,11 +658,32 @@ class RowKernel {
     }
   }
 
+  // Whether the rows are adjacent in memory and the reduced elements are not: an input read
+  // along the rows (a stride in a reduced dim of size > 1) walks the last kept dim with stride 1
+  // and every reduced dim with a larger one.
+  bool RowsAdjacent() const {
+    if (outer_ < 1 || outer_ >= rank_ || g_.sizes[outer_ - 1] < 2) return false;
+    bool any = false;
+    for (const KernelOperand& in : g_.inputs) {
+      bool along = false, strided = true;
+      for (int d = outer_; d < rank_; ++d) {
+        if (g_.sizes[d] < 2) continue;
+        along |= in.strides[d] != 0;
+        strided &= in.strides[d] > 1;
+      }
+      if (!along) continue;
+      if (in.strides[outer_ - 1] != 1 || !strided) return false;
+      any = true;
+    }
+    return any;
+  }
+
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
   int rank_ = 0, outer_ = 0;
+  bool column_ = false;  // (32, Y) blocks over adjacent rows, see the class comment
   int64_t length_ = 1;  // elements of a row
   std::string type_;    // the index type
   RowGroup rows_;

@@ -99,14 +99,16 @@ class CudaKernelTest : public ::testing::Test {
       const kiln::testing::CubinKernel& r = it->second;
       EXPECT_GT(r.registers, 0) << k->symbol();
       EXPECT_LE(r.registers, 255) << k->symbol();
-      // A block of k.block threads must fit the register file (64K registers per SM).
-      EXPECT_LE(int64_t{r.registers} * k->block(0), 65536) << k->symbol();
+      EXPECT_EQ(k->block_size(), 3);
+      if (k->block_size() != 3) continue;
+      const int64_t threads = int64_t{k->block(0)} * k->block(1) * k->block(2);
+      // A block's threads must fit the register file (64K registers per SM).
+      EXPECT_LE(int64_t{r.registers} * threads, 65536) << k->symbol();
       EXPECT_EQ(r.frame_bytes, 0) << k->symbol() << " spills or uses local memory";
       EXPECT_LE(r.shared_bytes + k->shared_memory_bytes(), 48 * 1024) << k->symbol();
       EXPECT_EQ(k->grid_size(), 3);
-      EXPECT_EQ(k->block_size(), 3);
       EXPECT_EQ(k->block(0) % 32, 0u);
-      EXPECT_EQ(r.max_threads, static_cast<int>(k->block(0))) << "__launch_bounds__ is the block";
+      EXPECT_EQ(r.max_threads, static_cast<int>(threads)) << "__launch_bounds__ is the block";
       EXPECT_GE(k->grid(0), 1u);
       resources_.push_back({k->symbol(), r});
       RecordProperty(k->symbol() + "_registers", r.registers);
@@ -304,6 +306,36 @@ TEST_F(CudaKernelTest, LongRowsLoopWithTheLargestBlock) {
   ASSERT_EQ(Launches(body.plan()).size(), 1u);
   EXPECT_EQ(Launches(body.plan())[0]->block(0), 1024u);
   EXPECT_EQ(Launches(body.plan())[0]->grid(0), 64u);
+}
+
+TEST_F(CudaKernelTest, ChannelsLastSpatialMeanTakesColumnBlocksOverAdjacentRows) {
+  // hardswish(x).mean((2, 3)) * x on a channels-last [8, 48, 7, 7]: the rows (n, c) are adjacent
+  // in memory, the 49 elements of a row 48 apart. A (32, Y) block covers 32 rows, so a warp's
+  // loads are contiguous; 384 rows are 12 tiles.
+  const std::vector<int64_t> sizes{8, 48, 7, 7}, nhwc{2352, 1, 336, 48}, row{8, 48, 1, 1};
+  for (bool channels_last : {true, false}) {
+    GraphBuilder b;
+    uint32_t x = channels_last ? b.Input(sizes, kF32, nhwc) : b.Input(sizes, kF32);
+    const std::vector<int64_t> strides = channels_last ? nhwc : std::vector<int64_t>{};
+    uint32_t h = b.Op("aten::hardswish", {V(x)}, sizes, kF32, strides);
+    uint32_t m = b.Op("aten::mean.dim", {V(h), Ints({2, 3}), B(true)}, row);
+    b.Output(b.Op("aten::mul.Tensor", {V(m), V(x)}, sizes, kF32, strides));
+    auto body = Build(CudaRequest(b), nullptr);
+    KILN_SKIP_IF_NO_NVRTC();
+    const auto launches = Launches(body.plan());
+    ASSERT_GE(launches.size(), 1u) << body.kernel_source();
+    const kiln::v1::KernelLaunch& k = *launches[0];
+    if (channels_last) {
+      EXPECT_EQ(k.block(0), 32u);
+      EXPECT_EQ(k.block(1), 8u);  // 49 elements: about 8 each
+      EXPECT_EQ(k.grid(0), 12u);
+      EXPECT_NE(body.kernel_source().find("kiln_column_reduce<"), std::string::npos);
+    } else {
+      EXPECT_EQ(k.block(1), 1u);
+      EXPECT_EQ(k.grid(0), 384u);
+      EXPECT_EQ(body.kernel_source().find("kiln_column_reduce<"), std::string::npos);
+    }
+  }
 }
 
 TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
