@@ -258,10 +258,16 @@ def test_a_cuda_convnet_compiles_channels_last_for_sm_90_without_a_gpu(kilnd_cac
         assert channels_last(values[x_id]) and channels_last(values[w_id])
         assert channels_last(values[call.outputs[0]])
         assert w_id in prologue_outputs  # the weight's conversion (and fold) runs once
-    # The batch norm was folded: the first convolution, written without a bias, takes one that
-    # the prologue computes from the norm's statistics.
-    bias = convs[0].args[2]
-    assert bias.WhichOneof("kind") == "value" and bias.value in prologue_outputs
+    # The batch norm was folded: the prologue computes a bias from the norm's statistics, which
+    # the kernel reading the first convolution's result adds (ATen's convolution would add it in
+    # a pass of its own): the convolution is called without one.
+    first = next(i for i, s in enumerate(plan.steps)
+                 if s.WhichOneof("kind") == "library" and s.library.op == "aten::convolution")
+    assert convs[0].args[2].WhichOneof("kind") == "none"
+    reader = plan.steps[first + 1]
+    assert reader.WhichOneof("kind") == "kernel"
+    assert convs[0].outputs[0] in reader.kernel.args
+    assert any(a in prologue_outputs for a in reader.kernel.args)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
