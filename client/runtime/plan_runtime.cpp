@@ -727,6 +727,9 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
     KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
     step.outputs.push_back(s);
   }
+  step.relayout = plan_.device_.is_cuda() && !list_return &&
+                  std::none_of(schema.returns().begin(), schema.returns().end(),
+                               [](const c10::Argument& r) { return r.alias_info() != nullptr; });
   return step;
 }
 
@@ -845,7 +848,16 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
     if (next >= l.outputs.size()) {
       return Status::RuntimeError("returned more tensors than expected");
     }
-    vals[l.outputs[next++]] = v.isTensor() ? v.toTensor() : at::Tensor();
+    const int s = l.outputs[next++];
+    vals[s] = v.isTensor() ? v.toTensor() : at::Tensor();
+    if (l.relayout && vals[s].defined() && !HasLayout(vals[s], metas_[s])) {
+      // A kernel whose layout the trace could not know (the attention op picks its kernel for
+      // the real inputs, and its kernels lay results out differently): every reader, views and
+      // plan outputs included, sees the metadata's layout.
+      at::Tensor copy = EmptyWithLayout(metas_[s], vals[s].options());
+      copy.copy_(vals[s]);
+      vals[s] = std::move(copy);
+    }
     return Status::OK();
   };
   for (const c10::IValue& v : stack) {

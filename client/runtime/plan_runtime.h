@@ -173,6 +173,9 @@ class Plan {
     };
     std::vector<ListArg> list_args;
     std::vector<int> outputs;
+    // Results are new tensors (no return aliases an argument) of a CUDA plan: one whose layout
+    // is not its metadata's is copied into it (see RunLibrary).
+    bool relayout = false;
   };
   struct Step {
     std::string label;  // "step 3 (aten::mm)", for errors.

@@ -532,3 +532,84 @@ def test_bert_runs_as_one_cuda_graph(kilnd_cache, caplog):
         lambda ids: model(input_ids=ids).last_hidden_state,
         lambda: torch.randint(0, 512, (2, 32), device="cuda"), caplog=caplog)
     assert plan.cuda_graph == "captured"
+
+
+class MaskedAttention(torch.nn.Module):
+    """BERT's attention shape: q, k and v projected and split into heads, an expanded boolean
+    mask (strides [0, S, 1, 0], as transformers builds it), the heads merged back."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.wq, self.wk, self.wv, self.wo = (torch.nn.Parameter(torch.randn(dim, dim) / dim**0.5)
+                                              for _ in range(4))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        split = [b, s, self.heads, d // self.heads]
+        q, k, v = (torch.nn.functional.linear(x, w).view(split).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        keep = torch.arange(s, device=x.device)[None, None, :, None] >= 0
+        mask = keep.expand(b, 1, s, s)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return torch.nn.functional.linear(out.transpose(1, 2).reshape(b, s, d), self.wo)
+
+
+def test_attention_takes_a_dense_mask_and_merges_heads_without_a_copy(kilnd_cache, monkeypatch):
+    # Compile only, on fake CUDA tensors: the expanded mask is copied dense (CUDA's fused kernels
+    # refuse a mask whose last stride is not 1), the attention's result has the fused kernels'
+    # [batch, tokens, heads, dim] layout, and merging the heads back is a view, not a kernel.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    with FakeTensorMode():
+        with torch.device("cuda"):
+            m = MaskedAttention().eval()
+        x = torch.empty(2, 8, 32, device="cuda")
+    gm = torch.fx.symbolic_trace(m)
+    with torch.no_grad():
+        try:
+            art = kiln_backend.compile_graph(gm, [x], cuda_graphs=False, load=False)
+        except kiln_backend.CompileFailed as e:
+            if "builds no CUDA kernels" in str(e):
+                pytest.skip(f"kilnd has no NVRTC here: {e}")
+            raise
+    plan = art.body.plan
+    values = {v.id: v.meta for v in plan.values}
+    calls = [s.library for s in plan.steps if s.WhichOneof("kind") == "library"]
+    (sdpa,) = [c for c in calls if c.op == "aten::scaled_dot_product_attention"]
+    mask = values[sdpa.args[3].value]
+    assert list(mask.sizes) == [2, 1, 8, 8] and list(mask.strides) == [64, 64, 8, 1]
+    out = values[sdpa.outputs[0]]
+    assert list(out.sizes) == [2, 2, 8, 16] and list(out.strides) == [256, 16, 32, 1]
+    # After the attention: views and the output projection only.
+    after = [s for s in plan.steps[list(plan.steps).index(
+        next(s for s in plan.steps if s.WhichOneof("kind") == "library"
+             and s.library.op == "aten::scaled_dot_product_attention")) + 1:]]
+    assert all(s.WhichOneof("kind") == "library" for s in after), after
+    assert {s.library.op for s in after} <= {"aten::view", "aten::transpose.int", "aten::mm",
+                                             "aten::_unsafe_view"}
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", ["auto", "math"])
+def test_masked_attention_matches_eager_whichever_kernel_attention_picks(kilnd_cache, dtype,
+                                                                          backend):
+    # "math": ATen's math kernel returns a contiguous result, not the layout the plan expects;
+    # the plan copies it into that layout and the answer stays eager's.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = MaskedAttention().cuda().to(dtype).eval()
+    x = torch.randn(2, 8, 32, device="cuda", dtype=dtype)
+    backends = [SDPBackend.MATH] if backend == "math" else list(SDPBackend)
+    with torch.no_grad(), sdpa_kernel(backends):
+        expected = model(x)
+        compiled = kiln.compile(model, backend="kiln")
+        first = compiled(x).clone()
+        again = compiled(x).clone()
+    assert kiln.debug.artifacts(), "the graph ran eagerly instead of through kilnd"
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert_close(first, expected, rtol=tol, atol=tol)
+    assert_close(again, expected, rtol=tol, atol=tol)

@@ -104,6 +104,13 @@ def _attention_op():
 
     def fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
              enable_gqa=False):
+        if query.dim() == 4 and query.is_cuda:
+            # The layout of CUDA's fused kernels (flash, memory-efficient; cuDNN's for inputs
+            # laid out so): [batch, tokens, heads, dim] in memory, so that merging the heads
+            # back is a view. The math kernel's result is contiguous: the plan then copies it
+            # into this layout (a library result always has its metadata's layout).
+            batch, heads, tokens, _ = query.shape
+            return query.new_empty((batch, tokens, heads, value.shape[-1])).transpose(1, 2)
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     lib.impl("attention", run, "CompositeExplicitAutograd")
@@ -121,6 +128,31 @@ def _attention_as_leaf(gm: torch.fx.GraphModule) -> None:
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _SDPA_TARGETS:
             node.target = _attention_op()
+    gm.recompile()
+
+
+def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
+    """Copies the attention masks of gm's kiln::attention calls whose last dim is not dense
+    (stride 1) into contiguous tensors. CUDA's fused attention kernels refuse such a mask (an
+    expanded one, as transformers' BERT builds: strides [0, S, 1, 0]) and ATen falls back to its
+    math kernel, two matrix products and a softmax in separate passes. The copy holds the same
+    values; a mask computed from parameters alone is copied once, by the prologue."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _attention_op():
+            continue
+        mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("attn_mask")
+        val = mask.meta.get("val") if isinstance(mask, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or val.shape[-1] < 2 or \
+                val.stride(-1) == 1:
+            continue
+        with gm.graph.inserting_before(node):
+            dense = gm.graph.call_function(aten.clone.default, (mask,),
+                                           {"memory_format": torch.contiguous_format})
+        dense.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+        if len(node.args) > 3:
+            node.args = (*node.args[:3], dense, *node.args[4:])
+        else:
+            node.kwargs = {**node.kwargs, "attn_mask": dense}
     gm.recompile()
 
 
@@ -248,6 +280,8 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
                          decomposition_table=decompositions(), tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
     traced.graph.eliminate_dead_code()
+    if any(t.is_cuda for t in (*params, *example_inputs)):
+        _dense_attention_masks(traced)
     traced.recompile()
     from kiln.graph import layout
 
