@@ -1,7 +1,7 @@
 """Warm start: the first call of a second, fresh process on a warm cache, kiln vs torch.compile.
 
     python bench/bench_warm_start.py [--model resnet50] [--batch N] [--warm-runs N]
-                                     [--steady N] [--threads N] [--out F]
+                                     [--steady N] [--threads N] [--device cpu|cuda] [--out F]
 
 For each compiler, in a new cache directory: process 1 compiles the model (cold), then
 --warm-runs fresh interpreters, same cache, each time their first call (warm; every number
@@ -34,6 +34,8 @@ once eagerly beforehand (torch, torchvision and the weights are loaded before an
 The clocks start after gc.collect(): a garbage collection owed by building the model would
 otherwise land in whichever call allocates next. Collections inside the first call are the
 compiler's own and are counted (and shown as "gc inside the first call").
+With --device cuda the model and inputs are on the first GPU and every timed call ends with
+torch.cuda.synchronize(), so a call's time includes its GPU work.
 """
 import argparse
 import gc
@@ -57,8 +59,13 @@ def child(model: str, compiler: str, steady_calls: int, batch):
     from common import build_model, environment, first_tensor
 
     torch.set_num_threads(int(os.environ.get("KILN_BENCH_THREADS", "2")))
-    m, inputs = build_model(model, batch=batch)
+    device = os.environ.get("KILN_BENCH_DEVICE", "cpu")
+    m, inputs = build_model(model, device=device, batch=batch)
     gc_spans = []
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def gc_clock(phase, info):
         gc_spans.append(time.perf_counter() if phase == "start" else -time.perf_counter())
@@ -67,8 +74,10 @@ def child(model: str, compiler: str, steady_calls: int, batch):
         ref = first_tensor(m(*inputs))
         eager = []
         for _ in range(3):
+            sync()
             t = time.perf_counter()
             m(*inputs)
+            sync()
             eager.append(time.perf_counter() - t)
         gc.collect()
         t_import = time.perf_counter()
@@ -85,8 +94,10 @@ def child(model: str, compiler: str, steady_calls: int, batch):
         compile_s = time.perf_counter() - t_compile
         gc.callbacks.append(gc_clock)
         dynamo_before = "torch._dynamo" in sys.modules  # torchvision's ops import it
+        sync()
         t = time.perf_counter()
         out = first_tensor(cm(*inputs))
+        sync()
         done = time.perf_counter()
         gc.callbacks.remove(gc_clock)
         first = done - t
@@ -97,12 +108,14 @@ def child(model: str, compiler: str, steady_calls: int, batch):
             ready_s = time.perf_counter() - t
             t = time.perf_counter()
             out = first_tensor(cm(*inputs))
+            sync()
             switch_s = time.perf_counter() - t
             torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
         steady = []
         for _ in range(steady_calls):
             t = time.perf_counter()
             cm(*inputs)
+            sync()
             steady.append(time.perf_counter() - t)
     second = statistics.median(steady)
     gc_s = sum(-end - begin for begin, end in zip(gc_spans[::2], gc_spans[1::2]))
@@ -175,6 +188,7 @@ def main():
     p.add_argument("--steady", type=int, default=3, help="later calls timed per process")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads in every process (default: $KILN_BENCH_THREADS or 2)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None)
     p.add_argument("--child", nargs=2)
     a = p.parse_args()
@@ -187,6 +201,7 @@ def main():
     env.pop("XDG_RUNTIME_DIR", None)
     if a.threads:
         env["KILN_BENCH_THREADS"] = str(a.threads)
+    env["KILN_BENCH_DEVICE"] = a.device
     try:
         kiln_cold = run(a.model, "kiln", env, a.steady, a.batch)
         kiln_warm = median_record([run(a.model, "kiln", env, a.steady, a.batch)
@@ -210,7 +225,8 @@ def main():
     command = command_line()
     print(f"command: {command}")
     batch = f", batch {a.batch}" if a.batch is not None else ""
-    print(f"{a.model}{batch}: first call of a fresh process (warm: median of {a.warm_runs})")
+    print(f"{a.model}{batch} on {a.device}: first call of a fresh process (warm: median of "
+          f"{a.warm_runs})")
     print(f"  kiln           cold {kiln_cold['first_call_s']:8.3f} s   warm "
           f"{kiln_warm['first_call_s']:8.3f} s (compiled {kiln_warm['compiled']} of "
           f"{kiln_warm['artifacts']})   after kilnd restart {kiln_restart['first_call_s']:.3f} s")
@@ -258,7 +274,8 @@ def main():
     print(f"  (kiln's backend on the warm hit: {kiln_warm['client_s']:.3f} s of lookup, "
           f"verification and loading; {kiln_warm['index_hits']} of {kiln_warm['artifacts']} "
           f"graphs found by the client's index, not lowered)")
-    emit({"bench": "warm_start", "model": a.model, "batch": a.batch, "command": command,
+    emit({"bench": "warm_start", "model": a.model, "batch": a.batch, "device": a.device,
+          "command": command,
           "torch_compile_warm_fxgraph_cache_hit": tc_warm["fxgraph_cache_hit"],
           "torch_compile_warm_fxgraph_cache_miss": tc_warm["fxgraph_cache_miss"],
           "kiln_cold_s": kiln_cold["first_call_s"], "kiln_warm_s": kiln_warm["first_call_s"],
