@@ -67,6 +67,10 @@ def child(model: str, compiler: str, steady_calls: int, batch):
         if device == "cuda":
             torch.cuda.synchronize()
 
+    # The compiled model against eager: on a GPU, cuDNN's TF32 convolutions pick other
+    # algorithms for the compiled (channels-last) layout.
+    tol = dict(rtol=5e-2, atol=5e-2) if device == "cuda" else dict(rtol=2e-3, atol=2e-3)
+
     def gc_clock(phase, info):
         gc_spans.append(time.perf_counter() if phase == "start" else -time.perf_counter())
 
@@ -101,7 +105,7 @@ def child(model: str, compiler: str, steady_calls: int, batch):
         done = time.perf_counter()
         gc.callbacks.remove(gc_clock)
         first = done - t
-        torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(out, ref, **tol)
         if compiler == "kiln-background":
             # The worker's install and warm-up, then the call that switches to the entry.
             kiln.wait_for_compiles(600)
@@ -110,7 +114,7 @@ def child(model: str, compiler: str, steady_calls: int, batch):
             out = first_tensor(cm(*inputs))
             sync()
             switch_s = time.perf_counter() - t
-            torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3)
+            torch.testing.assert_close(out, ref, **tol)
         steady = []
         for _ in range(steady_calls):
             t = time.perf_counter()
