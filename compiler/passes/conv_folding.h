@@ -22,7 +22,6 @@ kiln::v1::Graph FoldConvolutionAffine(const kiln::v1::Graph& graph, PassStats* s
 // result (`output.add_(bias)`); as a pointwise node it fuses into the kernel of what reads the
 // result (the ReLU or residual add a folded batch norm leaves), as it does when no norm was
 // folded. The same additions in the same dtype: results do not change.
-kiln::v1::Graph ConvolutionBiasAsEpilogue(const kiln::v1::Graph& graph,
-                                          PassStats* stats = nullptr);
+kiln::v1::Graph ConvolutionBiasAsEpilogue(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
 }  // namespace kiln::compiler

@@ -93,14 +93,24 @@ std::string FirstLines(const std::string& text, int n) {
   return out;
 }
 
+constexpr char kBuildDirPrefix[] = "kilnd-cc-";
+constexpr char kOwnerFile[] = "kilnd.pid";
+
+std::string TempBase() {
+  const char* base = std::getenv("TMPDIR");
+  return base && *base ? base : "/tmp";
+}
+
 class TempDir {
  public:
   TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(base && *base ? base : "/tmp", "/kilnd-cc-XXXXXX");
+    std::string pattern = absl::StrCat(TempBase(), "/", kBuildDirPrefix, "XXXXXX");
     std::vector<char> buf(pattern.begin(), pattern.end());
     buf.push_back('\0');
-    if (::mkdtemp(buf.data()) != nullptr) path_ = buf.data();  // mode 0700
+    if (::mkdtemp(buf.data()) == nullptr) return;  // mode 0700
+    path_ = buf.data();
+    // Whose it is, for RemoveOrphanedBuildDirs when this process dies before the destructor.
+    std::ofstream(path_ + "/" + kOwnerFile) << ::getpid() << "\n";
   }
   ~TempDir() {
     std::error_code ec;
@@ -114,8 +124,30 @@ class TempDir {
 
 }  // namespace
 
+int Toolchain::RemoveOrphanedBuildDirs() {
+  std::error_code ec;
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(TempBase(), ec)) {
+    const std::string name = entry.path().filename().string();
+    struct stat st;
+    if (name.rfind(kBuildDirPrefix, 0) != 0 || ::lstat(entry.path().c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+      continue;
+    }
+    std::ifstream owner(entry.path() / kOwnerFile);
+    long pid = 0;
+    if (!(owner >> pid) || pid <= 0) continue;  // being made, or not one of ours
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // it runs
+    std::error_code rm;
+    std::filesystem::remove_all(entry.path(), rm);
+    if (!rm) ++removed;
+  }
+  return removed;
+}
+
 Toolchain::Toolchain(std::string cxx, std::chrono::seconds timeout)
     : cxx_(std::move(cxx)), timeout_(timeout) {
+  RemoveOrphanedBuildDirs();
   // Queried once: a daemon whose compiler is upgraded under it keeps its version until restart.
   TempDir dir;
   auto query = [&](const std::string& flag) -> std::string {

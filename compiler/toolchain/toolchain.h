@@ -32,6 +32,12 @@ class Toolchain {
   static std::vector<std::string> Flags(const std::string& isa);
   static std::vector<std::string> Libraries(const std::string& isa);
 
+  // Removes the build directories ($TMPDIR/kilnd-cc-*, this user's) of processes that are gone:
+  // a kilnd killed mid-compile cannot remove its own. Each directory names its process in a
+  // kilnd.pid file; one without it, or whose process runs, is kept. Returns how many it removed.
+  // The constructor calls it, so each kilnd start clears what earlier ones left.
+  static int RemoveOrphanedBuildDirs();
+
  private:
   std::string cxx_;
   std::chrono::seconds timeout_;

@@ -474,8 +474,8 @@ class RowKernel {
     }
     for (const std::string& t : {std::string("float"), std::string("double")}) {
       if (scratch_types.count(t)) {
-        head << "  __shared__ " << t << " kiln_scratch_" << t << "["
-             << (column_ ? block : 32) << "];\n";
+        head << "  __shared__ " << t << " kiln_scratch_" << t << "[" << (column_ ? block : 32)
+             << "];\n";
       }
     }
     std::string indent = "    ";
@@ -514,8 +514,9 @@ class RowKernel {
       for (const auto& out : node.outputs())
         StoreIfOutput(out.id(), false, rows_var, indent + "  ", stores);
       if (!stores.str().empty()) {
-        body_ << indent << (column_ ? "if (threadIdx.y == 0 && kiln_active) {\n"
-                                    : "if (threadIdx.x == 0) {\n")
+        body_ << indent
+              << (column_ ? "if (threadIdx.y == 0 && kiln_active) {\n"
+                          : "if (threadIdx.x == 0) {\n")
               << stores.str() << indent << "}\n";
       }
     }
@@ -615,11 +616,11 @@ class RowKernel {
       body_ << indent << statement << "\n";
       ClosePass(indent);
       if (column_) {
-        body_ << indent << acc << " = kiln_column_reduce<" << op << "<" << t << ">>(" << acc
-              << ", " << scratch << ");\n";
+        body_ << indent << acc << " = kiln_column_reduce<" << op << "<" << t << ">>(" << acc << ", "
+              << scratch << ");\n";
       } else {
-        body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc
-              << ", " << identity << ", " << scratch << ");\n";
+        body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc << ", "
+              << identity << ", " << scratch << ");\n";
       }
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
@@ -684,8 +685,8 @@ class RowKernel {
   const int index_;
   int rank_ = 0, outer_ = 0;
   bool column_ = false;  // (32, Y) blocks over adjacent rows, see the class comment
-  int64_t length_ = 1;  // elements of a row
-  std::string type_;    // the index type
+  int64_t length_ = 1;   // elements of a row
+  std::string type_;     // the index type
   RowGroup rows_;
   std::ostringstream body_;
 };

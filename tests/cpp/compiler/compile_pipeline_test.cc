@@ -3,10 +3,14 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -22,6 +26,7 @@
 #include "compiler/passes/graph_passes.h"
 #include "compiler/passes/memory_plan.h"
 #include "compiler/passes/onednn_passes.h"
+#include "compiler/toolchain/toolchain.h"
 #include "tests/cpp/support/graph_builder.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
@@ -759,6 +764,44 @@ TEST(CpuKernelTest, ToolchainRunningPastItsTimeLimitIsKilled) {
   ASSERT_FALSE(body.ok());
   EXPECT_EQ(CompileErrorFromStatus(body.status()).code(), kiln::v1::CompileError::CODE_TOOLCHAIN);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(CpuKernelTest, BuildDirectoriesOfDeadProcessesAreRemovedAtStart) {
+  kiln::testing::TempDir tmp;
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old ? old : "";
+  ::setenv("TMPDIR", tmp.path().c_str(), 1);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);  // reaped: no process has this id now
+  auto make = [&](const std::string& name, const std::string& pid) {
+    std::filesystem::create_directories(tmp.Sub(name));
+    std::ofstream(tmp.Sub(name) + "/build.log") << "partial";
+    if (!pid.empty()) std::ofstream(tmp.Sub(name) + "/kilnd.pid") << pid << "\n";
+  };
+  make("kilnd-cc-dead01", std::to_string(dead));
+  make("kilnd-cc-live01", std::to_string(::getpid()));
+  make("kilnd-cc-nopid1", "");
+  make("other-dead01", std::to_string(dead));
+  EXPECT_EQ(Toolchain::RemoveOrphanedBuildDirs(), 1);
+  EXPECT_FALSE(std::filesystem::exists(tmp.Sub("kilnd-cc-dead01")));
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("kilnd-cc-live01")));
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("kilnd-cc-nopid1")));
+  EXPECT_TRUE(std::filesystem::exists(tmp.Sub("other-dead01")));
+  // The toolchain's own build directories name their process and are gone after a build.
+  Toolchain toolchain("g++", std::chrono::seconds(60));
+  std::set<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("kilnd-cc-", 0) == 0) left.insert(name);
+  }
+  EXPECT_EQ(left, (std::set<std::string>{"kilnd-cc-live01", "kilnd-cc-nopid1"}));
+  if (old) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
 }
 
 TEST(ConvFoldingTest, EvalBatchNormFoldsIntoTheConvolutionsWeightAndBias) {
