@@ -240,6 +240,13 @@ bool HasLayout(const at::Tensor& t, const ValueMeta& m) {
   return t.strides() == c10::IntArrayRef(m.strides) && t.storage_offset() == m.storage_offset;
 }
 
+// A copy of `t` with the metadata's layout (for a `t` that lacks it).
+at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m) {
+  at::Tensor copy = EmptyWithLayout(m, t.options());
+  copy.copy_(t);
+  return copy;
+}
+
 // Whether an argument may be aliased by the op's result (a view: "Tensor(a) self").
 bool MayAlias(const c10::Argument& formal) {
   return formal.alias_info() != nullptr && !formal.alias_info()->isWrite();
@@ -394,11 +401,7 @@ Status Plan::Builder::Bind(uint32_t id, const at::Tensor& tensor, const char* wh
                    ", its metadata says " + Describe(m.dtype, m.sizes, m.strides));
   }
   at::Tensor t = tensor.to(plan_.device_);
-  if (!HasLayout(t, m)) {
-    at::Tensor copy = EmptyWithLayout(m, t.options());
-    copy.copy_(t);
-    t = std::move(copy);
-  }
+  if (!HasLayout(t, m)) t = CopyWithLayout(t, m);
   plan_.bound_[s] = std::move(t);
   plan_.originals_[s] = tensor;
   return Status::OK();
@@ -794,9 +797,7 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
       }
       if (!HasLayout(*t, m)) {
         // The kernel's index arithmetic has the metadata's strides built in.
-        at::Tensor copy = EmptyWithLayout(m, t->options());
-        copy.copy_(*t);
-        relaid.push_back(std::move(copy));
+        relaid.push_back(CopyWithLayout(*t, m));
         t = &relaid.back();
       }
     }
@@ -854,9 +855,7 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
       // A kernel whose layout the trace could not know (the attention op picks its kernel for
       // the real inputs, and its kernels lay results out differently): every reader, views and
       // plan outputs included, sees the metadata's layout.
-      at::Tensor copy = EmptyWithLayout(metas_[s], vals[s].options());
-      copy.copy_(vals[s]);
-      vals[s] = std::move(copy);
+      vals[s] = CopyWithLayout(vals[s], metas_[s]);
     }
     return Status::OK();
   };

@@ -47,6 +47,31 @@ int64_t ChannelStride(const TensorMeta& m) {
   return 1;
 }
 
+// Appends `op` over `tensor_args` (then `view_sizes` as an int list, for a view) to `nodes`,
+// defining a new value of `sizes` (row-major strides unless `strides` is given) in `like`'s
+// dtype and on its device. Returns the value's id.
+uint32_t EmitNode(std::vector<Node>& nodes, ValueIndex& index, const std::string& op,
+                  const std::vector<uint32_t>& tensor_args, const std::vector<int64_t>& sizes,
+                  const std::vector<int64_t>* view_sizes, const TensorMeta& like,
+                  const std::vector<int64_t>* strides = nullptr) {
+  Node n;
+  n.set_op(op);
+  for (uint32_t id : tensor_args) n.add_args()->set_value(id);
+  if (view_sizes) {
+    auto* list = n.add_args()->mutable_int_list();
+    for (int64_t s : *view_sizes) list->add_values(s);
+  }
+  kiln::v1::Value* v = n.add_outputs();
+  v->set_id(index.next_id++);
+  TensorMeta* m = v->mutable_meta();
+  m->set_dtype(like.dtype());
+  *m->mutable_device() = like.device();
+  for (int64_t s : sizes) m->add_sizes(s);
+  for (int64_t s : strides ? *strides : ContiguousStrides(sizes)) m->add_strides(s);
+  nodes.push_back(std::move(n));
+  return nodes.back().outputs(0).id();
+}
+
 // One link of the chain: y op c or c op y.
 struct Link {
   enum Kind { kAdd, kSub, kMul } kind;
@@ -155,23 +180,9 @@ class Folder {
                 const std::vector<uint32_t>& tensor_args, const std::vector<int64_t>& sizes,
                 const std::vector<int64_t>* view_sizes, const TensorMeta& like,
                 const std::vector<int64_t>* strides = nullptr) {
-    Node n;
-    n.set_op(op);
-    for (uint32_t id : tensor_args) n.add_args()->set_value(id);
-    if (view_sizes) {
-      auto* list = n.add_args()->mutable_int_list();
-      for (int64_t s : *view_sizes) list->add_values(s);
-    }
-    kiln::v1::Value* v = n.add_outputs();
-    v->set_id(index_.next_id++);
-    TensorMeta* m = v->mutable_meta();
-    m->set_dtype(like.dtype());
-    *m->mutable_device() = like.device();
-    for (int64_t s : sizes) m->add_sizes(s);
-    for (int64_t s : strides ? *strides : ContiguousStrides(sizes)) m->add_strides(s);
-    emitted_[v->id()] = *m;
-    nodes.push_back(std::move(n));
-    return v->id();
+    const uint32_t id = EmitNode(nodes, index_, op, tensor_args, sizes, view_sizes, like, strides);
+    emitted_[id] = nodes.back().outputs(0).meta();
+    return id;
   }
 
   std::vector<Node> Fold(const Node& conv, const std::vector<Link>& chain) {
@@ -256,30 +267,18 @@ Graph ConvolutionBiasAsEpilogue(const Graph& graph, PassStats* stats) {
     }
     std::vector<int64_t> column(y.sizes_size(), 1);
     column[1] = y.sizes(1);
-    std::vector<Node> nodes(3);
-    Node& view = nodes[0];
-    view.set_op("aten::view");
-    view.add_args()->set_value(b);
-    auto* list = view.add_args()->mutable_int_list();
-    for (int64_t s : column) list->add_values(s);
-    kiln::v1::Value* column_value = view.add_outputs();
-    column_value->set_id(index.next_id++);
-    TensorMeta* cm = column_value->mutable_meta();
-    cm->set_dtype(bm.dtype());
-    *cm->mutable_device() = bm.device();
-    for (int64_t s : column) cm->add_sizes(s);
-    for (int64_t s : ContiguousStrides(column)) cm->add_strides(s);
-
-    Node& bare = nodes[1];
-    bare = conv;
+    std::vector<Node> nodes;
+    const uint32_t bias_column = EmitNode(nodes, index, "aten::view", {b}, column, &column, bm);
+    Node bare = conv;
     bare.mutable_args(2)->mutable_none();
     bare.mutable_outputs(0)->set_id(index.next_id++);
-
-    Node& add = nodes[2];
+    Node add;
     add.set_op("aten::add.Tensor");
     add.add_args()->set_value(bare.outputs(0).id());
-    add.add_args()->set_value(column_value->id());
+    add.add_args()->set_value(bias_column);
     *add.add_outputs() = conv.outputs(0);
+    nodes.push_back(std::move(bare));
+    nodes.push_back(std::move(add));
     replace[i] = std::move(nodes);
     if (stats) ++stats->convolution_bias_epilogues;
   }

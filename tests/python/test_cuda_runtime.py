@@ -577,16 +577,16 @@ def test_attention_takes_a_dense_mask_and_merges_heads_without_a_copy(kilnd_cach
             raise
     plan = art.body.plan
     values = {v.id: v.meta for v in plan.values}
-    calls = [s.library for s in plan.steps if s.WhichOneof("kind") == "library"]
-    (sdpa,) = [c for c in calls if c.op == "aten::scaled_dot_product_attention"]
+    steps = list(plan.steps)
+    (at,) = [i for i, s in enumerate(steps) if s.WhichOneof("kind") == "library"
+             and s.library.op == "aten::scaled_dot_product_attention"]
+    sdpa = steps[at].library
     mask = values[sdpa.args[3].value]
     assert list(mask.sizes) == [2, 1, 8, 8] and list(mask.strides) == [64, 64, 8, 1]
     out = values[sdpa.outputs[0]]
     assert list(out.sizes) == [2, 2, 8, 16] and list(out.strides) == [256, 16, 32, 1]
     # After the attention: views and the output projection only.
-    after = [s for s in plan.steps[list(plan.steps).index(
-        next(s for s in plan.steps if s.WhichOneof("kind") == "library"
-             and s.library.op == "aten::scaled_dot_product_attention")) + 1:]]
+    after = steps[at + 1:]
     assert all(s.WhichOneof("kind") == "library" for s in after), after
     assert {s.library.op for s in after} <= {"aten::view", "aten::transpose.int", "aten::mm",
                                              "aten::_unsafe_view"}

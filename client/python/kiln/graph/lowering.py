@@ -136,7 +136,8 @@ def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
     (stride 1) into contiguous tensors. CUDA's fused attention kernels refuse such a mask (an
     expanded one, as transformers' BERT builds: strides [0, S, 1, 0]) and ATen falls back to its
     math kernel, two matrix products and a softmax in separate passes. The copy holds the same
-    values; a mask computed from parameters alone is copied once, by the prologue."""
+    values; a mask computed from parameters alone is copied once, by the prologue. The caller
+    recompiles gm."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not _attention_op():
             continue
@@ -153,7 +154,6 @@ def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
             node.args = (*node.args[:3], dense, *node.args[4:])
         else:
             node.kwargs = {**node.kwargs, "attn_mask": dense}
-    gm.recompile()
 
 
 def _addmm_in_its_dtype(torch_addmm):
@@ -273,14 +273,15 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
     for t in example_inputs:
         if not isinstance(t, torch.Tensor):
             raise LoweringError(f"non-tensor graph input of type {type(t).__name__}")
-    if any(t.is_cuda for t in (*params, *example_inputs)):
+    cuda = any(t.is_cuda for t in (*params, *example_inputs))
+    if cuda:
         _attention_as_leaf(flat)
     with torch.no_grad():
         traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
                          decomposition_table=decompositions(), tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
     traced.graph.eliminate_dead_code()
-    if any(t.is_cuda for t in (*params, *example_inputs)):
+    if cuda:
         _dense_attention_masks(traced)
     traced.recompile()
     from kiln.graph import layout
