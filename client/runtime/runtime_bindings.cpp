@@ -2,6 +2,7 @@
 // ExecutionPlan (DecodePlan) and binds it (Plan::Create), the plan's one crossing from Python; a
 // call runs the plan (or replays its CUDA graph) without the GIL and, once a run has failed and a
 // fallback is set, hands later calls to it. kiln._C.CudaGraphPool: the pool CUDA graphs share.
+#include <ATen/ThreadLocalState.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Device.h>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -150,8 +152,32 @@ class PyPlan {
     } catch (const std::exception& e) {
       ThrowPython(Status::RuntimeError(e.what()));
     }
+    if (Status status = WarmRun(inputs); !status.ok()) ThrowPython(status);
+  }
+
+  // Warm's run. A CPU plan runs on a thread of its own, with the caller's thread-local state
+  // (grad mode, autocast, dispatch keys): OpenMP (libgomp) keeps a team of threads for each
+  // thread that starts parallel work, and a child forked later inherits the team of its forking
+  // thread dead, so its first parallel region waits for it forever. kiln.compile, which warms
+  // the plans it prepares, must leave the process as safe to fork as it found it; the team this
+  // thread made goes with it. A CUDA plan stays on the caller's thread (its current stream).
+  Status WarmRun(const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> outputs;
-    if (Status status = Run(inputs, &outputs); !status.ok()) ThrowPython(status);
+    if (graphs_ || !plan_->device().is_cpu()) return Run(inputs, &outputs);
+    const at::ThreadLocalState state;
+    Status status;
+    py::gil_scoped_release no_gil;
+    std::thread worker([&] {
+      at::ThreadLocalStateGuard guard(state);
+      try {
+        status = plan_->Run(inputs, &outputs);
+      } catch (const std::exception& e) {
+        status = Status::RuntimeError(std::string("kiln plan: warm-up failed: ") + e.what());
+      }
+      outputs.clear();
+    });
+    worker.join();
+    return status;
   }
 
   py::object Call(const py::tuple& args) {

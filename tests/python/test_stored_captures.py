@@ -60,6 +60,7 @@ MODEL = textwrap.dedent("""
     import torch
 
     SCALE = float(os.environ.get("MODEL_SCALE", "2.0"))
+    WIDTH = int(os.environ.get("MODEL_WIDTH", "16"))
     BREAK = os.environ.get("MODEL_BREAK") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
@@ -73,9 +74,9 @@ MODEL = textwrap.dedent("""
     class Net(torch.nn.Module):
         def __init__(self, shared=False):
             super().__init__()
-            self.a = torch.nn.Linear(16, 16)
-            self.b = self.a if shared else torch.nn.Linear(16, 16)
-            self.norm = torch.nn.LayerNorm(16)
+            self.a = torch.nn.Linear(WIDTH, WIDTH)
+            self.b = self.a if shared else torch.nn.Linear(WIDTH, WIDTH)
+            self.norm = torch.nn.LayerNorm(WIDTH)
 
         @with_defaults
         def forward(self, x):
@@ -88,7 +89,7 @@ MODEL = textwrap.dedent("""
         return Net(shared=os.environ.get("MODEL_SHARED") == "1")
 
     def example():
-        return torch.randn(int(os.environ.get("MODEL_BATCH", "4")), 16)
+        return torch.randn(int(os.environ.get("MODEL_BATCH", "4")), WIDTH)
 """)
 
 
@@ -161,7 +162,7 @@ FORK_CHILD = textwrap.dedent("""
     assert not STATE.daemon.has_client(), "kiln.compile left a gRPC channel open"
 
     def run(batch):
-        x = torch.randn(batch, 16)
+        x = torch.randn(batch, model.WIDTH)
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
         entries = kiln.debug.cache_entries(type(m).forward.__code__)
@@ -184,11 +185,15 @@ FORK_CHILD = textwrap.dedent("""
 
 
 def test_a_process_that_forks_after_compile_serves_from_both(kilnd_cache, model_dir):
-    run_child(model_dir)  # the stored capture
-    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
+    # Weights wide enough that the prologue's oneDNN weight reorders run in parallel (OpenMP) when
+    # kiln.compile warms the prepared plan: the parent must not be left with a thread team that
+    # the child inherits dead, where its first parallel region would wait forever.
+    run_child(model_dir, MODEL_WIDTH="1024")  # the stored capture
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1",
+               MODEL_WIDTH="1024")
     env.pop("KILN_STORED_CAPTURES", None)
     done = subprocess.run([sys.executable, "-c", FORK_CHILD], env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(l) for l in done.stdout.strip().splitlines()]
     assert lines[0] == {"child_prepared": [True]}
