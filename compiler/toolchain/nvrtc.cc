@@ -67,29 +67,27 @@ absl::StatusOr<std::unique_ptr<Nvrtc>> Nvrtc::Load(const std::vector<std::string
     api->version(&major, &minor);
     // NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name when it compiles; loaded here
     // from libnvrtc's own directory, the loader then finds it by its soname.
-    void* builtins = nullptr;
     char origin[PATH_MAX] = {};
     if (dlinfo(handle, RTLD_DI_ORIGIN, origin) == 0) {
       const std::string path = absl::StrCat(origin, "/libnvrtc-builtins.so.", major, ".", minor);
-      if (std::filesystem::exists(path)) builtins = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (std::filesystem::exists(path)) dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     }
-    return std::unique_ptr<Nvrtc>(new Nvrtc(handle, builtins, std::move(api), name));
+    return std::unique_ptr<Nvrtc>(new Nvrtc(std::move(api), name));
   }
   return absl::UnimplementedError(absl::StrCat("no NVRTC (set KILN_NVRTC to a libnvrtc.so.*): ",
                                                absl::StrJoin(failures, "; ")));
 }
 
-Nvrtc::Nvrtc(void* handle, void* builtins, std::unique_ptr<Api> api, std::string library)
-    : handle_(handle), builtins_(builtins), api_(std::move(api)), library_(std::move(library)) {
+Nvrtc::Nvrtc(std::unique_ptr<Api> api, std::string library)
+    : api_(std::move(api)), library_(std::move(library)) {
   int major = 0, minor = 0;
   api_->version(&major, &minor);
   version_ = absl::StrCat("nvrtc-", major, ".", minor);
 }
 
-Nvrtc::~Nvrtc() {
-  dlclose(handle_);
-  if (builtins_ != nullptr) dlclose(builtins_);
-}
+// libnvrtc stays loaded for the rest of the process (no dlclose): the threads a split compile
+// starts outlive the compile, and unmapping the library's code under them crashes the process.
+Nvrtc::~Nvrtc() = default;
 
 std::vector<std::string> Nvrtc::Flags() {
   // Exact IEEE division and square root, denormals kept, contraction into FMA allowed (what
@@ -98,8 +96,21 @@ std::vector<std::string> Nvrtc::Flags() {
           "--prec-sqrt=true", "--ftz=false", "-default-device"};
 }
 
-absl::StatusOr<std::string> Nvrtc::Compile(const std::string& source, const std::string& arch_flag,
-                                           bool cubin) const {
+int Nvrtc::SplitThreads() const {
+  // NVRTC 12.4 and later optimize a program's functions on several threads (--split-compile):
+  // a graph's kernels are independent functions, so its build takes a fraction of the time. The
+  // output is the same kernels (deterministic for a given thread count, which is fixed here so
+  // that every kilnd builds the same bytes).
+  int major = 0, minor = 0;
+  api_->version(&major, &minor);
+  if (major < 12 || (major == 12 && minor < 4)) return 1;
+  return kSplitThreads;
+}
+
+absl::StatusOr<CudaBinary> Nvrtc::Build(const std::string& source, const std::string& arch) const {
+  if (arch.rfind("sm_", 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("not a real architecture: ", arch));
+  }
   Api::Program program = nullptr;
   if (Api::Result r =
           api_->create(&program, source.c_str(), "kiln_kernels.cu", 0, nullptr, nullptr);
@@ -111,8 +122,13 @@ absl::StatusOr<std::string> Nvrtc::Compile(const std::string& source, const std:
     Api::Program* program;
     ~Destroy() { api->destroy(program); }
   } destroy{api_.get(), &program};
+  // One compile for the real architecture yields both: its cubin, and the PTX it was made from,
+  // which is the compute_XY PTX (".target sm_XY", what a compute_XY build gives, byte for byte).
   std::vector<std::string> flags = Flags();
-  flags.push_back(arch_flag);
+  flags.push_back("--gpu-architecture=" + arch);
+  if (const int threads = SplitThreads(); threads > 1) {
+    flags.push_back(absl::StrCat("--split-compile=", threads));
+  }
   std::vector<const char*> options;
   for (const std::string& f : flags) options.push_back(f.c_str());
   const Api::Result compiled =
@@ -125,10 +141,21 @@ absl::StatusOr<std::string> Nvrtc::Compile(const std::string& source, const std:
       if (api_->log(program, log.data()) != 0) log.clear();
       log.resize(log.find('\0') == std::string::npos ? log.size() : log.find('\0'));
     }
-    return absl::InternalError(absl::StrCat("NVRTC (", arch_flag,
-                                            ") failed: ", api_->error_string(compiled), "\n",
+    return absl::InternalError(absl::StrCat("NVRTC (", arch, ") failed: ",
+                                            api_->error_string(compiled), "\n",
                                             log.substr(0, kLogBytes)));
   }
+  CudaBinary binary;
+  absl::StatusOr<std::string> cubin = Output(program, true);
+  if (!cubin.ok()) return cubin.status();
+  binary.cubin = std::move(*cubin);
+  absl::StatusOr<std::string> ptx = Output(program, false);
+  if (!ptx.ok()) return ptx.status();
+  binary.ptx = std::move(*ptx);
+  return binary;
+}
+
+absl::StatusOr<std::string> Nvrtc::Output(Api::Program program, bool cubin) const {
   size_t size = 0;
   std::string out;
   const Api::Result sized =
@@ -142,21 +169,6 @@ absl::StatusOr<std::string> Nvrtc::Compile(const std::string& source, const std:
   if (!cubin && !out.empty() && out.back() == '\0') out.pop_back();  // PTX text ends in a NUL
   if (out.empty()) return absl::InternalError("NVRTC produced nothing");
   return out;
-}
-
-absl::StatusOr<CudaBinary> Nvrtc::Build(const std::string& source, const std::string& arch) const {
-  if (arch.rfind("sm_", 0) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("not a real architecture: ", arch));
-  }
-  CudaBinary binary;
-  absl::StatusOr<std::string> cubin = Compile(source, "--gpu-architecture=" + arch, true);
-  if (!cubin.ok()) return cubin.status();
-  binary.cubin = std::move(*cubin);
-  absl::StatusOr<std::string> ptx =
-      Compile(source, "--gpu-architecture=compute_" + arch.substr(3), false);
-  if (!ptx.ok()) return ptx.status();
-  binary.ptx = std::move(*ptx);
-  return binary;
 }
 
 namespace {

@@ -31,12 +31,14 @@ class Nvrtc {
   // (a pip wheel's) works without LD_LIBRARY_PATH.
   static absl::StatusOr<std::unique_ptr<Nvrtc>> Load(const std::vector<std::string>& candidates);
 
+  // Leaves libnvrtc loaded (see nvrtc.cc).
   ~Nvrtc();
   Nvrtc(const Nvrtc&) = delete;
   Nvrtc& operator=(const Nvrtc&) = delete;
 
   // Builds `source` (self-contained: NVRTC finds no headers) for `arch` ("sm_90", "sm_90a"; the
-  // caller validated it): a cubin for arch and PTX for the matching compute_XY. On a compile
+  // caller validated it), in one NVRTC compile: a cubin for arch and PTX for the matching
+  // compute_XY, its functions optimized on several threads where NVRTC can. On a compile
   // error the status is kInternal with the start of NVRTC's log (the caller makes it a
   // CODE_TOOLCHAIN error). Thread-safe: each call compiles its own programs.
   absl::StatusOr<CudaBinary> Build(const std::string& source, const std::string& arch) const;
@@ -52,15 +54,17 @@ class Nvrtc {
   struct Api;  // the entry points kilnd calls (nvrtc.cc)
 
  private:
-  Nvrtc(void* handle, void* builtins, std::unique_ptr<Api> api, std::string library);
+  Nvrtc(std::unique_ptr<Api> api, std::string library);
 
-  // One NVRTC program: compiles `source` with `options`, returns the cubin (`cubin` true) or the
-  // PTX.
-  absl::StatusOr<std::string> Compile(const std::string& source, const std::string& arch_flag,
-                                      bool cubin) const;
+  // How many threads one build optimizes its functions on (1: NVRTC older than 12.4).
+  int SplitThreads() const;
+  // A compiled program's cubin (`cubin` true) or PTX.
+  absl::StatusOr<std::string> Output(void* program, bool cubin) const;
 
-  void* handle_;
-  void* builtins_;
+  // Threads for --split-compile: a fixed count, so that a build's bytes do not depend on the
+  // machine (NVRTC's output differs with the thread count).
+  static constexpr int kSplitThreads = 8;
+
   std::unique_ptr<Api> api_;
   std::string library_;
   std::string version_;
