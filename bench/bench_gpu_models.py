@@ -107,9 +107,18 @@ def child(model: str, dtype: str, compiler: str, phase: str):
         # From the compile call: torch.compile imports torch._dynamo there, kiln on first use.
         t = time.perf_counter()
         cm = _compile(compiler, m)
+        record["compile_call_s"] = time.perf_counter() - t
         out = first_tensor(cm(*inputs)).float()
         torch.cuda.synchronize()
         record["first_call_s"] = time.perf_counter() - t
+        if compiler == "kiln":  # frames installed from a stored capture, and frames traced here
+            import kiln
+            from kiln.state import STATE
+
+            entries = [e for c in list(STATE.compiled_codes) for e in kiln.debug.cache_entries(c)]
+            record["frames_stored"] = sum(e.info.extra.get("stored_capture") is not None
+                                          for e in entries)
+            record["frames_traced"] = len(entries) - record["frames_stored"]
         # Relative to the output's magnitude: eager's own float32 convolutions use TF32 (10-bit
         # mantissas), so two correct computations of resnet50's logits differ by ~1e-4 of them.
         tol = 3e-2 if dtype == "bf16" else 1e-3

@@ -62,6 +62,7 @@ MODEL = textwrap.dedent("""
     SCALE = float(os.environ.get("MODEL_SCALE", "2.0"))
     WIDTH = int(os.environ.get("MODEL_WIDTH", "16"))
     BREAK = os.environ.get("MODEL_BREAK") == "1"
+    SUPER = os.environ.get("MODEL_SUPER") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
         if os.environ.get("MODEL_DECORATED") != "1":
@@ -71,16 +72,30 @@ MODEL = textwrap.dedent("""
             return fn(self, *args, **kwargs)
         return wrapper
 
+    class Settings:  # a config whose attribute lookup calls super(), as transformers' configs do
+        aliases = {"factor": "scale"}
+
+        def __init__(self):
+            self.scale = SCALE
+
+        def __getattribute__(self, key):
+            if key != "aliases" and key in super().__getattribute__("aliases"):
+                key = super().__getattribute__("aliases")[key]
+            return super().__getattribute__(key)
+
     class Net(torch.nn.Module):
         def __init__(self, shared=False):
             super().__init__()
             self.a = torch.nn.Linear(WIDTH, WIDTH)
             self.b = self.a if shared else torch.nn.Linear(WIDTH, WIDTH)
             self.norm = torch.nn.LayerNorm(WIDTH)
+            self.settings = Settings()
 
         @with_defaults
         def forward(self, x):
             y = torch.relu(self.a(x)) * SCALE
+            if SUPER:  # an inlined method reads its __class__ cell
+                y = y * self.settings.factor
             if BREAK and y.sum() > 0:  # data-dependent: a graph break, two resume functions
                 y = y - 1
             return self.norm(self.b(y) + x)
@@ -208,6 +223,14 @@ def test_a_wrapped_forward_is_stored_through_its_closure(kilnd_cache, model_dir)
     source = (model_dir / "model.py").read_text()
     (model_dir / "model.py").write_text(source.replace("* SCALE", "* SCALE + 1"))
     assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [False]
+
+
+def test_a_method_calling_super_through_its_class_cell_is_stored(kilnd_cache, model_dir):
+    # The forward reads an attribute through a __getattribute__ that calls super(): the capture
+    # reads that method's __class__ cell (CPython 3.12's super()), which no pinned function holds;
+    # it is named as the cell of the method, found by its qualified name at load.
+    assert run_child(model_dir, MODEL_SUPER="1")["stored"] == [False]
+    assert run_child(model_dir, MODEL_SUPER="1")["stored"] == [True]
 
 
 def test_a_changed_model_file_is_captured_again(kilnd_cache, model_dir):

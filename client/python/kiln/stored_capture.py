@@ -337,6 +337,16 @@ class _PathTable:
         elif kind == "object" and id(path[1]) in self.cells:
             function, index = self.cells[id(path[1])]
             row, key = ["cell", function, index], ("cell", function, index)
+        elif kind == "object" and type(path[1]) is types.CellType:
+            # A cell of a function the record does not pin: a method's __class__ cell (zero-
+            # argument super()) read inside an inlined method reached through its class. Named
+            # as a cell of an importable function holding it, bound at load (code checked).
+            owner = _cell_owner(path[1])
+            if owner is None:
+                raise NotStorable(f"a closure cell of no importable function "
+                                  f"({reprlib.repr(path[1])})")
+            function = self.add(("object", owner[0]))
+            row, key = ["cell", function, owner[1]], ("cell", function, owner[1])
         elif kind == "object":
             row = [kind, None, encode(path[1])]
             key = (kind, id(path[1]))
@@ -357,6 +367,19 @@ class _PathTable:
             i = self._index[key] = len(self.rows)
             self.rows.append(row)
         return i
+
+
+def _cell_owner(cell) -> Optional[Tuple[types.FunctionType, int]]:
+    """(function, index): a function with an importable name whose closure holds `cell` at
+    index, or None."""
+    for closure in gc.get_referrers(cell):
+        if type(closure) is not tuple:
+            continue
+        for function in gc.get_referrers(closure):
+            if isinstance(function, types.FunctionType) and function.__closure__ is closure and \
+                    name_of(function) is not None:
+                return function, next(i for i, c in enumerate(closure) if c is cell)
+    return None
 
 
 class _Frame:

@@ -1,4 +1,5 @@
 """Collects the guards a capture installs and builds the C++ guard tree from them."""
+import sys
 import weakref
 from typing import Dict, List, Tuple
 
@@ -132,12 +133,15 @@ def entry_dropper(code):
     callback must not keep the code or the tree alive."""
     code_ref = weakref.ref(code)
     manager_ref = []
+    drop_entry = _C.drop_entry  # held here: at interpreter exit the module's attributes are gone
 
     def on_dead(_dead_ref):
+        if sys.is_finalizing():  # the objects die as the interpreter exits: nothing to drop
+            return
         code_now = code_ref()
         manager = manager_ref[0]() if manager_ref else None
         if code_now is not None and manager is not None:
-            _C.drop_entry(code_now, manager)
+            drop_entry(code_now, manager)
 
     return on_dead, manager_ref
 
