@@ -471,14 +471,12 @@ def _compiled_on_gpu(model, make_input, *, autocast=None, calls=3, caplog):
 
 
 @gpu
-@pytest.mark.parametrize("autocast", [None, pytest.param(torch.bfloat16, marks=pytest.mark.xfail(
-    strict=True, reason="known: under bfloat16 autocast the trace still records "
-    "_scaled_dot_product_cudnn_attention (a tuple result the IR cannot carry); the graph runs "
-    "eagerly"))], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
 def test_vit_attention_fast_path_compiles_to_sdpa_on_a_gpu(kilnd_cache, autocast, caplog):
     # nn.MultiheadAttention's inference fast path (_native_multi_head_attention, as torchvision's
-    # ViT calls it): its attention is kilnd's scaled_dot_product_attention call, whichever
-    # kernel torch would pick for it (efficient, cuDNN under bfloat16), not a graph run eagerly.
+    # ViT calls it), and under autocast (no fast path) multi_head_attention_forward, whose
+    # attention the trace records as the kernel torch picks (cuDNN's under bfloat16): the
+    # attention is kilnd's scaled_dot_product_attention call, not a graph run eagerly.
     import torchvision
 
     torch.manual_seed(0)
@@ -488,6 +486,58 @@ def test_vit_attention_fast_path_compiles_to_sdpa_on_a_gpu(kilnd_cache, autocast
     plan = _compiled_on_gpu(model, lambda: torch.randn(2, 3, 32, 32, device="cuda"),
                             autocast=autocast, caplog=caplog)
     assert plan.cuda_graph == "captured"
+    assert _library_ops(kiln.debug.artifacts()[-1]).count(
+        "aten::scaled_dot_product_attention") == 2
+
+
+def _library_ops(artifact):
+    return [s.library.op for s in artifact.body.plan.steps if s.WhichOneof("kind") == "library"]
+
+
+class FusedAttentionKernel(torch.nn.Module):
+    """One of the kernels scaled_dot_product_attention picks on CUDA, called directly (as a trace
+    records it inside a function it enters), over projections of the input."""
+
+    def __init__(self, kind, dim=64, heads=4):
+        super().__init__()
+        self.kind, self.heads = kind, heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+
+    def forward(self, x, bias):
+        b, s, d = x.shape
+        heads = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = heads.unbind(0)
+        aten = torch.ops.aten
+        if self.kind == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=0.3)
+        elif self.kind == "efficient":
+            r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, 0.0, True)
+        else:
+            r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=0.3)
+        return r[0].transpose(1, 2).reshape(b, s, d) * 2
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["cudnn", "efficient", "flash"])
+def test_a_fused_attention_kernel_the_trace_records_runs_as_sdpa_with_its_arguments(
+        kilnd_cache, kind, caplog):
+    # The kernel's mask, causal flag and scale are scaled_dot_product_attention's in the plan;
+    # its answer is the kernel's own (eager runs the very kernel).
+    torch.manual_seed(0)
+    model = FusedAttentionKernel(kind).cuda().to(torch.bfloat16).eval()
+    bias = torch.randn(2, 4, 16, 16, device="cuda", dtype=torch.bfloat16)
+    make = lambda: torch.randn(2, 16, 64, device="cuda", dtype=torch.bfloat16)  # noqa: E731
+    try:
+        with torch.no_grad():
+            model(make(), bias)
+    except RuntimeError as e:  # this GPU or build lacks that kernel for these inputs
+        pytest.skip(f"{kind} attention does not run here: {str(e)[:200]}")
+    plan = _compiled_on_gpu(lambda x: model(x, bias), make, autocast=torch.bfloat16,
+                            caplog=caplog)
+    assert plan.cuda_graph == "captured"
+    ops = _library_ops(kiln.debug.artifacts()[-1])
+    assert "aten::scaled_dot_product_attention" in ops
+    assert not [op for op in ops if op.startswith("aten::_scaled_dot_product")]
 
 
 class ExpandedIds(torch.nn.Module):

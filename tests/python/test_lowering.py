@@ -6,6 +6,7 @@ import kiln
 from kiln.daemon import protocol
 from kiln.graph import lowering
 
+aten = torch.ops.aten
 pytestmark = pytest.mark.skipif(not protocol.available(), reason="grpcio-tools/protobuf missing")
 
 
@@ -202,3 +203,72 @@ def test_attention_of_a_gpu_graph_is_traced_as_aten_attention():
     aten_gm, _ = lowering.to_aten(gm, args)
     ops = [n.op for n in lowering.to_ir(aten_gm).nodes]
     assert ops == ["aten::scaled_dot_product_attention", "aten::relu"]
+
+
+class FusedAttention(torch.nn.Module):
+    """Each fused attention kernel scaled_dot_product_attention picks on CUDA, called as a trace
+    records it when it meets attention inside a function it enters."""
+
+    def __init__(self, kind, read_logsumexp=False, dropout_p=0.0):
+        super().__init__()
+        self.kind, self.read_logsumexp, self.dropout_p = kind, read_logsumexp, dropout_p
+
+    def forward(self, q, k, v, bias):
+        if self.kind == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, self.read_logsumexp,
+                                                         self.dropout_p, scale=0.25)
+        elif self.kind == "efficient":
+            r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, self.read_logsumexp,
+                                                             self.dropout_p, True)
+        else:
+            r = aten._scaled_dot_product_flash_attention(q, k, v, self.dropout_p, scale=0.25)
+        out = r[0].relu()
+        return out + r[1].sum() if self.read_logsumexp else out
+
+
+def fake_cuda_attention_inputs(monkeypatch, dtype=torch.bfloat16):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    with FakeTensorMode():
+        qkv = [torch.empty(2, 4, 8, 16, device="cuda", dtype=dtype) for _ in range(3)]
+        bias = torch.empty(2, 4, 8, 8, device="cuda", dtype=dtype)
+    return qkv + [bias]
+
+
+@pytest.mark.parametrize("kind", ["cudnn", "efficient", "flash"])
+def test_a_fused_attention_kernel_in_a_gpu_trace_lowers_to_aten_attention(kind, monkeypatch):
+    # Compile-free, on fake CUDA tensors: the kernel's own arguments (mask, causal flag, scale)
+    # become scaled_dot_product_attention's, whose kernel the plan picks for the real inputs.
+    args = fake_cuda_attention_inputs(monkeypatch)
+    lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention(kind)), args)
+    ops = [n.op for n in lo.graph.nodes]
+    assert ops == ["aten::scaled_dot_product_attention", "aten::relu"]
+    attention = lo.graph.nodes[0]
+    ids = [a.value for a in attention.args[:3]]
+    assert ids == [lo.graph.inputs[i].id for i in range(3)]
+    named = {a.name: a for a in attention.args if a.name}
+    if kind == "efficient":
+        assert named["scale"].WhichOneof("kind") == "none"
+    else:
+        assert named["scale"].float_value == 0.25
+    mask, _, causal = attention.args[3:6]
+    if kind == "flash":
+        assert mask.WhichOneof("kind") == "none"
+    else:
+        assert mask.value == lo.graph.inputs[3].id
+    assert causal.bool_value == (kind == "efficient")
+
+
+@pytest.mark.parametrize("variant", [dict(read_logsumexp=True), dict(dropout_p=0.1)],
+                         ids=["logsumexp-read", "dropout"])
+def test_a_fused_attention_kernel_whose_other_results_matter_is_not_rewritten(variant,
+                                                                                monkeypatch):
+    # The log-sum-exp read, or dropout's random state: not what scaled_dot_product_attention
+    # returns, so the kernel stays as it is (an op kilnd refuses: the graph runs eagerly) rather
+    # than being computed otherwise.
+    args = fake_cuda_attention_inputs(monkeypatch)
+    lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention("efficient", **variant)), args)
+    ops = [n.op for n in lo.graph.nodes]
+    assert "aten::_scaled_dot_product_efficient_attention" in ops
+    assert "aten::scaled_dot_product_attention" not in ops

@@ -36,7 +36,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-15"
+LOWERING_VERSION = b"kiln-lowering-16"
 
 
 class LoweringError(Exception):
@@ -129,6 +129,51 @@ def _attention_as_leaf(gm: torch.fx.GraphModule) -> None:
         if node.op == "call_function" and node.target in _SDPA_TARGETS:
             node.target = _attention_op()
     gm.recompile()
+
+
+# The kernels scaled_dot_product_attention picks on CUDA, as a trace records them when it reaches
+# attention inside a function it enters rather than as a call of the captured graph (under
+# autocast, nn.MultiheadAttention calls multi_head_attention_forward, which calls it): the op,
+# and where its (query, key, value, mask, dropout, causal) arguments are. Each also returns host
+# integers (sequence bounds, random state) that the IR cannot carry.
+_FUSED_ATTENTION = {
+    aten._scaled_dot_product_cudnn_attention.default: (0, 1, 2, 3, 5, 6),
+    aten._scaled_dot_product_efficient_attention.default: (0, 1, 2, 3, 5, 6),
+    aten._scaled_dot_product_flash_attention.default: (0, 1, 2, None, 3, 4),
+}
+
+
+def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
+    """Rewrites the fused attention kernels of an ATen-level CUDA graph whose only result read
+    is the attention's output into kiln::attention over the same arguments, which the plan runs
+    as aten::scaled_dot_product_attention (it picks its kernel for the real inputs). Exact: the
+    arguments are the ones the kernel received, after whatever scaled_dot_product_attention did
+    to them first (a boolean mask made additive, a head dim padded, its scale computed before
+    padding and passed as `scale`), and each kernel computes that attention. A kernel called
+    with dropout or whose other results are read stays (and the graph then runs eagerly). The
+    caller recompiles gm."""
+    for node in list(gm.graph.nodes):
+        where = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
+        if where is None:
+            continue
+        schema = node.target._schema
+        bound = {a.name: (node.args[i] if i < len(node.args) else
+                          node.kwargs.get(a.name, a.default_value))
+                 for i, a in enumerate(schema.arguments)}
+        values = [bound[schema.arguments[i].name] if i is not None else None for i in where]
+        query, key, value, mask, dropout_p, is_causal = values
+        users = list(node.users)
+        if dropout_p or not all(u.target is operator.getitem and u.args[1] == 0 for u in users):
+            continue
+        with gm.graph.inserting_before(node):
+            attention = gm.graph.call_function(
+                _attention_op(), (query, key, value, mask, 0.0, bool(is_causal)),
+                {"scale": bound["scale"]})
+        attention.meta["val"] = node.meta["val"][0]  # the kernel's output, in its layout
+        for user in users:
+            user.replace_all_uses_with(attention)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
 
 
 def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
@@ -282,6 +327,7 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
     traced.graph.eliminate_dead_code()
     if cuda:
+        _fused_attention_as_sdpa(traced)
         _dense_attention_masks(traced)
     traced.recompile()
     from kiln.graph import layout
