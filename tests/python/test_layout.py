@@ -78,7 +78,7 @@ def test_cuda_convolutions_take_channels_last_weights_too():
                     torch.empty(8, 1, 3, 3), torch.empty(2, 3, 16, 16)]
             args = [a.to(device="cuda", dtype=dtype) for a in args]
         gm = make_fx(f, tracing_mode="fake")(*args)
-        relaid = layout.channels_last(gm, args)
+        relaid = layout.channels_last(gm)
         assert relaid is not None
         convs = convolutions(relaid)
         assert len(convs) == 3
@@ -113,8 +113,8 @@ def test_cuda_graphs_of_mostly_grouped_convolutions_keep_their_layout():
     def g(w1, w2, x):
         return F.conv2d(F.conv2d(x, w1), w2, padding=1, groups=w1.shape[0] // w2.shape[1])
 
-    assert layout.channels_last(make_fx(g, tracing_mode="fake")(*grouped), grouped) is None
-    relaid = layout.channels_last(make_fx(g, tracing_mode="fake")(*depthwise), depthwise)
+    assert layout.channels_last(make_fx(g, tracing_mode="fake")(*grouped)) is None
+    relaid = layout.channels_last(make_fx(g, tracing_mode="fake")(*depthwise))
     assert relaid is not None
     for conv in convolutions(relaid):
         assert conv.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
@@ -146,10 +146,10 @@ def test_metadata_after_the_pass_matches_real_execution():
 def test_one_convolution_is_left_alone():
     conv = torch.nn.Conv2d(3, 4, 3).eval()
     gm, inputs = capture(conv, torch.randn(1, 3, 8, 8))
-    aten_gm, params = lowering.to_aten(gm, inputs)
+    aten_gm, _ = lowering.to_aten(gm, inputs)
     (node,) = convolutions(aten_gm)
     assert not node.args[0].meta["val"].is_contiguous(memory_format=torch.channels_last)
-    assert layout.channels_last(aten_gm, [*params, *inputs]) is None
+    assert layout.channels_last(aten_gm) is None
 
 
 def test_transposed_and_3d_convolutions_are_left_alone():
@@ -197,6 +197,40 @@ def test_intermediate_activation_output_keeps_eager_layout(kilnd_cache):
     for o, e in zip(out, expected):
         torch.testing.assert_close(o, e)
         assert o.stride() == e.stride()
+
+
+class FlattenedConvNet(torch.nn.Module):
+    """Two convolutions whose result is flattened by a view: a view that a channels-last
+    result does not allow."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.fc(y.view(y.shape[0], -1))
+
+
+def test_a_graph_whose_views_refuse_channels_last_keeps_eager_layout(kilnd_cache):
+    # The view of the second convolution's result fails on its channels-last form: the pass
+    # leaves the graph as traced rather than failing the compile, and the answer is eager's.
+    m = FlattenedConvNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    gm, inputs = capture(m, x)
+    aten_gm, _ = lowering.to_aten(gm, inputs)
+    assert len(convolutions(aten_gm)) == 2
+    for conv in convolutions(aten_gm):
+        assert conv.args[0].meta["val"].is_contiguous()
+        assert not conv.meta["val"].is_contiguous(memory_format=torch.channels_last)
+    kiln.reset()
+    with torch.no_grad():
+        expected = m(x)
+        out = kiln.compile(m, backend="kiln")(x)
+    assert kiln.debug.artifacts(), "the graph ran eagerly instead of through kilnd"
+    torch.testing.assert_close(out, expected)
 
 
 class FlatConvNet(torch.nn.Module):

@@ -5,16 +5,21 @@ tensor-core convolutions (TF32, bfloat16, float16) are NHWC kernels, which an NC
 through transposes of its input, weight and result. Every op
 between two convolutions (batch norm, ReLU, residual adds, pooling) keeps the channels-last
 layout of its input, so one conversion at the first convolution carries through the network.
-The pass works on the traced ATen graph because the strides of every later value must be known
-again afterwards: it inserts the conversions and traces the graph once more, so the IR's
-metadata is what the ops really produce. Outputs keep the layout eager PyTorch gives them.
+The pass works on the traced ATen graph: it inserts the conversions and runs every later op again
+on fake tensors (not a second trace: the graph is already ATen ops), so the IR's metadata is
+what the ops really produce in the new layout. Outputs keep the layout eager PyTorch gives
+them.
 """
-from typing import List, Optional, Sequence
+import contextlib
+import logging
+from typing import List, Optional
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._guards import detect_fake_mode
+from torch.fx._lazy_graph_module import _make_graph_module
 
 aten = torch.ops.aten
+log = logging.getLogger("kiln")
 
 # Fewer convolutions than this: the conversions cost more than the faster convolutions save
 # (a ViT's single patch embedding).
@@ -42,14 +47,6 @@ def _grouped_share(convs) -> float:
     grouped = sum(_macs(c) for c in convs
                   if _groups(c) > 1 and c.args[1].meta["val"].shape[1] > 1)
     return grouped / total if total else 0.0
-
-
-def _to_channels_last(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last)
-
-
-def _to_contiguous(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous()
 
 
 def _groups(conv: torch.fx.Node) -> int:
@@ -80,12 +77,12 @@ def _weight_channels_last(conv: torch.fx.Node) -> bool:
     return conv.args[0].meta["val"].device.type == "cuda" or _groups(conv) > 1
 
 
-def channels_last(aten_gm: torch.fx.GraphModule,
-                  example_inputs: Sequence) -> Optional[torch.fx.GraphModule]:
-    """`aten_gm` retraced with its 2-D convolutions' activations (and the weights
-    _weight_channels_last names) channels-last, or
-    None when that does not apply (too few convolutions, on CUDA a graph whose work is mostly
-    grouped convolutions, an output whose eager layout it could not restore)."""
+def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModule]:
+    """`aten_gm` with its 2-D convolutions' activations (and the weights _weight_channels_last
+    names) converted to channels-last, every later value's metadata recomputed, or None when
+    that does not apply (too few convolutions, on CUDA a graph whose work is mostly grouped
+    convolutions, an output whose eager layout it could not restore, an op that refuses the new
+    layout)."""
     convs = [n for n in aten_gm.graph.nodes if _wants_channels_last(n)]
     if len(convs) < MIN_CONVOLUTIONS:
         return None
@@ -95,39 +92,78 @@ def channels_last(aten_gm: torch.fx.GraphModule,
     graph = torch.fx.Graph()
     env = {}
     conv_set = set(convs)
-    for node in aten_gm.graph.nodes:
-        if node.op == "output":
-            outs: List = []
-            leaves, spec = torch.utils._pytree.tree_flatten(node.args[0])
-            for out in leaves:
-                val = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
-                if not isinstance(val, torch.Tensor):
-                    return None
-                if not val.is_contiguous():
-                    # Only a contiguous eager layout is restored by a plain copy.
-                    if _depends_on(out, conv_set):
+    vals = [n.meta.get("val") for n in aten_gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(vals) or contextlib.nullcontext()
+    try:
+        with torch.no_grad(), fake_mode:
+            for node in aten_gm.graph.nodes:
+                if node.op == "output":
+                    outs = _outputs(graph, node, env, conv_set)
+                    if outs is None:
                         return None
-                    outs.append(env[out])
+                    graph.output(outs)
+                elif node in conv_set:
+                    x = _converted(graph, env[node.args[0]], torch.channels_last)
+                    w = env[node.args[1]]
+                    if _weight_channels_last(node):
+                        w = _converted(graph, w, torch.channels_last)
+                    rest = _map(tuple(node.args[2:]), env)
+                    env[node] = _computed(graph, node, (x, w) + rest, _map(dict(node.kwargs), env))
+                elif node.op == "call_function":
+                    env[node] = _computed(graph, node, _map(node.args, env),
+                                          _map(dict(node.kwargs), env))
                 else:
-                    outs.append(graph.call_function(_to_contiguous, (env[out],)))
-            graph.output(torch.utils._pytree.tree_unflatten(outs, spec))
-            continue
-        if node in conv_set:
-            x = graph.call_function(_to_channels_last, (env[node.args[0]],))
-            w = env[node.args[1]]
-            if _weight_channels_last(node):
-                w = graph.call_function(_to_channels_last, (w,))
-            rest = _map(tuple(node.args[2:]), env)
-            env[node] = graph.call_function(node.target, (x, w) + rest, _map(dict(node.kwargs), env))
-            continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    rewritten = torch.fx.GraphModule(aten_gm, graph)
-    with torch.no_grad():
-        retraced = make_fx(rewritten, tracing_mode="fake",
-                           _allow_non_fake_inputs=True)(*example_inputs)
-    retraced.graph.eliminate_dead_code()
-    retraced.recompile()
-    return retraced
+                    env[node] = graph.node_copy(node, lambda n: env[n])
+    except Exception as e:  # an op (a view) that refuses the new layout: the graph keeps eager's
+        log.debug("kiln: convolutions stay in eager's layout (%s: %s)", type(e).__name__, e)
+        return None
+    return _make_graph_module(aten_gm, graph)
+
+
+def _val(value):
+    """The fake value of an FX argument (nodes replaced by their metadata), for running an op
+    on."""
+    return torch.fx.node.map_aggregate(
+        value, lambda v: v.meta["val"] if isinstance(v, torch.fx.Node) else v)
+
+
+def _computed(graph: torch.fx.Graph, node: torch.fx.Node, args, kwargs) -> torch.fx.Node:
+    """`node` copied into `graph` over new arguments, its value computed again from theirs: the
+    op run on fake tensors, as a trace would, without tracing the graph again."""
+    copy = graph.call_function(node.target, args, kwargs)
+    copy.meta = {k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")}
+    copy.meta["val"] = node.target(*_val(args), **_val(kwargs))
+    return copy
+
+
+def _converted(graph: torch.fx.Graph, x: torch.fx.Node, fmt) -> torch.fx.Node:
+    """`x` in memory format `fmt`: x itself where it already is (as Tensor.contiguous returns
+    it), else a copy (aten.clone, as that call traces)."""
+    val = x.meta["val"]
+    if val.is_contiguous(memory_format=fmt):
+        return x
+    copy = graph.call_function(aten.clone.default, (x,), {"memory_format": fmt})
+    copy.meta["val"] = val.clone(memory_format=fmt)
+    return copy
+
+
+def _outputs(graph: torch.fx.Graph, node: torch.fx.Node, env, conv_set):
+    """The graph's outputs in the layouts eager gives them, or None where the eager layout of
+    one that a convolution computes cannot be restored by a plain copy."""
+    leaves, spec = torch.utils._pytree.tree_flatten(node.args[0])
+    outs: List = []
+    for out in leaves:
+        val = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            return None
+        if not val.is_contiguous():
+            # Only a contiguous eager layout is restored by a plain copy.
+            if _depends_on(out, conv_set):
+                return None
+            outs.append(env[out])
+        else:
+            outs.append(_converted(graph, env[out], torch.contiguous_format))
+    return torch.utils._pytree.tree_unflatten(outs, spec)
 
 
 def _map(value, env):

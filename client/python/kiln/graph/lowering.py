@@ -12,6 +12,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch._decomp import get_decompositions
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
@@ -321,18 +322,20 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.f
     cuda = any(t.is_cuda for t in (*params, *example_inputs))
     if cuda:
         _attention_as_leaf(flat)
-    with torch.no_grad():
+    # The ATen graph's Python code is written only if something reads or runs it (a debug
+    # print): lowering itself reads nodes and their metadata.
+    with torch.no_grad(), _use_lazy_graph_module(True):
         traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
                          decomposition_table=decompositions(), tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
-    traced.graph.eliminate_dead_code()
-    if cuda:
-        _fused_attention_as_sdpa(traced)
-        _dense_attention_masks(traced)
-    traced.recompile()
-    from kiln.graph import layout
+        traced.graph.eliminate_dead_code()
+        if cuda:
+            _fused_attention_as_sdpa(traced)
+            _dense_attention_masks(traced)
+        traced.recompile()
+        from kiln.graph import layout
 
-    relaid = layout.channels_last(traced, [*params, *example_inputs])
+        relaid = layout.channels_last(traced)
     return (relaid if relaid is not None else traced), params
 
 
