@@ -28,6 +28,7 @@ import reprlib
 import json
 import logging
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -122,6 +123,19 @@ def _hash_files(files: List[Path], root: Path) -> str:
 
 
 _RUNTIME: Dict[Any, bytes] = {}
+_RUNTIME_WORKERS: Dict[Any, threading.Thread] = {}
+
+
+def prefetch_runtime_digest(cache_dir: Optional[Path]) -> None:
+    """Starts computing runtime_digest(cache_dir) on a thread of its own unless it is known or
+    under way: on a machine's first start it hashes kiln's build (tens of megabytes, while
+    hashlib releases the GIL), which storing the first capture would otherwise wait for."""
+    if cache_dir in _RUNTIME or cache_dir in _RUNTIME_WORKERS:
+        return
+    worker = threading.Thread(target=runtime_digest, args=(cache_dir,), daemon=True,
+                              name="kiln-runtime-digest")
+    _RUNTIME_WORKERS[cache_dir] = worker
+    worker.start()
 
 
 def runtime_digest(cache_dir: Optional[Path]) -> bytes:
@@ -130,6 +144,12 @@ def runtime_digest(cache_dir: Optional[Path]) -> bytes:
     got = _RUNTIME.get(cache_dir)
     if got is not None:
         return got
+    worker = _RUNTIME_WORKERS.get(cache_dir)
+    if worker is not None and worker is not threading.current_thread() and worker.is_alive():
+        worker.join()  # the prefetch (a thread of a parent process is not alive in its child)
+        got = _RUNTIME.get(cache_dir)
+        if got is not None:
+            return got
     files = _build_files()
     root = Path(_C.__file__).parent
     signature = "|".join(f"{p}:{st.st_size}:{st.st_mtime_ns}" for p, st in
