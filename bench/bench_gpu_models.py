@@ -13,6 +13,9 @@ the first call of a second fresh process on the warm cache. Each compiler's proc
 and the compiled model in alternating rounds: its speedup is the ratio of its own pair, so the
 GPU's clocks and the host's drift between processes do not land in the ratios.
 
+With KILN_BENCH_PROFILE=DIR set, each child profiles its compile and first call (cProfile) into
+DIR. kiln's records say where its first calls went (capture, lowering, kilnd's compile, ...).
+
 Every record is appended to --jsonl as it is measured, so that a long suite may be run in
 several invocations (each under a time limit) and reported at once with --report-only.
 Targets (issue: the "kiln" backend on the GPU): kiln at least as fast as torch.compile's best
@@ -104,6 +107,12 @@ def child(model: str, dtype: str, compiler: str, phase: str):
     with torch.no_grad(), autocast:
         ref = first_tensor(m(*inputs)).float()
         torch.cuda.synchronize()
+        profile = None
+        if os.environ.get("KILN_BENCH_PROFILE"):
+            import cProfile
+
+            profile = cProfile.Profile()
+            profile.enable()
         # From the compile call: torch.compile imports torch._dynamo there, kiln on first use.
         t = time.perf_counter()
         cm = _compile(compiler, m)
@@ -111,14 +120,11 @@ def child(model: str, dtype: str, compiler: str, phase: str):
         out = first_tensor(cm(*inputs)).float()
         torch.cuda.synchronize()
         record["first_call_s"] = time.perf_counter() - t
-        if compiler == "kiln":  # frames installed from a stored capture, and frames traced here
-            import kiln
-            from kiln.state import STATE
-
-            entries = [e for c in list(STATE.compiled_codes) for e in kiln.debug.cache_entries(c)]
-            record["frames_stored"] = sum(e.info.extra.get("stored_capture") is not None
-                                          for e in entries)
-            record["frames_traced"] = len(entries) - record["frames_stored"]
+        if profile is not None:
+            profile.disable()
+            _write_profile(profile, record)
+        if compiler == "kiln":
+            record.update(_kiln_phases())
         # Relative to the output's magnitude: eager's own float32 convolutions use TF32 (10-bit
         # mantissas), so two correct computations of resnet50's logits differ by ~1e-4 of them.
         tol = 3e-2 if dtype == "bf16" else 1e-3
@@ -139,6 +145,44 @@ def child(model: str, dtype: str, compiler: str, phase: str):
     if warnings:
         record["warnings"] = warnings
     print("RESULT " + json.dumps(record), flush=True)
+
+
+def _kiln_phases() -> dict:
+    """Where kiln's first call went, from what kiln recorded: frames installed from stored
+    captures and frames traced; per traced frame its capture, lowering, kilnd's compile, the
+    rest of its backend call (request, verification, loading the plan) and the storing of its
+    capture; per installed one its installation. What the first call took beyond their sum is
+    importing kiln and the plan's first run (on a GPU: CUDA graph capture, cuDNN's and cuBLAS's
+    first calls of each kernel)."""
+    import kiln
+    from kiln.state import STATE
+
+    entries = [e for c in list(STATE.compiled_codes) for e in kiln.debug.cache_entries(c)]
+    stored = [e for e in entries if e.info.extra.get("stored_capture") is not None]
+    traced = [e for e in entries if e.info.extra.get("stored_capture") is None]
+    arts = kiln.debug.artifacts()
+    return {"frames_stored": len(stored), "frames_traced": len(traced),
+            "capture_s": sum(e.info.capture_seconds for e in traced),
+            "backend_s": sum(e.info.backend_seconds for e in traced),
+            "lowering_s": sum(a.lowering_seconds for a in arts),
+            "kilnd_compile_s": sum(a.compile_seconds for a in arts),
+            "store_s": sum(e.info.extra.get("store_seconds", 0.0) for e in traced),
+            "install_s": sum(e.info.backend_seconds for e in stored)}
+
+
+def _write_profile(profile, record) -> None:
+    """The profile of the compile call and the first call, the 40 costliest functions by
+    cumulative time, into $KILN_BENCH_PROFILE/<model>-<dtype>-<compiler>-<phase>.txt."""
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(40)
+    name = "-".join(record[k] for k in ("model", "dtype", "compiler", "phase")) + ".txt"
+    directory = os.environ["KILN_BENCH_PROFILE"]
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(out.getvalue())
 
 
 def run_child(model, dtype, compiler, phase, cache_root, timeout_s) -> dict:
@@ -175,6 +219,11 @@ def measure(model, dtype, compiler, timeout_s) -> dict:
             record[k] = cold[k]
     record["first_cold_s"] = cold.get("first_call_s")
     record["first_warm_s"] = warm.get("first_call_s")
+    for phase, r in (("cold", cold), ("warm", warm)):  # where kiln's first calls went
+        for k in ("compile_call_s", "frames_stored", "frames_traced", "capture_s", "backend_s",
+                  "lowering_s", "kilnd_compile_s", "store_s", "install_s"):
+            if k in r:
+                record[f"{phase}_{k}"] = r[k]
     if warm.get("error"):
         record["warm_error"] = warm["error"]
     return record

@@ -80,7 +80,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.break_where = graph_break.where
         info.resume_codes = resumes
     if stored is not None:
+        t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)
+        info.extra["store_seconds"] = time.perf_counter() - t3
     _print_debug(info)
     return manager, new_code, info
 

@@ -43,6 +43,7 @@ class CompiledArtifact:
     body: Any                # the verified kiln.v1.ArtifactBody
     plan: Any                # kiln._C.Plan
     aten_graph: Optional[torch.fx.GraphModule] = None
+    lowering_seconds: float = 0.0  # of client_seconds: the lowering to kiln.v1 (0 on an index hit)
 
 
 def _graph_device(tensors) -> Optional[torch.device]:
@@ -182,7 +183,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
         except art.ArtifactRejected as e:
             log.debug("kiln: index entry %s… not used (%s); lowering the graph", skey[:16], e)
 
+    lowering_start = time.perf_counter()
     lowered = lowering.lower(gm, example_inputs)
+    lowering_seconds = time.perf_counter() - lowering_start
     request = pb.service.CompileRequest(graph=lowered.graph, target=target)
     response = client.compile(request)
     if response.WhichOneof("result") == "error":
@@ -197,7 +200,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     if skey is not None:
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
-                            time.perf_counter() - start, body, plan, lowered.aten_graph)
+                            time.perf_counter() - start, body, plan, lowered.aten_graph,
+                            lowering_seconds)
 
 
 def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.device,
