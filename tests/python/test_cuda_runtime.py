@@ -511,7 +511,7 @@ class FusedAttentionKernel(torch.nn.Module):
         if self.kind == "cudnn":
             r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, False, scale=0.3)
         elif self.kind == "efficient":
-            r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, 0.0, True)
+            r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, False)
         else:
             r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, scale=0.3)
         return r[0].transpose(1, 2).reshape(b, s, d) * 2

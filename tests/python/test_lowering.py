@@ -209,9 +209,10 @@ class FusedAttention(torch.nn.Module):
     """Each fused attention kernel scaled_dot_product_attention picks on CUDA, called as a trace
     records it when it meets attention inside a function it enters."""
 
-    def __init__(self, kind, read_logsumexp=False, dropout_p=0.0):
+    def __init__(self, kind, read_logsumexp=False, dropout_p=0.0, causal=False):
         super().__init__()
         self.kind, self.read_logsumexp, self.dropout_p = kind, read_logsumexp, dropout_p
+        self.causal = causal
 
     def forward(self, q, k, v, bias):
         if self.kind == "cudnn":
@@ -219,9 +220,10 @@ class FusedAttention(torch.nn.Module):
                                                          self.dropout_p, scale=0.25)
         elif self.kind == "efficient":
             r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, self.read_logsumexp,
-                                                             self.dropout_p, True)
+                                                             self.dropout_p, self.causal)
         else:
-            r = aten._scaled_dot_product_flash_attention(q, k, v, self.dropout_p, scale=0.25)
+            r = aten._scaled_dot_product_flash_attention(q, k, v, self.dropout_p, self.causal,
+                                                         scale=0.25)
         out = r[0].relu()
         return out + r[1].sum() if self.read_logsumexp else out
 
@@ -241,7 +243,8 @@ def test_a_fused_attention_kernel_in_a_gpu_trace_lowers_to_aten_attention(kind, 
     # Compile-free, on fake CUDA tensors: the kernel's own arguments (mask, causal flag, scale)
     # become scaled_dot_product_attention's, whose kernel the plan picks for the real inputs.
     args = fake_cuda_attention_inputs(monkeypatch)
-    lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention(kind)), args)
+    causal = kind == "flash"
+    lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention(kind, causal=causal)), args)
     ops = [n.op for n in lo.graph.nodes]
     assert ops == ["aten::scaled_dot_product_attention", "aten::relu"]
     attention = lo.graph.nodes[0]
@@ -257,16 +260,17 @@ def test_a_fused_attention_kernel_in_a_gpu_trace_lowers_to_aten_attention(kind, 
         assert mask.WhichOneof("kind") == "none"
     else:
         assert mask.value == lo.graph.inputs[3].id
-    assert causal.bool_value == (kind == "efficient")
+    assert causal.bool_value == (kind == "flash")
 
 
-@pytest.mark.parametrize("variant", [dict(read_logsumexp=True), dict(dropout_p=0.1)],
-                         ids=["logsumexp-read", "dropout"])
+@pytest.mark.parametrize("variant", [dict(read_logsumexp=True), dict(dropout_p=0.1),
+                                     dict(causal=True)],
+                         ids=["logsumexp-read", "dropout", "mask-and-causal"])
 def test_a_fused_attention_kernel_whose_other_results_matter_is_not_rewritten(variant,
                                                                                 monkeypatch):
     # The log-sum-exp read, or dropout's random state: not what scaled_dot_product_attention
-    # returns, so the kernel stays as it is (an op kilnd refuses: the graph runs eagerly) rather
-    # than being computed otherwise.
+    # returns; a mask with the causal flag: what it refuses. The kernel stays as it is (an op
+    # kilnd refuses: the graph runs eagerly) rather than being computed otherwise.
     args = fake_cuda_attention_inputs(monkeypatch)
     lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention("efficient", **variant)), args)
     ops = [n.op for n in lo.graph.nodes]

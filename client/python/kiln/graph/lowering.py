@@ -151,7 +151,8 @@ def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
     arguments are the ones the kernel received, after whatever scaled_dot_product_attention did
     to them first (a boolean mask made additive, a head dim padded, its scale computed before
     padding and passed as `scale`), and each kernel computes that attention. A kernel called
-    with dropout or whose other results are read stays (and the graph then runs eagerly). The
+    with dropout, with both a mask and the causal flag (which scaled_dot_product_attention
+    refuses), or whose other results are read stays (and the graph then runs eagerly). The
     caller recompiles gm."""
     for node in list(gm.graph.nodes):
         where = _FUSED_ATTENTION.get(node.target) if node.op == "call_function" else None
@@ -164,8 +165,9 @@ def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
         values = [bound[schema.arguments[i].name] if i is not None else None for i in where]
         query, key, value, mask, dropout_p, is_causal = values
         users = list(node.users)
-        if dropout_p or not all(u.target is operator.getitem and u.args[1] == 0 for u in users):
-            continue
+        if dropout_p or (is_causal and mask is not None) or \
+                not all(u.target is operator.getitem and u.args[1] == 0 for u in users):
+            continue  # (scaled_dot_product_attention takes a mask or is_causal, not both)
         with gm.graph.inserting_before(node):
             attention = gm.graph.call_function(
                 _attention_op(), (query, key, value, mask, 0.0, bool(is_causal)),
