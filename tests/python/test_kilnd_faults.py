@@ -37,11 +37,14 @@ def figure(text: str) -> None:
 @pytest.fixture
 def private_kiln(monkeypatch):
     """A private cache directory (KILN_CACHE_DIR, short enough for a socket path) and a fresh
-    client; every kilnd started there is continued and stopped at the end."""
+    client; every kilnd started there is continued and stopped at the end. The client keeps no
+    artifacts of its own (KILN_LOCAL_ARTIFACT_BYTES=0): every one comes from the kilnd whose
+    faults these tests make, unless a test says otherwise."""
     root = harness.short_tmpdir("kf-")
     for name in ("KILN_DAEMON", "KILN_MAC_KEY_FILE", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("KILN_CACHE_DIR", str(root / "cache"))
+    monkeypatch.setenv("KILN_LOCAL_ARTIFACT_BYTES", "0")
     STATE.daemon.close()
     kiln.reset()
     stopped = []
@@ -186,7 +189,7 @@ class Proxy:
 
         pb = protocol.messages()
         channel = grpc.insecure_channel(f"unix://{upstream}")
-        stub = pb.service_grpc.KilnServiceStub(channel)
+        stub = protocol.stubs().KilnServiceStub(channel)
         self.rewrite = rewrite
 
         def handler(method, request_type, response_type):
@@ -485,6 +488,33 @@ def test_hung_kilnd_costs_compile_and_the_first_call_one_wait_together(private_k
     assert total - compile_s < 0.5
     assert total < 5.0
     assert len([r for r in caplog.records if "eagerly" in r.getMessage()]) == 1
+
+
+def test_hung_kilnd_costs_nothing_to_a_process_that_finds_its_artifacts_kept(private_kiln,
+                                                                             monkeypatch,
+                                                                             caplog):
+    # The stored capture and the artifact the kilnd this client started built are in the cache
+    # directory: kiln.compile and the first call never ask kilnd, and the plan runs compiled.
+    monkeypatch.setenv("KILN_LOCAL_ARTIFACT_BYTES", str(1 << 30))
+    root, stopped = private_kiln
+    fresh_process_state()
+    run_graphs(times_two_plus_one, (4,))
+    pid = kilnd_pid()
+    fresh_process_state()
+    os.kill(pid, signal.SIGSTOP)
+    stopped.append(pid)
+    x = torch.randn(4, 8)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        start = time.perf_counter()
+        compiled = kiln.compile(times_two_plus_one, backend="kiln")
+        with torch.no_grad():
+            out = compiled(x)
+        total = time.perf_counter() - start
+    torch.testing.assert_close(out, times_two_plus_one(x))
+    figure(f"kilnd stopped, artifacts kept: kiln.compile with the first call {total:.2f} s")
+    assert compiled_count() == 1 and kiln.debug.artifacts()[0].cache_hit
+    assert not [r for r in caplog.records if "eagerly" in r.getMessage()]
+    assert total < 1.0  # a probe of the hung kilnd alone would take 1.5 s
 
 
 def test_dead_kilnd_is_restarted_by_the_same_process(private_kiln):

@@ -143,11 +143,12 @@ def test_fresh_processes_compile_through_kilnd_then_hit_its_cache(kilnd_cache, d
     assert first["graphs"]["graph_break"] >= 2, first
     assert first["compiled"], "kilnd compiled nothing: the graphs were served from elsewhere"
     assert after_first.compiles - before.compiles == len(set(first["compiled"]))
-    # A new process gets the same artifacts without a compile.
+    # A new process gets the same artifacts without a compile (from kilnd's cache, or from the
+    # cache directory, where the client keeps what the kilnd it started built).
     assert second["keys"] == first["keys"]
     assert second["compiled"] == []
     assert after_second.compiles == after_first.compiles
-    assert after_second.hits > after_first.hits
+    assert after_second.misses == after_first.misses
 
 
 # -- the backend callable, in this process ------------------------------------------------------

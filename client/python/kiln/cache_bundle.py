@@ -20,9 +20,8 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
 
-from kiln.daemon.private_files import write_private
+from kiln.daemon.local_artifacts import LocalArtifacts
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MEMBER = re.compile(r"(captures|artifacts)/([0-9a-f]{64})")
@@ -76,7 +75,7 @@ def export_bundle(settings, out: Path) -> dict:
             wanted |= _artifact_keys(entries)
     missing = []
     for key in sorted(wanted):
-        data = _imported_bytes(settings, key)
+        data = LocalArtifacts(settings).imported_raw(key)
         if data is None:
             found = STATE.daemon.client().lookup_key(key)
             if not found.found:
@@ -152,36 +151,9 @@ def import_bundle(settings, bundle: Path) -> dict:
                 art.verify(artifact, mac_key, key)
             except Exception as e:
                 raise BundleError(f"artifact {key[:16]}… does not verify: {e}") from e
-            if not write_private(_imported_path(settings, key), data):
+            if not LocalArtifacts(settings).import_bytes(key, data):
                 raise BundleError(f"cannot write artifact {key[:16]}… into {settings.cache_dir}")
         counts[kind] += 1
     return counts
 
 
-def _imported_path(settings, key: str) -> Path:
-    return Path(settings.cache_dir) / "imported" / key[:2] / key
-
-
-def _imported_bytes(settings, key: str) -> Optional[bytes]:
-    try:
-        return _imported_path(settings, key).read_bytes()
-    except OSError:
-        return None
-
-
-def imported_artifact(settings, key: str):
-    """The verified ArtifactBody imported under `key` into this cache directory, or None (none
-    imported, or one that no longer verifies: the caller goes to kilnd)."""
-    data = _imported_bytes(settings, key)
-    if data is None:
-        return None
-    from kiln.daemon import artifact as art
-    from kiln.daemon import protocol
-    from kiln.daemon.client import DaemonUnavailable, read_mac_key
-
-    try:
-        artifact = protocol.messages().artifact.Artifact()
-        artifact.ParseFromString(data)
-        return art.verify(artifact, read_mac_key(settings.mac_key_file), key)
-    except (art.ArtifactRejected, DaemonUnavailable, ValueError, Exception):
-        return None

@@ -17,6 +17,7 @@ import torch
 
 from kiln import config
 from kiln.backends.registry import register_backend
+from kiln.daemon.local_artifacts import LocalArtifacts
 from kiln.debug import format_artifact
 from kiln.state import STATE
 
@@ -83,14 +84,16 @@ def cuda_graphs_wanted(mode: Optional[str], options: Optional[dict]) -> bool:
 
 
 def _prepare() -> None:
-    """When the backend is chosen (kiln.compile), not in the first call: the imports of the
-    daemon's client (grpc alone is ~0.1 s) and of the kiln.v1 messages. No channel is opened
-    here: a process that forks after kiln.compile must not share one with its children.
-    Failures are left to the first call, which reports them and runs eagerly."""
+    """When the backend is chosen (kiln.compile), not in the first call: the import of the
+    kiln.v1 messages, which reading a stored capture's artifact needs. Not gRPC's (~0.1 s): a
+    process whose artifacts are in its cache directory (kiln.daemon.local_artifacts) never
+    talks to kilnd; the first call that does imports it. No channel is opened here: a process
+    that forks after kiln.compile must not share one with its children. Failures are left to
+    the first call, which reports them and runs eagerly."""
     from kiln.daemon import protocol
 
     try:
-        protocol.messages()  # the service stubs import grpc
+        protocol.messages()
     except protocol.ProtocolUnavailable as e:
         log.debug("kiln backend: client not prepared (%s)", e)
 
@@ -195,6 +198,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     # The key is the client's own (of the request it sent), not the answer's: only then is the
     # artifact known to be this graph's, and only then may the index remember it.
     body = art.verify_for_request(response.artifact, mac_key, request)
+    LocalArtifacts(client.settings).keep(response.artifact, body)
     art.check_inputs(body, inputs)
     plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs) if load else None
     if skey is not None:
@@ -223,14 +227,17 @@ def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.dev
 
 def artifact_body_by_key(key: str, device: torch.device):
     """The verified body of the artifact under `key` for `device`'s target (see
-    load_artifact_by_key), its inputs not yet checked."""
-    from kiln.cache_bundle import imported_artifact
+    load_artifact_by_key), its inputs not yet checked: from the cache directory (imported, or
+    kept from this machine's kilnd while its compiler is the same), else from kilnd."""
     from kiln.daemon import artifact as art
     from kiln.daemon.client import read_mac_key
 
     settings = STATE.daemon.settings
     target = art.target_for(device)
-    body = imported_artifact(settings, key)
+    local = LocalArtifacts(settings)
+    # An imported artifact carries its compiler's version in its signed body and key: the fleet's
+    # compiler, whatever (if any) kilnd this machine runs.
+    body = local.imported(key) or local.kept(key, target.device_kind)
     if body is None:
         client = STATE.daemon.client()
         client.ensure_running()
@@ -242,8 +249,7 @@ def artifact_body_by_key(key: str, device: torch.device):
         body = art.verify(found.artifact, mac_key, key)
         if body.compiler_version != compiler_version:
             raise art.ArtifactRejected("artifact from another compiler")
-    # An imported artifact carries its compiler's version in its signed body and key: the fleet's
-    # compiler, whatever (if any) kilnd this machine runs.
+        local.keep(found.artifact, body)
     if body.target != target:
         raise art.ArtifactRejected("artifact for another target")
     return body

@@ -87,6 +87,7 @@ class DaemonClient:
         settings = settings if settings is not None else DaemonSettings.from_env()
         self.settings = settings
         self.pb = protocol.messages()
+        self._service = protocol.stubs()
         self._grpc = grpc
         address = address or settings.address
         self.local = address is None
@@ -138,7 +139,7 @@ class DaemonClient:
             self._channel = grpc.insecure_channel(self.target, options=options)
         else:
             self._channel = grpc.secure_channel(self.target, self._credentials, options=options)
-        self._stub = self.pb.service_grpc.KilnServiceStub(self._channel)
+        self._stub = self._service.KilnServiceStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -327,10 +328,16 @@ class DaemonClient:
         while True:
             self._reconnect()
             try:
-                return self.health()
+                health = self.health()
             except DaemonUnavailable as e:
                 if time.monotonic() > deadline:
                     self._give_up(f"kilnd started but does not answer ({e}; {why})",
                                   HUNG_BACKOFF)
                     raise DaemonUnavailable(self._down_reason) from None
                 time.sleep(0.05)
+                continue
+            if done.returncode == 0:  # this binary, started here: its artifacts may be kept
+                from kiln.daemon.local_artifacts import LocalArtifacts
+
+                LocalArtifacts(settings).record_started_kilnd(health)
+            return health

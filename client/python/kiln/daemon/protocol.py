@@ -67,18 +67,27 @@ def ensure_generated() -> None:
 
 
 def messages() -> types.SimpleNamespace:
-    """graph, target, artifact, service (message modules) and service_grpc (stubs)."""
+    """graph, target, artifact, service: the message modules (no gRPC: a process that loads its
+    artifacts from the cache directory never imports it)."""
     global _messages
     if _messages is None:
         ensure_generated()
         try:
             mods = {f: importlib.import_module(f"kiln.v1.{f}_pb2") for f in _FILES}
-            mods["service_grpc"] = importlib.import_module("kiln.v1.service_pb2_grpc")
         except (ImportError, RuntimeError) as e:
             # RuntimeError: modules generated for another grpcio/protobuf than the installed one.
             raise ProtocolUnavailable(f"cannot import the kiln.v1 modules: {e}") from e
         _messages = types.SimpleNamespace(**mods)
     return _messages
+
+
+def stubs():
+    """The kiln.v1 service's gRPC stubs (kiln.v1.service_pb2_grpc; imports grpc)."""
+    messages()
+    try:
+        return importlib.import_module("kiln.v1.service_pb2_grpc")
+    except (ImportError, RuntimeError) as e:
+        raise ProtocolUnavailable(f"cannot import the kiln.v1 service stubs: {e}") from e
 
 
 def available() -> bool:

@@ -30,12 +30,15 @@ class DaemonSettings:
     nvrtc: Optional[str] = None
     start_timeout: float = 10.0  # KILN_DAEMON_START_TIMEOUT: longest wait for a kilnd we start
     idle_exit: str = "3600"      # KILN_DAEMON_IDLE_EXIT: that kilnd's --idle-exit
+    # KILN_LOCAL_ARTIFACT_BYTES: the most bytes of artifacts from kilnd kept in cache_dir for
+    # later processes (kiln.daemon.local_artifacts); 0 keeps none.
+    local_artifact_bytes: int = 1 << 30
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "DaemonSettings":
         """The settings `environ` (default: os.environ) gives; an empty variable is an unset
-        one. Never raises: a timeout that is not a number is warned about and left at its
-        default."""
+        one. Never raises: a timeout or size that is not a number is warned about and left at
+        its default."""
         from kiln import _C
 
         env = os.environ if environ is None else environ
@@ -49,7 +52,9 @@ class DaemonSettings:
                    kilnd=env.get("KILN_KILND") or _found_kilnd(),
                    nvrtc=env.get("KILN_NVRTC") or _found_nvrtc(),
                    start_timeout=_seconds(env, "KILN_DAEMON_START_TIMEOUT", cls.start_timeout),
-                   idle_exit=env.get("KILN_DAEMON_IDLE_EXIT") or cls.idle_exit)
+                   idle_exit=env.get("KILN_DAEMON_IDLE_EXIT") or cls.idle_exit,
+                   local_artifact_bytes=_bytes(env, "KILN_LOCAL_ARTIFACT_BYTES",
+                                               cls.local_artifact_bytes))
 
 
 def _found_kilnd() -> Optional[str]:
@@ -77,6 +82,20 @@ def _found_nvrtc() -> Optional[str]:
         if found:
             return found[-1]
     return None
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        value = int(text)
+        if value < 0:
+            raise ValueError(text)
+        return value
+    except ValueError:
+        log.warning("kiln: %s=%r is not a number of bytes; using %s", name, text, default)
+        return default
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
