@@ -464,9 +464,10 @@ def test_hung_kilnd_costs_a_new_graph_two_seconds_at_most_and_later_graphs_nothi
     assert len([r for r in caplog.records if "eagerly" in r.getMessage()]) == 1
 
 
-def test_hung_kilnd_costs_compile_and_the_first_call_one_wait_together(private_kiln, caplog):
-    # kiln.compile prepares the stored capture, which needs kilnd's artifact: a hung kilnd costs
-    # that one probe, and the first call, knowing kilnd down, runs eagerly at once.
+def compile_and_call_with_kilnd_stopped(private_kiln, caplog):
+    """A process stores a capture and its artifact; kilnd is then stopped (SIGSTOP: it holds its
+    socket and answers nothing), and a fresh process compiles and calls the same function.
+    Returns (kiln.compile's seconds, with the first call's), the answer checked."""
     root, stopped = private_kiln
     run_graphs(times_two_plus_one, (4,))  # the stored capture and its artifact
     pid = kilnd_pid()
@@ -482,6 +483,13 @@ def test_hung_kilnd_costs_compile_and_the_first_call_one_wait_together(private_k
             out = compiled(x)
         total = time.perf_counter() - start
     torch.testing.assert_close(out, times_two_plus_one(x))
+    return compile_s, total
+
+
+def test_hung_kilnd_costs_compile_and_the_first_call_one_wait_together(private_kiln, caplog):
+    # kiln.compile prepares the stored capture, which needs kilnd's artifact: a hung kilnd costs
+    # that one probe, and the first call, knowing kilnd down, runs eagerly at once.
+    compile_s, total = compile_and_call_with_kilnd_stopped(private_kiln, caplog)
     figure(f"kilnd stopped: kiln.compile {compile_s:.2f} s, with the first call {total:.2f} s")
     # One wait for kilnd (a probe, then an attempt to start another, ~3.3 s), in compile; the
     # first call knows it down and does not wait again.
@@ -496,21 +504,8 @@ def test_hung_kilnd_costs_nothing_to_a_process_that_finds_its_artifacts_kept(pri
     # The stored capture and the artifact the kilnd this client started built are in the cache
     # directory: kiln.compile and the first call never ask kilnd, and the plan runs compiled.
     monkeypatch.setenv("KILN_LOCAL_ARTIFACT_BYTES", str(1 << 30))
-    root, stopped = private_kiln
     fresh_process_state()
-    run_graphs(times_two_plus_one, (4,))
-    pid = kilnd_pid()
-    fresh_process_state()
-    os.kill(pid, signal.SIGSTOP)
-    stopped.append(pid)
-    x = torch.randn(4, 8)
-    with caplog.at_level(logging.WARNING, logger="kiln"):
-        start = time.perf_counter()
-        compiled = kiln.compile(times_two_plus_one, backend="kiln")
-        with torch.no_grad():
-            out = compiled(x)
-        total = time.perf_counter() - start
-    torch.testing.assert_close(out, times_two_plus_one(x))
+    _, total = compile_and_call_with_kilnd_stopped(private_kiln, caplog)
     figure(f"kilnd stopped, artifacts kept: kiln.compile with the first call {total:.2f} s")
     assert compiled_count() == 1 and kiln.debug.artifacts()[0].cache_hit
     assert not [r for r in caplog.records if "eagerly" in r.getMessage()]
