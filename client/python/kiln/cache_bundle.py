@@ -75,7 +75,7 @@ def export_bundle(settings, out: Path) -> dict:
             wanted |= _artifact_keys(entries)
     missing = []
     for key in sorted(wanted):
-        data = LocalArtifacts(settings).imported_raw(key)
+        data = LocalArtifacts(settings, mac_key).imported_raw(key)
         if data is None:
             found = STATE.daemon.client().lookup_key(key)
             if not found.found:
@@ -151,7 +151,7 @@ def import_bundle(settings, bundle: Path) -> dict:
                 art.verify(artifact, mac_key, key)
             except Exception as e:
                 raise BundleError(f"artifact {key[:16]}… does not verify: {e}") from e
-            if not LocalArtifacts(settings).import_bytes(key, data):
+            if not LocalArtifacts(settings, mac_key).import_bytes(key, data):
                 raise BundleError(f"cannot write artifact {key[:16]}… into {settings.cache_dir}")
         counts[kind] += 1
     return counts

@@ -198,7 +198,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     # The key is the client's own (of the request it sent), not the answer's: only then is the
     # artifact known to be this graph's, and only then may the index remember it.
     body = art.verify_for_request(response.artifact, mac_key, request)
-    LocalArtifacts(client.settings).keep(response.artifact, body)
+    LocalArtifacts(client.settings, mac_key).keep(response.artifact, body)
     art.check_inputs(body, inputs)
     plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs) if load else None
     if skey is not None:
@@ -230,11 +230,15 @@ def artifact_body_by_key(key: str, device: torch.device):
     load_artifact_by_key), its inputs not yet checked: from the cache directory (imported, or
     kept from this machine's kilnd while its compiler is the same), else from kilnd."""
     from kiln.daemon import artifact as art
-    from kiln.daemon.client import read_mac_key
+    from kiln.daemon.client import DaemonUnavailable, read_mac_key
 
     settings = STATE.daemon.settings
     target = art.target_for(device)
-    local = LocalArtifacts(settings)
+    try:
+        mac_key = read_mac_key(settings.mac_key_file)
+    except DaemonUnavailable:
+        mac_key = None  # no kilnd has made one yet: nothing is kept either
+    local = LocalArtifacts(settings, mac_key)
     # An imported artifact carries its compiler's version in its signed body and key: the fleet's
     # compiler, whatever (if any) kilnd this machine runs.
     body = local.imported(key) or local.kept(key, target.device_kind)
@@ -242,6 +246,7 @@ def artifact_body_by_key(key: str, device: torch.device):
         client = STATE.daemon.client()
         client.ensure_running()
         mac_key = read_mac_key(client.settings.mac_key_file)
+        local = LocalArtifacts(client.settings, mac_key)
         compiler_version = client.compiler_version_for(target.device_kind) or ""
         found = client.lookup_key(key)
         if not found.found:

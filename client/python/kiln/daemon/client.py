@@ -339,5 +339,5 @@ class DaemonClient:
             if done.returncode == 0:  # this binary, started here: its artifacts may be kept
                 from kiln.daemon.local_artifacts import LocalArtifacts
 
-                LocalArtifacts(settings).record_started_kilnd(health)
+                LocalArtifacts(settings, mac_key=None).record_started_kilnd(health)
             return health

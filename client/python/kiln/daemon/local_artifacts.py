@@ -30,13 +30,14 @@ _AFTER_EVICTION = 0.9
 
 
 class LocalArtifacts:
-    """The tier of one cache directory (`settings`: kiln.daemon.settings.DaemonSettings)."""
+    """The tier of one cache directory (`settings`: kiln.daemon.settings.DaemonSettings), read
+    with the fleet's MAC key `mac_key` (None: none yet, and nothing here is served)."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, mac_key: Optional[bytes]):
         self.settings = settings
         self.root = Path(settings.cache_dir)
         self.limit = settings.local_artifact_bytes
-        self._mac_key = None
+        self._mac_key = mac_key
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -145,18 +146,15 @@ class LocalArtifacts:
 
     def _verified(self, path: Optional[Path], key: str):
         data = self._read(path)
-        if data is None:
+        if data is None or self._mac_key is None:
             return None
         from kiln.daemon import artifact as art
         from kiln.daemon import protocol
-        from kiln.daemon.client import DaemonUnavailable, read_mac_key
 
         try:
-            if self._mac_key is None:
-                self._mac_key = read_mac_key(self.settings.mac_key_file)
             artifact = protocol.messages().artifact.Artifact.FromString(data)
             return art.verify(artifact, self._mac_key, key)
-        except (art.ArtifactRejected, DaemonUnavailable, protocol.ProtocolUnavailable) as e:
+        except (art.ArtifactRejected, protocol.ProtocolUnavailable) as e:
             log.debug("kiln: local artifact %s… not used: %s", key[:16], e)
             return None
         except Exception as e:  # google.protobuf's DecodeError: a damaged file
