@@ -151,9 +151,11 @@ def _kiln_phases() -> dict:
     """Where kiln's first call went, from what kiln recorded: frames installed from stored
     captures and frames traced; per traced frame its capture, lowering, kilnd's compile, the
     rest of its backend call (request, verification, loading the plan) and the storing of its
-    capture; per installed one its installation. What the first call took beyond their sum is
-    importing kiln and the plan's first run (on a GPU: CUDA graph capture, cuDNN's and cuBLAS's
-    first calls of each kernel)."""
+    capture; per installed one its installation, and kiln.compile's preparation of its plan
+    (reading the records, the artifact, building the plan, and its warm run: on a GPU the
+    prologue, cuDNN's and cuBLAS's first calls of each kernel, the CUDA graph's capture). What
+    the first call took beyond their sum is importing kiln and, for a traced frame, the plan's
+    first run."""
     import kiln
     from kiln.state import STATE
 
@@ -167,7 +169,11 @@ def _kiln_phases() -> dict:
             "lowering_s": sum(a.lowering_seconds for a in arts),
             "kilnd_compile_s": sum(a.compile_seconds for a in arts),
             "store_s": sum(e.info.extra.get("store_seconds", 0.0) for e in traced),
-            "install_s": sum(e.info.backend_seconds for e in stored)}
+            "install_s": sum(e.info.backend_seconds for e in stored),
+            # kiln.compile's preparation of the stored plans the first call used.
+            **{f"prepare_{part}_s": sum(e.info.extra.get("prepare_seconds", {}).get(part, 0.0)
+                                        for e in stored)
+               for part in ("records", "artifact", "plan", "warm")}}
 
 
 def _write_profile(profile, record) -> None:
@@ -221,7 +227,8 @@ def measure(model, dtype, compiler, timeout_s) -> dict:
     record["first_warm_s"] = warm.get("first_call_s")
     for phase, r in (("cold", cold), ("warm", warm)):  # where kiln's first calls went
         for k in ("compile_call_s", "frames_stored", "frames_traced", "capture_s", "backend_s",
-                  "lowering_s", "kilnd_compile_s", "store_s", "install_s"):
+                  "lowering_s", "kilnd_compile_s", "store_s", "install_s", "prepare_records_s",
+                  "prepare_artifact_s", "prepare_plan_s", "prepare_warm_s"):
             if k in r:
                 record[f"{phase}_{k}"] = r[k]
     if warm.get("error"):

@@ -46,6 +46,7 @@ CHILD = textwrap.dedent("""
     print(json.dumps({
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
         "prepared": [e.info.extra.get("prepared_plan", False) for e in entries],
+        "prepare_seconds": [sorted(e.info.extra.get("prepare_seconds", {})) for e in entries],
         "prologue_runs": [e.info.compiled_fn.prologue_runs for e in entries],
         "resumes_stored": [e.info.extra.get("stored_capture") is not None for e in resumed],
         "dynamo": "torch._dynamo" in sys.modules,
@@ -145,8 +146,11 @@ def test_compile_prepares_the_stored_plan_so_the_first_call_only_checks_guards(
     assert warm["stored"] == [True] and warm["prepared"] == [True]
     assert warm["prologue_runs"] == [1]  # run by kiln.compile; the first call did not again
     assert not warm["dynamo"]
+    # Where the preparation went is kept with the entry (bench_gpu_models reports it).
+    assert warm["prepare_seconds"] == [["artifact", "plan", "records", "warm"]]
     off = run_child(model_dir, KILN_PREPARE_STORED="0")
     assert off["stored"] == [True] and off["prepared"] == [False]
+    assert off["prepare_seconds"] == [[]]
 
 
 def test_weights_loaded_after_compile_are_the_ones_the_prepared_plan_uses(kilnd_cache, model_dir):

@@ -702,8 +702,9 @@ class _PreparedPlan:
     """A record's graph (its artifact key, device and CUDA graph setting) loaded as `plan` and
     run once before the first call, for `params`."""
 
-    def __init__(self, graph: dict, params: list, body, plan):
+    def __init__(self, graph: dict, params: list, body, plan, seconds: dict):
         self.graph, self.params, self.body, self.plan = graph, params, body, plan
+        self.seconds = seconds  # where preparation went: records, artifact, plan, warm
 
     def fits(self, graph: dict, params: list, device: torch.device) -> bool:
         # The same tensor objects: the plan binds them, and its prologue runs again when one
@@ -786,6 +787,8 @@ def install(record: dict, code, slots: tuple, func,
                      backend_seconds=time.perf_counter() - start)
     info.extra["stored_capture"] = record["id"]
     info.extra["prepared_plan"] = was_prepared
+    if was_prepared:
+        info.extra["prepare_seconds"] = prepared.seconds
     return manager, new_code, info
 
 
@@ -875,6 +878,7 @@ class StoredCaptures:
         from kiln.daemon import artifact as art
         from kiln.graph.lowering import _global_state
 
+        start = time.perf_counter()
         store = self.store()
         if store is None:
             return False
@@ -882,6 +886,7 @@ class StoredCaptures:
         records = store.get(key)
         if not records:
             return False
+        seconds = {"records": time.perf_counter() - start}
         self._prepared[key] = (records, None)
         record = records[0]
         graph = record.get("graph")
@@ -905,14 +910,20 @@ class StoredCaptures:
         if not all(isinstance(t, torch.Tensor) for t in params):
             return False  # a parameter reached from an argument of the call
         device = torch.device(graph["device"])
+        start = time.perf_counter()
         body = artifact_body_by_key(graph["artifact"], device)
         art.check_inputs(body, params, leading=True)
+        seconds["artifact"] = time.perf_counter() - start
+        start = time.perf_counter()
         plan = build_plan_for(body, params, len(graph["inputs"]), device, graph["cuda_graphs"])
+        seconds["plan"] = time.perf_counter() - start
         warm = getattr(plan, "warm", None)
         if warm is not None:
+            start = time.perf_counter()
             with mode():
                 warm()
-        self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan))
+            seconds["warm"] = time.perf_counter() - start  # prologue, first run, CUDA graph
+        self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan, seconds))
         _say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
         return True
 
