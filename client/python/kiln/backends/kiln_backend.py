@@ -246,7 +246,6 @@ def artifact_body_by_key(key: str, device: torch.device):
         client = STATE.daemon.client()
         client.ensure_running()
         mac_key = read_mac_key(client.settings.mac_key_file)
-        local = LocalArtifacts(client.settings, mac_key)
         compiler_version = client.compiler_version_for(target.device_kind) or ""
         found = client.lookup_key(key)
         if not found.found:
