@@ -1,0 +1,115 @@
+"""The "kiln" backend's lowering (captured graph -> ATen graph -> kiln.v1 IR), the largest part of
+a cold first call: its time per model, and a digest of the IR it produced, so that a change meant
+to make lowering faster can show it produced the very same IR.
+
+    python bench/bench_lowering.py [--models resnet18 ...] [--devices cpu cuda]
+                                   [--dtypes fp32 bf16] [--repeats N] [--out F]
+
+Each model is captured by kiln on the meta device (no weights, no data) and lowered on fake
+tensors of the device asked for: on "cuda" no GPU is needed (fake CUDA tensors of an sm_90
+device), so CUDA lowering is measured here too. Reported: the median of --repeats lowerings
+(the first, which also imports and warms torch's tracing, is not counted), the IR's node count,
+and the sha256 of its deterministic serialization.
+"""
+import argparse
+import hashlib
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import command_line, emit  # noqa: E402
+
+MODELS = {"resnet18": (16, 3, 128, 128), "resnet50": (8, 3, 224, 224),
+          "mobilenet_v3_small": (8, 3, 224, 224), "vit_b_16": (1, 3, 224, 224)}
+
+
+def captured(name: str, dtype):
+    """(graph module, example inputs) of kiln's capture of torchvision's `name` on meta tensors."""
+    import torch
+    import torchvision
+
+    import kiln
+
+    model = getattr(torchvision.models, name)().to("meta").to(dtype).eval()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    kiln.reset()
+    with torch.no_grad():
+        kiln.compile(model, backend=backend)(torch.empty(MODELS[name], device="meta",
+                                                         dtype=dtype))
+    return graphs[0]
+
+
+def on_device(gm, example_inputs, device: str):
+    """The graph's parameters, buffers and inputs as fake tensors of `device`, same metadata."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.graph import lowering
+
+    mode = FakeTensorMode()
+
+    def fake(t):
+        with mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+    for target, t in lowering.attr_tensors(gm).items():
+        *path, name = target.split(".")
+        owner = gm
+        for part in path:
+            owner = getattr(owner, part)
+        if name in owner._parameters:
+            owner._parameters[name] = torch.nn.Parameter(fake(t), requires_grad=False)
+        elif name in owner._buffers:
+            owner._buffers[name] = fake(t)
+        else:
+            setattr(owner, name, fake(t))
+    return [fake(t) for t in example_inputs]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--devices", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
+    p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    import torch
+
+    from kiln.graph import lowering
+
+    # Fake CUDA tensors need a device to describe: an H100's (sm_90), with or without a GPU.
+    torch.cuda.get_device_capability = lambda index=None: (9, 0)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    rows = []
+    for name in a.models:
+        for device in a.devices:
+            for dtype in a.dtypes:
+                gm, example = captured(name, dtypes[dtype])
+                inputs = on_device(gm, example, device)
+                times = []
+                with torch.no_grad():
+                    for i in range(a.repeats + 1):
+                        start = time.perf_counter()
+                        lowered = lowering.lower(gm, inputs)
+                        if i:
+                            times.append(time.perf_counter() - start)
+                ir = lowered.graph.SerializeToString(deterministic=True)
+                row = {"model": name, "device": device, "dtype": dtype,
+                       "lowering_s": statistics.median(times), "nodes": len(lowered.graph.nodes),
+                       "ir_sha256": hashlib.sha256(ir).hexdigest()}
+                rows.append(row)
+                print(f"{name:20s} {device:5s} {dtype:5s} {row['lowering_s']:7.3f} s "
+                      f"{row['nodes']:5d} nodes  IR {row['ir_sha256'][:16]}", flush=True)
+    emit({"bench": "lowering", "command": command_line(), "rows": rows}, a.out)
+
+
+if __name__ == "__main__":
+    main()
