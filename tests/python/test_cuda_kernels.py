@@ -70,6 +70,35 @@ def test_broadcast_operands(dtype):
     check(lambda a, b, c: torch.tanh(a + b) * c, x, bias, col, kernels=1)
 
 
+def _rows(case, dtype):
+    """[64, 96]-sized operands whose rows are: contiguous; a slice of longer rows; those rows
+    past an offset of 4 elements (whole vectors of float32, half ones of 16-bit types); rows of
+    100 (no whole number of 16-bit vectors)."""
+    return {"contiguous": lambda: randn(64, 96, dtype=dtype),
+            "row-stride": lambda: randn(64, 104, dtype=dtype)[:, :96],
+            "row-offset": lambda: randn(64, 100, dtype=dtype)[:, 4:],
+            "part-vectors": lambda: randn(64, 101, dtype=dtype)[:, :100]}[case]()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["contiguous", "row-stride", "row-offset", "part-vectors"])
+def test_bias_and_column_over_rows(dtype, case):
+    # The vector path over two dims where the rows hold whole vectors (a bias read as vectors
+    # along the row, a column once per vector), the scalar path where they do not.
+    x = _rows(case, dtype)
+    bias, col = randn(x.shape[1], dtype=dtype), randn(x.shape[0], 1, dtype=dtype)
+    check(lambda a, b, c: torch.relu(a + b) * c, x, bias, col, kernels=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_channels_last_bias_and_residual(dtype):
+    # A convolution's bias and a residual over a channels-last activation (resnet's blocks).
+    x = randn(8, 64, 14, 14, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    r = randn(8, 64, 14, 14, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    bias = randn(64, dtype=dtype)
+    check(lambda a, b, c: torch.relu(a + b.view(1, -1, 1, 1) + c), x, bias, r, kernels=1)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_non_contiguous_operands(dtype):
     x = randn(64, 48, dtype=dtype).t()           # transposed

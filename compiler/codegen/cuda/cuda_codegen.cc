@@ -306,35 +306,44 @@ class PointwiseKernel {
     int input;  // index into g_.inputs; -1 for outputs
   };
 
-  // True when access `a` moves whole vectors on the vector path (stride 1), false when it reads
-  // one element for all lanes (stride 0).
-  bool IsVectorized(size_t a) const { return space_.strides[a][0] == 1; }
+  // True when access `a` moves whole vectors on the vector path (stride 1 along the innermost
+  // dim), false when it reads one element for all lanes of a vector (stride 0 there).
+  bool IsVectorized(size_t a) const { return space_.strides[a].back() == 1; }
 
   // Elements per vector (16 bytes of the widest vectorized access), or 0 for the scalar path
-  // only: the space must be one dim that each access walks with stride 1 (or 0: one element,
-  // loaded once) from an offset that is a multiple of the vector, and hold at least one vector.
+  // only. Each access walks the innermost dim with stride 1 (or 0: one element for the whole
+  // vector, e.g. a bias over the rows of a channels-last activation); the innermost dim holds
+  // whole vectors, so that a vector never spans two rows; and each stride-1 access starts every
+  // vector at a multiple of it (its offset and outer strides multiples of the width). Outputs
+  // are written whole.
   int VectorWidth(int64_t numel) const {
-    if (space_.sizes.size() != 1) return 0;
+    const size_t last = space_.sizes.size() - 1;
     int64_t widest = 0;
     for (size_t a = 0; a < accesses_.size(); ++a) {
-      const int64_t s = space_.strides[a][0];
+      const int64_t s = space_.strides[a][last];
       if (s != 0 && s != 1) return 0;
+      if (s == 0 && accesses_[a].input < 0) return 0;
       if (s == 1) widest = std::max<int64_t>(widest, ElementSize(accesses_[a].dtype));
     }
     if (widest == 0) return 0;
     const int64_t width = kVectorBytes / widest;
-    if (width < 2 || numel < width) return 0;
+    if (width < 2 || numel < width || space_.sizes[last] % width != 0) return 0;
     for (size_t a = 0; a < accesses_.size(); ++a) {
-      if (space_.strides[a][0] == 1 && accesses_[a].offset % width != 0) return 0;
+      if (!IsVectorized(a)) continue;
+      if (accesses_[a].offset % width != 0) return 0;
+      for (size_t d = 0; d < last; ++d) {
+        if (space_.strides[a][d] % width != 0) return 0;
+      }
     }
     return static_cast<int>(width);
   }
 
-  std::string Index(size_t a) const {
+  // The element of access `a` at the indices <name>0, <name>1, ... of the loop space.
+  std::string Index(size_t a, const std::string& name = "i") const {
     std::string e = std::to_string(accesses_[a].offset);
     for (size_t d = 0; d < space_.sizes.size(); ++d) {
       if (space_.strides[a][d] == 0) continue;
-      e += " + i" + std::to_string(d) +
+      e += " + " + name + std::to_string(d) +
            (space_.strides[a][d] == 1 ? "" : " * " + std::to_string(space_.strides[a][d]));
     }
     return e;
@@ -368,14 +377,15 @@ class PointwiseKernel {
     }
   }
 
-  // Vector `q` of `width` elements: vector loads, the element code per lane, vector stores.
+  // Vector `q` of `width` elements: vector loads, the element code per lane, vector stores. The
+  // vector's first element has the indices k0, k1, ... (the innermost a multiple of the width).
   void EmitVector(std::ostringstream& o, const std::string& indent, int width) const {
     const std::string w = std::to_string(width);
+    o << Decompose(space_.sizes, "(q * " + w + ")", "k", type_, indent);
     for (size_t a = 0; a < accesses_.size(); ++a) {
       if (!IsVectorized(a)) continue;
       const std::string vec = "kiln_vec<" + Storage(accesses_[a].dtype) + ", " + w + ">";
-      const std::string at =
-          accesses_[a].ptr + " + " + std::to_string(accesses_[a].offset) + " + (int64_t)q * " + w;
+      const std::string at = accesses_[a].ptr + " + " + Index(a, "k");
       if (accesses_[a].input >= 0) {
         o << indent << "const " << vec << " x" << a << " = *reinterpret_cast<const " << vec << "*>("
           << at << ");\n";
@@ -386,14 +396,14 @@ class PointwiseKernel {
     o << indent << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
     EmitElement(o, indent + "  ", [&](size_t a) {
       if (IsVectorized(a)) return "x" + std::to_string(a) + ".v[j]";
-      return accesses_[a].ptr + "[" + std::to_string(accesses_[a].offset) + "]";
+      return accesses_[a].ptr + "[" + Index(a, "k") + "]";
     });
     o << indent << "}\n";
     for (size_t a = 0; a < accesses_.size(); ++a) {
       if (accesses_[a].input >= 0 || !IsVectorized(a)) continue;
       const std::string vec = "kiln_vec<" + Storage(accesses_[a].dtype) + ", " + w + ">";
-      o << indent << "*reinterpret_cast<" << vec << "*>(" << accesses_[a].ptr << " + (int64_t)q * "
-        << w << ") = x" << a << ";\n";
+      o << indent << "*reinterpret_cast<" << vec << "*>(" << accesses_[a].ptr << " + "
+        << Index(a, "k") << ") = x" << a << ";\n";
     }
   }
 

@@ -168,16 +168,39 @@ TEST_F(CudaKernelTest, PointwiseBFloat16AndFloat16StoreBitsAndComputeInFloat) {
   }
 }
 
-TEST_F(CudaKernelTest, BroadcastOperandTakesTheScalarPathOverTwoDims) {
+// A bias over the rows of [rows, C] (a channels-last convolution's result, C its channels) and a
+// column: rows of whole vectors take the vector path, the bias moved as vectors along the row and
+// the column read once per vector.
+TEST_F(CudaKernelTest, BiasOverRowsOfWholeVectorsTakesTheVectorPath) {
   GraphBuilder b;
-  uint32_t x = b.Input({32, 100}), bias = b.Input({100});
-  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(bias)}, {32, 100});
-  b.Output(b.Op("aten::relu", {V(s)}, {32, 100}));
+  uint32_t x = b.Input({32, 96}), bias = b.Input({96}), col = b.Input({32, 1});
+  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(bias)}, {32, 96});
+  uint32_t m = b.Op("aten::mul.Tensor", {V(s), V(col)}, {32, 96});
+  b.Output(b.Op("aten::relu", {V(m)}, {32, 96}));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u);
+  const std::string& src = body.kernel_source();
+  EXPECT_NE(src.find("kiln_aligned"), std::string::npos) << src;
+  // The vector's first element: row k0, column k1 (a multiple of 4).
+  EXPECT_NE(src.find("const int k0 = (q * 4) / 96;"), std::string::npos) << src;
+  EXPECT_NE(src.find("const int k1 = (q * 4) % 96;"), std::string::npos) << src;
+  EXPECT_NE(src.find("reinterpret_cast<const kiln_vec<float, 4>*>(in1 + 0 + k1)"),
+            std::string::npos) << src;
+  EXPECT_NE(src.find("in2[0 + k0]"), std::string::npos) << src;
+  EXPECT_GE(Threads(*Launches(body.plan())[0]) * 4, 32 * 96);
+}
+
+TEST_F(CudaKernelTest, BroadcastOverRowsOfPartVectorsTakesTheScalarPath) {
+  GraphBuilder b;
+  uint32_t x = b.Input({32, 102}), bias = b.Input({102});
+  uint32_t s = b.Op("aten::add.Tensor", {V(x), V(bias)}, {32, 102});
+  b.Output(b.Op("aten::relu", {V(s)}, {32, 102}));
   auto body = Build(CudaRequest(b), nullptr);
   KILN_SKIP_IF_NO_NVRTC();
   ASSERT_EQ(Launches(body.plan()).size(), 1u);
   EXPECT_EQ(body.kernel_source().find("kiln_aligned"), std::string::npos);
-  EXPECT_GE(Threads(*Launches(body.plan())[0]), 32 * 100);
+  EXPECT_GE(Threads(*Launches(body.plan())[0]), 32 * 102);
 }
 
 TEST_F(CudaKernelTest, NonContiguousOperandAndSizeOneDimsIndexWithTheirStrides) {
@@ -344,7 +367,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-3|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-4|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -417,7 +440,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-3|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-4|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -435,7 +458,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-3|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-4|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
