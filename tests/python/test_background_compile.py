@@ -177,3 +177,56 @@ def test_a_frame_that_adds_to_its_kwargs_gets_an_entry_for_how_it_was_called(bac
     assert_close(compiled(x), x * 2 + 1)
     assert backend.compiles == 1
     assert backend.calls == 1  # the entry ran: made for a call without kwargs, like this one
+
+
+def test_the_stance_starts_the_worker_before_the_first_miss():
+    # A miss only hands the capture to a thread that already runs: starting one inside the
+    # eager call that missed would wait for it to be scheduled.
+    kiln.reset()
+    with kiln.set_stance("compile_in_background"):
+        workers = [t for t in threading.enumerate() if t.name.startswith("kiln-compile")]
+        assert workers, "no worker thread after set_stance"
+        before = threading.active_count()
+        m = Net().eval()
+        backend = SlowBackend(delay=0.2)
+        compiled = kiln.compile(m, backend=backend)
+        x = torch.randn(4, 32)
+        with torch.no_grad():
+            assert_close(compiled(x), m(x))
+        assert threading.active_count() == before  # no thread started by the miss
+        assert kiln.wait_for_compiles(30)
+        assert backend.threads and all(n.startswith("kiln-compile") for n in backend.threads)
+        with torch.no_grad():
+            assert_close(compiled(x), m(x))
+        assert backend.calls == 1
+    kiln.reset()
+
+
+def test_a_forked_child_compiles_in_the_background_with_a_worker_of_its_own():
+    import os
+
+    kiln.reset()
+    with kiln.set_stance("compile_in_background"):
+        m = Net().eval()
+        backend = SlowBackend(delay=0.1)
+        compiled = kiln.compile(m, backend=backend)
+        x = torch.randn(4, 32)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its miss must be captured by a thread of its own
+            status = 1
+            try:
+                with torch.no_grad():
+                    ok = torch.allclose(compiled(x), m(x))
+                    ok = ok and kiln.wait_for_compiles(30)
+                    ok = ok and torch.allclose(compiled(x), m(x), atol=1e-6)
+                status = 0 if ok and backend.calls == 1 else 2
+            finally:
+                os.write(write, bytes([status]))
+                os._exit(0)
+        os.close(write)
+        got = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert got == b"\x00", f"child status {got!r}"
+    kiln.reset()

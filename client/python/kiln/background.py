@@ -11,6 +11,7 @@ miss, never run wrongly."""
 import contextlib
 import inspect
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Optional
@@ -67,6 +68,7 @@ class BackgroundCompiler:
         self._pending: Dict[object, object] = {}  # code -> Future
         self._done: Dict[object, object] = {}     # code -> entry tuple or _C.SKIP
         self._executor: Optional[ThreadPoolExecutor] = None
+        self._worker_started = False  # its thread runs (start_worker)
 
     def miss(self, capture, func, code, slots):
         """The hook's answer for a miss of `code`: the entry the worker made for it when ready
@@ -83,9 +85,7 @@ class BackgroundCompiler:
                 # Made for a call unlike this one (another shape, say): capture this one too.
             if code in self._pending:
                 return _C.EAGER
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1,
-                                                    thread_name_prefix="kiln-compile")
+            self._worker()
             started = Future()  # pending from now: other calls meanwhile run eagerly
             self._pending[code] = started
         modes = _thread_modes()
@@ -99,6 +99,33 @@ class BackgroundCompiler:
             work.add_done_callback(lambda f: started.set_result(None))
 
         return _C.EAGER, start
+
+    def _worker(self) -> ThreadPoolExecutor:
+        """The executor of the worker thread (under the lock)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-compile")
+        return self._executor
+
+    def start_worker(self) -> None:
+        """Starts the worker thread now, idle (kiln.set_stance("compile_in_background")): a
+        miss then only hands it the capture. Starting the thread inside the call that missed
+        waits for the new thread to be scheduled and take the GIL (up to the interpreter's
+        5 ms switch interval), which that call, an eager one, should not pay."""
+        with self._lock:
+            if self._worker_started:
+                return
+            executor = self._worker()
+        executor.submit(lambda: None).result()
+        self._worker_started = True
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has no worker thread (its executor's thread was the parent's) and no
+        lock another thread holds: both anew, started when the child needs them. Captures the
+        parent had under way are the parent's: those codes miss here and are captured again."""
+        self._lock = threading.Lock()
+        self._executor = None
+        self._worker_started = False
+        self._pending = {}
 
     def _work(self, capture, func, code, slots, modes):
         try:
@@ -129,3 +156,4 @@ class BackgroundCompiler:
 
 
 BACKGROUND = BackgroundCompiler()
+os.register_at_fork(after_in_child=BACKGROUND._after_fork_in_child)

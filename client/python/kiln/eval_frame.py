@@ -327,6 +327,10 @@ def set_stance(stance: str = "default"):
     compiled code when it is ready (kiln.wait_for_compiles waits for the worker)."""
     prior = STATE.stance
     STATE.stance = stance  # checks it, and sets the hook's force_eager flag with it
+    if stance == "compile_in_background":
+        from kiln.background import BACKGROUND
+
+        BACKGROUND.start_worker()  # now, not inside the first call that misses
     return _Stance(stance, prior)
 
 
