@@ -32,6 +32,17 @@ if [ -d .whl ]; then  # wheels carried for packages the machine lacks or has at 
   export PYTHONPATH=/tmp/kiln-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ -z "${KILN_KILND:-}" ] && [ -x .kilnd-bundle/kilnd ]; then
+  # A bundle made before the tree's compiler or daemon changed would build the old kernels and
+  # plans: refused (KILN_ALLOW_STALE_KILND=1 runs it anyway), rerun scripts/gpu_bundle.sh.
+  if [ -f .kilnd-bundle/SOURCES ] && \
+      [ "$(cat .kilnd-bundle/SOURCES)" != "$(scripts/kilnd_sources.sh)" ]; then
+    if [ "${KILN_ALLOW_STALE_KILND:-0}" != 1 ]; then
+      echo "kilnd: .kilnd-bundle was built from other sources than this tree's compiler/," \
+        "daemon/, cache/ and proto/: rerun scripts/gpu_bundle.sh" >&2
+      exit 1
+    fi
+    echo "kilnd: .kilnd-bundle is stale (KILN_ALLOW_STALE_KILND=1: running it anyway)"
+  fi
   export KILN_KILND=$root/.kilnd-bundle/kilnd
 fi
 $py -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, \

@@ -54,3 +54,5 @@ exec $interp --library-path "\$d/lib" "\$d/bin/kilnd" "\$@"
 EOF
 chmod +x "$bundle/kilnd"
 env -i "$bundle/kilnd" --help >/dev/null
+# Built from the tree: which sources (scripts/gpu_check.sh refuses a bundle of other ones).
+if [ "$binary" = "$root/build/daemon/kilnd" ]; then scripts/kilnd_sources.sh >"$bundle/SOURCES"; fi
