@@ -4,6 +4,7 @@
 
     python bench/bench_gpu_models.py [--models ...] [--dtypes fp32 bf16] [--compilers ...]
                                      [--jsonl F] [--csv F] [--png F] [--report-only]
+                                     [--resume] [--stop-after S]
 
 Per model and dtype (fp32; bf16 under torch.autocast): the steady-state median of one call (CUDA
 events around each call, after warm-up) and its speedup over eager, the first call (timed from
@@ -21,7 +22,9 @@ With KILN_BENCH_PROFILE=DIR set, each child profiles its compile and first call 
 DIR. kiln's records say where its first calls went (capture, lowering, kilnd's compile, ...).
 
 Every record is appended to --jsonl as it is measured, so that a long suite may be run in
-several invocations (each under a time limit) and reported at once with --report-only.
+several invocations (each under a time limit) and reported at once with --report-only: the same
+command with --resume --stop-after S, repeated, skips what was measured on this GPU and starts
+nothing new after S seconds, so each invocation fits its limit and the last one reports all.
 Targets (issue: the "kiln" backend on the GPU): kiln at least as fast as torch.compile's best
 mode on every model, geomean over that best mode >= 1.1x, resnet18 fp32 >= 3x eager, cold first
 call <= 20% and warm first call <= 5% of torch.compile's.
@@ -350,6 +353,16 @@ def _chart(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def _measured(jsonl: str, gpu: str) -> set:
+    """(model, dtype, compiler) of the records in `jsonl` measured on `gpu` without an error."""
+    if not os.path.exists(jsonl):
+        return set()
+    with open(jsonl) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return {(r["model"], r["dtype"], r["compiler"]) for r in records
+            if r.get("gpu") == gpu and not r.get("error") and r.get("ms")}
+
+
 def main():
     out_dir = os.path.join(os.path.dirname(__file__), "out")
     p = argparse.ArgumentParser()
@@ -362,6 +375,11 @@ def main():
     p.add_argument("--png", default=os.path.join(out_dir, "gpu_models.png"))
     p.add_argument("--out", default=None, help="append the summary line here")
     p.add_argument("--report-only", action="store_true", help="tabulate --jsonl, measure nothing")
+    p.add_argument("--resume", action="store_true",
+                   help="skip what --jsonl already holds, measured on this GPU without an error")
+    p.add_argument("--stop-after", type=float, default=None, metavar="S",
+                   help="start no new measurement S seconds after the start (with --resume, "
+                        "a later invocation goes on from there: the suite in time-limited calls)")
     p.add_argument("--child", nargs=4, metavar=("MODEL", "DTYPE", "COMPILER", "PHASE"))
     a = p.parse_args()
     if a.child:
@@ -373,13 +391,19 @@ def main():
         if not torch.cuda.is_available():
             raise SystemExit("bench_gpu_models: no CUDA device")
         os.makedirs(os.path.dirname(a.jsonl) or ".", exist_ok=True)
-        for dtype in a.dtypes:
-            for model in a.models:
-                for compiler in a.compilers:
-                    record = measure(model, dtype, compiler, a.timeout)
-                    print(json.dumps(record), flush=True)
-                    with open(a.jsonl, "a") as f:
-                        f.write(json.dumps(record) + "\n")
+        done = _measured(a.jsonl, torch.cuda.get_device_name(0)) if a.resume else set()
+        start = time.monotonic()
+        todo = [(m, d, c) for d in a.dtypes for m in a.models for c in a.compilers
+                if (m, d, c) not in done]
+        for i, (model, dtype, compiler) in enumerate(todo):
+            if a.stop_after is not None and time.monotonic() - start > a.stop_after:
+                print(f"# --stop-after {a.stop_after:.0f} s: {len(todo) - i} not measured, "
+                      f"from {model} {dtype} {compiler}", flush=True)
+                break
+            record = measure(model, dtype, compiler, a.timeout)
+            print(json.dumps(record), flush=True)
+            with open(a.jsonl, "a") as f:
+                f.write(json.dumps(record) + "\n")
     records = []
     if os.path.exists(a.jsonl):
         with open(a.jsonl) as f:
