@@ -353,13 +353,16 @@ def _chart(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def _records(jsonl: str) -> list:
+    if not os.path.exists(jsonl):
+        return []
+    with open(jsonl) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def _measured(jsonl: str, gpu: str) -> set:
     """(model, dtype, compiler) of the records in `jsonl` measured on `gpu` without an error."""
-    if not os.path.exists(jsonl):
-        return set()
-    with open(jsonl) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return {(r["model"], r["dtype"], r["compiler"]) for r in records
+    return {(r["model"], r["dtype"], r["compiler"]) for r in _records(jsonl)
             if r.get("gpu") == gpu and not r.get("error") and r.get("ms")}
 
 
@@ -404,11 +407,7 @@ def main():
             print(json.dumps(record), flush=True)
             with open(a.jsonl, "a") as f:
                 f.write(json.dumps(record) + "\n")
-    records = []
-    if os.path.exists(a.jsonl):
-        with open(a.jsonl) as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    summary = report(records, a.csv, a.png)
+    summary = report(_records(a.jsonl), a.csv, a.png)
     emit(summary, a.out)
 
 

@@ -225,8 +225,13 @@ def test_a_forked_child_compiles_in_the_background_with_a_worker_of_its_own():
                 os.write(write, bytes([status]))
                 os._exit(0)
         os.close(write)
-        got = os.read(read, 1)
+        import select
+
+        ready, _, _ = select.select([read], [], [], 60)  # a hung child fails, not the suite
+        got = os.read(read, 1) if ready else b"timeout"
         os.close(read)
+        if not ready:
+            os.kill(pid, 9)
         os.waitpid(pid, 0)
         assert got == b"\x00", f"child status {got!r}"
     kiln.reset()

@@ -38,6 +38,11 @@ def key_of(settings) -> bytes:
     return settings.mac_key_file.read_bytes()
 
 
+def local(settings) -> LocalArtifacts:
+    """The tier as a process of the fleet opens it (with the fleet's MAC key)."""
+    return LocalArtifacts(settings, key_of(settings))
+
+
 def signed(settings, n, version="cpu-1", kind=CPU, size=100):
     """A signed Artifact under the key of `n`, as kilnd answers it, and its body."""
     key = hashlib.sha256(str(n).encode()).hexdigest()
@@ -54,15 +59,15 @@ def started(settings, cpu="cpu-1", cuda="cuda-1"):
     health = pb.service.HealthResponse(compiler_version=cpu, compiler_versions=[
         pb.service.CompilerVersion(device_kind=CPU, version=cpu),
         pb.service.CompilerVersion(device_kind=CUDA, version=cuda)])
-    LocalArtifacts(settings, key_of(settings)).record_started_kilnd(health)
+    local(settings).record_started_kilnd(health)
 
 
 def test_an_artifact_from_the_started_kilnd_is_served_to_a_later_process(tmp_path):
     s = settings_in(tmp_path)
     started(s)
     artifact, body = signed(s, 1)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)
-    later = LocalArtifacts(s, key_of(s))  # another process: nothing in memory
+    local(s).keep(artifact, body)
+    later = local(s)  # another process: nothing in memory
     got = later.kept(body.key, CPU)
     assert got is not None and got.kernel_binary == body.kernel_binary
     assert later.kept(hashlib.sha256(b"2").hexdigest(), CPU) is None  # never kept
@@ -71,41 +76,41 @@ def test_an_artifact_from_the_started_kilnd_is_served_to_a_later_process(tmp_pat
 def test_nothing_is_kept_or_served_without_a_record_of_the_kilnd_binary(tmp_path):
     s = settings_in(tmp_path)
     artifact, body = signed(s, 1)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)  # no client has started this binary
+    local(s).keep(artifact, body)  # no client has started this binary
     assert not (tmp_path / "artifacts" / body.key[:2] / body.key).exists()
     started(s)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)
+    local(s).keep(artifact, body)
     remote = settings_in(tmp_path, address="unix:///elsewhere.sock")  # KILN_DAEMON
-    assert LocalArtifacts(remote, key_of(remote)).kept(body.key, CPU) is None
-    assert LocalArtifacts(s, key_of(s)).kept(body.key, CPU) is not None
+    assert local(remote).kept(body.key, CPU) is None
+    assert local(s).kept(body.key, CPU) is not None
 
 
 def test_an_upgraded_kilnd_binary_is_not_served_the_old_compilers_artifacts(tmp_path):
     s = settings_in(tmp_path)
     started(s)
     artifact, body = signed(s, 1)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)
+    local(s).keep(artifact, body)
     binary = tmp_path / "kilnd"
     binary.write_bytes(b"a new kilnd binary, another compiler")
-    assert LocalArtifacts(s, key_of(s)).kept(body.key, CPU) is None
+    assert local(s).kept(body.key, CPU) is None
     # Started again, the new binary reports its compiler: the old artifact stays unused.
     started(s, cpu="cpu-2")
-    assert LocalArtifacts(s, key_of(s)).kept(body.key, CPU) is None
+    assert local(s).kept(body.key, CPU) is None
     newer, newer_body = signed(s, 2, version="cpu-2")
-    LocalArtifacts(s, key_of(s)).keep(newer, newer_body)
-    assert LocalArtifacts(s, key_of(s)).kept(newer_body.key, CPU) is not None
+    local(s).keep(newer, newer_body)
+    assert local(s).kept(newer_body.key, CPU) is not None
 
 
 def test_an_artifact_of_another_compiler_or_kind_is_neither_kept_nor_served(tmp_path):
     s = settings_in(tmp_path)
     started(s)
     old, old_body = signed(s, 1, version="cpu-0")
-    LocalArtifacts(s, key_of(s)).keep(old, old_body)
+    local(s).keep(old, old_body)
     assert not (tmp_path / "artifacts" / old_body.key[:2] / old_body.key).exists()
     gpu, gpu_body = signed(s, 2, version="cuda-1", kind=CUDA)
-    LocalArtifacts(s, key_of(s)).keep(gpu, gpu_body)
-    assert LocalArtifacts(s, key_of(s)).kept(gpu_body.key, CUDA) is not None
-    assert LocalArtifacts(s, key_of(s)).kept(gpu_body.key, CPU) is None  # the CPU compiler is cpu-1
+    local(s).keep(gpu, gpu_body)
+    assert local(s).kept(gpu_body.key, CUDA) is not None
+    assert local(s).kept(gpu_body.key, CPU) is None  # the CPU compiler is cpu-1
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "other-key", "other-name"])
@@ -113,7 +118,7 @@ def test_a_damaged_or_misfiled_artifact_is_a_miss(tmp_path, damage):
     s = settings_in(tmp_path)
     started(s)
     artifact, body = signed(s, 1)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)
+    local(s).keep(artifact, body)
     path = tmp_path / "artifacts" / body.key[:2] / body.key
     data = path.read_bytes()
     if damage == "flip":
@@ -125,7 +130,7 @@ def test_a_damaged_or_misfiled_artifact_is_a_miss(tmp_path, damage):
         path.write_bytes(signed(settings_in(tmp_path / "other"), 1)[0].SerializeToString())
     else:  # a valid artifact of another key, filed under this one
         path.write_bytes(signed(s, 2)[0].SerializeToString())
-    assert LocalArtifacts(s, key_of(s)).kept(body.key, CPU) is None
+    assert local(s).kept(body.key, CPU) is None
 
 
 def test_kept_artifacts_beyond_the_limit_go_least_recently_used_first(tmp_path):
@@ -134,7 +139,7 @@ def test_kept_artifacts_beyond_the_limit_go_least_recently_used_first(tmp_path):
     # Three fit; a fourth goes beyond the limit, and evicting one is enough (within 90% of it).
     s = settings_in(tmp_path, limit=int(3.6 * size))
     started(s)
-    tier = LocalArtifacts(s, key_of(s))
+    tier = local(s)
     bodies = []
     for n in range(3):
         artifact, body = signed(s, n, size=1000)
@@ -157,8 +162,8 @@ def test_a_limit_of_zero_keeps_nothing(tmp_path):
     s = settings_in(tmp_path, limit=0)
     started(s)
     artifact, body = signed(s, 1)
-    LocalArtifacts(s, key_of(s)).keep(artifact, body)
-    assert LocalArtifacts(s, key_of(s)).kept(body.key, CPU) is None
+    local(s).keep(artifact, body)
+    assert local(s).kept(body.key, CPU) is None
 
 
 def test_the_limit_is_read_from_the_environment(tmp_path, caplog):

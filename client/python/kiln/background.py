@@ -68,7 +68,6 @@ class BackgroundCompiler:
         self._pending: Dict[object, object] = {}  # code -> Future
         self._done: Dict[object, object] = {}     # code -> entry tuple or _C.SKIP
         self._executor: Optional[ThreadPoolExecutor] = None
-        self._worker_started = False  # its thread runs (start_worker)
 
     def miss(self, capture, func, code, slots):
         """The hook's answer for a miss of `code`: the entry the worker made for it when ready
@@ -111,12 +110,11 @@ class BackgroundCompiler:
         miss then only hands it the capture. Starting the thread inside the call that missed
         waits for the new thread to be scheduled and take the GIL (up to the interpreter's
         5 ms switch interval), which that call, an eager one, should not pay."""
+        if self._executor is not None:  # its thread runs, or a miss is starting it
+            return
         with self._lock:
-            if self._worker_started:
-                return
             executor = self._worker()
         executor.submit(lambda: None).result()
-        self._worker_started = True
 
     def _after_fork_in_child(self) -> None:
         """A forked child has no worker thread (its executor's thread was the parent's) and no
@@ -124,7 +122,6 @@ class BackgroundCompiler:
         parent had under way are the parent's: those codes miss here and are captured again."""
         self._lock = threading.Lock()
         self._executor = None
-        self._worker_started = False
         self._pending = {}
 
     def _work(self, capture, func, code, slots, modes):
