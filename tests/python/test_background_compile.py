@@ -235,3 +235,53 @@ def test_a_forked_child_compiles_in_the_background_with_a_worker_of_its_own():
         os.waitpid(pid, 0)
         assert got == b"\x00", f"child status {got!r}"
     kiln.reset()
+
+
+class BusyBackend(SlowBackend):
+    """A compile that holds the GIL: `busy` seconds of Python bytecode, no sleep."""
+
+    def __init__(self, busy):
+        super().__init__(delay=0)
+        self.busy = busy
+        self.busy_from = None  # when the busy loop began
+        self.switch_intervals = []
+
+    def __call__(self, gm, example_inputs):
+        import sys
+
+        self.switch_intervals.append(sys.getswitchinterval())
+        self.busy_from = time.perf_counter()
+        end = self.busy_from + self.busy
+        while time.perf_counter() < end:
+            pass
+        return super().__call__(gm, example_inputs)
+
+
+def test_a_request_waiting_without_the_gil_gets_it_back_while_the_worker_compiles(background):
+    # A serving thread that blocks without the GIL (a GPU sync, a copy to the host: a sleep
+    # here) must not wait the interpreter's 5 ms switch interval for the busy worker to let go.
+    import sys
+
+    from kiln.background import WORKER_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    m = Net().eval()
+    busy = BusyBackend(busy=1.5)
+    compiled = kiln.compile(m, backend=busy)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert_close(compiled(x), m(x))
+    waits = []
+    deadline = time.perf_counter() + 30
+    while len(waits) < 40 and time.perf_counter() < deadline:
+        t = time.perf_counter()
+        time.sleep(0.001)
+        if busy.busy_from is not None and busy.busy_from < t:  # slept while the worker was busy
+            waits.append(time.perf_counter() - t)
+    assert len(waits) == 40
+    assert kiln.wait_for_compiles(30)
+    assert busy.switch_intervals == [pytest.approx(WORKER_SWITCH_INTERVAL_S)]
+    assert sys.getswitchinterval() == before  # restored once the worker is idle
+    waits.sort()
+    # With the default interval each wake-up would wait about 5 ms for the worker.
+    assert waits[len(waits) // 2] < 0.0035, waits

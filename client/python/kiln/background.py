@@ -4,6 +4,13 @@ the code's stored capture or captures and compiles it, and runs the plan once; a
 that code finds the entry ready and switches to it. A serving process never stalls a request on
 a capture or a compile, and the call that missed does not share the CPU with that work.
 
+The worker's work is Python and holds the GIL; a serving thread that waits without it (for the
+GPU: torch.cuda.synchronize, a copy to the host) takes it back only when the interpreter asks the
+holder to let go, after its switch interval (5 ms by default). While the worker has work, the
+process's switch interval is lowered to WORKER_SWITCH_INTERVAL_S, so a request waits a fraction
+of a millisecond for the GIL instead; it is restored when the worker is idle again, unless
+someone else changed it meanwhile.
+
 The worker captures from the first call's argument slots, under that thread's grad, inference
 and autocast modes (torch keeps them per thread). The entry it makes is used only by a call
 whose guards it passes, like any other: what the eager call changed meanwhile can only make it
@@ -12,6 +19,7 @@ import contextlib
 import inspect
 import logging
 import os
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Optional
@@ -21,6 +29,10 @@ import torch
 from kiln import _C
 
 log = logging.getLogger("kiln")
+
+# The switch interval while the worker has work: how long a serving thread may wait for the GIL
+# the worker holds (each forced switch costs microseconds).
+WORKER_SWITCH_INTERVAL_S = 2e-4
 
 
 def _thread_modes():
@@ -124,9 +136,22 @@ class BackgroundCompiler:
         self._executor = None
         self._pending = {}
 
+    @contextlib.contextmanager
+    def _yielding_the_gil(self):
+        """The worker's work, under a short switch interval (the module's docstring says why);
+        the worker is one thread, so nothing else enters this meanwhile."""
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(min(before, WORKER_SWITCH_INTERVAL_S))
+        lowered = sys.getswitchinterval()  # as the interpreter keeps it (whole microseconds)
+        try:
+            yield
+        finally:
+            if sys.getswitchinterval() == lowered:  # else someone chose another one meanwhile
+                sys.setswitchinterval(before)
+
     def _work(self, capture, func, code, slots, modes):
         try:
-            with _in_modes(modes):
+            with self._yielding_the_gil(), _in_modes(modes):
                 result = capture(func, code, slots)
         except BaseException as e:  # noqa: a failure here must leave the code to run eagerly
             log.warning("kiln: background capture of %s failed, running it eagerly: %s: %s",
