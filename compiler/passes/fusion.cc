@@ -13,6 +13,7 @@
 
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
+#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
@@ -182,7 +183,8 @@ void MergeIndependentGroups(const Graph& graph, const std::unordered_set<uint32_
   };
   auto compatible = [&](int a, int b) {
     const FusedGroup &ga = program.groups[a], &gb = program.groups[b];
-    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank || is_bound(ga) != is_bound(gb)) {
+    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank || is_bound(ga) != is_bound(gb) ||
+        ga.convolution >= 0 || gb.convolution >= 0) {
       return false;
     }
     std::set<std::vector<int64_t>> layouts;
@@ -357,7 +359,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   };
   auto start = [&](std::vector<int64_t> sizes, int outer_rank) {
     close();
-    program.groups.push_back(FusedGroup{{}, std::move(sizes), {}, {}, {}, outer_rank});
+    program.groups.push_back(FusedGroup{{}, std::move(sizes), {}, {}, {}, outer_rank, -1});
     open = static_cast<int>(program.groups.size()) - 1;
   };
   // Whether node `n` may join the open group as a full node (`row` false) or a row node: the
@@ -410,6 +412,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
       // Rows are reduced by one thread each: few long rows stay with ATen's parallel reductions.
       if (outer >= 64 || total <= (1 << 16)) {
         const bool joins = open >= 0 && program.groups[open].sizes == sizes &&
+                           program.groups[open].convolution < 0 &&
                            (program.groups[open].outer_rank < 0 ||
                             program.groups[open].outer_rank == r->outer_rank) &&
                            reads_fit(n, false);
@@ -418,6 +421,12 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
         add(i, true);
         continue;
       }
+    }
+    if (MatchDepthwiseConvolution(n, meta, device)) {
+      start(Sizes(n.outputs(0).meta()), -1);
+      program.groups[open].convolution = i;
+      add(i, false);
+      continue;
     }
     for (uint32_t id : reads(n)) {
       if (open_defs.count(id)) {

@@ -27,7 +27,7 @@ struct KernelOperand {
 };
 
 // A kernel: pointwise nodes over one iteration space (one chain or several independent ones),
-// or (outer_rank >= 0) a row-wise group: reductions of the space's trailing dims, the pointwise
+// a depthwise convolution and its pointwise epilogue (convolution >= 0), or (outer_rank >= 0) a row-wise group: reductions of the space's trailing dims, the pointwise
 // nodes over the full space that feed or follow them, and pointwise nodes over the reduced rows
 // (keepdim shape: the space's leading outer_rank sizes, then ones).
 struct FusedGroup {
@@ -37,6 +37,10 @@ struct FusedGroup {
   std::vector<KernelOperand> inputs;  // one per input_ids entry, views folded
   std::vector<uint32_t> outputs;      // values materialized (read later or returned)
   int outer_rank = -1;                // row-wise groups: the dims kept by the reductions
+  // CUDA only: the index into Graph.nodes of a depthwise convolution (MatchDepthwiseConvolution)
+  // the kernel computes per element before its other nodes, its epilogue; the space is its
+  // output's sizes. Such a group never becomes row-wise and never merges with another.
+  int convolution = -1;
 };
 
 struct FusedStep {

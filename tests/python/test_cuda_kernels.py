@@ -25,14 +25,14 @@ def tolerance(dtype):
             torch.float16: (1e-3, 1e-3)}.get(dtype, (0, 0))
 
 
-def check(fn, *args, kernels=None):
+def check(fn, *args, kernels=None, tol=None):
     with torch.no_grad():
         expected = fn(*args)
         out = kiln.compile(fn, backend="kiln")(*args)
         torch.cuda.synchronize()
     # The loosest tolerance of the outputs' dtypes (a tuple of results is compared as a whole).
     first = expected if isinstance(expected, torch.Tensor) else expected[0]
-    rtol, atol = tolerance(first.dtype)
+    rtol, atol = tol or tolerance(first.dtype)
     torch.testing.assert_close(out, expected, rtol=rtol, atol=atol, equal_nan=True)
     art = kiln.debug.artifact(fn)
     assert art is not None, "the graph ran eagerly instead of through kilnd"
@@ -180,3 +180,46 @@ def test_attention_is_aten_attention_choosing_its_kernel_for_the_real_inputs(dty
     # GPT-2's form: causal, no mask.
     check(lambda a, b, c: torch.nn.functional.scaled_dot_product_attention(
         a, b, c, is_causal=True).relu(), q, k, v)
+
+
+DEPTHWISE = {  # (channels, height, width, kernel, stride, padding, dilation)
+    "3x3": (16, 14, 14, (3, 3), (1, 1), (1, 1), (1, 1)),
+    "5x5 stride 2": (24, 15, 13, (5, 5), (2, 2), (2, 2), (1, 1)),
+    "3x5 uneven": (8, 9, 11, (3, 5), (2, 1), (1, 2), (1, 1)),
+    "dilated, no padding": (12, 12, 12, (3, 3), (1, 1), (0, 0), (2, 2)),
+    "window over a 1x1 plane": (40, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels_last", [True, False], ids=["nhwc", "nchw"])
+@pytest.mark.parametrize("case", sorted(DEPTHWISE))
+def test_depthwise_convolution_and_its_epilogue(dtype, channels_last, case, monkeypatch):
+    # A generated kernel computes the window sum, adds the bias and applies hardswish; no
+    # convolution is left to cuDNN. Eager's fp32 convolution without TF32, for a like result.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    c, h, w, k, stride, padding, dilation = DEPTHWISE[case]
+    x = randn(3, c, h, w, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight, bias = randn(c, 1, *k, dtype=dtype), randn(c, dtype=dtype)
+
+    def fn(a, wt, b):
+        y = torch.nn.functional.conv2d(a, wt, b, stride, padding, dilation, groups=c)
+        return torch.nn.functional.hardswish(y)
+
+    # Sums of up to 25 products in another order than cuDNN's: float32 within 2e-5.
+    tol = (2e-5, 2e-5) if dtype == torch.float32 else None
+    art = check(fn, x, weight, bias, kernels=1, tol=tol)
+    ops = [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
+    assert "aten::convolution" not in ops
+
+
+def test_depthwise_convolution_of_a_strided_view_and_an_empty_batch():
+    # The input is a channel slice of a larger tensor (strides of the base); an empty batch
+    # launches a kernel that does nothing.
+    base = randn(2, 32, 10, 10)
+    weight = randn(16, 1, 3, 3)
+    fn = lambda a, wt: torch.nn.functional.conv2d(a[:, 8:24], wt, padding=1, groups=16).relu()
+    check(fn, base, weight)
+    check(fn, randn(0, 32, 10, 10), weight)

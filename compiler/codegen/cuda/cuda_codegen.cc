@@ -4,6 +4,7 @@
 #include "compiler/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,6 +14,7 @@
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
 #include "compiler/codegen/row_group.h"
+#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
 
@@ -227,10 +229,21 @@ class PointwiseKernel {
     std::vector<int64_t> sizes = g_.sizes.empty() ? std::vector<int64_t>{1} : g_.sizes;
     const int rank = static_cast<int>(sizes.size());
     const int pad = rank - static_cast<int>(g_.sizes.size());
+    std::unordered_set<uint32_t> read_per_element;  // inputs the kernel loads at its element
+    for (int ni : g_.nodes) {
+      if (ni == g_.convolution) continue;
+      for (uint32_t id : ValuesRead(graph_.nodes(ni))) read_per_element.insert(id);
+    }
+    if (g_.convolution >= 0) {
+      // FuseGraph made the group from this match over the same metadata: it matches again.
+      conv_ = MatchDepthwiseConvolution(graph_.nodes(g_.convolution), program_.meta,
+                                        kiln::v1::DEVICE_KIND_CUDA);
+    }
     std::vector<std::vector<int64_t>> strides;
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       const KernelOperand& in = g_.inputs[i];
       if (in.literal) continue;
+      if (conv_ && !read_per_element.count(g_.input_ids[i])) continue;  // read by the window
       std::vector<int64_t> s(pad, 0);
       s.insert(s.end(), in.strides.begin(), in.strides.end());
       accesses_.push_back({"in" + std::to_string(i), program_.meta.at(in.base)->dtype(), in.offset,
@@ -245,8 +258,12 @@ class PointwiseKernel {
       accesses_.push_back({"out" + std::to_string(i), m.dtype(), 0, -1});
       strides.push_back(s);
     }
-    space_ =
-        CollapseLoops(sizes, strides, g_.outputs.empty() ? -1 : static_cast<int>(first_output));
+    if (conv_) {
+      space_ = ConvolutionSpace(sizes, strides);
+    } else {
+      space_ =
+          CollapseLoops(sizes, strides, g_.outputs.empty() ? -1 : static_cast<int>(first_output));
+    }
     int64_t numel = 1;
     for (int64_t s : space_.sizes) numel *= s;
     int64_t largest = numel;
@@ -257,7 +274,16 @@ class PointwiseKernel {
       }
       largest = std::max(largest, last);
     }
-    const int vector = VectorWidth(numel);
+    if (conv_) {
+      for (uint32_t id : {conv_->input, conv_->weight}) {
+        const KernelOperand& in = g_.inputs[InputIndex(id)];
+        const kiln::v1::TensorMeta& m = *program_.meta.at(id);
+        int64_t last = in.offset;
+        for (int d = 0; d < m.sizes_size(); ++d) last += (m.sizes(d) - 1) * in.strides[d];
+        largest = std::max(largest, last);
+      }
+    }
+    const int vector = conv_ ? 0 : VectorWidth(numel);
     const int64_t threads = vector > 0 ? CeilDiv(numel, vector) : numel;
     const int64_t block =
         std::min(kPointwiseBlock, std::max<int64_t>(32, CeilDiv(threads, 32) * 32));
@@ -305,6 +331,80 @@ class PointwiseKernel {
     int64_t offset;
     int input;  // index into g_.inputs; -1 for outputs
   };
+
+  // The loop space of a convolution group: every dim of the output kept (the window needs
+  // each index), ordered by the convolution's output strides, largest outermost, so the
+  // threads of a warp walk its memory (the channels of a channels-last output).
+  LoopSpace ConvolutionSpace(const std::vector<int64_t>& sizes,
+                             const std::vector<std::vector<int64_t>>& strides) {
+    const kiln::v1::TensorMeta& y = graph_.nodes(g_.convolution).outputs(0).meta();
+    std::vector<int> order(sizes.size());
+    for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int>(d);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      auto key = [&](int d) { return y.sizes(d) == 1 ? 0 : y.strides(d); };
+      return key(a) > key(b);
+    });
+    LoopSpace space;
+    conv_dim_.assign(sizes.size(), 0);
+    for (size_t p = 0; p < order.size(); ++p) {
+      space.sizes.push_back(sizes[order[p]]);
+      conv_dim_[order[p]] = static_cast<int>(p);
+    }
+    for (const auto& s : strides) {
+      std::vector<int64_t> permuted;
+      for (int d : order) permuted.push_back(s[d]);
+      space.strides.push_back(std::move(permuted));
+    }
+    return space;
+  }
+
+  // The index into g_.inputs of `id`, a value the group reads from outside (the convolution's
+  // input and weight are: FuseGraph lists every value its nodes read).
+  int InputIndex(uint32_t id) const {
+    return static_cast<int>(std::find(g_.input_ids.begin(), g_.input_ids.end(), id) -
+                            g_.input_ids.begin());
+  }
+
+  // The depthwise convolution at the element i0, i1, ... (scalar path only): the sum over the
+  // window of the channel's input plane times its filter, in float, rounded to the output's
+  // dtype as eager's convolution stores it.
+  void EmitConvolution(std::ostringstream& o, const std::string& indent, const std::string& name,
+                       DType dtype) const {
+    const WindowConvolution& c = *conv_;
+    const KernelOperand& x = g_.inputs[InputIndex(c.input)];
+    const KernelOperand& w = g_.inputs[InputIndex(c.weight)];
+    const kiln::v1::TensorMeta& xm = *program_.meta.at(c.input);
+    auto index = [&](int d) { return "i" + std::to_string(conv_dim_[d]); };
+    auto term = [](const std::string& i, int64_t stride) {
+      return stride == 0 ? std::string() : " + " + i + " * " + std::to_string(stride);
+    };
+    auto read = [&](const KernelOperand& in, uint32_t id, const std::string& at) {
+      if (in.literal) return "lit" + std::to_string(InputIndex(id));
+      return Load(xm.dtype(), "in" + std::to_string(InputIndex(id)) + "[" + at + "]");
+    };
+    const std::string acc = "acc_" + name;
+    o << indent << "float " << acc << " = 0.f;\n";
+    o << indent << "#pragma unroll\n";
+    o << indent << "for (int kh = 0; kh < " << c.kernel[0] << "; ++kh) {\n";
+    o << indent << "  const " << type_ << " ih = " << index(2) << " * " << c.stride[0] << " - "
+      << c.padding[0] << " + kh * " << c.dilation[0] << ";\n";
+    o << indent << "  if (ih < 0 || ih >= " << xm.sizes(2) << ") continue;\n";
+    o << indent << "  #pragma unroll\n";
+    o << indent << "  for (int kw = 0; kw < " << c.kernel[1] << "; ++kw) {\n";
+    o << indent << "    const " << type_ << " iw = " << index(3) << " * " << c.stride[1] << " - "
+      << c.padding[1] << " + kw * " << c.dilation[1] << ";\n";
+    o << indent << "    if (iw < 0 || iw >= " << xm.sizes(3) << ") continue;\n";
+    const std::string at_x = std::to_string(x.offset) + term(index(0), x.strides[0]) +
+                             term(index(1), x.strides[1]) + term("ih", x.strides[2]) +
+                             term("iw", x.strides[3]);
+    const std::string at_w = std::to_string(w.offset) + term(index(1), w.strides[0]) +
+                             term("kh", w.strides[2]) + term("kw", w.strides[3]);
+    o << indent << "    " << acc << " += (float)" << read(x, c.input, at_x) << " * (float)"
+      << read(w, c.weight, at_w) << ";\n";
+    o << indent << "  }\n" << indent << "}\n";
+    o << indent << "const " << ComputeType(dtype) << " " << name << " = " << Rounded(dtype, acc)
+      << ";\n";
+  }
 
   // True when access `a` moves whole vectors on the vector path (stride 1 along the innermost
   // dim), false when it reads one element for all lanes of a vector (stride 0 there).
@@ -367,8 +467,12 @@ class PointwiseKernel {
     for (int ni : g_.nodes) {
       const auto& out = graph_.nodes(ni).outputs(0);
       const std::string name = "v" + std::to_string(out.id());
-      o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-        << NodeExpression(graph_.nodes(ni), var, Rounded) << ";\n";
+      if (ni == g_.convolution) {
+        EmitConvolution(o, indent, name, out.meta().dtype());
+      } else {
+        o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
+          << NodeExpression(graph_.nodes(ni), var, Rounded) << ";\n";
+      }
       var[out.id()] = name;
     }
     for (size_t i = 0; i < g_.outputs.size(); ++i) {
@@ -411,8 +515,10 @@ class PointwiseKernel {
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
-  std::vector<Access> accesses_;  // non-literal inputs, then outputs
+  std::vector<Access> accesses_;  // non-literal inputs loaded per element, then outputs
   LoopSpace space_;
+  std::optional<WindowConvolution> conv_;  // a convolution group's
+  std::vector<int> conv_dim_;              // its output dim -> loop space dim
   std::string type_;  // the index type
 };
 

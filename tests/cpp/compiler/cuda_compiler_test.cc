@@ -361,13 +361,120 @@ TEST_F(CudaKernelTest, ChannelsLastSpatialMeanTakesColumnBlocksOverAdjacentRows)
   }
 }
 
+// A depthwise convolution (groups == channels, [C, 1, KH, KW] weight), its bias moved into an
+// epilogue add, then hardswish: a bound weight and bias, an input of `strides` (channels-last or
+// row-major).
+GraphBuilder DepthwiseConvolution(kiln::v1::DType dtype, std::vector<int64_t> x_strides,
+                                  std::vector<int64_t> y_strides, int64_t groups = 16,
+                                  int64_t weight_channels = 1) {
+  GraphBuilder b;
+  uint32_t w = b.Input({16, weight_channels, 3, 5}, dtype);
+  uint32_t bias = b.Input({16}, dtype);
+  b.Bound(2);
+  uint32_t x = b.Input({2, 16, 9, 11}, dtype, x_strides);
+  // stride (2, 1), padding (1, 2), dilation (1, 1): [2, 16, 5, 11]
+  uint32_t conv = b.Op("aten::convolution",
+                       {V(x), V(w), V(bias), Ints({2, 1}), Ints({1, 2}), Ints({1, 1}), B(false),
+                        Ints({0, 0}), I(groups)},
+                       {2, 16, 5, 11}, dtype, y_strides);
+  b.Output(b.Op("aten::hardswish", {V(conv)}, {2, 16, 5, 11}, dtype, y_strides));
+  return b;
+}
+
+TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
+  // One thread per output element in the output's memory order (channels innermost when
+  // channels-last), a window loop of 3 x 5 taps skipping the padding; the convolution's input
+  // and weight are read by the window, the bias by the epilogue: three pointers and the output.
+  const std::vector<int64_t> nhwc_x{1584, 1, 176, 16}, nhwc_y{880, 1, 176, 16};
+  for (kiln::v1::DType dtype : {kF32, kBF16, kF16}) {
+    for (bool channels_last : {true, false}) {
+      auto body = Build(CudaRequest(DepthwiseConvolution(
+                            dtype, channels_last ? nhwc_x : std::vector<int64_t>{},
+                            channels_last ? nhwc_y : std::vector<int64_t>{})),
+                        nullptr);
+      KILN_SKIP_IF_NO_NVRTC();
+      const kiln::v1::ExecutionPlan& plan = body.plan();
+      ASSERT_EQ(plan.steps_size(), 1) << plan.DebugString() << body.kernel_source();
+      ASSERT_TRUE(plan.steps(0).has_kernel());
+      const kiln::v1::KernelLaunch& k = plan.steps(0).kernel();
+      EXPECT_EQ(k.args_size(), 4);
+      EXPECT_GE(Threads(k), 2 * 16 * 5 * 11);
+      const std::string& src = body.kernel_source();
+      EXPECT_NE(src.find("for (int kh = 0; kh < 3; ++kh)"), std::string::npos) << src;
+      EXPECT_NE(src.find("for (int kw = 0; kw < 5; ++kw)"), std::string::npos) << src;
+      EXPECT_NE(src.find("ih = i" + std::string(channels_last ? "1" : "2") + " * 2 - 1"),
+                std::string::npos)
+          << src;
+      EXPECT_NE(src.find("if (iw < 0 || iw >= 11) continue;"), std::string::npos) << src;
+      EXPECT_EQ(src.find("kiln_aligned"), std::string::npos) << "a convolution has no vector path";
+    }
+  }
+}
+
+TEST(CudaCompilerTest, ConvolutionsThatMixChannelsStayWithCudnn) {
+  // groups == 1 (a full convolution) and a channel multiplier (16 groups of 32 outputs over 16
+  // inputs would need [16, 1] filters per output: here 8 groups of 2 input channels) are
+  // library calls; so is every convolution on a CPU target.
+  GraphBuilder full;
+  uint32_t w = full.Input({16, 16, 3, 3});
+  uint32_t x = full.Input({2, 16, 8, 8});
+  full.Output(full.Op("aten::convolution",
+                      {V(x), V(w), None(), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
+                       Ints({0, 0}), I(1)},
+                      {2, 16, 8, 8}));
+  const GraphBuilder grouped =
+      DepthwiseConvolution(kF32, {}, {}, /*groups=*/8, /*weight_channels=*/2);
+  const GraphBuilder* cases[] = {&full, &grouped};
+  for (const GraphBuilder* b : cases) {
+    auto generated = GenerateCuda(CudaRequest(*b));
+    ASSERT_TRUE(generated.ok()) << generated.status();
+    const kiln::v1::ExecutionPlan& plan = generated->body.plan();
+    ASSERT_GE(plan.steps_size(), 1);
+    ASSERT_TRUE(plan.steps(0).has_library()) << plan.DebugString();
+    EXPECT_EQ(plan.steps(0).library().op(), "aten::convolution");
+  }
+  GraphBuilder dw = DepthwiseConvolution(kF32, {}, {});
+  FusedProgram cpu = FuseGraph(dw.Request().graph(), nullptr, kiln::v1::DEVICE_KIND_CPU);
+  for (const FusedGroup& g : cpu.groups) EXPECT_LT(g.convolution, 0);
+}
+
+TEST(CudaCompilerTest, ADepthwiseConvolutionGroupNeverTakesAReductionOrAnotherKernel) {
+  // relu(conv(x)) beside relu(x2) over the same space, then a mean over H and W of the first:
+  // the convolution's group keeps its epilogue only; the mean is a row-wise kernel of its own.
+  GraphBuilder b;
+  uint32_t w = b.Input({16, 1, 3, 3});
+  b.Bound(1);
+  uint32_t x = b.Input({2, 16, 8, 8});
+  uint32_t x2 = b.Input({2, 16, 8, 8});
+  uint32_t other = b.Op("aten::relu", {V(x2)}, {2, 16, 8, 8});
+  uint32_t conv = b.Op("aten::convolution",
+                       {V(x), V(w), None(), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
+                        Ints({0, 0}), I(16)},
+                       {2, 16, 8, 8});
+  uint32_t r = b.Op("aten::relu", {V(conv)}, {2, 16, 8, 8});
+  uint32_t m = b.Op("aten::mean.dim", {V(r), Ints({2, 3}), B(true)}, {2, 16, 1, 1});
+  b.Output(other);
+  b.Output(m);
+  kiln::v1::CompileRequest request = CudaRequest(b);
+  FusedProgram program = FuseGraph(request.graph(), nullptr, kiln::v1::DEVICE_KIND_CUDA);
+  int conv_groups = 0;
+  for (const FusedGroup& g : program.groups) {
+    if (g.convolution < 0) continue;
+    ++conv_groups;
+    EXPECT_EQ(g.outer_rank, -1);
+    EXPECT_EQ(g.nodes.size(), 2u);  // the convolution and its relu
+  }
+  EXPECT_EQ(conv_groups, 1);
+  EXPECT_EQ(program.groups.size(), 3u);
+}
+
 TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   absl::StatusOr<std::unique_ptr<Nvrtc>> none = Nvrtc::Load({"/nonexistent/libnvrtc.so.13"});
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-4|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-5|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -440,7 +547,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-4|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-5|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -458,7 +565,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-4|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-5|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
