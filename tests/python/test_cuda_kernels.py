@@ -208,8 +208,11 @@ def test_depthwise_convolution_and_its_epilogue(dtype, channels_last, case, monk
         y = torch.nn.functional.conv2d(a, wt, b, stride, padding, dilation, groups=c)
         return torch.nn.functional.hardswish(y)
 
-    # Sums of up to 25 products in another order than cuDNN's: float32 within 2e-5.
-    tol = (2e-5, 2e-5) if dtype == torch.float32 else None
+    # Sums of up to 25 products in another order than cuDNN's: float32 within 2e-5; a 16-bit
+    # sum may round to the neighbouring value, which the bias add and hardswish (slope up to
+    # 1.5) carry on: three units in the last place.
+    tol = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2.4e-2, 2.4e-2),
+           torch.float16: (3e-3, 3e-3)}[dtype]
     art = check(fn, x, weight, bias, kernels=1, tol=tol)
     ops = [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
     assert "aten::convolution" not in ops

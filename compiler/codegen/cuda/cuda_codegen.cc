@@ -283,7 +283,7 @@ class PointwiseKernel {
         largest = std::max(largest, last);
       }
     }
-    const int vector = conv_ ? 0 : VectorWidth(numel);
+    const int vector = VectorWidth(numel);
     const int64_t threads = vector > 0 ? CeilDiv(numel, vector) : numel;
     const int64_t block =
         std::min(kPointwiseBlock, std::max<int64_t>(32, CeilDiv(threads, 32) * 32));
@@ -304,6 +304,7 @@ class PointwiseKernel {
         if (!IsVectorized(a)) continue;
         aligned += std::string(aligned.empty() ? "" : " | ") + "(uint64_t)" + accesses_[a].ptr;
       }
+      if (conv_) aligned += " | (uint64_t)in" + std::to_string(InputIndex(conv_->input));
       const int64_t vectors = numel / vector;
       body << "  // Every pointer 16-byte aligned (the same answer in every thread): vectors of "
            << vector << ", then the remaining elements one by one.\n";
@@ -319,7 +320,10 @@ class PointwiseKernel {
     body << "  for (" << type_ << " p = " << tail_start << "; p < " << numel << "; p += " << stride
          << ") {\n";
     body << Decompose(space_.sizes, "p", "i", type_, "    ");
-    EmitElement(body, "    ", [&](size_t a) { return accesses_[a].ptr + "[" + Index(a) + "]"; });
+    if (conv_) EmitConvolution(body, "    ", "i", 1);
+    EmitElement(
+        body, "    ", [&](size_t a) { return accesses_[a].ptr + "[" + Index(a) + "]"; },
+        "kiln_conv[0]");
     body << "  }\n";
     return Signature(index_, block, params.str()) + " {\n" + body.str() + "}\n";
   }
@@ -365,25 +369,34 @@ class PointwiseKernel {
                             g_.input_ids.begin());
   }
 
-  // The depthwise convolution at the element i0, i1, ... (scalar path only): the sum over the
-  // window of the channel's input plane times its filter, in float, rounded to the output's
-  // dtype as eager's convolution stores it.
-  void EmitConvolution(std::ostringstream& o, const std::string& indent, const std::string& name,
-                       DType dtype) const {
+  // The depthwise convolution's sums over its window for `width` consecutive elements along
+  // the loop space's innermost dim from the indices <at>0, <at>1, ...: float kiln_conv[width].
+  // Wider than 1 only on the vector path, where that dim is the channel (a channels-last
+  // output and input): each tap then loads one vector of the input's channels.
+  void EmitConvolution(std::ostringstream& o, const std::string& indent, const std::string& at,
+                       int width) const {
     const WindowConvolution& c = *conv_;
     const KernelOperand& x = g_.inputs[InputIndex(c.input)];
     const KernelOperand& w = g_.inputs[InputIndex(c.weight)];
     const kiln::v1::TensorMeta& xm = *program_.meta.at(c.input);
-    auto index = [&](int d) { return "i" + std::to_string(conv_dim_[d]); };
+    const std::string xin = "in" + std::to_string(InputIndex(c.input));
+    auto index = [&](int d) { return at + std::to_string(conv_dim_[d]); };
     auto term = [](const std::string& i, int64_t stride) {
       return stride == 0 ? std::string() : " + " + i + " * " + std::to_string(stride);
     };
-    auto read = [&](const KernelOperand& in, uint32_t id, const std::string& at) {
-      if (in.literal) return "lit" + std::to_string(InputIndex(id));
-      return Load(xm.dtype(), "in" + std::to_string(InputIndex(id)) + "[" + at + "]");
-    };
-    const std::string acc = "acc_" + name;
-    o << indent << "float " << acc << " = 0.f;\n";
+    const std::string channel = width > 1 ? "(" + index(1) + " + j)" : index(1);
+    const std::string weight =
+        w.literal ? "lit" + std::to_string(InputIndex(c.weight))
+                  : Load(xm.dtype(), "in" + std::to_string(InputIndex(c.weight)) + "[" +
+                                         std::to_string(w.offset) + term(channel, w.strides[0]) +
+                                         term("kh", w.strides[2]) + term("kw", w.strides[3]) + "]");
+    const std::string at_x = std::to_string(x.offset) + term(index(0), x.strides[0]) +
+                             term(index(1), x.strides[1]) + term("ih", x.strides[2]) +
+                             term("iw", x.strides[3]);
+    const std::string lanes = std::to_string(width);
+    o << indent << "float kiln_conv[" << lanes << "];\n";
+    o << indent << "#pragma unroll\n";
+    o << indent << "for (int j = 0; j < " << lanes << "; ++j) kiln_conv[j] = 0.f;\n";
     o << indent << "#pragma unroll\n";
     o << indent << "for (int kh = 0; kh < " << c.kernel[0] << "; ++kh) {\n";
     o << indent << "  const " << type_ << " ih = " << index(2) << " * " << c.stride[0] << " - "
@@ -394,16 +407,18 @@ class PointwiseKernel {
     o << indent << "    const " << type_ << " iw = " << index(3) << " * " << c.stride[1] << " - "
       << c.padding[1] << " + kw * " << c.dilation[1] << ";\n";
     o << indent << "    if (iw < 0 || iw >= " << xm.sizes(3) << ") continue;\n";
-    const std::string at_x = std::to_string(x.offset) + term(index(0), x.strides[0]) +
-                             term(index(1), x.strides[1]) + term("ih", x.strides[2]) +
-                             term("iw", x.strides[3]);
-    const std::string at_w = std::to_string(w.offset) + term(index(1), w.strides[0]) +
-                             term("kh", w.strides[2]) + term("kw", w.strides[3]);
-    o << indent << "    " << acc << " += (float)" << read(x, c.input, at_x) << " * (float)"
-      << read(w, c.weight, at_w) << ";\n";
+    if (width > 1) {
+      const std::string vec = "kiln_vec<" + Storage(xm.dtype()) + ", " + lanes + ">";
+      o << indent << "    const " << vec << " xv = *reinterpret_cast<const " << vec << "*>(" << xin
+        << " + " << at_x << ");\n";
+      o << indent << "    #pragma unroll\n";
+      o << indent << "    for (int j = 0; j < " << lanes << "; ++j) kiln_conv[j] += (float)"
+        << Load(xm.dtype(), "xv.v[j]") << " * (float)" << weight << ";\n";
+    } else {
+      o << indent << "    kiln_conv[0] += (float)" << Load(xm.dtype(), xin + "[" + at_x + "]")
+        << " * (float)" << weight << ";\n";
+    }
     o << indent << "  }\n" << indent << "}\n";
-    o << indent << "const " << ComputeType(dtype) << " " << name << " = " << Rounded(dtype, acc)
-      << ";\n";
   }
 
   // True when access `a` moves whole vectors on the vector path (stride 1 along the innermost
@@ -416,9 +431,16 @@ class PointwiseKernel {
   // whole vectors, so that a vector never spans two rows; and each stride-1 access starts every
   // vector at a multiple of it (its offset and outer strides multiples of the width). Outputs
   // are written whole.
+  // A convolution group vectorizes over the channels of a channels-last output and input: its
+  // input is one more stride-1 access, read at every tap.
   int VectorWidth(int64_t numel) const {
     const size_t last = space_.sizes.size() - 1;
     int64_t widest = 0;
+    const KernelOperand* x = conv_ ? &g_.inputs[InputIndex(conv_->input)] : nullptr;
+    if (x != nullptr) {
+      if (conv_dim_[1] != static_cast<int>(last) || x->strides[1] != 1) return 0;
+      widest = ElementSize(program_.meta.at(conv_->input)->dtype());
+    }
     for (size_t a = 0; a < accesses_.size(); ++a) {
       const int64_t s = space_.strides[a][last];
       if (s != 0 && s != 1) return 0;
@@ -433,6 +455,12 @@ class PointwiseKernel {
       if (accesses_[a].offset % width != 0) return 0;
       for (size_t d = 0; d < last; ++d) {
         if (space_.strides[a][d] % width != 0) return 0;
+      }
+    }
+    if (x != nullptr) {
+      if (x->offset % width != 0) return 0;
+      for (int d : {0, 2, 3}) {
+        if (x->strides[d] % width != 0) return 0;
       }
     }
     return static_cast<int>(width);
@@ -451,8 +479,10 @@ class PointwiseKernel {
 
   // Loads of the inputs, the nodes, the stores of the outputs; `ref(access)` is the element an
   // access reads or writes.
+  // `conv` is the element's window sum of a convolution group (EmitConvolution's).
   template <typename Ref>
-  void EmitElement(std::ostringstream& o, const std::string& indent, Ref ref) const {
+  void EmitElement(std::ostringstream& o, const std::string& indent, Ref ref,
+                   const std::string& conv) const {
     std::unordered_map<uint32_t, std::string> var;
     for (size_t i = 0; i < g_.inputs.size(); ++i) {
       if (g_.inputs[i].literal) var[g_.input_ids[i]] = "lit" + std::to_string(i);
@@ -468,7 +498,9 @@ class PointwiseKernel {
       const auto& out = graph_.nodes(ni).outputs(0);
       const std::string name = "v" + std::to_string(out.id());
       if (ni == g_.convolution) {
-        EmitConvolution(o, indent, name, out.meta().dtype());
+        // Rounded to the output's dtype as eager's convolution stores it.
+        o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
+          << Rounded(out.meta().dtype(), conv) << ";\n";
       } else {
         o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
           << NodeExpression(graph_.nodes(ni), var, Rounded) << ";\n";
@@ -486,6 +518,7 @@ class PointwiseKernel {
   void EmitVector(std::ostringstream& o, const std::string& indent, int width) const {
     const std::string w = std::to_string(width);
     o << Decompose(space_.sizes, "(q * " + w + ")", "k", type_, indent);
+    if (conv_) EmitConvolution(o, indent, "k", width);
     for (size_t a = 0; a < accesses_.size(); ++a) {
       if (!IsVectorized(a)) continue;
       const std::string vec = "kiln_vec<" + Storage(accesses_[a].dtype) + ", " + w + ">";
@@ -498,10 +531,13 @@ class PointwiseKernel {
       }
     }
     o << indent << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
-    EmitElement(o, indent + "  ", [&](size_t a) {
-      if (IsVectorized(a)) return "x" + std::to_string(a) + ".v[j]";
-      return accesses_[a].ptr + "[" + Index(a, "k") + "]";
-    });
+    EmitElement(
+        o, indent + "  ",
+        [&](size_t a) {
+          if (IsVectorized(a)) return "x" + std::to_string(a) + ".v[j]";
+          return accesses_[a].ptr + "[" + Index(a, "k") + "]";
+        },
+        "kiln_conv[j]");
     o << indent << "}\n";
     for (size_t a = 0; a < accesses_.size(); ++a) {
       if (accesses_[a].input >= 0 || !IsVectorized(a)) continue;

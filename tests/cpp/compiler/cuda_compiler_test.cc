@@ -382,9 +382,11 @@ GraphBuilder DepthwiseConvolution(kiln::v1::DType dtype, std::vector<int64_t> x_
 }
 
 TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
-  // One thread per output element in the output's memory order (channels innermost when
-  // channels-last), a window loop of 3 x 5 taps skipping the padding; the convolution's input
-  // and weight are read by the window, the bias by the epilogue: three pointers and the output.
+  // A window loop of 3 x 5 taps skipping the padding, in the output's memory order. Channels-last:
+  // the channels are the innermost dim and each thread takes 16 bytes of them (4 float32, 8
+  // 16-bit), one vector load of the input per tap; row-major: one element per thread. The
+  // convolution's input and weight are read by the window, the bias by the epilogue: three
+  // pointers and the output.
   const std::vector<int64_t> nhwc_x{1584, 1, 176, 16}, nhwc_y{880, 1, 176, 16};
   for (kiln::v1::DType dtype : {kF32, kBF16, kF16}) {
     for (bool channels_last : {true, false}) {
@@ -398,7 +400,8 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
       ASSERT_TRUE(plan.steps(0).has_kernel());
       const kiln::v1::KernelLaunch& k = plan.steps(0).kernel();
       EXPECT_EQ(k.args_size(), 4);
-      EXPECT_GE(Threads(k), 2 * 16 * 5 * 11);
+      const int64_t width = channels_last ? (dtype == kF32 ? 4 : 8) : 1;
+      EXPECT_GE(Threads(k), 2 * 16 * 5 * 11 / width);
       const std::string& src = body.kernel_source();
       EXPECT_NE(src.find("for (int kh = 0; kh < 3; ++kh)"), std::string::npos) << src;
       EXPECT_NE(src.find("for (int kw = 0; kw < 5; ++kw)"), std::string::npos) << src;
@@ -406,7 +409,11 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
                 std::string::npos)
           << src;
       EXPECT_NE(src.find("if (iw < 0 || iw >= 11) continue;"), std::string::npos) << src;
-      EXPECT_EQ(src.find("kiln_aligned"), std::string::npos) << "a convolution has no vector path";
+      const std::string vector_load = "const kiln_vec<" +
+                                      std::string(dtype == kF32 ? "float" : "uint16_t") + ", " +
+                                      std::to_string(width) + "> xv = ";
+      EXPECT_EQ(src.find(vector_load) != std::string::npos, channels_last) << src;
+      EXPECT_EQ(src.find("kiln_aligned") != std::string::npos, channels_last) << src;
     }
   }
 }
