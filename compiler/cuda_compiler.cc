@@ -47,11 +47,14 @@ absl::StatusOr<GeneratedCuda> GenerateCuda(const kiln::v1::CompileRequest& reque
     return arch.status();
   }
   // ATen's CUDA convolutions add their bias in a pass of their own: a pointwise node fuses it
-  // into the kernel that reads the result.
-  const DevicePasses bias_epilogues = [](kiln::v1::Graph graph, PassLog& passes) {
-    return passes.After("convolution bias as epilogue", ConvolutionBiasAsEpilogue(graph));
+  // into the kernel that reads the result. Generated depthwise convolutions read their weights
+  // with the channels innermost.
+  const DevicePasses convolutions = [](kiln::v1::Graph graph, PassLog& passes) {
+    graph = passes.After("convolution bias as epilogue", ConvolutionBiasAsEpilogue(graph));
+    return passes.After("depthwise weights channels innermost",
+                        DepthwiseWeightsChannelsInnermost(graph));
   };
-  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA, bias_epilogues);
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA, convolutions);
   GeneratedCuda generated;
   generated.body = std::move(planned.body);
   if (!planned.has_kernels) return generated;

@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
 #include "compiler/passes/bound_prologue.h"
@@ -281,6 +282,40 @@ Graph ConvolutionBiasAsEpilogue(const Graph& graph, PassStats* stats) {
     nodes.push_back(std::move(add));
     replace[i] = std::move(nodes);
     if (stats) ++stats->convolution_bias_epilogues;
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
+Graph DepthwiseWeightsChannelsInnermost(const Graph& graph) {
+  ValueIndex index = IndexValues(graph);
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  const auto& meta = index.meta;
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& conv = graph.nodes(i);
+    std::optional<WindowConvolution> c =
+        MatchDepthwiseConvolution(conv, meta, kiln::v1::DEVICE_KIND_CUDA);
+    if (!c || !bound.count(c->weight)) continue;
+    const TensorMeta& wm = *meta.at(c->weight);
+    const int64_t channels = wm.sizes(0), kh = wm.sizes(2), kw = wm.sizes(3);
+    if (channels < 2 || kh * kw < 2 || wm.strides(0) == 1) continue;
+    // [C, 1, KH, KW] -> [KH, KW, C, 1] (a view), copied row-major, viewed back.
+    const std::vector<int64_t> dims{2, 3, 0, 1};
+    const std::vector<int64_t> t_sizes{kh, kw, channels, 1};
+    const std::vector<int64_t> t_strides{wm.strides(2), wm.strides(3), wm.strides(0),
+                                         wm.strides(1)};
+    const std::vector<int64_t> w_sizes{channels, 1, kh, kw};
+    const std::vector<int64_t> w_strides{1, 1, kw * channels, channels};
+    std::vector<Node> nodes;
+    const uint32_t t =
+        EmitNode(nodes, index, "aten::permute", {c->weight}, t_sizes, &dims, wm, &t_strides);
+    const uint32_t copy = EmitNode(nodes, index, "aten::clone", {t}, t_sizes, nullptr, wm);
+    const uint32_t w =
+        EmitNode(nodes, index, "aten::permute", {copy}, w_sizes, &dims, wm, &w_strides);
+    Node rewritten = conv;
+    rewritten.mutable_args(1)->set_value(w);
+    nodes.push_back(std::move(rewritten));
+    replace[i] = std::move(nodes);
   }
   return ReplaceNodes(graph, std::move(replace));
 }

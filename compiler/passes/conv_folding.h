@@ -24,4 +24,11 @@ kiln::v1::Graph FoldConvolutionAffine(const kiln::v1::Graph& graph, PassStats* s
 // folded. The same additions in the same dtype: results do not change.
 kiln::v1::Graph ConvolutionBiasAsEpilogue(const kiln::v1::Graph& graph, PassStats* stats = nullptr);
 
+// Gives each depthwise convolution the CUDA generator computes (MatchDepthwiseConvolution) whose
+// weight is a bound value (a parameter, or computed from parameters) a copy of that weight with
+// the channels innermost ([KH, KW, C] in memory, viewed back as [C, 1, KH, KW]): the threads of
+// a warp, one channel each, then read one tap's weights from consecutive addresses instead of
+// KH * KW elements apart. The copy is bound too: the plan's prologue makes it once.
+kiln::v1::Graph DepthwiseWeightsChannelsInnermost(const kiln::v1::Graph& graph);
+
 }  // namespace kiln::compiler

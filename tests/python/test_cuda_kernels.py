@@ -226,3 +226,33 @@ def test_depthwise_convolution_of_a_strided_view_and_an_empty_batch():
     fn = lambda a, wt: torch.nn.functional.conv2d(a[:, 8:24], wt, padding=1, groups=16).relu()
     check(fn, base, weight)
     check(fn, randn(0, 32, 10, 10), weight)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_depthwise_block_of_a_module_reads_its_weight_copied_channels_innermost(dtype, monkeypatch):
+    # A MobileNet block: its parameters are bound, so the depthwise weight (batch norm folded
+    # into it) is copied channels innermost by the plan's prologue and read per tap as vectors
+    # by the channels-last kernel; three convolutions make the graph channels-last.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    torch.manual_seed(0)
+    nn = torch.nn
+    block = nn.Sequential(
+        nn.Conv2d(16, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Conv2d(64, 64, 5, stride=2, padding=2, groups=64, bias=False), nn.BatchNorm2d(64),
+        nn.Hardswish(), nn.Conv2d(64, 24, 1)).cuda().eval().to(dtype)
+    for m in block:
+        if isinstance(m, nn.BatchNorm2d):  # statistics of a trained network, not the identity
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+    x = randn(4, 16, 20, 20, dtype=dtype)
+    tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 5e-2),
+           torch.float16: (5e-3, 5e-3)}[dtype]
+    art = check(block, x, tol=tol)
+    ops = [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
+    assert ops.count("aten::convolution") == 2, ops  # the two 1x1 ones stay with cuDNN
+    before = block[3].weight.detach().clone()
+    with torch.no_grad():  # a changed parameter: the prologue copies the weight again
+        block[3].weight.mul_(-1)
+    check(block, x, tol=tol)
+    assert not torch.equal(before, block[3].weight)

@@ -305,6 +305,9 @@ class PointwiseKernel {
         aligned += std::string(aligned.empty() ? "" : " | ") + "(uint64_t)" + accesses_[a].ptr;
       }
       if (conv_) aligned += " | (uint64_t)in" + std::to_string(InputIndex(conv_->input));
+      if (conv_ && WeightVectorized(vector)) {
+        aligned += " | (uint64_t)in" + std::to_string(InputIndex(conv_->weight));
+      }
       const int64_t vectors = numel / vector;
       body << "  // Every pointer 16-byte aligned (the same answer in every thread): vectors of "
            << vector << ", then the remaining elements one by one.\n";
@@ -384,12 +387,14 @@ class PointwiseKernel {
     auto term = [](const std::string& i, int64_t stride) {
       return stride == 0 ? std::string() : " + " + i + " * " + std::to_string(stride);
     };
-    const std::string channel = width > 1 ? "(" + index(1) + " + j)" : index(1);
-    const std::string weight =
-        w.literal ? "lit" + std::to_string(InputIndex(c.weight))
-                  : Load(xm.dtype(), "in" + std::to_string(InputIndex(c.weight)) + "[" +
-                                         std::to_string(w.offset) + term(channel, w.strides[0]) +
-                                         term("kh", w.strides[2]) + term("kw", w.strides[3]) + "]");
+    const bool weight_vector = width > 1 && WeightVectorized(width);
+    const std::string channel = width > 1 && !weight_vector ? "(" + index(1) + " + j)" : index(1);
+    const std::string win = "in" + std::to_string(InputIndex(c.weight));
+    const std::string at_w = std::to_string(w.offset) + term(channel, w.strides[0]) +
+                             term("kh", w.strides[2]) + term("kw", w.strides[3]);
+    const std::string weight = w.literal        ? "lit" + std::to_string(InputIndex(c.weight))
+                               : weight_vector ? Load(xm.dtype(), "wv.v[j]")
+                                               : Load(xm.dtype(), win + "[" + at_w + "]");
     const std::string at_x = std::to_string(x.offset) + term(index(0), x.strides[0]) +
                              term(index(1), x.strides[1]) + term("ih", x.strides[2]) +
                              term("iw", x.strides[3]);
@@ -411,6 +416,10 @@ class PointwiseKernel {
       const std::string vec = "kiln_vec<" + Storage(xm.dtype()) + ", " + lanes + ">";
       o << indent << "    const " << vec << " xv = *reinterpret_cast<const " << vec << "*>(" << xin
         << " + " << at_x << ");\n";
+      if (weight_vector) {
+        o << indent << "    const " << vec << " wv = *reinterpret_cast<const " << vec << "*>("
+          << win << " + " << at_w << ");\n";
+      }
       o << indent << "    #pragma unroll\n";
       o << indent << "    for (int j = 0; j < " << lanes << "; ++j) kiln_conv[j] += (float)"
         << Load(xm.dtype(), "xv.v[j]") << " * (float)" << weight << ";\n";
@@ -431,6 +440,15 @@ class PointwiseKernel {
   // whole vectors, so that a vector never spans two rows; and each stride-1 access starts every
   // vector at a multiple of it (its offset and outer strides multiples of the width). Outputs
   // are written whole.
+  // Whether a vector path of `width` lanes loads the convolution's weights of a tap as one
+  // vector too: channels innermost (DepthwiseWeightsChannelsInnermost's copy), every vector
+  // starting at a multiple of the width.
+  bool WeightVectorized(int width) const {
+    const KernelOperand& w = g_.inputs[InputIndex(conv_->weight)];
+    return !w.literal && w.strides[0] == 1 && w.offset % width == 0 && w.strides[2] % width == 0 &&
+           w.strides[3] % width == 0;
+  }
+
   // A convolution group vectorizes over the channels of a channels-last output and input: its
   // input is one more stride-1 access, read at every tap.
   int VectorWidth(int64_t numel) const {

@@ -413,6 +413,18 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
                                       std::string(dtype == kF32 ? "float" : "uint16_t") + ", " +
                                       std::to_string(width) + "> xv = ";
       EXPECT_EQ(src.find(vector_load) != std::string::npos, channels_last) << src;
+      // The bound weight is copied once, channels innermost, by the prologue: a tap's weights
+      // are one vector on the vector path, at the channel's index (stride 1) on the scalar one.
+      ASSERT_EQ(plan.prologue_size(), 1) << plan.DebugString();
+      EXPECT_TRUE(plan.prologue(0).has_kernel());
+      EXPECT_EQ(src.find("const kiln_vec<" + std::string(dtype == kF32 ? "float" : "uint16_t") +
+                         ", " + std::to_string(width) + "> wv = ") != std::string::npos,
+                channels_last)
+          << src;
+      EXPECT_NE(src.find("in1[0 + i" + std::string(channels_last ? "3" : "1") +
+                         " * 1 + kh * 80 + kw * 16]"),
+                std::string::npos)
+          << src;
       EXPECT_EQ(src.find("kiln_aligned") != std::string::npos, channels_last) << src;
     }
   }
