@@ -206,7 +206,12 @@ std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::
   binding.kernel_ptx = BytesOf(kernel_ptx, "kernel_ptx");
   binding.params = TensorsOf(params, "params");
   binding.device = DeviceOf(device);
+  // Decoding, checking and loading the kernels (dlopen, cuModuleLoadData: milliseconds for a
+  // large model) touch no Python object: without the GIL, so that the threads a background
+  // compile shares the interpreter with are not held up meanwhile. `plan_bytes` and the
+  // binding's byte views stay valid: the caller's arguments hold their objects.
   StatusOr<std::unique_ptr<Plan>> built = [&]() -> StatusOr<std::unique_ptr<Plan>> {
+    py::gil_scoped_release no_gil;
     KILN_ASSIGN_OR_RETURN(const PlanSpec spec, DecodePlan(plan_bytes));
     return Plan::Create(spec, std::move(binding));
   }();
