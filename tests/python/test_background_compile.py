@@ -52,6 +52,17 @@ class Net(torch.nn.Module):
         return self.b(torch.relu(self.a(x)) * 2)
 
 
+def first_call_of_net(backend):
+    """A Net compiled with `backend` under the stance, and its input, after the first call (a
+    miss: eager, checked against the module)."""
+    m = Net().eval()
+    compiled = kiln.compile(m, backend=backend)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert_close(compiled(x), m(x))
+    return m, compiled, x
+
+
 def test_first_call_runs_eagerly_and_later_calls_switch_when_ready(background):
     torch.manual_seed(0)
     m = Net().eval()
@@ -187,12 +198,8 @@ def test_the_stance_starts_the_worker_before_the_first_miss():
         workers = [t for t in threading.enumerate() if t.name.startswith("kiln-compile")]
         assert workers, "no worker thread after set_stance"
         before = threading.active_count()
-        m = Net().eval()
         backend = SlowBackend(delay=0.2)
-        compiled = kiln.compile(m, backend=backend)
-        x = torch.randn(4, 32)
-        with torch.no_grad():
-            assert_close(compiled(x), m(x))
+        m, compiled, x = first_call_of_net(backend)
         assert threading.active_count() == before  # no thread started by the miss
         assert kiln.wait_for_compiles(30)
         assert backend.threads and all(n.startswith("kiln-compile") for n in backend.threads)
@@ -265,12 +272,8 @@ def test_a_request_waiting_without_the_gil_gets_it_back_while_the_worker_compile
     from kiln.background import WORKER_SWITCH_INTERVAL_S
 
     before = sys.getswitchinterval()
-    m = Net().eval()
     busy = BusyBackend(busy=1.5)
-    compiled = kiln.compile(m, backend=busy)
-    x = torch.randn(4, 32)
-    with torch.no_grad():
-        assert_close(compiled(x), m(x))
+    first_call_of_net(busy)
     waits = []
     deadline = time.perf_counter() + 30
     while len(waits) < 40 and time.perf_counter() < deadline:
