@@ -37,7 +37,9 @@ struct CudaSource {
 // branch), the scalar path otherwise. Row-wise groups (outer_rank >= 0): one block per row
 // (grid-stride over rows), threads strided over the row, warp shuffles then shared memory for the
 // block's reductions (float accumulation; var/std in two passes), the block size from the row's
-// length (long rows loop with a block stride).
+// length (long rows loop with a block stride). Depthwise convolution groups (convolution >= 0):
+// one thread per output element, or per 16 bytes of channels when channels-last, summing the
+// window.
 CudaSource GenerateCudaKernels(const kiln::v1::Graph& graph, const FusedProgram& program);
 
 }  // namespace kiln::compiler
