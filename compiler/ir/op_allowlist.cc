@@ -114,6 +114,7 @@ constexpr const char* kDefaultOps[] = {
     "aten::convolution",
     "aten::native_layer_norm",
     "aten::native_batch_norm",
+    "aten::_native_batch_norm_legit_no_training",
     "aten::embedding",
     "aten::index_select",
     // oneDNN's fused ops (Target.cpu_onednn).

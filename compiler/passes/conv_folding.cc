@@ -246,6 +246,133 @@ class Folder {
 
 }  // namespace
 
+namespace {
+
+bool IsFloatDType(kiln::v1::DType d) {
+  return d == kiln::v1::DTYPE_FLOAT32 || d == kiln::v1::DTYPE_FLOAT64 ||
+         d == kiln::v1::DTYPE_BFLOAT16 || d == kiln::v1::DTYPE_FLOAT16;
+}
+
+// Appends a node of `op` over `args` defining a new value like `like` but of `dtype`.
+uint32_t EmitLike(std::vector<Node>& nodes, ValueIndex& index, const std::string& op,
+                  std::vector<Argument> args, const TensorMeta& like, kiln::v1::DType dtype) {
+  Node n;
+  n.set_op(op);
+  for (Argument& a : args) *n.add_args() = std::move(a);
+  kiln::v1::Value* v = n.add_outputs();
+  v->set_id(index.next_id++);
+  *v->mutable_meta() = like;
+  v->mutable_meta()->set_dtype(dtype);
+  nodes.push_back(std::move(n));
+  return nodes.back().outputs(0).id();
+}
+
+Argument ValueArg(uint32_t id) {
+  Argument a;
+  a.set_value(id);
+  return a;
+}
+
+}  // namespace
+
+Graph DecomposeBatchNormEval(const Graph& graph) {
+  ValueIndex index = IndexValues(graph);
+  std::unordered_set<uint32_t> read(graph.outputs().begin(), graph.outputs().end());
+  for (const Node& n : graph.nodes()) {
+    for (uint32_t id : ValuesRead(n)) read.insert(id);
+  }
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& bn = graph.nodes(i);
+    if (bn.op() != "aten::_native_batch_norm_legit_no_training" || bn.args_size() != 7 ||
+        bn.outputs_size() != 3 || read.count(bn.outputs(1).id()) ||
+        read.count(bn.outputs(2).id())) {
+      continue;
+    }
+    bool positional = true;
+    for (const Argument& a : bn.args()) positional = positional && a.name().empty();
+    const Argument &x = bn.args(0), &w = bn.args(1), &b = bn.args(2), &mean = bn.args(3),
+                   &var = bn.args(4), &eps = bn.args(6);
+    auto optional_tensor = [](const Argument& a) {
+      return a.kind_case() == Argument::kValue || a.kind_case() == Argument::kNone;
+    };
+    if (!positional || x.kind_case() != Argument::kValue ||
+        mean.kind_case() != Argument::kValue || var.kind_case() != Argument::kValue ||
+        !optional_tensor(w) || !optional_tensor(b) || eps.kind_case() != Argument::kFloatValue) {
+      continue;
+    }
+    const TensorMeta& y = bn.outputs(0).meta();
+    const TensorMeta& xm = *index.meta.at(x.value());
+    if (y.sizes_size() < 2 || xm.dtype() != y.dtype() || !IsFloatDType(y.dtype())) continue;
+    const int64_t channels = y.sizes(1);
+    bool params_ok = true;
+    for (const Argument* p : {&w, &b, &mean, &var}) {
+      if (p->kind_case() != Argument::kValue) continue;
+      const TensorMeta& pm = *index.meta.at(p->value());
+      params_ok = params_ok && pm.sizes_size() == 1 && pm.sizes(0) == channels &&
+                  IsFloatDType(pm.dtype());
+    }
+    if (!params_ok) continue;
+    const kiln::v1::DType compute = y.dtype() == kiln::v1::DTYPE_BFLOAT16 ||
+                                            y.dtype() == kiln::v1::DTYPE_FLOAT16
+                                        ? kiln::v1::DTYPE_FLOAT32
+                                        : y.dtype();
+    std::vector<Node> nodes;
+    std::unordered_map<uint32_t, TensorMeta> emitted;  // metadata of the values made here
+    auto meta_of = [&](uint32_t id) -> const TensorMeta& {
+      auto it = emitted.find(id);
+      return it != emitted.end() ? it->second : *index.meta.at(id);
+    };
+    auto cast = [&](uint32_t id, kiln::v1::DType to) {
+      const TensorMeta m = meta_of(id);
+      if (m.dtype() == to) return id;
+      Argument dtype;
+      dtype.set_name("dtype");
+      dtype.set_dtype_value(to);
+      const uint32_t copy = EmitLike(nodes, index, "aten::_to_copy", {ValueArg(id), dtype}, m, to);
+      emitted[copy] = nodes.back().outputs(0).meta();
+      return copy;
+    };
+    std::vector<int64_t> column(y.sizes_size(), 1);
+    column[1] = channels;
+    const std::vector<int64_t> column_strides = ContiguousStrides(column);
+    auto per_channel = [&](uint32_t id) {  // [C] in the compute dtype, viewed as [1, C, 1, ...]
+      const uint32_t c = cast(id, compute);
+      TensorMeta like = *index.meta.at(id);
+      like.set_dtype(compute);
+      return EmitNode(nodes, index, "aten::view", {c}, column, &column, like, &column_strides);
+    };
+    auto binary = [&](const std::string& op, uint32_t a, uint32_t c) {
+      const uint32_t id = EmitLike(nodes, index, op, {ValueArg(a), ValueArg(c)}, y, compute);
+      emitted[id] = nodes.back().outputs(0).meta();
+      return id;
+    };
+    Argument eps_arg;
+    eps_arg.set_float_value(eps.float_value());
+    TensorMeta vector = *index.meta.at(var.value());  // [C] in the compute dtype
+    vector.set_dtype(compute);
+    const uint32_t shifted = EmitLike(nodes, index, "aten::add.Scalar",
+                                      {ValueArg(cast(var.value(), compute)), eps_arg}, vector,
+                                      compute);
+    const uint32_t inv = EmitLike(nodes, index, "aten::rsqrt", {ValueArg(shifted)}, vector, compute);
+    const uint32_t inv_column =
+        EmitNode(nodes, index, "aten::view", {inv}, column, &column, vector, &column_strides);
+    uint32_t out = binary("aten::sub.Tensor", cast(x.value(), compute), per_channel(mean.value()));
+    out = binary("aten::mul.Tensor", out, inv_column);
+    if (w.kind_case() == Argument::kValue) {
+      out = binary("aten::mul.Tensor", out, per_channel(w.value()));
+    }
+    if (b.kind_case() == Argument::kValue) {
+      out = binary("aten::add.Tensor", out, per_channel(b.value()));
+    }
+    cast(out, y.dtype());
+    // The last node defines the batch norm's result.
+    *nodes.back().mutable_outputs(0) = bn.outputs(0);
+    replace[i] = std::move(nodes);
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
 Graph FoldConvolutionAffine(const Graph& graph, PassStats* stats) {
   return Folder(graph, stats).Run();
 }

@@ -8,6 +8,15 @@
 
 namespace kiln::compiler {
 
+// Rewrites each aten::_native_batch_norm_legit_no_training (batch norm with running statistics,
+// as the client traces it: one node instead of a dozen traced ops) whose statistics outputs
+// nobody reads into ((x - mean) * rsqrt(var + eps)) * weight + bias over the statistics viewed
+// per channel ([1, C, 1, ...]), in float32 for bfloat16/float16 inputs and cast back, as ATen's
+// kernels compute it: the chain FoldConvolutionAffine folds into a preceding convolution, and
+// otherwise one pointwise kernel. The last node defines the batch norm's result, with its id
+// and metadata; intermediate values take its sizes and strides.
+kiln::v1::Graph DecomposeBatchNormEval(const kiln::v1::Graph& graph);
+
 // Rewrites aten::convolution (2-D, not transposed, float32) whose result only a chain of
 // single-reader aten::add/sub/mul.Tensor nodes reads, each with a per-output-channel operand
 // computed from bound inputs and constants (BoundValues), into a convolution with a new weight

@@ -13,7 +13,9 @@ PlannedGraph PlanGraph(const kiln::v1::CompileRequest& request, kiln::v1::Device
   kiln::v1::PassSnapshots snapshots;
   PassLog passes(&snapshots);
   passes.Record("received", request.graph());
-  kiln::v1::Graph graph = RunGraphPasses(request.graph(), nullptr, &passes);
+  kiln::v1::Graph graph =
+      passes.After("batch norm decomposed", DecomposeBatchNormEval(request.graph()));
+  graph = RunGraphPasses(graph, nullptr, &passes);
   graph = passes.After("fold convolution affine", FoldConvolutionAffine(graph));
   graph = passes.After("dead code", EliminateDeadCode(graph));
   if (device_passes) graph = device_passes(std::move(graph), passes);

@@ -47,18 +47,18 @@ def test_parameters_become_leading_inputs_not_constants():
     assert "aten::mm" in [n.op for n in lo.graph.nodes]
 
 
-def test_batch_norm_in_eval_decomposes_into_pointwise_ops():
+def test_batch_norm_in_eval_is_one_node_that_kilnd_decomposes():
+    # One traced node whatever op the trace met (kilnd decomposes it into the form it folds
+    # into the convolution: compiler/passes/conv_folding.h).
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
     m.eval()
     with torch.no_grad():
         gm, ex = capture(m, torch.randn(1, 3, 8, 8))
         lo = lowering.lower(gm, ex)
-    ops = {n.op for n in lo.graph.nodes}
-    # One form whatever torch's own decomposition is (torch 2.11 divides with sqrt and
-    # reciprocal): the one the compiler folds into the convolution.
+    ops = [n.op for n in lo.graph.nodes]
     assert "aten::convolution" in ops
-    assert "aten::rsqrt" in ops and not {"aten::sqrt", "aten::reciprocal"} & ops
-    assert not any("batch_norm" in op for op in ops)
+    assert ops.count("aten::_native_batch_norm_legit_no_training") == 1, ops
+    assert not {"aten::rsqrt", "aten::sqrt", "aten::reciprocal", "aten::sub.Tensor"} & set(ops)
     with torch.no_grad():
         out = lo.aten_graph(*lo.params, *ex)
         torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, m(*ex))
@@ -178,7 +178,7 @@ def test_a_linear_under_autocast_multiplies_in_the_autocast_dtype():
     torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=1e-2)
 
 
-def test_cudnn_batch_norm_lowers_as_native_batch_norm():
+def test_cudnn_batch_norm_lowers_as_the_eval_batch_norm_node():
     # What batch_norm dispatches to on a CUDA device; traced here on CPU fakes.
     def f(x, w, b, rm, rv):
         return torch.ops.aten.cudnn_batch_norm(x, w, b, rm, rv, False, 0.1, 1e-5)[0]
@@ -187,7 +187,14 @@ def test_cudnn_batch_norm_lowers_as_native_batch_norm():
     args = [torch.randn(2, 3, 4, 4), torch.randn(3), torch.randn(3), torch.randn(3),
             torch.rand(3) + 0.5]
     lo = lowering.lower(gm, args)
-    assert not any("batch_norm" in n.op for n in lo.graph.nodes)
+    ops = [n.op for n in lo.graph.nodes]
+    assert ops.count("aten::_native_batch_norm_legit_no_training") == 1, ops
+    assert "aten::cudnn_batch_norm" not in ops
+    with torch.no_grad():
+        expected = torch.nn.functional.batch_norm(args[0], args[3], args[4], args[1], args[2],
+                                                  training=False, eps=1e-5)
+        out = lo.aten_graph(*lo.params, *args)
+        torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, expected)
 
 
 def test_attention_of_a_gpu_graph_is_traced_as_aten_attention():

@@ -832,6 +832,78 @@ TEST(ConvFoldingTest, EvalBatchNormFoldsIntoTheConvolutionsWeightAndBias) {
   EXPECT_TRUE(ValidateRequest(request, OpAllowlist::Default()).ok());
 }
 
+// conv(x, w) then aten::_native_batch_norm_legit_no_training (the client's eval batch norm node,
+// its two statistics outputs empty) then relu; the parameters are bound.
+struct ConvBnNode {
+  explicit ConvBnNode(kiln::v1::DType dtype, bool stats_read = false) {
+    w = b.Input({4, 3, 3, 3}, dtype);
+    const uint32_t gamma = b.Input({4}), beta = b.Input({4}), mean = b.Input({4}),
+                   var = b.Input({4});
+    b.Bound(5);
+    const uint32_t x = b.Input({2, 3, 8, 8}, dtype);
+    conv = b.Op("aten::convolution",
+                {V(x), V(w), None(), Ints({1, 1}), Ints({0, 0}), Ints({1, 1}), B(false),
+                 Ints({0, 0}), I(1)},
+                {2, 4, 6, 6}, dtype);
+    bn = b.Op("aten::_native_batch_norm_legit_no_training",
+              {V(conv), V(gamma), V(beta), V(mean), V(var), F(0.1), F(1e-5)}, {2, 4, 6, 6},
+              dtype);
+    const uint32_t relu = b.Op("aten::relu", {V(bn)}, {2, 4, 6, 6}, dtype);
+    request = b.Request();
+    kiln::v1::Graph* g = request.mutable_graph();
+    kiln::v1::Node* node = g->mutable_nodes(g->nodes_size() - 2);
+    for (uint32_t id : {relu + 1, relu + 2}) {  // the empty statistics
+      kiln::v1::Value* v = node->add_outputs();
+      v->set_id(id);
+      v->mutable_meta()->set_dtype(kiln::v1::DTYPE_FLOAT32);
+      v->mutable_meta()->add_sizes(0);
+      v->mutable_meta()->add_strides(1);
+      *v->mutable_meta()->mutable_device() = node->outputs(0).meta().device();
+    }
+    g->add_outputs(relu);
+    if (stats_read) g->add_outputs(relu + 1);
+  }
+  GraphBuilder b;
+  uint32_t w = 0, conv = 0, bn = 0;
+  kiln::v1::CompileRequest request;
+};
+
+TEST(ConvFoldingTest, TheEvalBatchNormNodeIsDecomposedThenFoldedIntoTheConvolution) {
+  for (kiln::v1::DType dtype : {kiln::v1::DTYPE_FLOAT32, kiln::v1::DTYPE_BFLOAT16}) {
+    ConvBnNode cb(dtype);
+    ASSERT_TRUE(ValidateRequest(cb.request, OpAllowlist::Default()).ok());
+    Graph g = DecomposeBatchNormEval(cb.request.graph());
+    std::vector<std::string> ops;
+    const kiln::v1::Node* defining = nullptr;
+    for (const auto& n : g.nodes()) {
+      ops.push_back(n.op());
+      if (n.outputs(0).id() == cb.bn) defining = &n;
+    }
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::_native_batch_norm_legit_no_training"), 0);
+    ASSERT_NE(defining, nullptr);
+    // The batch norm's own value, id and metadata, defined by the chain's last node: the add of
+    // the bias in float32, the cast back for bfloat16 (computed in float32 as ATen does).
+    EXPECT_EQ(defining->op(), dtype == kiln::v1::DTYPE_FLOAT32 ? "aten::add.Tensor"
+                                                                 : "aten::_to_copy");
+    EXPECT_EQ(defining->outputs(0).meta().dtype(), dtype);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::rsqrt"), 1);
+    EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::mul.Tensor"), 2);
+    kiln::v1::CompileRequest decomposed = cb.request;
+    *decomposed.mutable_graph() = g;
+    EXPECT_TRUE(ValidateRequest(decomposed, OpAllowlist::Default()).ok());
+    PassStats stats;
+    FoldConvolutionAffine(RunGraphPasses(g), &stats);
+    // Folding takes float32 convolutions.
+    EXPECT_EQ(stats.folded_convolutions, dtype == kiln::v1::DTYPE_FLOAT32 ? 1 : 0);
+  }
+  // Statistics someone reads: the node stays (ATen's kernel computes them).
+  ConvBnNode read(kiln::v1::DTYPE_FLOAT32, /*stats_read=*/true);
+  Graph kept = DecomposeBatchNormEval(read.request.graph());
+  int nodes = 0;
+  for (const auto& n : kept.nodes()) nodes += n.op() == "aten::_native_batch_norm_legit_no_training";
+  EXPECT_EQ(nodes, 1);
+}
+
 TEST(ConvFoldingTest, ConvolutionWithAnotherReaderOrUnboundOperandIsNotFolded) {
   ConvBn shared(/*extra_reader=*/true);  // the convolution's own result is also returned
   PassStats stats;

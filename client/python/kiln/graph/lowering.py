@@ -19,7 +19,7 @@ aten = torch.ops.aten
 
 # Composite ops rewritten into pointwise ATen ops the compiler fuses, and library ops it keeps.
 _DECOMPOSED = [
-    aten._native_batch_norm_legit_no_training, aten.native_batch_norm,
+    aten.native_batch_norm,
     # What batch_norm dispatches to on CUDA (and ROCm) devices: native_batch_norm again.
     aten.cudnn_batch_norm, aten.miopen_batch_norm,
     aten.gelu, aten.native_layer_norm,
@@ -37,7 +37,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-16"
+LOWERING_VERSION = b"kiln-lowering-17"
 
 
 class LoweringError(Exception):
@@ -221,48 +221,36 @@ def _addmm_in_its_dtype(torch_addmm):
     return addmm
 
 
-def _batch_norm_eval(input, weight, bias, running_mean, running_var, eps):
-    """Batch norm with running statistics, in the one form the compiler folds into a preceding
-    convolution whatever torch's version: ((x - mean) * rsqrt(var + eps)) * weight + bias per
-    channel, computed in float32 for bfloat16/float16 inputs as ATen's kernels do. torch's own
-    decompositions differ between releases (2.11: reciprocal(sqrt(.)) and a folded scale), and
-    one of them the folding pass did not recognise."""
-    compute = torch.float32 if input.dtype in (torch.bfloat16, torch.float16) else input.dtype
-    shape = [1, -1] + [1] * (input.dim() - 2)
-    out = input.to(compute) - running_mean.to(compute).view(shape)
-    out = out * torch.rsqrt(running_var.to(compute) + eps).view(shape)
-    if weight is not None:
-        out = out * weight.to(compute).view(shape)
-    if bias is not None:
-        out = out + bias.to(compute).view(shape)
-    return out.to(input.dtype)
+def _batch_norm_eval(input, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch norm with running statistics as one traced node,
+    aten._native_batch_norm_legit_no_training (its statistics outputs are empty), whatever op
+    the trace met: kilnd decomposes it into the form it folds into a preceding convolution
+    (compiler/passes/conv_folding.h, DecomposeBatchNormEval). Tracing torch's decomposition here
+    instead made a dozen ops per batch norm, a third of a convolutional network's lowering."""
+    return aten._native_batch_norm_legit_no_training.default(
+        input, weight, bias, running_mean, running_var, momentum, eps)
 
 
 def _batch_norm_forms(table):
-    """The batch norm ops a trace meets, in eval form through _batch_norm_eval; in training
+    """The batch norm ops a trace meets, in eval form as _batch_norm_eval's one node; in training
     form (batch statistics) through torch's decompositions."""
 
-    def no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-        empty = input.new_zeros((0,))
-        return _batch_norm_eval(input, weight, bias, running_mean, running_var, eps), empty, empty
-
     def with_running_stats(torch_form, extra_outputs):
-        """torch_form in training form; in eval form _batch_norm_eval, then empty save tensors
-        (and cudnn's empty reserve) as the op returns them."""
+        """torch_form in training form; in eval form _batch_norm_eval, then (cudnn's) extra empty
+        outputs."""
         def decomposed(input, weight, bias, running_mean, running_var, training, momentum, eps):
             if training or running_mean is None or running_var is None:
                 return torch_form(input, weight, bias, running_mean, running_var, training,
                                   momentum, eps)
-            out = _batch_norm_eval(input, weight, bias, running_mean, running_var, eps)
-            return (out, *(input.new_zeros((0,), dtype=d or input.dtype) for d in extra_outputs))
+            out = _batch_norm_eval(input, weight, bias, running_mean, running_var, momentum, eps)
+            return (*out, *(input.new_zeros((0,), dtype=d) for d in extra_outputs))
         return decomposed
 
-    table[aten._native_batch_norm_legit_no_training.default] = no_training
     table[aten.native_batch_norm.default] = with_running_stats(
-        table[aten.native_batch_norm.default], (None, None))
+        table[aten.native_batch_norm.default], ())
     for op in (aten.cudnn_batch_norm.default, aten.miopen_batch_norm.default):
         if op in table:
-            table[op] = with_running_stats(table[op], (None, None, torch.uint8))
+            table[op] = with_running_stats(table[op], (torch.uint8,))
 
 
 @functools.lru_cache(maxsize=1)
