@@ -302,8 +302,17 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
       continue;
     }
     const TensorMeta& y = bn.outputs(0).meta();
+    // Every operand a value defined earlier (a validated graph's are; anything else is left to
+    // ATen's kernel, which refuses it clearly).
+    auto known = [&](const Argument& a) {
+      return a.kind_case() != Argument::kValue || index.meta.count(a.value()) != 0;
+    };
+    if (!known(x) || !known(w) || !known(b) || !known(mean) || !known(var)) continue;
     const TensorMeta& xm = *index.meta.at(x.value());
-    if (y.sizes_size() < 2 || xm.dtype() != y.dtype() || !IsFloatDType(y.dtype())) continue;
+    if (y.sizes_size() < 2 || xm.dtype() != y.dtype() || !IsFloatDType(y.dtype()) ||
+        xm.sizes_size() != y.sizes_size()) {
+      continue;
+    }
     const int64_t channels = y.sizes(1);
     bool params_ok = true;
     for (const Argument* p : {&w, &b, &mean, &var}) {
