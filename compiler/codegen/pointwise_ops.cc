@@ -418,6 +418,11 @@ std::string StorageType(kiln::v1::DType dtype) {
   }
 }
 
+bool IsFloatingDType(kiln::v1::DType dtype) {
+  return dtype == kiln::v1::DTYPE_FLOAT32 || dtype == kiln::v1::DTYPE_FLOAT64 ||
+         dtype == kiln::v1::DTYPE_BFLOAT16 || dtype == kiln::v1::DTYPE_FLOAT16;
+}
+
 std::string ComputeType(kiln::v1::DType dtype) {
   switch (dtype) {
     case kiln::v1::DTYPE_FLOAT32:

@@ -69,6 +69,9 @@ std::string NodeExpression(const kiln::v1::Node& node,
 std::string StorageType(kiln::v1::DType dtype);
 std::string ComputeType(kiln::v1::DType dtype);
 
+// float32, float64, bfloat16 and float16.
+bool IsFloatingDType(kiln::v1::DType dtype);
+
 // A C++ literal for a scalar argument (int, float or bool), or nullopt for other kinds.
 std::optional<std::string> ScalarLiteral(const kiln::v1::Argument& arg);
 

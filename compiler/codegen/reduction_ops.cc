@@ -35,11 +35,6 @@ const std::vector<ReductionOp>& Table() {
   return *table;
 }
 
-bool IsFloat(kiln::v1::DType dtype) {
-  return dtype == kiln::v1::DTYPE_FLOAT32 || dtype == kiln::v1::DTYPE_FLOAT64 ||
-         dtype == kiln::v1::DTYPE_BFLOAT16 || dtype == kiln::v1::DTYPE_FLOAT16;
-}
-
 bool Absent(const Argument* a) { return a == nullptr || a->kind_case() == Argument::kNone; }
 
 }  // namespace
@@ -67,7 +62,7 @@ std::optional<Reduction> MatchReduction(
   auto in = meta.find(self->value());
   if (in == meta.end()) return std::nullopt;
   const kiln::v1::TensorMeta& m = *in->second;
-  if (!IsFloat(m.dtype()) || m.device().kind() != device) return std::nullopt;
+  if (!IsFloatingDType(m.dtype()) || m.device().kind() != device) return std::nullopt;
   for (const auto& out : node.outputs()) {
     if (out.meta().dtype() != m.dtype() || out.meta().device().kind() != device) {
       return std::nullopt;

@@ -1,5 +1,6 @@
 #include "compiler/codegen/window_ops.h"
 
+#include "compiler/codegen/pointwise_ops.h"
 #include "compiler/ir/op_classes.h"
 
 namespace kiln::compiler {
@@ -19,11 +20,6 @@ bool Pair(const Argument& a, int64_t out[2]) {
   out[0] = v[0];
   out[1] = v[1];
   return true;
-}
-
-bool IsFloat(kiln::v1::DType dtype) {
-  return dtype == kiln::v1::DTYPE_FLOAT32 || dtype == kiln::v1::DTYPE_BFLOAT16 ||
-         dtype == kiln::v1::DTYPE_FLOAT16;
 }
 
 }  // namespace
@@ -49,7 +45,10 @@ std::optional<WindowConvolution> MatchDepthwiseConvolution(
       w.sizes(1) != 1 || y.sizes(1) != channels || y.sizes(0) != x.sizes(0)) {
     return std::nullopt;
   }
-  if (!IsFloat(y.dtype()) || x.dtype() != y.dtype() || w.dtype() != y.dtype()) return std::nullopt;
+  if (!IsFloatingDType(y.dtype()) || y.dtype() == kiln::v1::DTYPE_FLOAT64 ||
+      x.dtype() != y.dtype() || w.dtype() != y.dtype()) {
+    return std::nullopt;
+  }
   for (const kiln::v1::TensorMeta* m : {&x, &w, &y}) {
     if (m->device().kind() != device || m->device().index() != y.device().index()) {
       return std::nullopt;

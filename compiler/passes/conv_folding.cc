@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
@@ -246,35 +247,6 @@ class Folder {
 
 }  // namespace
 
-namespace {
-
-bool IsFloatDType(kiln::v1::DType d) {
-  return d == kiln::v1::DTYPE_FLOAT32 || d == kiln::v1::DTYPE_FLOAT64 ||
-         d == kiln::v1::DTYPE_BFLOAT16 || d == kiln::v1::DTYPE_FLOAT16;
-}
-
-// Appends a node of `op` over `args` defining a new value like `like` but of `dtype`.
-uint32_t EmitLike(std::vector<Node>& nodes, ValueIndex& index, const std::string& op,
-                  std::vector<Argument> args, const TensorMeta& like, kiln::v1::DType dtype) {
-  Node n;
-  n.set_op(op);
-  for (Argument& a : args) *n.add_args() = std::move(a);
-  kiln::v1::Value* v = n.add_outputs();
-  v->set_id(index.next_id++);
-  *v->mutable_meta() = like;
-  v->mutable_meta()->set_dtype(dtype);
-  nodes.push_back(std::move(n));
-  return nodes.back().outputs(0).id();
-}
-
-Argument ValueArg(uint32_t id) {
-  Argument a;
-  a.set_value(id);
-  return a;
-}
-
-}  // namespace
-
 Graph DecomposeBatchNormEval(const Graph& graph) {
   ValueIndex index = IndexValues(graph);
   std::unordered_set<uint32_t> read(graph.outputs().begin(), graph.outputs().end());
@@ -309,7 +281,7 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
     };
     if (!known(x) || !known(w) || !known(b) || !known(mean) || !known(var)) continue;
     const TensorMeta& xm = *index.meta.at(x.value());
-    if (y.sizes_size() < 2 || xm.dtype() != y.dtype() || !IsFloatDType(y.dtype()) ||
+    if (y.sizes_size() < 2 || xm.dtype() != y.dtype() || !IsFloatingDType(y.dtype()) ||
         xm.sizes_size() != y.sizes_size()) {
       continue;
     }
@@ -319,7 +291,7 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
       if (p->kind_case() != Argument::kValue) continue;
       const TensorMeta& pm = *index.meta.at(p->value());
       params_ok = params_ok && pm.sizes_size() == 1 && pm.sizes(0) == channels &&
-                  IsFloatDType(pm.dtype());
+                  IsFloatingDType(pm.dtype());
     }
     if (!params_ok) continue;
     const kiln::v1::DType compute = y.dtype() == kiln::v1::DTYPE_BFLOAT16 ||
@@ -327,54 +299,60 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
                                         ? kiln::v1::DTYPE_FLOAT32
                                         : y.dtype();
     std::vector<Node> nodes;
-    std::unordered_map<uint32_t, TensorMeta> emitted;  // metadata of the values made here
-    auto meta_of = [&](uint32_t id) -> const TensorMeta& {
-      auto it = emitted.find(id);
-      return it != emitted.end() ? it->second : *index.meta.at(id);
+    // A node over `args` defining a value of `like`'s sizes, strides and device in `dtype`; then
+    // `extra` (a scalar or named argument) after the tensors.
+    auto emit = [&](const std::string& op, const std::vector<uint32_t>& args,
+                    const TensorMeta& like, kiln::v1::DType dtype,
+                    const std::optional<Argument>& extra = std::nullopt) {
+      TensorMeta m = like;
+      m.set_dtype(dtype);
+      const std::vector<int64_t> strides = Strides(like);
+      const uint32_t id = EmitNode(nodes, index, op, args, Sizes(like), nullptr, m, &strides);
+      if (extra) *nodes.back().add_args() = *extra;
+      return id;
     };
-    auto cast = [&](uint32_t id, kiln::v1::DType to) {
-      const TensorMeta m = meta_of(id);
+    auto cast = [&](uint32_t id, const TensorMeta& m, kiln::v1::DType to) {
       if (m.dtype() == to) return id;
       Argument dtype;
       dtype.set_name("dtype");
       dtype.set_dtype_value(to);
-      const uint32_t copy = EmitLike(nodes, index, "aten::_to_copy", {ValueArg(id), dtype}, m, to);
-      emitted[copy] = nodes.back().outputs(0).meta();
-      return copy;
+      return emit("aten::_to_copy", {id}, m, to, dtype);
     };
     std::vector<int64_t> column(y.sizes_size(), 1);
     column[1] = channels;
     const std::vector<int64_t> column_strides = ContiguousStrides(column);
-    auto per_channel = [&](uint32_t id) {  // [C] in the compute dtype, viewed as [1, C, 1, ...]
-      const uint32_t c = cast(id, compute);
-      TensorMeta like = *index.meta.at(id);
+    auto as_column = [&](uint32_t id, const TensorMeta& like) {  // [C] viewed as [1, C, 1, ...]
+      return EmitNode(nodes, index, "aten::view", {id}, column, &column, like, &column_strides);
+    };
+    auto per_channel = [&](uint32_t id) {  // in the compute dtype
+      const TensorMeta& m = *index.meta.at(id);
+      TensorMeta like = m;
       like.set_dtype(compute);
-      return EmitNode(nodes, index, "aten::view", {c}, column, &column, like, &column_strides);
+      return as_column(cast(id, m, compute), like);
     };
     auto binary = [&](const std::string& op, uint32_t a, uint32_t c) {
-      const uint32_t id = EmitLike(nodes, index, op, {ValueArg(a), ValueArg(c)}, y, compute);
-      emitted[id] = nodes.back().outputs(0).meta();
-      return id;
+      return emit(op, {a, c}, y, compute);
     };
+    const TensorMeta& vm = *index.meta.at(var.value());
     Argument eps_arg;
     eps_arg.set_float_value(eps.float_value());
-    TensorMeta vector = *index.meta.at(var.value());  // [C] in the compute dtype
+    const uint32_t shifted =
+        emit("aten::add.Scalar", {cast(var.value(), vm, compute)}, vm, compute, eps_arg);
+    const uint32_t inv = emit("aten::rsqrt", {shifted}, vm, compute);
+    TensorMeta vector = vm;
     vector.set_dtype(compute);
-    const uint32_t shifted = EmitLike(nodes, index, "aten::add.Scalar",
-                                      {ValueArg(cast(var.value(), compute)), eps_arg}, vector,
-                                      compute);
-    const uint32_t inv = EmitLike(nodes, index, "aten::rsqrt", {ValueArg(shifted)}, vector, compute);
-    const uint32_t inv_column =
-        EmitNode(nodes, index, "aten::view", {inv}, column, &column, vector, &column_strides);
-    uint32_t out = binary("aten::sub.Tensor", cast(x.value(), compute), per_channel(mean.value()));
-    out = binary("aten::mul.Tensor", out, inv_column);
+    uint32_t out = binary("aten::sub.Tensor", cast(x.value(), xm, compute),
+                          per_channel(mean.value()));
+    out = binary("aten::mul.Tensor", out, as_column(inv, vector));
     if (w.kind_case() == Argument::kValue) {
       out = binary("aten::mul.Tensor", out, per_channel(w.value()));
     }
     if (b.kind_case() == Argument::kValue) {
       out = binary("aten::add.Tensor", out, per_channel(b.value()));
     }
-    cast(out, y.dtype());
+    TensorMeta computed = y;
+    computed.set_dtype(compute);
+    cast(out, computed, y.dtype());
     // The last node defines the batch norm's result.
     *nodes.back().mutable_outputs(0) = bn.outputs(0);
     replace[i] = std::move(nodes);

@@ -251,8 +251,6 @@ def test_depthwise_block_of_a_module_reads_its_weight_copied_channels_innermost(
     art = check(block, x, tol=tol)
     ops = [s.library.op for s in art.body.plan.steps if s.WhichOneof("kind") == "library"]
     assert ops.count("aten::convolution") == 2, ops  # the two 1x1 ones stay with cuDNN
-    before = block[3].weight.detach().clone()
     with torch.no_grad():  # a changed parameter: the prologue copies the weight again
         block[3].weight.mul_(-1)
     check(block, x, tol=tol)
-    assert not torch.equal(before, block[3].weight)

@@ -15,6 +15,7 @@
 #include "compiler/codegen/reduction_ops.h"
 #include "compiler/codegen/row_group.h"
 #include "compiler/codegen/window_ops.h"
+#include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
 
@@ -190,6 +191,16 @@ std::string Decompose(const std::vector<int64_t>& sizes, const std::string& p,
   return o.str();
 }
 
+// The element offset of the last element `offset` + sum of (size - 1) * stride reaches (the
+// offset itself for an empty tensor's dims).
+int64_t LastOffset(int64_t offset, const std::vector<int64_t>& sizes,
+                   const std::vector<int64_t>& strides) {
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    offset += std::max<int64_t>(sizes[d] - 1, 0) * strides[d];
+  }
+  return offset;
+}
+
 // "int" when every index a kernel forms (with a grid stride's overshoot) fits in 31 bits.
 std::string IndexType(int64_t largest) { return largest < (int64_t{1} << 30) ? "int" : "int64_t"; }
 
@@ -268,19 +279,14 @@ class PointwiseKernel {
     for (int64_t s : space_.sizes) numel *= s;
     int64_t largest = numel;
     for (size_t a = 0; a < accesses_.size(); ++a) {
-      int64_t last = accesses_[a].offset;
-      for (size_t d = 0; d < space_.sizes.size(); ++d) {
-        last += (space_.sizes[d] - 1) * space_.strides[a][d];
-      }
-      largest = std::max(largest, last);
+      largest = std::max(largest, LastOffset(accesses_[a].offset, space_.sizes,
+                                             space_.strides[a]));
     }
-    if (conv_) {
+    if (conv_) {  // the window's operands, over their own sizes
       for (uint32_t id : {conv_->input, conv_->weight}) {
         const KernelOperand& in = g_.inputs[InputIndex(id)];
-        const kiln::v1::TensorMeta& m = *program_.meta.at(id);
-        int64_t last = in.offset;
-        for (int d = 0; d < m.sizes_size(); ++d) last += (m.sizes(d) - 1) * in.strides[d];
-        largest = std::max(largest, last);
+        largest = std::max(largest,
+                           LastOffset(in.offset, Sizes(*program_.meta.at(id)), in.strides));
       }
     }
     const int vector = VectorWidth(numel);
@@ -430,6 +436,15 @@ class PointwiseKernel {
     o << indent << "  }\n" << indent << "}\n";
   }
 
+  // Whether a vector path of `width` lanes loads the convolution's weights of a tap as one
+  // vector too: channels innermost (DepthwiseWeightsChannelsInnermost's copy), every vector
+  // starting at a multiple of the width.
+  bool WeightVectorized(int width) const {
+    const KernelOperand& w = g_.inputs[InputIndex(conv_->weight)];
+    return !w.literal && w.strides[0] == 1 && w.offset % width == 0 && w.strides[2] % width == 0 &&
+           w.strides[3] % width == 0;
+  }
+
   // True when access `a` moves whole vectors on the vector path (stride 1 along the innermost
   // dim), false when it reads one element for all lanes of a vector (stride 0 there).
   bool IsVectorized(size_t a) const { return space_.strides[a].back() == 1; }
@@ -440,15 +455,6 @@ class PointwiseKernel {
   // whole vectors, so that a vector never spans two rows; and each stride-1 access starts every
   // vector at a multiple of it (its offset and outer strides multiples of the width). Outputs
   // are written whole.
-  // Whether a vector path of `width` lanes loads the convolution's weights of a tap as one
-  // vector too: channels innermost (DepthwiseWeightsChannelsInnermost's copy), every vector
-  // starting at a multiple of the width.
-  bool WeightVectorized(int width) const {
-    const KernelOperand& w = g_.inputs[InputIndex(conv_->weight)];
-    return !w.literal && w.strides[0] == 1 && w.offset % width == 0 && w.strides[2] % width == 0 &&
-           w.strides[3] % width == 0;
-  }
-
   // A convolution group vectorizes over the channels of a channels-last output and input: its
   // input is one more stride-1 access, read at every tap.
   int VectorWidth(int64_t numel) const {
@@ -602,16 +608,11 @@ class RowKernel {
     int64_t rows = 1, length = 1, largest = 1;
     for (int d = 0; d < rank_; ++d) (d < outer_ ? rows : length) *= g_.sizes[d];
     for (const KernelOperand& in : g_.inputs) {
-      int64_t last = in.offset;
-      for (int d = 0; d < rank_; ++d) last += std::max<int64_t>(g_.sizes[d] - 1, 0) * in.strides[d];
-      largest = std::max(largest, last);
+      largest = std::max(largest, LastOffset(in.offset, g_.sizes, in.strides));
     }
     for (uint32_t id : g_.outputs) {
       const auto& m = *program_.meta.at(id);
-      int64_t last = m.storage_offset();
-      for (int d = 0; d < m.sizes_size(); ++d)
-        last += std::max<int64_t>(m.sizes(d) - 1, 0) * m.strides(d);
-      largest = std::max(largest, last);
+      largest = std::max(largest, LastOffset(m.storage_offset(), Sizes(m), Strides(m)));
     }
     column_ = RowsAdjacent();
     int64_t block = 32, grid = 0;
