@@ -288,3 +288,30 @@ def test_a_request_waiting_without_the_gil_gets_it_back_while_the_worker_compile
     waits.sort()
     # With the default interval each wake-up would wait about 5 ms for the worker.
     assert waits[len(waits) // 2] < 0.0035, waits
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_worker_starts_after_the_gpu_work_the_missed_call_queued():
+    # The missed call returns with its kernels queued; the worker's work (a plan's first run, a
+    # CUDA graph capture) must not start beside them.
+    from kiln.background import BackgroundCompiler
+
+    worker = BackgroundCompiler()
+    began = []
+    request_done = torch.cuda.Event()
+
+    def capture(func, code, slots):
+        began.append(request_done.query())
+        return _C.SKIP
+
+    def f(x):
+        return x + 1
+
+    answer = worker.miss(capture, f, f.__code__, (torch.zeros(1, device="cuda"),))
+    assert answer[0] is _C.EAGER
+    torch.cuda._sleep(200_000_000)  # the missed call's GPU work: a kernel spinning ~0.1 s
+    request_done.record()
+    answer[1]()  # the call is over
+    assert not request_done.query()  # (else this test shows nothing)
+    assert worker.wait(30)
+    assert began == [True]

@@ -11,6 +11,11 @@ process's switch interval is lowered to WORKER_SWITCH_INTERVAL_S, so a request w
 of a millisecond for the GIL instead; it is restored when the worker is idle again, unless
 someone else changed it meanwhile.
 
+On a GPU the missed call has only queued its kernels when it returns: the worker waits (without
+the GIL) for an event recorded on the caller's stream at that point before it starts, so that
+its work, the plan's first run and CUDA graph capture among it, neither queues GPU work beside
+the request's nor takes the GIL from the thread that waits for the request's results.
+
 The worker captures from the first call's argument slots, under that thread's grad, inference
 and autocast modes (torch keeps them per thread). The entry it makes is used only by a call
 whose guards it passes, like any other: what the eager call changed meanwhile can only make it
@@ -56,6 +61,21 @@ def _in_modes(modes):
         for device, dtype in autocast:
             stack.enter_context(torch.autocast(device, dtype=dtype))
         yield
+
+
+def _end_of_call_on_gpu():
+    """A blocking-sync CUDA event recorded on the current stream of the current device when
+    CUDA is in use in this process (None otherwise): done when the GPU work the calling thread
+    has queued so far is."""
+    if not torch.cuda.is_initialized():
+        return None
+    try:
+        event = torch.cuda.Event(blocking=True)  # its waiter sleeps instead of spinning a core
+        event.record()
+    except RuntimeError as e:  # a broken context: the worker's own CUDA work will say so
+        log.debug("kiln: no end-of-call event for the background worker: %s", e)
+        return None
+    return event
 
 
 def _as_called(code, slots: tuple) -> tuple:
@@ -106,7 +126,8 @@ class BackgroundCompiler:
             with self._lock:
                 if self._pending.get(code) is not started:
                     return  # forgotten meanwhile (kiln.reset)
-                work = self._executor.submit(self._work, capture, func, code, slots, modes)
+                work = self._executor.submit(self._work, capture, func, code, slots, modes,
+                                             _end_of_call_on_gpu())
             work.add_done_callback(lambda f: started.set_result(None))
 
         return _C.EAGER, start
@@ -149,8 +170,10 @@ class BackgroundCompiler:
             if sys.getswitchinterval() == lowered:  # else someone chose another one meanwhile
                 sys.setswitchinterval(before)
 
-    def _work(self, capture, func, code, slots, modes):
+    def _work(self, capture, func, code, slots, modes, call_done=None):
         try:
+            if call_done is not None:
+                call_done.synchronize()  # releases the GIL while it waits
             with self._yielding_the_gil(), _in_modes(modes):
                 result = capture(func, code, slots)
         except BaseException as e:  # noqa: a failure here must leave the code to run eagerly
