@@ -129,6 +129,12 @@ constexpr int64_t kMaxGrid = int64_t{1} << 20;
 // between one warp and kMaxRowBlock.
 constexpr int64_t kRowElementsPerThread = 4;
 constexpr int64_t kMaxRowBlock = 1024;
+// A row of at most kMaxRowUnroll elements per thread is walked by an unrolled loop, and the values
+// a pass computes stay in registers for the later passes (at most kMaxCachedPerThread of them per
+// thread): a layer norm reads its row from memory once and computes its prologue once, instead
+// of once per pass.
+constexpr int64_t kMaxRowUnroll = 8;
+constexpr int64_t kMaxCachedPerThread = 48;
 // Column blocks (rows adjacent in memory, see RowKernel): 32 rows a block, up to
 // kMaxColumnThreads threads along each row, each handling about kColumnElementsPerThread.
 constexpr int64_t kColumnRows = 32;
@@ -630,6 +636,9 @@ class RowKernel {
       while (block < kMaxRowBlock && block * kRowElementsPerThread < length) block *= 2;
       grid = std::clamp<int64_t>(rows, 1, kMaxGrid);
       launch->block[0] = static_cast<uint32_t>(block);
+      unroll_ = CeilDiv(length, block);
+      registers_ = unroll_ <= kMaxRowUnroll;
+      block_ = block;
       type_ = IndexType(std::max({largest, rows + grid, length + block}));
     }
     launch->grid[0] = static_cast<uint32_t>(grid);
@@ -732,9 +741,45 @@ class RowKernel {
   std::unordered_map<uint32_t, std::string> OpenPass(
       std::string& indent, const std::unordered_map<uint32_t, std::string>& rows_var,
       const std::vector<uint32_t>& targets) {
+    std::unordered_set<uint32_t> needed;
+    std::vector<uint32_t> stack(targets.begin(), targets.end());
+    while (!stack.empty()) {
+      const uint32_t id = stack.back();
+      stack.pop_back();
+      if (cached_.count(id) || !rows_.IsFullNode(id) || !needed.insert(id).second) continue;
+      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
+    }
+    // What this pass computes (or loads) and keeps in registers for the later ones.
+    std::vector<std::pair<uint32_t, std::string>> keep;
+    if (registers_) {
+      auto consider = [&](uint32_t id, kiln::v1::DType dtype) {
+        if (cached_.count(id) || cached_elements_ + unroll_ > kMaxCachedPerThread) return;
+        const std::string array = "kiln_c" + std::to_string(id);
+        body_ << indent << ComputeType(dtype) << " " << array << "[" << unroll_ << "];\n";
+        keep.emplace_back(id, array);
+        cached_elements_ += unroll_;
+      };
+      // The pass's targets (a reduction's input, what the last pass stores): what the next
+      // passes read again.
+      for (uint32_t id : targets) {
+        const int i = rows_.InputOf(id);
+        if (i >= 0 && !g_.inputs[i].literal) {
+          consider(id, program_.meta.at(g_.inputs[i].base)->dtype());
+        } else if (rows_.IsFullNode(id)) {
+          consider(id, graph_.nodes(rows_.Producer(id)).outputs(0).meta().dtype());
+        }
+      }
+    }
     if (column_) {
       body_ << indent << "for (" << type_ << " kiln_e = threadIdx.y; kiln_active && kiln_e < "
             << length_ << "; kiln_e += blockDim.y) {\n";
+    } else if (registers_) {
+      body_ << indent << "#pragma unroll\n"
+            << indent << "for (int kiln_u = 0; kiln_u < " << unroll_ << "; ++kiln_u) {\n"
+            << indent << "  const " << type_ << " kiln_e = threadIdx.x + kiln_u * " << block_
+            << ";\n"
+            << indent << "  if (kiln_e < " << length_ << ") {\n";
+      indent += "  ";
     } else {
       body_ << indent << "for (" << type_ << " kiln_e = threadIdx.x; kiln_e < " << length_
             << "; kiln_e += blockDim.x) {\n";
@@ -743,14 +788,7 @@ class RowKernel {
     body_ << Decompose({g_.sizes.begin() + outer_, g_.sizes.end()}, "kiln_e", "j", type_, indent,
                        outer_);
     std::unordered_map<uint32_t, std::string> vars = rows_var;
-    std::unordered_set<uint32_t> needed;
-    std::vector<uint32_t> stack(targets.begin(), targets.end());
-    while (!stack.empty()) {
-      const uint32_t id = stack.back();
-      stack.pop_back();
-      if (!rows_.IsFullNode(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
-    }
+    for (const auto& [id, array] : cached_) vars[id] = array + "[kiln_u]";
     for (uint32_t id : targets) Bind(id, indent, true, vars);
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
@@ -762,12 +800,20 @@ class RowKernel {
             << NodeExpression(node, vars, Rounded) << ";\n";
       vars[out.id()] = name;
     }
+    for (const auto& [id, array] : keep) {
+      body_ << indent << array << "[kiln_u] = " << vars.at(id) << ";\n";
+      cached_[id] = array;
+    }
     return vars;
   }
 
   void ClosePass(std::string& indent) {
     indent.resize(indent.size() - 2);
     body_ << indent << "}\n";
+    if (registers_ && !column_) {  // the unrolled loop's bounds check, then the loop
+      indent.resize(indent.size() - 2);
+      body_ << indent << "}\n";
+    }
   }
 
   void EmitReduction(const kiln::v1::Node& node, const Reduction& r, std::string& indent,
@@ -856,6 +902,11 @@ class RowKernel {
   const int index_;
   int rank_ = 0, outer_ = 0;
   bool column_ = false;  // (32, Y) blocks over adjacent rows, see the class comment
+  bool registers_ = false;  // an unrolled walk of the row, values kept across passes
+  int64_t unroll_ = 0;      // elements of the row per thread
+  int64_t block_ = 0;
+  std::unordered_map<uint32_t, std::string> cached_;  // value -> its array over kiln_u
+  int64_t cached_elements_ = 0;
   int64_t length_ = 1;   // elements of a row
   std::string type_;     // the index type
   RowGroup rows_;

@@ -37,9 +37,10 @@ struct CudaSource {
 // branch), the scalar path otherwise. Row-wise groups (outer_rank >= 0): one block per row
 // (grid-stride over rows), threads strided over the row, warp shuffles then shared memory for the
 // block's reductions (float accumulation; var/std in two passes), the block size from the row's
-// length (long rows loop with a block stride). Depthwise convolution groups (convolution >= 0):
-// one thread per output element, or per 16 bytes of channels when channels-last, summing the
-// window.
+// length (long rows loop with a block stride). A row of at most 8 elements per thread is walked by
+// an unrolled loop, and what each pass reduces stays in registers for the later passes, so the row
+// is read and its prologue computed once. Depthwise convolution groups (convolution >= 0): one
+// thread per output element, or per 16 bytes of channels when channels-last, summing the window.
 CudaSource GenerateCudaKernels(const kiln::v1::Graph& graph, const FusedProgram& program);
 
 }  // namespace kiln::compiler

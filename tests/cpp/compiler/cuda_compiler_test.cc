@@ -319,6 +319,46 @@ TEST_F(CudaKernelTest, LayerNormAndVarMeanAreRowKernels) {
   EXPECT_EQ(Launches(vm_body.plan())[0]->block(0), 256u);
 }
 
+TEST_F(CudaKernelTest, RowsOfAFewElementsPerThreadStayInRegistersAcrossPasses) {
+  // layer_norm(gelu(x + bias)) over rows of 1024 (the anchors' MLP block): 256 threads, 4
+  // elements each. The prologue (bias add, erf) is computed once, in the pass of the mean; the
+  // variance's pass and the normalizing store read it from registers.
+  GraphBuilder b;
+  const std::vector<int64_t> sizes{64, 1024}, row{64, 1};
+  uint32_t x = b.Input(sizes), bias = b.Input({1024});
+  uint32_t a = b.Op("aten::add.Tensor", {V(x), V(bias)}, sizes);
+  uint32_t g = b.Op("aten::gelu", {V(a)}, sizes);
+  uint32_t mean = b.Op("aten::mean.dim", {V(g), Ints({-1}), B(true)}, row);
+  uint32_t var = b.Op("aten::var.correction",
+                      {V(g), Ints({-1}), Named("correction", I(0)), Named("keepdim", B(true))},
+                      row);
+  uint32_t inv = b.Op("aten::rsqrt", {V(b.Op("aten::add.Scalar", {V(var), F(1e-5)}, row))}, row);
+  uint32_t c = b.Op("aten::sub.Tensor", {V(g), V(mean)}, sizes);
+  b.Output(b.Op("aten::mul.Tensor", {V(c), V(inv)}, sizes));
+  auto body = Build(CudaRequest(b), nullptr);
+  KILN_SKIP_IF_NO_NVRTC();
+  ASSERT_EQ(Launches(body.plan()).size(), 1u) << body.kernel_source();
+  EXPECT_EQ(Launches(body.plan())[0]->block(0), 256u);
+  const std::string& src = body.kernel_source();
+  const std::string kernel = src.substr(src.find("kiln_kernel_0("));
+  EXPECT_NE(kernel.find("for (int kiln_u = 0; kiln_u < 4; ++kiln_u)"), std::string::npos) << src;
+  auto count = [&](const std::string& what) {
+    int n = 0;
+    for (size_t at = kernel.find(what); at != std::string::npos; at = kernel.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("erf"), 1) << kernel;    // gelu once, not once per pass
+  EXPECT_EQ(count("in0["), 1) << kernel;   // x loaded once
+  EXPECT_GE(count("[kiln_u]"), 3) << kernel;
+
+  // Rows of 5000 (block 1024, 5 each) still unroll; 9000 (9 each) loop with a block stride.
+  for (int64_t length : {5000, 9000}) {
+    auto soft = Build(CudaRequest(Softmax({64, length}, kF32)), nullptr);
+    EXPECT_EQ(soft.kernel_source().find("kiln_u") != std::string::npos, length == 5000)
+        << soft.kernel_source();
+  }
+}
+
 TEST_F(CudaKernelTest, LongRowsLoopWithTheLargestBlock) {
   GraphBuilder b;
   uint32_t x = b.Input({64, 100000});
@@ -493,7 +533,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-5|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-6|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -566,7 +606,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-5|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-6|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -584,7 +624,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-5|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-6|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
