@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <string_view>
 
 #include "cache/remote_store.h"
 #include "tests/cpp/support/graphs.h"
@@ -37,22 +38,31 @@ class SharedTier : public ::testing::Test {
           c.mac_key_file = key_file.empty() ? dir_.Sub("cluster.key") : key_file;
         });
   }
-  // How many Redis keys end with `suffix` (a cache key, whatever the namespace).
+  // Whether a Redis key is a compile lease ("<namespace>lease:<cache key>"): held while a
+  // daemon compiles, it ends with the cache key too but holds no artifact.
+  static bool IsLease(const redisReply* key) {
+    return std::string_view(key->str, key->len).find("lease:") != std::string_view::npos;
+  }
+  // How many Redis keys end with `suffix` (a cache key, whatever the namespace), leases aside.
   int RedisKeysEndingWith(const std::string& suffix) {
     redisContext* c = redis_->Connect();
     auto* reply = static_cast<redisReply*>(redisCommand(c, "KEYS %s", ("*" + suffix).c_str()));
-    int n = reply != nullptr && reply->type == REDIS_REPLY_ARRAY ? static_cast<int>(reply->elements)
-                                                                 : -1;
+    int n = -1;
+    if (reply != nullptr && reply->type == REDIS_REPLY_ARRAY) {
+      n = 0;
+      for (size_t i = 0; i < reply->elements; ++i) n += IsLease(reply->element[i]) ? 0 : 1;
+    }
     if (reply != nullptr) freeReplyObject(reply);
     redisFree(c);
     return n;
   }
-  // The value of every Redis key ending with `suffix`, concatenated.
+  // The value of every Redis key ending with `suffix`, leases aside, concatenated.
   std::string RedisValuesOf(const std::string& suffix) {
     redisContext* c = redis_->Connect();
     auto* keys = static_cast<redisReply*>(redisCommand(c, "KEYS %s", ("*" + suffix).c_str()));
     std::string out;
     for (size_t i = 0; keys != nullptr && i < keys->elements; ++i) {
+      if (IsLease(keys->element[i])) continue;
       auto* value = static_cast<redisReply*>(
           redisCommand(c, "GET %b", keys->element[i]->str, keys->element[i]->len));
       out += std::string(value->str, value->len) + "|";
