@@ -932,7 +932,15 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   KILN_RETURN_IF_ERROR(RunSteps(prologue_, vals, at::Tensor()));
   auto kept = std::make_shared<std::vector<at::Tensor>>();
   kept->reserve(prologue_output_slots_.size());
-  for (int s : prologue_output_slots_) kept->push_back(vals[s]);
+  for (int s : prologue_output_slots_) {
+    // The prologue is ATen's work, which lays its results out as it does; the steps that read
+    // them (kernels among them) were planned for the metadata's layout. Once per parameter
+    // version, so a copy where they differ costs nothing that matters. (Opaque tensors, oneDNN's
+    // prepacked weights, have no strides: only the library call they were made for reads them.)
+    const at::Tensor& t = vals[s];
+    const bool relaid = t.defined() && t.layout() == at::kStrided && !HasLayout(t, metas_[s]);
+    kept->push_back(relaid ? CopyWithLayout(t, metas_[s]) : t);
+  }
   prologue_values_ = std::move(kept);
   prologue_stamps_ = std::move(now);
   ++prologue_runs_;

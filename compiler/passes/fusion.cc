@@ -349,7 +349,6 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   // pointwise nodes over its rows.
   std::vector<int> node_group(graph.nodes_size(), -1);
   int open = -1;
-  bool open_bound = false;  // the open group computes bound values (the plan's prologue)
   std::unordered_set<uint32_t> open_defs, open_rows;  // values of the open group; row values
   auto close = [&] {
     if (open >= 0) program.steps.push_back({true, -1, open});
@@ -385,10 +384,16 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   };
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const Node& n = graph.nodes(i);
-    // A group is all prologue or all per-call work.
+    // Prologue work (bound values: folded weights, casts of parameters) runs once per parameter
+    // version: ATen's kernels do it, none is generated. A generated kernel would cost its share
+    // of the artifact's build (on CUDA, half of a convolution net's NVRTC time) to save
+    // microseconds once.
     const bool is_bound = bound != nullptr && IsBoundNode(n, *bound);
-    if (open >= 0 && open_bound != is_bound) close();
-    open_bound = is_bound;
+    if (is_bound) {
+      close();
+      program.steps.push_back({false, i, -1});
+      continue;
+    }
     if (IsFusable(n, meta, device)) {
       std::vector<int64_t> sizes = Sizes(n.outputs(0).meta());
       if (open >= 0 && program.groups[open].sizes == sizes && reads_fit(n, false)) {

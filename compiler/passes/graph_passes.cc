@@ -250,8 +250,8 @@ Graph HoistViewsAbovePointwise(const Graph& graph, PassStats* stats) {
         Node view;
         view.set_op("aten::view");
         view.add_args()->set_value(a.value());
-        for (int64_t s : to) view.add_args()->mutable_int_list()->add_values(s);
-        if (to.empty()) view.mutable_args(1)->mutable_int_list();
+        auto* view_sizes = view.add_args()->mutable_int_list();  // aten::view(Tensor, int[])
+        for (int64_t s : to) view_sizes->add_values(s);
         kiln::v1::Value* out = view.add_outputs();
         out->set_id(next_id++);
         TensorMeta* m = out->mutable_meta();

@@ -453,10 +453,15 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
                                       std::string(dtype == kF32 ? "float" : "uint16_t") + ", " +
                                       std::to_string(width) + "> xv = ";
       EXPECT_EQ(src.find(vector_load) != std::string::npos, channels_last) << src;
-      // The bound weight is copied once, channels innermost, by the prologue: a tap's weights
-      // are one vector on the vector path, at the channel's index (stride 1) on the scalar one.
-      ASSERT_EQ(plan.prologue_size(), 1) << plan.DebugString();
-      EXPECT_TRUE(plan.prologue(0).has_kernel());
+      // The bound weight is copied once, channels innermost, by the prologue (ATen's clone of
+      // the permuted weight, no kernel of its own): a tap's weights are one vector on the
+      // vector path, at the channel's index (stride 1) on the scalar one.
+      std::vector<std::string> prologue_ops;
+      for (const kiln::v1::PlanStep& step : plan.prologue()) {
+        ASSERT_TRUE(step.has_library()) << plan.DebugString();
+        prologue_ops.push_back(step.library().op());
+      }
+      EXPECT_EQ(prologue_ops, (std::vector<std::string>{"aten::permute", "aten::clone"}));
       EXPECT_EQ(src.find("const kiln_vec<" + std::string(dtype == kF32 ? "float" : "uint16_t") +
                          ", " + std::to_string(width) + "> wv = ") != std::string::npos,
                 channels_last)
@@ -533,7 +538,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-6|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-7|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -606,7 +611,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-6|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-7|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -624,7 +629,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-6|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-7|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
