@@ -170,14 +170,15 @@ def main():
         sp = [r[f"{c}_speedup"] for r in rows if r.get(f"{c}_speedup")]
         summary[f"{c}_geomean_speedup"] = math.exp(sum(map(math.log, sp)) / len(sp)) if sp else None
     _table(rows, a.compilers, summary)
-    os.makedirs(os.path.dirname(a.csv), exist_ok=True)
+    os.makedirs(os.path.dirname(a.csv) or ".", exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: (k != "model", k))
     with open(a.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    _chart(rows, a.compilers, a.png)
-    print(f"# csv {a.csv}, chart {a.png}")
+    if a.png:  # --png "": no chart
+        _chart(rows, a.compilers, a.png)
+    print(f"# csv {a.csv}, chart {a.png or 'none'}")
     emit(summary, a.out)
 
 
