@@ -933,13 +933,21 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   auto kept = std::make_shared<std::vector<at::Tensor>>();
   kept->reserve(prologue_output_slots_.size());
   for (int s : prologue_output_slots_) {
-    // The prologue is ATen's work, which lays its results out as it does; the steps that read
-    // them (kernels among them) were planned for the metadata's layout. Once per parameter
+    // The prologue is ATen's work, which lays its results out as it does and promotes types
+    // as it does (a bfloat16 weight times a float32 scale is float32); the steps that read them
+    // (kernels among them) were planned for the metadata's layout and dtype. Once per parameter
     // version, so a copy where they differ costs nothing that matters. (Opaque tensors, oneDNN's
     // prepacked weights, have no strides: only the library call they were made for reads them.)
     const at::Tensor& t = vals[s];
-    const bool relaid = t.defined() && t.layout() == at::kStrided && !HasLayout(t, metas_[s]);
-    kept->push_back(relaid ? CopyWithLayout(t, metas_[s]) : t);
+    const ValueMeta& m = metas_[s];
+    if (t.defined() && t.layout() == at::kStrided &&
+        (t.scalar_type() != m.dtype || !HasLayout(t, m))) {
+      at::Tensor copy = EmptyWithLayout(m, t.options().dtype(m.dtype));
+      copy.copy_(t);
+      kept->push_back(std::move(copy));
+    } else {
+      kept->push_back(t);
+    }
   }
   prologue_values_ = std::move(kept);
   prologue_stamps_ = std::move(now);

@@ -548,3 +548,30 @@ def test_every_cut_and_garbled_plan_is_refused_or_runs(kernels_so):
         except ValueError:
             pass
     assert 0 < built < len(variants)
+
+
+def test_prologue_results_take_the_dtype_and_layout_the_steps_were_planned_for():
+    # prologue: q = w * s, a bfloat16 weight times a float32 scale, which ATen promotes to
+    # float32, and t = q.t().clone(), which ATen lays out as q.t() is (column-major); the plan's
+    # metadata says q is bfloat16 and t row-major, as a generated kernel would have made them.
+    # steps: out = x + q, and t read as [12] through a view (only a row-major t has that view).
+    w = torch.randn(4, 3).to(torch.bfloat16)
+    s = torch.rand(4, 1) + 0.5
+    q_meta = value(2, [4, 3], torch.bfloat16)
+    p = plan([value(0, [4, 3], torch.bfloat16), value(1, [4, 3], torch.bfloat16),
+              value(5, [4, 1]), q_meta, meta(3, torch.empty(4, 3).t(), torch.bfloat16),
+              value(4, [3, 4], torch.bfloat16), value(6, [4, 3], torch.bfloat16),
+              value(7, [12], torch.bfloat16)],
+             [1, 5, 0],
+             [library("aten::add.Tensor", [pos("value", 0), pos("value", 2)], [6]),
+              library("aten::view", [pos("value", 4), pos("ints", [12])], [7])], [6, 7],
+             prologue=[library("aten::mul.Tensor", [pos("value", 1), pos("value", 5)], [2]),
+                       library("aten::t", [pos("value", 2)], [3]),
+                       library("aten::clone", [pos("value", 3)], [4])],
+             prologue_outputs=[2, 4], params=[w, s])
+    x = torch.randn(4, 3).to(torch.bfloat16)
+    out, flat = p(x)
+    q = (w * s).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and flat.dtype == torch.bfloat16
+    assert_close(out, x + q)
+    assert_close(flat, q.t().reshape(12))
