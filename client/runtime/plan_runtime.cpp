@@ -17,6 +17,7 @@
 #include <array>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -240,9 +241,10 @@ bool HasLayout(const at::Tensor& t, const ValueMeta& m) {
   return t.strides() == c10::IntArrayRef(m.strides) && t.storage_offset() == m.storage_offset;
 }
 
-// A copy of `t` with the metadata's layout (for a `t` that lacks it).
-at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m) {
-  at::Tensor copy = EmptyWithLayout(m, t.options());
+// A copy of `t` with the metadata's layout (for a `t` that lacks it), of `t`'s dtype or `dtype`.
+at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m,
+                          std::optional<at::ScalarType> dtype = std::nullopt) {
+  at::Tensor copy = EmptyWithLayout(m, t.options().dtype(dtype.value_or(t.scalar_type())));
   copy.copy_(t);
   return copy;
 }
@@ -940,14 +942,9 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
     // prepacked weights, have no strides: only the library call they were made for reads them.)
     const at::Tensor& t = vals[s];
     const ValueMeta& m = metas_[s];
-    if (t.defined() && t.layout() == at::kStrided &&
-        (t.scalar_type() != m.dtype || !HasLayout(t, m))) {
-      at::Tensor copy = EmptyWithLayout(m, t.options().dtype(m.dtype));
-      copy.copy_(t);
-      kept->push_back(std::move(copy));
-    } else {
-      kept->push_back(t);
-    }
+    const bool conform = t.defined() && t.layout() == at::kStrided &&
+                         (t.scalar_type() != m.dtype || !HasLayout(t, m));
+    kept->push_back(conform ? CopyWithLayout(t, m, m.dtype) : t);
   }
   prologue_values_ = std::move(kept);
   prologue_stamps_ = std::move(now);

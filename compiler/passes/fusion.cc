@@ -145,17 +145,13 @@ constexpr int kMergeCandidates = 8;
 //   groups of the same kept dims, when neither reads the other.
 // - Groups storing values of different layouts stay apart: one of them would be stored against
 //   its memory order.
-// - Prologue groups and per-call groups never merge.
 // Among the legal candidates a kernel goes to the one sharing most of its inputs, else the
 // nearest. `node_group` follows the merges; merged-away groups are left empty.
-void MergeIndependentGroups(const Graph& graph, const std::unordered_set<uint32_t>* bound,
-                            FusedProgram& program, std::vector<int>& node_group) {
+void MergeIndependentGroups(const Graph& graph, FusedProgram& program,
+                            std::vector<int>& node_group) {
   std::vector<FusedStep>& steps = program.steps;
   std::vector<StepValues> values;
   for (const FusedStep& step : steps) values.push_back(ValuesOfStep(graph, program, step));
-  auto is_bound = [&](const FusedGroup& g) {
-    return bound != nullptr && IsBoundNode(graph.nodes(g.nodes.front()), *bound);
-  };
   auto is_random = [&](const FusedStep& step) {
     return !step.is_kernel && IsNondeterministic(graph.nodes(step.node).op());
   };
@@ -183,7 +179,7 @@ void MergeIndependentGroups(const Graph& graph, const std::unordered_set<uint32_
   };
   auto compatible = [&](int a, int b) {
     const FusedGroup &ga = program.groups[a], &gb = program.groups[b];
-    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank || is_bound(ga) != is_bound(gb) ||
+    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank ||
         ga.convolution >= 0 || gb.convolution >= 0) {
       return false;
     }
@@ -444,7 +440,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   close();
 
   // 2. Horizontal fusion, then groups numbered in execution order.
-  MergeIndependentGroups(graph, bound, program, node_group);
+  MergeIndependentGroups(graph, program, node_group);
   std::vector<FusedGroup> groups;
   for (FusedStep& step : program.steps) {
     if (!step.is_kernel) continue;

@@ -59,8 +59,8 @@ struct FusedProgram {
 // the same iteration space are merged when no other step lies on a path between them and the
 // values they store share a layout (horizontal fusion); the steps the later one needs then run
 // before the merged kernel, random ops keeping their order. With `bound` (BoundValues, the graph
-// ordered by BoundNodesFirst), no group mixes nodes defining bound values with others, so every
-// step is either prologue work or per-call work. Only nodes whose tensors all live on a device
+// ordered by BoundNodesFirst), nodes defining bound values (the plan's prologue, run once per
+// parameter version) are library steps, never in a kernel. Only nodes whose tensors all live on a device
 // of kind `device` (the target's) are fused; the rest are library steps.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph,
                        const std::unordered_set<uint32_t>* bound = nullptr,

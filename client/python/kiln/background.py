@@ -170,7 +170,7 @@ class BackgroundCompiler:
             if sys.getswitchinterval() == lowered:  # else someone chose another one meanwhile
                 sys.setswitchinterval(before)
 
-    def _work(self, capture, func, code, slots, modes, call_done=None):
+    def _work(self, capture, func, code, slots, modes, call_done):
         try:
             if call_done is not None:
                 call_done.synchronize()  # releases the GIL while it waits
