@@ -12,7 +12,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-21";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-22";
 
 // The ISA kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does not know.
 absl::StatusOr<std::string> TargetIsa(const kiln::v1::Target& target) {
@@ -47,7 +47,17 @@ absl::StatusOr<GeneratedCpu> GenerateCpu(const kiln::v1::CompileRequest& request
   PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU, onednn);
   GeneratedCpu generated;
   generated.body = std::move(planned.body);
-  if (planned.has_kernels) generated.source = GenerateCpp(*planned.graph, planned.program);
+  if (!planned.has_kernels) return generated;
+  CppSource kernels = GenerateCpp(*planned.graph, planned.program);
+  kiln::v1::ExecutionPlan* plan = generated.body.mutable_plan();
+  for (auto* steps : {plan->mutable_prologue(), plan->mutable_steps()}) {
+    for (kiln::v1::PlanStep& step : *steps) {
+      if (step.has_kernel()) {
+        step.mutable_kernel()->set_symbol(kernels.functions.at(step.kernel().symbol()));
+      }
+    }
+  }
+  generated.source = std::move(kernels.source);
   return generated;
 }
 

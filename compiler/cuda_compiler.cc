@@ -14,7 +14,7 @@ namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules,
 // NVRTC flags).
-constexpr char kCudaCompilerVersion[] = "kiln-cuda-7";
+constexpr char kCudaCompilerVersion[] = "kiln-cuda-8";
 
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.
@@ -35,6 +35,7 @@ void SetLaunch(const CudaSource& kernels, kiln::v1::PlanStep& step) {
   if (!step.has_kernel()) return;
   kiln::v1::KernelLaunch* k = step.mutable_kernel();
   const CudaLaunch& launch = kernels.launches.at(k->symbol());
+  k->set_symbol(launch.function);
   for (uint32_t g : launch.grid) k->add_grid(g);
   for (uint32_t b : launch.block) k->add_block(b);
   k->set_shared_memory_bytes(launch.shared_memory_bytes);

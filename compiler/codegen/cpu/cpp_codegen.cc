@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "compiler/codegen/cpu/kernel_abi_text.h"
+#include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/loop_space.h"
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
@@ -134,7 +135,7 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
     return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" + decls +
            body + "}\n";
   }
-  const std::string fn = "kiln_range_" + std::to_string(index);
+  const std::string fn = symbol + "_range";
   return "static void " + fn + "(int64_t kiln_begin, int64_t kiln_end, void* const* args) {\n" +
          decls + body + "}\n\nextern \"C\" void " + symbol +
          "(void* const* args, kiln_parallel_for_fn kiln_parallel_for) {\n  kiln_parallel_for(0, " +
@@ -159,6 +160,7 @@ class RowKernel {
         program_(program),
         g_(program.groups[index]),
         index_(index),
+        local_(LocalNumbers(graph, g_)),
         rows_(graph, program, index, kiln::v1::DEVICE_KIND_CPU) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
@@ -230,9 +232,12 @@ class RowKernel {
       }
     }
     std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
-    for (uint32_t id : buffered_) {
-      body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " buf" << id << "["
-            << unit_length << "];\n";
+    std::vector<uint32_t> buffers(buffered_.begin(), buffered_.end());
+    std::sort(buffers.begin(), buffers.end(),
+              [&](uint32_t a, uint32_t b) { return local_.at(a) < local_.at(b); });
+    for (uint32_t id : buffers) {
+      body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " " << Local("buf", id)
+            << "[" << unit_length << "];\n";
     }
     for (int ni : g_.nodes) {
       const auto& node = graph_.nodes(ni);
@@ -241,7 +246,7 @@ class RowKernel {
       } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         const std::string t = ComputeType(out.meta().dtype());
-        const std::string name = "r" + std::to_string(out.id());
+        const std::string name = Local("r", out.id());
         if (lanes_ > 0) body_ << indent << t << " " << name << "[" << lanes_ << "];\n";
         // Row-context loads of a lane kernel live in the lane loop only.
         std::unordered_map<uint32_t, std::string> local = rows_var;
@@ -379,7 +384,7 @@ class RowKernel {
       step *= g_.sizes[d];
     }
     if (lanes_ > 0) at = "(" + at + ") * " + std::to_string(lanes_) + " + kiln_v";
-    for (uint32_t id : stored_) vars[id] = "buf" + std::to_string(id) + "[" + at + "]";
+    for (uint32_t id : stored_) vars[id] = Local("buf", id) + "[" + at + "]";
     // The full-space nodes the targets depend on, in group order.
     std::unordered_set<uint32_t> needed;
     std::vector<uint32_t> stack(targets.begin(), targets.end());
@@ -395,12 +400,12 @@ class RowKernel {
       const auto& out = node.outputs(0);
       if (!needed.count(out.id())) continue;
       for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = "v" + std::to_string(out.id());
+      const std::string name = Local("v", out.id());
       body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
             << PointwiseExpr(node, vars) << ";\n";
       vars[out.id()] = name;
       if (buffered_.count(out.id())) {
-        body_ << indent << "buf" << out.id() << "[" << at << "] = " << name << ";\n";
+        body_ << indent << Local("buf", out.id()) << "[" << at << "] = " << name << ";\n";
         stored_.insert(out.id());  // later loops of this row read the buffer
       }
     }
@@ -419,7 +424,7 @@ class RowKernel {
                      std::unordered_map<uint32_t, std::string>& rows_var) {
     const auto dtype = node.outputs(0).meta().dtype();
     const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(node.outputs(0).id());
+    const std::string k = std::to_string(local_.at(node.outputs(0).id()));
     int64_t n = 1;
     for (int d = outer_; d < rank_; ++d) n *= g_.sizes[d];
     const std::string count = "(" + t + ")" + std::to_string(n);
@@ -430,7 +435,7 @@ class RowKernel {
       CloseInner(indent);
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = "r" + std::to_string(out.id());
+      const std::string name = Local("r", out.id());
       DeclareRow(t, name, Rounded(dtype, value), indent);
       rows_var[out.id()] = Lane(name);
     };
@@ -475,10 +480,16 @@ class RowKernel {
     }
   }
 
+  // The name of value `id` in this kernel (LocalNumbers).
+  std::string Local(const char* prefix, uint32_t id) const {
+    return prefix + std::to_string(local_.at(id));
+  }
+
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
+  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
   int rank_ = 0, outer_ = 0;
   int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
   RowGroup rows_;
@@ -487,155 +498,165 @@ class RowKernel {
   std::ostringstream body_;
 };
 
-}  // namespace
+// A pointwise group's kernel.
+std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int group) {
+  const FusedGroup& g = program.groups[group];
+  const std::unordered_map<uint32_t, int> local = LocalNumbers(graph, g);
+  std::vector<int64_t> sizes = g.sizes.empty() ? std::vector<int64_t>{1} : g.sizes;
+  const int rank = static_cast<int>(sizes.size());
+  const int pad = rank - static_cast<int>(g.sizes.size());
 
-std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program) {
-  std::ostringstream src;
-  src << kPrelude << kKernelAbiHeader << kHelpers;
-  for (const FusedStep& step : program.steps) {
-    if (!step.is_kernel) continue;
-    const FusedGroup& g = program.groups[step.group];
-    if (g.outer_rank >= 0) {
-      src << "\n" << RowKernel(graph, program, step.group).Source();
+  std::vector<Access> accesses;
+  std::ostringstream head, body;
+  int arg = 0;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const KernelOperand& in = g.inputs[i];
+    const auto& m = *program.meta.at(in.base);
+    if (in.literal) {
+      // Never indexed: strides of zero keep it out of the collapsing decisions.
+      head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal << ";\n";
+      accesses.push_back({"", 0, std::vector<int64_t>(rank, 0)});
       continue;
     }
-    std::vector<int64_t> sizes = g.sizes.empty() ? std::vector<int64_t>{1} : g.sizes;
-    const int rank = static_cast<int>(sizes.size());
-    const int pad = rank - static_cast<int>(g.sizes.size());
-
-    std::vector<Access> accesses;
-    std::ostringstream head, body;
-    int arg = 0;
-    for (size_t i = 0; i < g.inputs.size(); ++i) {
-      const KernelOperand& in = g.inputs[i];
-      const auto& m = *program.meta.at(in.base);
-      if (in.literal) {
-        // Never indexed: strides of zero keep it out of the collapsing decisions.
-        head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal
-             << ";\n";
-        accesses.push_back({"", 0, std::vector<int64_t>(rank, 0)});
-        continue;
-      }
-      head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
-           << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-      std::vector<int64_t> strides(pad, 0);
-      strides.insert(strides.end(), in.strides.begin(), in.strides.end());
-      accesses.push_back({"in" + std::to_string(i), in.offset, strides});
-    }
-    for (size_t i = 0; i < g.outputs.size(); ++i) {
-      const auto& m = *program.meta.at(g.outputs[i]);
-      head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
-           << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-      std::vector<int64_t> strides(pad, 0);
-      for (int d = 0; d < m.strides_size(); ++d) {
-        strides.push_back(m.sizes(d) == 1 ? 0 : m.strides(d));
-      }
-      accesses.push_back({"out" + std::to_string(i), 0, strides});
-    }
-
-    // The loop order follows the first output's memory order, so a channels-last or transposed
-    // result is written sequentially and the inner loop vectorizes.
-    std::vector<std::vector<int64_t>> access_strides;
-    for (const Access& a : accesses) access_strides.push_back(a.strides);
-    LoopSpace space = CollapseLoops(sizes, access_strides,
-                                    g.outputs.empty() ? -1 : static_cast<int>(g.inputs.size()));
-    std::vector<int64_t>& csizes = space.sizes;
-    std::vector<std::vector<int64_t>>& cstrides = space.strides;
-    // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
-    // vectorizes nothing and strides through the inputs: the longest dim some input reads
-    // contiguously goes innermost instead, so the loop reads consecutive elements and its
-    // writes, a few elements apart, stay within the same cache lines.
-    if (csizes.size() >= 2 && csizes.back() < 16) {
-      int longest = -1;
-      for (int d = 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
-        if (csizes[d] < 64 || (longest >= 0 && csizes[d] <= csizes[longest])) continue;
-        for (size_t a = 0; a < g.inputs.size(); ++a) {
-          if (cstrides[a][d] == 1) longest = d;
-        }
-      }
-      if (longest >= 0) {
-        auto to_back = [&](std::vector<int64_t>& v) {
-          const int64_t x = v[longest];
-          v.erase(v.begin() + longest);
-          v.push_back(x);
-        };
-        to_back(csizes);
-        for (auto& strides : cstrides) to_back(strides);
-      }
-    }
-    const int crank = static_cast<int>(csizes.size());
-    auto index = [&](size_t a) {
-      std::string e = std::to_string(accesses[a].offset);
-      for (int d = 0; d < crank; ++d) {
-        if (cstrides[a][d] != 0)
-          e += " + i" + std::to_string(d) + " * " + std::to_string(cstrides[a][d]);
-      }
-      return e;
-    };
-
-    int64_t numel = 1;
-    for (int64_t s : csizes) numel *= s;
-    const bool parallel = numel >= kParallelElements;
-    std::string indent = "  ";
-    // Parallel: over chunks of a flat loop (one dim), or over the flattened outer dims.
-    int64_t range = 0, grain = 0;
-    int first = 0, opened = 0;
-    if (parallel && crank == 1) {
-      body << indent << "#pragma omp simd\n"
-           << indent << "for (int64_t i0 = kiln_begin; i0 < kiln_end; ++i0) {\n";
-      indent += "  ";
-      range = csizes[0];
-      grain = kChunkElements;
-      first = crank;
-      opened = 1;
-    } else if (parallel) {
-      range = numel / csizes.back();
-      grain = kChunkElements / csizes.back();
-      body << FlatLoop({csizes.begin(), csizes.end() - 1}, indent);
-      indent += "  ";
-      first = crank - 1;
-      opened = 1;
-    }
-    for (int d = first; d < crank; ++d, ++opened) {
-      if (d == crank - 1) body << indent << "#pragma omp simd\n";
-      body << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << csizes[d] << "; ++i"
-           << d << ") {\n";
-      indent += "  ";
-    }
-    // Loads.
-    std::unordered_map<uint32_t, std::string> var;
-    for (size_t i = 0; i < g.inputs.size(); ++i) {
-      if (g.inputs[i].literal) {
-        var[g.input_ids[i]] = "lit" + std::to_string(i);
-        continue;
-      }
-      const auto& m = *program.meta.at(g.inputs[i].base);
-      std::string name = "a" + std::to_string(i);
-      body << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
-           << Load(m.dtype(), "in" + std::to_string(i) + "[" + index(i) + "]") << ";\n";
-      var[g.input_ids[i]] = name;
-    }
-    // The nodes.
-    for (int ni : g.nodes) {
-      const auto& out = graph.nodes(ni).outputs(0);
-      std::string name = "v" + std::to_string(out.id());
-      body << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-           << PointwiseExpr(graph.nodes(ni), var) << ";\n";
-      var[out.id()] = name;
-    }
-    // Stores.
-    for (size_t i = 0; i < g.outputs.size(); ++i) {
-      const auto& m = *program.meta.at(g.outputs[i]);
-      body << indent << "out" << i << "[" << index(g.inputs.size() + i)
-           << "] = " << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
-    }
-    for (; opened > 0; --opened) {
-      indent.resize(indent.size() - 2);
-      body << indent << "}\n";
-    }
-    src << "\n" << KernelFunctions(step.group, head.str(), body.str(), range, grain);
+    head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
+         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
+    std::vector<int64_t> strides(pad, 0);
+    strides.insert(strides.end(), in.strides.begin(), in.strides.end());
+    accesses.push_back({"in" + std::to_string(i), in.offset, strides});
   }
-  return src.str();
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    const auto& m = *program.meta.at(g.outputs[i]);
+    head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
+         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
+    std::vector<int64_t> strides(pad, 0);
+    for (int d = 0; d < m.strides_size(); ++d) {
+      strides.push_back(m.sizes(d) == 1 ? 0 : m.strides(d));
+    }
+    accesses.push_back({"out" + std::to_string(i), 0, strides});
+  }
+
+  // The loop order follows the first output's memory order, so a channels-last or transposed
+  // result is written sequentially and the inner loop vectorizes.
+  std::vector<std::vector<int64_t>> access_strides;
+  for (const Access& a : accesses) access_strides.push_back(a.strides);
+  LoopSpace space = CollapseLoops(sizes, access_strides,
+                                  g.outputs.empty() ? -1 : static_cast<int>(g.inputs.size()));
+  std::vector<int64_t>& csizes = space.sizes;
+  std::vector<std::vector<int64_t>>& cstrides = space.strides;
+  // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
+  // vectorizes nothing and strides through the inputs: the longest dim some input reads
+  // contiguously goes innermost instead, so the loop reads consecutive elements and its
+  // writes, a few elements apart, stay within the same cache lines.
+  if (csizes.size() >= 2 && csizes.back() < 16) {
+    int longest = -1;
+    for (int d = 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
+      if (csizes[d] < 64 || (longest >= 0 && csizes[d] <= csizes[longest])) continue;
+      for (size_t a = 0; a < g.inputs.size(); ++a) {
+        if (cstrides[a][d] == 1) longest = d;
+      }
+    }
+    if (longest >= 0) {
+      auto to_back = [&](std::vector<int64_t>& v) {
+        const int64_t x = v[longest];
+        v.erase(v.begin() + longest);
+        v.push_back(x);
+      };
+      to_back(csizes);
+      for (auto& strides : cstrides) to_back(strides);
+    }
+  }
+  const int crank = static_cast<int>(csizes.size());
+  auto index = [&](size_t a) {
+    std::string e = std::to_string(accesses[a].offset);
+    for (int d = 0; d < crank; ++d) {
+      if (cstrides[a][d] != 0)
+        e += " + i" + std::to_string(d) + " * " + std::to_string(cstrides[a][d]);
+    }
+    return e;
+  };
+
+  int64_t numel = 1;
+  for (int64_t s : csizes) numel *= s;
+  const bool parallel = numel >= kParallelElements;
+  std::string indent = "  ";
+  // Parallel: over chunks of a flat loop (one dim), or over the flattened outer dims.
+  int64_t range = 0, grain = 0;
+  int first = 0, opened = 0;
+  if (parallel && crank == 1) {
+    body << indent << "#pragma omp simd\n"
+         << indent << "for (int64_t i0 = kiln_begin; i0 < kiln_end; ++i0) {\n";
+    indent += "  ";
+    range = csizes[0];
+    grain = kChunkElements;
+    first = crank;
+    opened = 1;
+  } else if (parallel) {
+    range = numel / csizes.back();
+    grain = kChunkElements / csizes.back();
+    body << FlatLoop({csizes.begin(), csizes.end() - 1}, indent);
+    indent += "  ";
+    first = crank - 1;
+    opened = 1;
+  }
+  for (int d = first; d < crank; ++d, ++opened) {
+    if (d == crank - 1) body << indent << "#pragma omp simd\n";
+    body << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << csizes[d] << "; ++i" << d
+         << ") {\n";
+    indent += "  ";
+  }
+  // Loads.
+  std::unordered_map<uint32_t, std::string> var;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    if (g.inputs[i].literal) {
+      var[g.input_ids[i]] = "lit" + std::to_string(i);
+      continue;
+    }
+    const auto& m = *program.meta.at(g.inputs[i].base);
+    std::string name = "a" + std::to_string(i);
+    body << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
+         << Load(m.dtype(), "in" + std::to_string(i) + "[" + index(i) + "]") << ";\n";
+    var[g.input_ids[i]] = name;
+  }
+  // The nodes.
+  for (int ni : g.nodes) {
+    const auto& out = graph.nodes(ni).outputs(0);
+    std::string name = "v" + std::to_string(local.at(out.id()));
+    body << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
+         << PointwiseExpr(graph.nodes(ni), var) << ";\n";
+    var[out.id()] = name;
+  }
+  // Stores.
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    const auto& m = *program.meta.at(g.outputs[i]);
+    body << indent << "out" << i << "[" << index(g.inputs.size() + i)
+         << "] = " << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
+  }
+  for (; opened > 0; --opened) {
+    indent.resize(indent.size() - 2);
+    body << indent << "}\n";
+  }
+  return KernelFunctions(group, head.str(), body.str(), range, grain);
+}
+
+}  // namespace
+
+CppSource GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program) {
+  CppSource out;
+  std::ostringstream src;
+  src << kPrelude << kKernelAbiHeader << kHelpers;
+  DistinctKernels distinct;
+  for (const FusedStep& step : program.steps) {
+    if (!step.is_kernel) continue;
+    const std::string symbol = KernelSymbol(step.group);
+    const std::string text = program.groups[step.group].outer_rank >= 0
+                                 ? RowKernel(graph, program, step.group).Source()
+                                 : PointwiseKernel(graph, program, step.group);
+    const std::string function = distinct.Add(symbol, text);
+    out.functions[symbol] = function;
+    if (function == symbol) src << "\n" << text;
+  }
+  out.source = src.str();
+  return out;
 }
 
 }  // namespace kiln::compiler

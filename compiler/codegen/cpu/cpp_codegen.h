@@ -2,6 +2,7 @@
 // strides and offsets as compile-time constants, OpenMP across outer loops.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "compiler/passes/fusion.h"
@@ -13,7 +14,12 @@ namespace kiln::compiler {
 // kiln/v1/kernel_abi.h, bf16 conversions) and every group of `program` that a step launches, each
 // exported as KernelSymbol(group) with the ABI's kiln_kernel_fn signature. Kernel parameters: the
 // group's inputs (bases, in input order), then its outputs. Needs no header beyond the C++
-// standard library's.
-std::string GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program);
+// standard library's. A group whose kernel is the same code as an earlier group's exports nothing:
+// its steps call the earlier function (DistinctKernels).
+struct CppSource {
+  std::string source;
+  std::map<std::string, std::string> functions;  // KernelSymbol(group) -> the function to call
+};
+CppSource GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program);
 
 }  // namespace kiln::compiler

@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/loop_space.h"
 #include "compiler/codegen/pointwise_ops.h"
 #include "compiler/codegen/reduction_ops.h"
@@ -240,7 +241,11 @@ std::string Signature(int index, int64_t block, const std::string& params) {
 class PointwiseKernel {
  public:
   PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph), program_(program), g_(program.groups[index]), index_(index) {}
+      : graph_(graph),
+        program_(program),
+        g_(program.groups[index]),
+        index_(index),
+        local_(LocalNumbers(graph, g_)) {}
 
   std::string Source(CudaLaunch* launch) {
     std::vector<int64_t> sizes = g_.sizes.empty() ? std::vector<int64_t>{1} : g_.sizes;
@@ -285,14 +290,13 @@ class PointwiseKernel {
     for (int64_t s : space_.sizes) numel *= s;
     int64_t largest = numel;
     for (size_t a = 0; a < accesses_.size(); ++a) {
-      largest = std::max(largest, LastOffset(accesses_[a].offset, space_.sizes,
-                                             space_.strides[a]));
+      largest = std::max(largest, LastOffset(accesses_[a].offset, space_.sizes, space_.strides[a]));
     }
     if (conv_) {  // the window's operands, over their own sizes
       for (uint32_t id : {conv_->input, conv_->weight}) {
         const KernelOperand& in = g_.inputs[InputIndex(id)];
-        largest = std::max(largest,
-                           LastOffset(in.offset, Sizes(*program_.meta.at(id)), in.strides));
+        largest =
+            std::max(largest, LastOffset(in.offset, Sizes(*program_.meta.at(id)), in.strides));
       }
     }
     const int vector = VectorWidth(numel);
@@ -404,7 +408,7 @@ class PointwiseKernel {
     const std::string win = "in" + std::to_string(InputIndex(c.weight));
     const std::string at_w = std::to_string(w.offset) + term(channel, w.strides[0]) +
                              term("kh", w.strides[2]) + term("kw", w.strides[3]);
-    const std::string weight = w.literal        ? "lit" + std::to_string(InputIndex(c.weight))
+    const std::string weight = w.literal       ? "lit" + std::to_string(InputIndex(c.weight))
                                : weight_vector ? Load(xm.dtype(), "wv.v[j]")
                                                : Load(xm.dtype(), win + "[" + at_w + "]");
     const std::string at_x = std::to_string(x.offset) + term(index(0), x.strides[0]) +
@@ -526,7 +530,7 @@ class PointwiseKernel {
     }
     for (int ni : g_.nodes) {
       const auto& out = graph_.nodes(ni).outputs(0);
-      const std::string name = "v" + std::to_string(out.id());
+      const std::string name = Local("v", out.id());
       if (ni == g_.convolution) {
         // Rounded to the output's dtype as eager's convolution stores it.
         o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
@@ -577,15 +581,21 @@ class PointwiseKernel {
     }
   }
 
+  // The name of value `id` in this kernel (LocalNumbers).
+  std::string Local(const char* prefix, uint32_t id) const {
+    return prefix + std::to_string(local_.at(id));
+  }
+
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
+  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
   std::vector<Access> accesses_;  // non-literal inputs loaded per element, then outputs
   LoopSpace space_;
   std::optional<WindowConvolution> conv_;  // a convolution group's
   std::vector<int> conv_dim_;              // its output dim -> loop space dim
-  std::string type_;  // the index type
+  std::string type_;                       // the index type
 };
 
 // A row-wise group (FusedGroup::outer_rank >= 0): a block per kept row, looping over the rows
@@ -605,6 +615,7 @@ class RowKernel {
         program_(program),
         g_(program.groups[index]),
         index_(index),
+        local_(LocalNumbers(graph, g_)),
         rows_(graph, program, index, kiln::v1::DEVICE_KIND_CUDA) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
@@ -683,7 +694,7 @@ class RowKernel {
       } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, rows_var);
-        const std::string name = "r" + std::to_string(out.id());
+        const std::string name = Local("r", out.id());
         body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
               << NodeExpression(node, rows_var, Rounded) << ";\n";
         rows_var[out.id()] = name;
@@ -754,7 +765,7 @@ class RowKernel {
     if (registers_) {
       auto consider = [&](uint32_t id, kiln::v1::DType dtype) {
         if (cached_.count(id) || cached_elements_ + unroll_ > kMaxCachedPerThread) return;
-        const std::string array = "kiln_c" + std::to_string(id);
+        const std::string array = Local("kiln_c", id);
         body_ << indent << ComputeType(dtype) << " " << array << "[" << unroll_ << "];\n";
         keep.emplace_back(id, array);
         cached_elements_ += unroll_;
@@ -795,7 +806,7 @@ class RowKernel {
       const auto& out = node.outputs(0);
       if (!needed.count(out.id())) continue;
       for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = "v" + std::to_string(out.id());
+      const std::string name = Local("v", out.id());
       body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
             << NodeExpression(node, vars, Rounded) << ";\n";
       vars[out.id()] = name;
@@ -820,7 +831,7 @@ class RowKernel {
                      std::unordered_map<uint32_t, std::string>& rows_var) {
     const auto dtype = node.outputs(0).meta().dtype();
     const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(node.outputs(0).id());
+    const std::string k = std::to_string(local_.at(node.outputs(0).id()));
     const std::string scratch = "kiln_scratch_" + t;
     const std::string count = "(" + t + ")" + std::to_string(length_);
     // One pass accumulating `statement` (over x, the reduction's input) into `acc`, then the
@@ -841,7 +852,7 @@ class RowKernel {
       }
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = "r" + std::to_string(out.id());
+      const std::string name = Local("r", out.id());
       body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value) << ";\n";
       rows_var[out.id()] = name;
     };
@@ -896,19 +907,25 @@ class RowKernel {
     return any;
   }
 
+  // The name of value `id` in this kernel (LocalNumbers).
+  std::string Local(const char* prefix, uint32_t id) const {
+    return prefix + std::to_string(local_.at(id));
+  }
+
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
+  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
   int rank_ = 0, outer_ = 0;
-  bool column_ = false;  // (32, Y) blocks over adjacent rows, see the class comment
+  bool column_ = false;     // (32, Y) blocks over adjacent rows, see the class comment
   bool registers_ = false;  // an unrolled walk of the row, values kept across passes
   int64_t unroll_ = 0;      // elements of the row per thread
   int64_t block_ = 0;
   std::unordered_map<uint32_t, std::string> cached_;  // value -> its array over kiln_u
   int64_t cached_elements_ = 0;
-  int64_t length_ = 1;   // elements of a row
-  std::string type_;     // the index type
+  int64_t length_ = 1;  // elements of a row
+  std::string type_;    // the index type
   RowGroup rows_;
   std::ostringstream body_;
 };
@@ -919,14 +936,16 @@ CudaSource GenerateCudaKernels(const kiln::v1::Graph& graph, const FusedProgram&
   CudaSource out;
   std::ostringstream src;
   src << kPrelude;
+  DistinctKernels distinct;
   for (const FusedStep& step : program.steps) {
     if (!step.is_kernel) continue;
-    CudaLaunch& launch = out.launches[KernelSymbol(step.group)];
-    if (program.groups[step.group].outer_rank >= 0) {
-      src << "\n" << RowKernel(graph, program, step.group).Source(&launch);
-    } else {
-      src << "\n" << PointwiseKernel(graph, program, step.group).Source(&launch);
-    }
+    const std::string symbol = KernelSymbol(step.group);
+    CudaLaunch& launch = out.launches[symbol];
+    const std::string text = program.groups[step.group].outer_rank >= 0
+                                 ? RowKernel(graph, program, step.group).Source(&launch)
+                                 : PointwiseKernel(graph, program, step.group).Source(&launch);
+    launch.function = distinct.Add(symbol, text);
+    if (launch.function == symbol) src << "\n" << text;
   }
   out.source = src.str();
   return out;

@@ -17,6 +17,9 @@ struct CudaLaunch {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_memory_bytes = 0;  // dynamic; the kernels' shared memory is static
+  // The __global__ function the step launches: its own KernelSymbol, or that of an earlier group
+  // whose kernel is the same code (one transformer layer's kernels are every layer's).
+  std::string function;
 };
 
 struct CudaSource {
@@ -29,7 +32,10 @@ struct CudaSource {
 //   extern "C" __global__ void <KernelSymbol(group)>(const T* in.., T* out..)
 // with one pointer per non-literal input (in input order), then one per output: the CUDA kernel
 // ABI of kiln.v1 (artifact.proto, KernelLaunch). Any grid the launch names covers the iteration
-// space (kernels loop with a grid stride); every block size is a multiple of 32.
+// space (kernels loop with a grid stride); every block size is a multiple of 32. A group whose
+// kernel would be the same code as an earlier group's (same sizes, strides, offsets, dtypes and
+// nodes) gets no function of its own: its launch names the earlier one (CudaLaunch::function), so
+// NVRTC builds each distinct kernel once.
 //
 // Pointwise groups: one thread per element, or per 16 bytes of the widest operand when the space
 // collapses to one dim that every access walks contiguously (or broadcasts) at a 16-byte aligned

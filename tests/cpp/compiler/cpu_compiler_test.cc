@@ -15,6 +15,7 @@
 #include "compiler/codegen/cpu/kernel_abi_text.h"
 #include "compiler/passes/fusion.h"
 #include "compiler/passes/memory_plan.h"
+#include "tests/cpp/support/graph_builder.h"
 #include "tests/cpp/support/graphs.h"
 #include "tests/cpp/support/kernel_abi.h"
 #include "tests/cpp/support/temp_dir.h"
@@ -58,6 +59,56 @@ TEST(CpuCompilerTest, PointwiseChainIsOneKernelThatComputesTheGraph) {
   void* args[] = {x.data(), out.data()};
   fn(args, &kiln::testing::ChunkedParallelFor);
   for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(out[i], std::max(0.f, 2 * x[i])) << i;
+  dlclose(handle);
+}
+
+// Repeated layers' kernels are one function in the shared object: both layers' pointwise steps
+// call it, and it computes each one's own operands.
+TEST(CpuCompilerTest, RepeatedLayersCallOneFunctionPerDistinctKernel) {
+  CpuCompiler compiler;
+  auto body = compiler.Compile(kiln::testing::RepeatedLayers(3).Request());
+  ASSERT_TRUE(body.ok()) << body.status();
+  std::vector<const kiln::v1::KernelLaunch*> launches;
+  for (const auto& step : body->plan().steps()) {
+    if (step.has_kernel()) launches.push_back(&step.kernel());
+  }
+  ASSERT_EQ(launches.size(), 7u) << body->kernel_source();
+  for (int layer = 1; layer < 3; ++layer) {
+    EXPECT_EQ(launches[2 * layer]->symbol(), launches[0]->symbol());
+    EXPECT_EQ(launches[2 * layer + 1]->symbol(), launches[1]->symbol());
+  }
+  EXPECT_NE(launches[6]->symbol(), launches[0]->symbol());
+  const std::string& src = body->kernel_source();
+  size_t functions = 0;
+  for (size_t at = src.find("extern \"C\" void kiln_kernel_"); at != std::string::npos;
+       at = src.find("extern \"C\" void kiln_kernel_", at + 1)) {
+    ++functions;
+  }
+  EXPECT_EQ(functions, 3u) << src;
+
+  kiln::testing::TempDir dir;
+  std::string path = dir.path() + "/k.so";
+  std::ofstream(path, std::ios::binary) << body->kernel_binary();
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  for (const kiln::v1::KernelLaunch* k : launches) {
+    EXPECT_NE(dlsym(handle, k->symbol().c_str()), nullptr) << k->symbol();
+  }
+  // gelu(s + bias) over [64, 256] through the shared function, on two operand sets.
+  auto fn = reinterpret_cast<kiln_kernel_fn>(dlsym(handle, launches[2]->symbol().c_str()));
+  ASSERT_NE(fn, nullptr);
+  ASSERT_EQ(launches[2]->args_size(), 3);
+  for (float scale : {1.f, -0.5f}) {
+    std::vector<float> s(64 * 256), bias(256), out(64 * 256, 0.f);
+    for (size_t i = 0; i < s.size(); ++i) s[i] = scale * (static_cast<float>(i % 97) / 24.f - 2.f);
+    for (size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i % 7) / 7.f;
+    void* args[] = {s.data(), bias.data(), out.data()};
+    fn(args, &kiln::testing::ChunkedParallelFor);
+    for (size_t i = 0; i < out.size(); i += 61) {
+      const double v = s[i] + bias[i % 256];
+      EXPECT_NEAR(out[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-5) << i;
+    }
+  }
   dlclose(handle);
 }
 

@@ -475,6 +475,33 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
   }
 }
 
+// Each layer's kernels are the same code: NVRTC builds one function per distinct kernel, and
+// every step of a repeated one launches the first. The cubin check (Build) finds each launched
+// symbol in the cubin.
+TEST_F(CudaKernelTest, RepeatedLayersBuildEachDistinctKernelOnce) {
+  for (kiln::v1::DType dtype : {kF32, kBF16}) {
+    auto body = Build(CudaRequest(kiln::testing::RepeatedLayers(4, dtype)), nullptr);
+    KILN_SKIP_IF_NO_NVRTC();
+    const auto launches = Launches(body.plan());
+    ASSERT_EQ(launches.size(), 9u) << body.kernel_source();
+    std::vector<std::string> symbols;
+    for (const kiln::v1::KernelLaunch* k : launches) symbols.push_back(k->symbol());
+    for (int layer = 1; layer < 4; ++layer) {
+      EXPECT_EQ(symbols[2 * layer], symbols[0]) << "layer " << layer << "'s pointwise kernel";
+      EXPECT_EQ(symbols[2 * layer + 1], symbols[1]) << "layer " << layer << "'s row kernel";
+      EXPECT_EQ(launches[2 * layer + 1]->grid(0), launches[1]->grid(0));
+    }
+    EXPECT_NE(symbols[8], symbols[0]) << "the [64, 128] kernel is other code";
+    EXPECT_NE(symbols[1], symbols[0]);
+    size_t functions = 0;
+    for (size_t at = body.kernel_source().find("__global__"); at != std::string::npos;
+         at = body.kernel_source().find("__global__", at + 1)) {
+      ++functions;
+    }
+    EXPECT_EQ(functions, 3u) << body.kernel_source();
+  }
+}
+
 TEST(CudaCompilerTest, ConvolutionsThatMixChannelsStayWithCudnn) {
   // groups == 1 (a full convolution) and a channel multiplier (16 groups of 32 outputs over 16
   // inputs would need [16, 1] filters per output: here 8 groups of 2 input channels) are
@@ -538,7 +565,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-7|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-8|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -611,7 +638,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-7|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-8|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -629,7 +656,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-7|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-8|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);

@@ -148,4 +148,26 @@ struct ConvBn {
   }
 };
 
+// `layers` blocks over x [64, 256], each with weights of its own: mm, gelu(+ bias) (a pointwise
+// kernel), mm, minus the row mean (a row kernel); then mm to [64, 128] and gelu(+ bias) (another
+// pointwise kernel). 2 * layers + 1 kernel steps, 3 distinct kernels.
+inline GraphBuilder RepeatedLayers(int layers, DType dtype = kF32) {
+  GraphBuilder b;
+  uint32_t x = b.Input({64, 256}, dtype);
+  auto dense = [&](uint32_t in, int64_t n) {
+    uint32_t w = b.Input({256, n}, dtype), bias = b.Input({n}, dtype);
+    uint32_t s = b.Op("aten::mm", {V(in), V(w)}, {64, n}, dtype);
+    return b.Op("aten::gelu", {V(b.Op("aten::add.Tensor", {V(s), V(bias)}, {64, n}, dtype))},
+                {64, n}, dtype);
+  };
+  for (int i = 0; i < layers; ++i) {
+    uint32_t w = b.Input({256, 256}, dtype);
+    uint32_t t = b.Op("aten::mm", {V(dense(x, 256)), V(w)}, {64, 256}, dtype);
+    uint32_t mean = b.Op("aten::mean.dim", {V(t), Ints({-1}), B(true)}, {64, 1}, dtype);
+    x = b.Op("aten::sub.Tensor", {V(t), V(mean)}, {64, 256}, dtype);
+  }
+  b.Output(dense(x, 128));
+  return b;
+}
+
 }  // namespace kiln::testing

@@ -1,0 +1,34 @@
+// Generating each distinct kernel once: a network repeats its blocks (every transformer layer
+// fuses into the same groups over the same sizes), so most of a graph's groups are the same code
+// as an earlier group. The generators name a kernel's values by numbers local to its group
+// (LocalNumbers), which makes such groups' texts equal up to the kernel's own name; a step whose
+// kernel's text was seen before launches the earlier function, and the source holds each text
+// once (NVRTC and g++ time grow with the source).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "compiler/passes/fusion.h"
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// The group's inputs (input_ids, in order), then every output of its nodes (in group order),
+// numbered from 0.
+std::unordered_map<uint32_t, int> LocalNumbers(const kiln::v1::Graph& graph, const FusedGroup& g);
+
+class DistinctKernels {
+ public:
+  // `text`: the code of the kernel exported as `symbol` (KernelSymbol), where every occurrence of
+  // `symbol` not followed by a digit is a name of the kernel's own. Returns the symbol of the first
+  // kernel added whose text is the same up to those names: `symbol` itself when the text is new,
+  // and then the caller emits it.
+  std::string Add(const std::string& symbol, const std::string& text);
+
+ private:
+  std::unordered_map<std::string, std::string> functions_;  // text without its names -> symbol
+};
+
+}  // namespace kiln::compiler
