@@ -178,6 +178,77 @@ def test_a_linear_under_autocast_multiplies_in_the_autocast_dtype():
     torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=1e-2)
 
 
+LAYER_NORMS = {
+    "affine": lambda x, w, b: torch.nn.functional.layer_norm(x, (24,), w, b, 1e-5),
+    "two dims": lambda x, w, b: torch.nn.functional.layer_norm(
+        x.view(3, 2, 4, 6), (4, 6), w.view(4, 6), b.view(4, 6), 1e-3),
+    "no weight": lambda x, w, b: torch.nn.functional.layer_norm(x, (24,), None, b),
+    "no affine": lambda x, w, b: torch.nn.functional.layer_norm(x, (24,)),
+    "transposed input": lambda x, w, b: torch.nn.functional.layer_norm(
+        x.t().contiguous().t(), (24,), w, b),
+    "strided weight": lambda x, w, b: torch.nn.functional.layer_norm(
+        x, (24,), torch.cat([w, w])[::2], b),
+    "float32 weight": lambda x, w, b: torch.nn.functional.layer_norm(
+        x, (24,), w.float(), b.float()),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", list(LAYER_NORMS))
+def test_layer_norm_lowers_to_what_eager_computes_in_every_form(case, dtype, kilnd_cache):
+    # The common form is traced as ATen calls directly, the others through torch's reference:
+    # each against eager, on random inputs, with the mean and rstd outputs returned too.
+    fn = LAYER_NORMS[case]
+    x = torch.randn(6, 24).to(dtype)
+    w, b = torch.randn(24).to(dtype), torch.randn(24).to(dtype)
+    if case == "float32 weight" and dtype == torch.float32:
+        pytest.skip("the same as affine")
+    with torch.no_grad():
+        expected = fn(x, w, b)
+        kiln.reset()
+        out = kiln.compile(fn, backend="kiln")(x, w, b)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out, expected, **tol)
+    assert kiln.debug.artifact(fn) is not None, "the graph ran eagerly instead of through kilnd"
+
+
+def test_native_layer_norm_statistics_take_the_dtypes_of_torchs_reference():
+    # mean and rstd: float32 for a float32 input; on the CPU, the input's dtype otherwise.
+    for dtype in (torch.float32, torch.bfloat16):
+        def fn(x, w, b):
+            return torch.ops.aten.native_layer_norm(x, [24], w, b, 1e-5)
+
+        x, w, b = torch.randn(6, 24).to(dtype), torch.randn(24).to(dtype), torch.randn(24).to(dtype)
+        gm, ex = capture(fn, x, w, b)
+        lo = lowering.lower(gm, ex)
+        expected = fn(x, w, b)
+        outs = {v: n for n in lo.graph.nodes for v in [o.id for o in n.outputs]}
+        for value, want in zip(lo.graph.outputs, expected):
+            assert outs[value].outputs[0].meta.dtype == lowering.dtype_to_pb(want.dtype)
+
+
+@pytest.mark.parametrize("alpha,beta", [(1, 1), (0.5, 2.0), (1, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_addmm_lowers_to_what_eager_computes(alpha, beta, dtype, kilnd_cache):
+    if dtype == torch.int64 and alpha != int(alpha):
+        pytest.skip("integer addmm takes integer alpha and beta")
+    def fn(bias, a, b):
+        return torch.addmm(bias, a, b, beta=beta, alpha=alpha)
+
+    def rand(*shape):
+        t = torch.randn(shape) * 4
+        return t.to(dtype) if dtype.is_floating_point else t.round().to(dtype)
+
+    bias, a, b = rand(12), rand(5, 7), rand(7, 12)
+    with torch.no_grad():
+        expected = fn(bias, a, b)
+        kiln.reset()
+        out = kiln.compile(fn, backend="kiln")(bias, a, b)
+    tol = dict(rtol=2e-2, atol=1e-1) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out, expected, **tol)
+    assert out.is_contiguous()
+
+
 def test_cudnn_batch_norm_lowers_as_the_eval_batch_norm_node():
     # What batch_norm dispatches to on a CUDA device; traced here on CPU fakes.
     def f(x, w, b, rm, rv):

@@ -37,7 +37,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-17"
+LOWERING_VERSION = b"kiln-lowering-18"
 
 
 class LoweringError(Exception):
@@ -205,20 +205,61 @@ def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
 
 
 def _addmm_in_its_dtype(torch_addmm):
-    """aten.addmm as torch decomposes it (alpha * mm, then beta * self added), except that
-    bfloat16 and float16 operands stay in their dtype: torch's decomposition computes in float32
-    (its pointwise opmath rule), which would turn the matrix product of an autocast region into a
-    float32 one, slower and not the product eager computes."""
+    """aten.addmm of floating operands as torch decomposes it (alpha * mm, then beta * self
+    added to it), traced as those ATen calls directly: torch's decomposition goes through its
+    dtype and out= wrappers, a tenth of a transformer's lowering, and computes bfloat16 and
+    float16 in float32 (its pointwise opmath rule), which would turn the matrix product of an
+    autocast region into a float32 one, slower and not the product eager computes. Other dtypes
+    take torch's decomposition."""
 
     def addmm(self, mat1, mat2, beta=1, alpha=1):
-        if mat1.dtype not in (torch.bfloat16, torch.float16):
+        if not self.is_floating_point():
             return torch_addmm(self, mat1, mat2, beta=beta, alpha=alpha)
-        out = alpha * aten.mm(mat1, mat2)
+        out = aten.mul.Tensor(aten.mm.default(mat1, mat2), alpha)
         if beta == 0:
             return out
-        return beta * self + out
+        # mm's result first: the sum takes its (contiguous) layout, as addmm's result has.
+        return aten.add.Tensor(out, aten.mul.Tensor(self, beta))
 
     return addmm
+
+
+def _layer_norm_as_traced(torch_layer_norm):
+    """aten.native_layer_norm as torch's reference decomposes it, traced as the ATen calls it
+    ends in (var_mean in the computation dtype, rsqrt of var + eps, the scaled difference, the
+    affine weight and bias, the cast back; on the CPU mean and rstd in the input's dtype), without
+    the reference's wrappers, checks and dispatch through torch functions: those made a layer norm
+    two dozen milliseconds of lowering. What this form does not cover (inputs or parameters that
+    are not contiguous, a missing weight or bias, shapes or dtypes that do not match the input's,
+    non-float dtypes) takes torch's, with its checks."""
+
+    def native_layer_norm(input, normalized_shape, weight, bias, eps):
+        shape = tuple(normalized_shape)
+        n = len(shape)
+        if weight is None or bias is None or n < 1 or input.dim() < n or \
+                tuple(input.shape[input.dim() - n:]) != shape or \
+                tuple(weight.shape) != shape or tuple(bias.shape) != shape or \
+                input.dtype not in (torch.float32, torch.bfloat16, torch.float16) or \
+                weight.dtype != input.dtype or bias.dtype != input.dtype or \
+                not input.is_contiguous() or not weight.is_contiguous() or \
+                not bias.is_contiguous():
+            return torch_layer_norm(input, normalized_shape, weight, bias, eps)
+        x = input
+        if input.dtype != torch.float32:
+            x = aten._to_copy.default(input, dtype=torch.float32)
+        var, mean = aten.var_mean.correction(x, list(range(input.dim() - n, input.dim())),
+                                             correction=0, keepdim=True)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+        out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        out = aten.add.Tensor(aten.mul.Tensor(out, weight), bias)
+        if out.dtype != input.dtype:
+            out = aten._to_copy.default(out, dtype=input.dtype)
+        if input.device.type in ("cpu", "mtia") and input.dtype != torch.float32:
+            mean = aten._to_copy.default(mean, dtype=input.dtype)
+            rstd = aten._to_copy.default(rstd, dtype=input.dtype)
+        return out, mean, rstd
+
+    return native_layer_norm
 
 
 def _batch_norm_eval(input, weight, bias, running_mean, running_var, momentum, eps):
@@ -257,6 +298,8 @@ def _batch_norm_forms(table):
 def decompositions():
     table = get_decompositions(_DECOMPOSED)
     table[aten.addmm.default] = _addmm_in_its_dtype(table[aten.addmm.default])
+    table[aten.native_layer_norm.default] = _layer_norm_as_traced(
+        table[aten.native_layer_norm.default])
     _batch_norm_forms(table)
     table[aten._native_multi_head_attention.default] = _self_attention
     # squeeze() as squeeze.dims over its size-1 dims: torch's own decomposition of squeeze
