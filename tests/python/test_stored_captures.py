@@ -422,3 +422,28 @@ def test_a_record_only_kilnd_keeps_is_installed_and_kept_again(kilnd_cache, mode
 
     stats = STATE.daemon.client().stats()
     assert stats.capture_records >= 1 and stats.capture_hits >= 1
+
+
+def test_the_path_table_gives_remembered_paths_the_rows_a_walk_to_the_root_gives():
+    # Sources keep their path tuple, so the table knows a shared parent by identity: the rows and
+    # indexes are the ones a table that walks every path gets, for paths under shared parents,
+    # distinct parents with equal paths, and an item key that is equal to another of other type.
+    from kiln.guards.source import AttrSource, ItemSource, LocalSource, ModuleMemberSource
+    from kiln.stored_capture import _PathTable
+
+    root = LocalSource(0, "self")
+    layer = ModuleMemberSource(ModuleMemberSource(root, "layers", "_modules"), "0", "_modules")
+    paths = [AttrSource(layer, "weight"), AttrSource(layer, "bias"),
+             ItemSource(AttrSource(LocalSource(0, "self"), "table"), 1),
+             ItemSource(AttrSource(LocalSource(0, "self"), "table"), 1.0),
+             ItemSource(AttrSource(LocalSource(0, "self"), "table"), True), layer, root]
+    assert layer.guard_path() is layer.guard_path()
+    walked, remembered = _PathTable(), _PathTable()
+    remembered.remember_paths()
+    for table in (walked, remembered):
+        indexes = [table.add(s.guard_path()) for s in paths + paths]
+        assert indexes[:len(paths)] == indexes[len(paths):]
+    assert remembered.rows == walked.rows
+    assert [remembered.add(s.guard_path()) for s in paths] == \
+        [walked.add(s.guard_path()) for s in paths]
+    assert len({tuple(map(str, r)) for r in walked.rows}) == len(walked.rows)

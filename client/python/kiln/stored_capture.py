@@ -346,8 +346,27 @@ class _PathTable:
         # Functions the record pins by identity (id -> their path index): wherever else the
         # record holds one (a source rooted at it, a constant), it is the live one at that path.
         self.pinned: Dict[int, int] = {}
+        # id(path) -> (path, its index), once `pinned` and `cells` are complete (remember_paths):
+        # a source's path is one tuple object (Source.guard_path), so the guards under a submodule
+        # find its row at once instead of walking each path to its root again.
+        self._known: Optional[Dict[int, Tuple[tuple, int]]] = None
+
+    def remember_paths(self) -> None:
+        """From now on `pinned` and `cells` do not change: the index of each path added is kept."""
+        self._known = {}
 
     def add(self, path: tuple) -> int:
+        known = self._known
+        if known is not None:
+            hit = known.get(id(path))
+            if hit is not None and hit[0] is path:
+                return hit[1]
+        i = self._add(path)
+        if known is not None:
+            known[id(path)] = (path, i)  # holding the path keeps its id from being reused
+        return i
+
+    def _add(self, path: tuple) -> int:
         kind = path[0]
         if kind in ("local", "closure", "global", "builtin"):
             row, key = [kind, None, path[1]], path
@@ -523,6 +542,7 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             table.pinned.setdefault(id(g.value), at)
             for i, cell in enumerate(g.value.__closure__ or ()):
                 table.cells.setdefault(id(cell), (at, i))
+    table.remember_paths()
     for g in guards:
         path = g.source.guard_path() if g.source is not None else ("local", 0)
         enc = {"path": table.add(path), "kind": g.kind, "text": g.describe()}

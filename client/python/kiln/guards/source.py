@@ -17,13 +17,22 @@ def _attr_expr(base: str, attr: str) -> str:
 class Source:
     # Sources are immutable once built; `_hash` remembers the hash of the chain (L['self'].layer1
     # [0].conv1.weight hashes five sources deep, and a capture hashes sources thousands of times).
-    __slots__ = ("_hash",)
+    # `_path` remembers guard_path's tuple: a source's path is then one object however many
+    # paths it is the parent of, which a stored record's path table recognizes by identity.
+    __slots__ = ("_hash", "_path")
 
     @property
     def name(self) -> str:
         raise NotImplementedError
 
     def guard_path(self) -> tuple:
+        try:
+            return self._path
+        except AttributeError:
+            path = self._path = self._guard_path()
+            return path
+
+    def _guard_path(self) -> tuple:
         raise NotImplementedError
 
     def expr(self, consts) -> str:
@@ -56,7 +65,7 @@ class LocalSource(Source):
 
     name = property(lambda self: f"L[{self.local_name!r}]")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("local", self.index)
 
     def expr(self, consts):
@@ -76,7 +85,7 @@ class GlobalSource(Source):
 
     name = property(lambda self: f"G[{self.global_name!r}]")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("global", self.global_name)
 
     def expr(self, consts):
@@ -96,7 +105,7 @@ class BuiltinSource(Source):
 
     name = property(lambda self: f"B[{self.builtin_name!r}]")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("builtin", self.builtin_name)
 
     def expr(self, consts):
@@ -117,7 +126,7 @@ class ClosureSource(Source):
 
     name = property(lambda self: f"C[{self.var!r}]")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("closure", self.index)
 
     def expr(self, consts):
@@ -138,7 +147,7 @@ class ObjectSource(Source):
 
     name = property(lambda self: self.label)
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("object", self.obj)
 
     def expr(self, consts):
@@ -157,7 +166,7 @@ class AttrSource(Source):
 
     name = property(lambda self: f"{self.base.name}.{self.attr}")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("attr", self.base.guard_path(), self.attr)
 
     def expr(self, consts):
@@ -176,7 +185,7 @@ class ItemSource(Source):
 
     name = property(lambda self: f"{self.base.name}[{self.key!r}]")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("item", self.base.guard_path(), self.key)
 
     def expr(self, consts):
@@ -199,7 +208,7 @@ class ModuleMemberSource(Source):
 
     name = property(lambda self: f"{self.base.name}.{self.attr}")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("item", ("item", ("instance_dict", self.base.guard_path()), self.registry),
                 self.attr)
 
@@ -223,7 +232,7 @@ class InstanceAttrSource(Source):
 
     name = property(lambda self: f"{self.base.name}.{self.attr}")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("item", ("instance_dict", self.base.guard_path()), self.attr)
 
     def expr(self, consts):
@@ -244,7 +253,7 @@ class InstanceDictSource(Source):
 
     name = property(lambda self: f"{self.base.name}.__dict__")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("instance_dict", self.base.guard_path())
 
     def expr(self, consts):
@@ -264,7 +273,7 @@ class TypeSource(Source):
 
     name = property(lambda self: f"type({self.base.name})")
 
-    def guard_path(self):
+    def _guard_path(self):
         return ("type", self.base.guard_path())
 
     def expr(self, consts):
