@@ -96,25 +96,28 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
     from kiln.graph.lowering import attr_tensors
     from kiln.state import STATE
 
-    try:
-        graph = None
-        if gm is not None:
-            artifact = next((a for a in reversed(STATE.artifacts) if a.plan is compiled), None)
-            if artifact is None:
-                raise stored_capture.NotStorable("the graph runs eagerly (no kilnd artifact)")
-            params = attr_tensors(gm)
-            sources = [output.attr_sources[name] for name in params]
-            device = next((t.device for t in [*params.values(), *(
-                i.example for i in output.inputs)]), torch.device("cpu"))
-            graph = stored_capture.describe_graph(artifact, sources,
-                                                  [i.source for i in output.inputs], device,
-                                                  stored.cuda_graphs)
-        record = stored_capture.describe_entry(
-            code=code, guards=output.guards, global_state=global_state, src=src,
-            consts=consts.objects, region=region, graph=graph)
-        stored.put(code, record)
-    except stored_capture.NotStorable as e:
-        log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)
+    # Describing a large capture (a transformer: thousands of guards) must not start a full
+    # collection on the first call's path.
+    with stored_capture.collector_held():
+        try:
+            graph = None
+            if gm is not None:
+                artifact = next((a for a in reversed(STATE.artifacts) if a.plan is compiled), None)
+                if artifact is None:
+                    raise stored_capture.NotStorable("the graph runs eagerly (no kilnd artifact)")
+                params = attr_tensors(gm)
+                sources = [output.attr_sources[name] for name in params]
+                device = next((t.device for t in [*params.values(), *(
+                    i.example for i in output.inputs)]), torch.device("cpu"))
+                graph = stored_capture.describe_graph(artifact, sources,
+                                                      [i.source for i in output.inputs], device,
+                                                      stored.cuda_graphs)
+            record = stored_capture.describe_entry(
+                code=code, guards=output.guards, global_state=global_state, src=src,
+                consts=consts.objects, region=region, graph=graph)
+            stored.put(code, record)
+        except stored_capture.NotStorable as e:
+            log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)
 
 
 def _print_debug(info: EntryInfo):

@@ -21,6 +21,7 @@ made from the frame's code (kiln.transform.resume.ResumeRecipe); made again from
 at installation, it is the same code object, whose own capture is stored under its own key.
 """
 import base64
+import contextlib
 import gc
 import hashlib
 import importlib
@@ -330,6 +331,20 @@ def decode(value):
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise NotInstallable(f"malformed {kind} value {v!r}: {e}") from None
     raise NotInstallable(f"unknown value kind {kind!r}")
+
+
+@contextlib.contextmanager
+def collector_held():
+    """The cyclic garbage collector held off: describing, reading or installing a record
+    allocates enough to start a full collection, which in a process holding a model (a
+    transformer's hundreds of thousands of objects) costs far more than the work itself."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _PathTable:
@@ -858,15 +873,8 @@ class StoredCaptures:
 
         if config.compile_only:
             return None  # its artifacts may be for a target this machine cannot run
-        # The collector is held off meanwhile: reading a record allocates enough to start a full
-        # collection, which in a process holding a model costs far more than the install.
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_held():
             return self._install(func, code, slots)
-        finally:
-            if enabled:
-                gc.enable()
 
     def prepare(self, func, bound_self=None) -> bool:
         """The work of a stored capture's installation that needs no call, done before the
@@ -882,16 +890,12 @@ class StoredCaptures:
         code = getattr(func, "__code__", None)
         if config.compile_only or not isinstance(code, types.CodeType):
             return False
-        enabled = gc.isenabled()
-        gc.disable()
         try:
-            return self._prepare(func, code, bound_self)
+            with collector_held():
+                return self._prepare(func, code, bound_self)
         except Exception as e:  # preparation is an optimisation: never the user's error
             _say("kiln: %s: nothing prepared (%s: %s)", code.co_qualname, type(e).__name__, e)
             return False
-        finally:
-            if enabled:
-                gc.enable()
 
     def _prepare(self, func, code, bound_self) -> bool:
         from kiln.backends.kiln_backend import artifact_body_by_key, build_plan_for
