@@ -2,15 +2,13 @@
 
 namespace kiln::compiler {
 
-std::unordered_map<uint32_t, int> LocalNumbers(const kiln::v1::Graph& graph, const FusedGroup& g) {
-  std::unordered_map<uint32_t, int> local;
-  for (uint32_t id : g.input_ids) local.emplace(id, static_cast<int>(local.size()));
+LocalNames::LocalNames(const kiln::v1::Graph& graph, const FusedGroup& g) {
+  for (uint32_t id : g.input_ids) numbers_.emplace(id, static_cast<int>(numbers_.size()));
   for (int ni : g.nodes) {
     for (const auto& out : graph.nodes(ni).outputs()) {
-      local.emplace(out.id(), static_cast<int>(local.size()));
+      numbers_.emplace(out.id(), static_cast<int>(numbers_.size()));
     }
   }
-  return local;
 }
 
 std::string DistinctKernels::Add(const std::string& symbol, const std::string& text) {

@@ -372,10 +372,8 @@ class _PathTable:
 
     def add(self, path: tuple) -> int:
         known = self._known
-        if known is not None:
-            hit = known.get(id(path))
-            if hit is not None and hit[0] is path:
-                return hit[1]
+        if known is not None and id(path) in known:
+            return known[id(path)][1]
         i = self._add(path)
         if known is not None:
             known[id(path)] = (path, i)  # holding the path keeps its id from being reused

@@ -160,7 +160,7 @@ class RowKernel {
         program_(program),
         g_(program.groups[index]),
         index_(index),
-        local_(LocalNumbers(graph, g_)),
+        local_(graph, g_),
         rows_(graph, program, index, kiln::v1::DEVICE_KIND_CPU) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
@@ -234,9 +234,9 @@ class RowKernel {
     std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
     std::vector<uint32_t> buffers(buffered_.begin(), buffered_.end());
     std::sort(buffers.begin(), buffers.end(),
-              [&](uint32_t a, uint32_t b) { return local_.at(a) < local_.at(b); });
+              [&](uint32_t a, uint32_t b) { return local_.Number(a) < local_.Number(b); });
     for (uint32_t id : buffers) {
-      body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " " << Local("buf", id)
+      body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " " << local_("buf", id)
             << "[" << unit_length << "];\n";
     }
     for (int ni : g_.nodes) {
@@ -246,7 +246,7 @@ class RowKernel {
       } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         const std::string t = ComputeType(out.meta().dtype());
-        const std::string name = Local("r", out.id());
+        const std::string name = local_("r", out.id());
         if (lanes_ > 0) body_ << indent << t << " " << name << "[" << lanes_ << "];\n";
         // Row-context loads of a lane kernel live in the lane loop only.
         std::unordered_map<uint32_t, std::string> local = rows_var;
@@ -384,7 +384,7 @@ class RowKernel {
       step *= g_.sizes[d];
     }
     if (lanes_ > 0) at = "(" + at + ") * " + std::to_string(lanes_) + " + kiln_v";
-    for (uint32_t id : stored_) vars[id] = Local("buf", id) + "[" + at + "]";
+    for (uint32_t id : stored_) vars[id] = local_("buf", id) + "[" + at + "]";
     // The full-space nodes the targets depend on, in group order.
     std::unordered_set<uint32_t> needed;
     std::vector<uint32_t> stack(targets.begin(), targets.end());
@@ -400,12 +400,12 @@ class RowKernel {
       const auto& out = node.outputs(0);
       if (!needed.count(out.id())) continue;
       for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = Local("v", out.id());
+      const std::string name = local_("v", out.id());
       body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
             << PointwiseExpr(node, vars) << ";\n";
       vars[out.id()] = name;
       if (buffered_.count(out.id())) {
-        body_ << indent << Local("buf", out.id()) << "[" << at << "] = " << name << ";\n";
+        body_ << indent << local_("buf", out.id()) << "[" << at << "] = " << name << ";\n";
         stored_.insert(out.id());  // later loops of this row read the buffer
       }
     }
@@ -424,7 +424,7 @@ class RowKernel {
                      std::unordered_map<uint32_t, std::string>& rows_var) {
     const auto dtype = node.outputs(0).meta().dtype();
     const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(local_.at(node.outputs(0).id()));
+    const std::string k = std::to_string(local_.Number(node.outputs(0).id()));
     int64_t n = 1;
     for (int d = outer_; d < rank_; ++d) n *= g_.sizes[d];
     const std::string count = "(" + t + ")" + std::to_string(n);
@@ -435,7 +435,7 @@ class RowKernel {
       CloseInner(indent);
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = Local("r", out.id());
+      const std::string name = local_("r", out.id());
       DeclareRow(t, name, Rounded(dtype, value), indent);
       rows_var[out.id()] = Lane(name);
     };
@@ -480,16 +480,11 @@ class RowKernel {
     }
   }
 
-  // The name of value `id` in this kernel (LocalNumbers).
-  std::string Local(const char* prefix, uint32_t id) const {
-    return prefix + std::to_string(local_.at(id));
-  }
-
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
-  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
+  const LocalNames local_;
   int rank_ = 0, outer_ = 0;
   int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
   RowGroup rows_;
@@ -501,7 +496,7 @@ class RowKernel {
 // A pointwise group's kernel.
 std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int group) {
   const FusedGroup& g = program.groups[group];
-  const std::unordered_map<uint32_t, int> local = LocalNumbers(graph, g);
+  const LocalNames local(graph, g);
   std::vector<int64_t> sizes = g.sizes.empty() ? std::vector<int64_t>{1} : g.sizes;
   const int rank = static_cast<int>(sizes.size());
   const int pad = rank - static_cast<int>(g.sizes.size());
@@ -620,7 +615,7 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
   // The nodes.
   for (int ni : g.nodes) {
     const auto& out = graph.nodes(ni).outputs(0);
-    std::string name = "v" + std::to_string(local.at(out.id()));
+    std::string name = local("v", out.id());
     body << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
          << PointwiseExpr(graph.nodes(ni), var) << ";\n";
     var[out.id()] = name;

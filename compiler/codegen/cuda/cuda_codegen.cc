@@ -245,7 +245,7 @@ class PointwiseKernel {
         program_(program),
         g_(program.groups[index]),
         index_(index),
-        local_(LocalNumbers(graph, g_)) {}
+        local_(graph, g_) {}
 
   std::string Source(CudaLaunch* launch) {
     std::vector<int64_t> sizes = g_.sizes.empty() ? std::vector<int64_t>{1} : g_.sizes;
@@ -530,7 +530,7 @@ class PointwiseKernel {
     }
     for (int ni : g_.nodes) {
       const auto& out = graph_.nodes(ni).outputs(0);
-      const std::string name = Local("v", out.id());
+      const std::string name = local_("v", out.id());
       if (ni == g_.convolution) {
         // Rounded to the output's dtype as eager's convolution stores it.
         o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
@@ -581,16 +581,11 @@ class PointwiseKernel {
     }
   }
 
-  // The name of value `id` in this kernel (LocalNumbers).
-  std::string Local(const char* prefix, uint32_t id) const {
-    return prefix + std::to_string(local_.at(id));
-  }
-
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
-  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
+  const LocalNames local_;
   std::vector<Access> accesses_;  // non-literal inputs loaded per element, then outputs
   LoopSpace space_;
   std::optional<WindowConvolution> conv_;  // a convolution group's
@@ -615,7 +610,7 @@ class RowKernel {
         program_(program),
         g_(program.groups[index]),
         index_(index),
-        local_(LocalNumbers(graph, g_)),
+        local_(graph, g_),
         rows_(graph, program, index, kiln::v1::DEVICE_KIND_CUDA) {
     rank_ = static_cast<int>(g_.sizes.size());
     outer_ = g_.outer_rank;
@@ -694,7 +689,7 @@ class RowKernel {
       } else if (rows_.IsRowNode(node)) {
         const auto& out = node.outputs(0);
         for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, rows_var);
-        const std::string name = Local("r", out.id());
+        const std::string name = local_("r", out.id());
         body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
               << NodeExpression(node, rows_var, Rounded) << ";\n";
         rows_var[out.id()] = name;
@@ -765,7 +760,7 @@ class RowKernel {
     if (registers_) {
       auto consider = [&](uint32_t id, kiln::v1::DType dtype) {
         if (cached_.count(id) || cached_elements_ + unroll_ > kMaxCachedPerThread) return;
-        const std::string array = Local("kiln_c", id);
+        const std::string array = local_("kiln_c", id);
         body_ << indent << ComputeType(dtype) << " " << array << "[" << unroll_ << "];\n";
         keep.emplace_back(id, array);
         cached_elements_ += unroll_;
@@ -806,7 +801,7 @@ class RowKernel {
       const auto& out = node.outputs(0);
       if (!needed.count(out.id())) continue;
       for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = Local("v", out.id());
+      const std::string name = local_("v", out.id());
       body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
             << NodeExpression(node, vars, Rounded) << ";\n";
       vars[out.id()] = name;
@@ -831,7 +826,7 @@ class RowKernel {
                      std::unordered_map<uint32_t, std::string>& rows_var) {
     const auto dtype = node.outputs(0).meta().dtype();
     const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(local_.at(node.outputs(0).id()));
+    const std::string k = std::to_string(local_.Number(node.outputs(0).id()));
     const std::string scratch = "kiln_scratch_" + t;
     const std::string count = "(" + t + ")" + std::to_string(length_);
     // One pass accumulating `statement` (over x, the reduction's input) into `acc`, then the
@@ -852,7 +847,7 @@ class RowKernel {
       }
     };
     auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = Local("r", out.id());
+      const std::string name = local_("r", out.id());
       body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value) << ";\n";
       rows_var[out.id()] = name;
     };
@@ -907,16 +902,11 @@ class RowKernel {
     return any;
   }
 
-  // The name of value `id` in this kernel (LocalNumbers).
-  std::string Local(const char* prefix, uint32_t id) const {
-    return prefix + std::to_string(local_.at(id));
-  }
-
   const kiln::v1::Graph& graph_;
   const FusedProgram& program_;
   const FusedGroup& g_;
   const int index_;
-  const std::unordered_map<uint32_t, int> local_;  // LocalNumbers, for Local
+  const LocalNames local_;
   int rank_ = 0, outer_ = 0;
   bool column_ = false;     // (32, Y) blocks over adjacent rows, see the class comment
   bool registers_ = false;  // an unrolled walk of the row, values kept across passes

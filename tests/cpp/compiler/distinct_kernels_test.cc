@@ -26,7 +26,7 @@ TEST(DistinctKernelsTest, ANameThatIsAPrefixOfAnotherKernelsIsNotErasedFromIt) {
   EXPECT_EQ(d.Add("kiln_kernel_5", "kiln_kernel_5() { kiln_kernel_12(); }"), "kiln_kernel_1");
 }
 
-TEST(DistinctKernelsTest, LocalNumbersCountInputsThenNodeOutputsInGroupOrder) {
+TEST(DistinctKernelsTest, LocalNamesNumberInputsThenNodeOutputsInGroupOrder) {
   kiln::testing::GraphBuilder b;
   uint32_t x = b.Input({4}), y = b.Input({4});
   uint32_t s = b.Op("aten::add.Tensor", {kiln::testing::V(x), kiln::testing::V(y)}, {4});
@@ -34,11 +34,12 @@ TEST(DistinctKernelsTest, LocalNumbersCountInputsThenNodeOutputsInGroupOrder) {
   FusedGroup g;
   g.nodes = {0, 1};
   g.input_ids = {y, x};
-  auto local = LocalNumbers(b.graph(), g);
-  EXPECT_EQ(local.at(y), 0);
-  EXPECT_EQ(local.at(x), 1);
-  EXPECT_EQ(local.at(s), 2);
-  EXPECT_EQ(local.at(r), 3);
+  const LocalNames local(b.graph(), g);
+  EXPECT_EQ(local.Number(y), 0);
+  EXPECT_EQ(local.Number(x), 1);
+  EXPECT_EQ(local.Number(s), 2);
+  EXPECT_EQ(local.Number(r), 3);
+  EXPECT_EQ(local("v", r), "v3");
 }
 
 }  // namespace
