@@ -240,8 +240,13 @@ def measure(model, dtype, compiler, timeout_s) -> dict:
     return record
 
 
-def report(records, csv_path, png_path) -> dict:
-    """Rows of (model, dtype) with each compiler's figures and the targets' ratios."""
+def report(records, csv_path, png_path, gpu=None) -> dict:
+    """Rows of (model, dtype) with each compiler's figures and the targets' ratios, from the
+    records measured on `gpu` (default: the GPU of the latest record): compiled times are
+    compared across processes, which is only sound on one kind of card."""
+    if gpu is None and records:
+        gpu = records[-1].get("gpu")
+    records = [r for r in records if r.get("gpu") == gpu]
     latest = {}
     for r in records:  # a later measurement of the same triple replaces an earlier one
         latest[(r["model"], r["dtype"], r["compiler"])] = r
@@ -285,7 +290,7 @@ def report(records, csv_path, png_path) -> dict:
             if row.get("kiln_first_warm_s") and warms:
                 row["kiln_warm_over_torch"] = row["kiln_first_warm_s"] / min(warms)
         rows.append(row)
-    summary = {"bench": "gpu_models", "command": command_line(), "rows": rows}
+    summary = {"bench": "gpu_models", "command": command_line(), "gpu": gpu, "rows": rows}
     for key in ("kiln_over_torch_best", "kiln_over_torch_best_by_speedups"):
         ratios = [r[key] for r in rows if r.get(key)]
         summary[key.replace("kiln_", "kiln_geomean_", 1)] = \
@@ -378,6 +383,8 @@ def main():
     p.add_argument("--png", default=os.path.join(out_dir, "gpu_models.png"))
     p.add_argument("--out", default=None, help="append the summary line here")
     p.add_argument("--report-only", action="store_true", help="tabulate --jsonl, measure nothing")
+    p.add_argument("--gpu", default=None,
+                   help="report the records of this GPU (default: this machine's, else the latest's)")
     p.add_argument("--resume", action="store_true",
                    help="skip what --jsonl already holds, measured on this GPU without an error")
     p.add_argument("--stop-after", type=float, default=None, metavar="S",
@@ -388,13 +395,15 @@ def main():
     if a.child:
         child(*a.child)
         return
+    gpu = a.gpu
     if not a.report_only:
         import torch
 
         if not torch.cuda.is_available():
             raise SystemExit("bench_gpu_models: no CUDA device")
         os.makedirs(os.path.dirname(a.jsonl) or ".", exist_ok=True)
-        done = _measured(a.jsonl, torch.cuda.get_device_name(0)) if a.resume else set()
+        gpu = gpu or torch.cuda.get_device_name(0)
+        done = _measured(a.jsonl, gpu) if a.resume else set()
         start = time.monotonic()
         todo = [(m, d, c) for d in a.dtypes for m in a.models for c in a.compilers
                 if (m, d, c) not in done]
@@ -407,7 +416,7 @@ def main():
             print(json.dumps(record), flush=True)
             with open(a.jsonl, "a") as f:
                 f.write(json.dumps(record) + "\n")
-    summary = report(_records(a.jsonl), a.csv, a.png)
+    summary = report(_records(a.jsonl), a.csv, a.png, gpu)
     emit(summary, a.out)
 
 
