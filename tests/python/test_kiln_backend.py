@@ -118,6 +118,22 @@ def test_recompile_for_new_shape_gets_a_new_artifact():
     assert len({a.key for a in kiln.debug.artifacts()}) == 2
 
 
+def test_an_artifact_takes_tensors_of_its_own_device_only():
+    # A plan given another device's memory would not fail cleanly (a GPU plan handed a module's
+    # parameters still on the CPU): the check that guards every load refuses it.
+    from kiln.daemon import artifact as art
+
+    def f(x):
+        return torch.relu(x) * 2
+
+    x = torch.randn(6, 5)
+    run_kiln(f, x)
+    body = kiln.debug.artifact(f).body
+    art.check_inputs(body, [x])
+    with pytest.raises(art.ArtifactRejected, match="meta"):
+        art.check_inputs(body, [torch.empty(6, 5, device="meta")])
+
+
 def test_artifact_is_inspectable(capsys):
     def f(x):
         return torch.relu(x) + 1

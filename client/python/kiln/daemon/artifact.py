@@ -118,12 +118,14 @@ def cuda_arch(capability) -> str:
 
 
 def cuda_target(index: int):
-    """The Target of code for GPU `index` (cubins for exactly its architecture)."""
+    """The Target of code for GPU `index` (cubins for exactly its architecture; for
+    kiln.config.cuda_arch's where that is set: a GPU this machine may not have)."""
+    from kiln import config
     from kiln.daemon import protocol
 
     pb = protocol.messages()
-    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CUDA,
-                            cuda_arch=cuda_arch(torch.cuda.get_device_capability(index)))
+    arch = config.cuda_arch or cuda_arch(torch.cuda.get_device_capability(index))
+    return pb.target.Target(device_kind=pb.graph.DEVICE_KIND_CUDA, cuda_arch=arch)
 
 
 def target_for(device: torch.device):
@@ -142,7 +144,7 @@ def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -
     """Refuses a plan whose inputs do not describe `tensors` exactly (a wrong hit must never
     run: this also catches a stale client-side index). `leading`: `tensors` are its first
     inputs only (the parameters it binds, before the inputs of a call are known)."""
-    from kiln.graph.lowering import dtype_from_pb
+    from kiln.graph.lowering import device_from_pb, dtype_from_pb
 
     plan = body.plan
     metas = {v.id: v.meta for v in plan.values}
@@ -152,8 +154,11 @@ def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -
         meta = metas.get(vid)
         if meta is None:
             raise ArtifactRejected(f"plan input {i} has no metadata")
-        want = (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides))
-        have = (t.dtype, tuple(t.shape), tuple(t.stride()))
+        # The device too: a plan's kernels given another device's memory would not fail
+        # cleanly (a GPU plan handed a module's parameters still on the CPU).
+        want = (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides),
+                device_from_pb(meta.device))
+        have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
         if want != have:
             raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")
 
