@@ -354,3 +354,86 @@ def test_a_fused_attention_kernel_whose_other_results_matter_is_not_rewritten(va
     ops = [n.op for n in lo.graph.nodes]
     assert "aten::_scaled_dot_product_efficient_attention" in ops
     assert "aten::scaled_dot_product_attention" not in ops
+
+
+def _bn_inputs(device, dtype, layout, affine=True):
+    x = torch.randn(4, 6, 5, 7, device=device).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = x.transpose(2, 3)
+    elif layout == "sliced":
+        x = x[:, :, 1:]
+    elif layout == "2d":
+        x = x[:, :, 0, 0].contiguous()
+    stats = [torch.randn(6, device=device), torch.randn(6, device=device),
+             torch.randn(6, device=device), torch.rand(6, device=device) + 0.5]
+    if not affine:
+        stats[0] = stats[1] = None
+    return x, stats
+
+
+def _meta(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+LAYOUTS = ["contiguous", "channels_last", "transposed", "sliced", "2d"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_quick_batch_norm_and_hardswish_fakes_give_atens_metadata(device, dtype, layout):
+    # kiln::batch_norm_eval and kiln::hardswish (lowering._metadata_ops) stand in for aten's ops
+    # in traces: their fakes must give the metadata torch's own fake computation gives, on every
+    # input they are used for (the others trace aten's op).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    ops = lowering._metadata_ops()
+    with FakeTensorMode():
+        for affine in (True, False):
+            x, (w, b, rm, rv) = _bn_inputs(device, dtype, layout, affine)
+            if lowering._batch_norm_simple(x, w, b, rm, rv):
+                want = aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
+                got = ops["batch_norm_eval"](x, w, b, rm, rv, 0.1, 1e-5)
+                assert [_meta(t) for t in got] == [_meta(t) for t in want]
+            else:
+                assert layout == "sliced"
+        if lowering._dense(x):
+            assert _meta(ops["hardswish"](x)) == _meta(aten.hardswish(x))
+        else:
+            assert layout == "sliced"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_quick_batch_norm_and_hardswish_ops_compute_atens_results(layout):
+    ops = lowering._metadata_ops()
+    x, (w, b, rm, rv) = _bn_inputs("cpu", torch.float32, layout)
+    for got, want in zip(ops["batch_norm_eval"](x, w, b, rm, rv, 0.1, 1e-5),
+                         aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(ops["hardswish"](x), aten.hardswish(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "sliced"])
+def test_hardswish_and_batch_norm_lower_under_atens_names(layout, kilnd_cache):
+    # Traced as kiln's quick ops where they apply; the IR names aten's ops either way, and the
+    # compiled graph computes what eager does (inplace hardswish as MobileNetV3 calls it).
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3), torch.nn.BatchNorm2d(6),
+                            torch.nn.Hardswish(inplace=True)).eval()
+    with torch.no_grad():
+        m[1].running_mean.normal_()
+        m[1].running_var.uniform_(0.5, 2.0)
+
+    def fn(x):
+        y = m(x)
+        return torch.nn.functional.hardswish(y[:, :, 1:] if layout == "sliced" else y)
+
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        gm, ex = capture(fn, x)
+        ops = [n.op for n in lowering.lower(gm, ex).graph.nodes]
+    assert not any(op.startswith("kiln::") for op in ops), ops
+    assert ops.count("aten::_native_batch_norm_legit_no_training") == 1
+    assert ops.count("aten::hardswish") == (2 if layout == "contiguous" else 1), ops
+    against_eager(fn, x, rtol=1e-5, atol=1e-5)

@@ -267,9 +267,106 @@ def _batch_norm_eval(input, weight, bias, running_mean, running_var, momentum, e
     aten._native_batch_norm_legit_no_training (its statistics outputs are empty), whatever op
     the trace met: kilnd decomposes it into the form it folds into a preceding convolution
     (compiler/passes/conv_folding.h, DecomposeBatchNormEval). Tracing torch's decomposition here
-    instead made a dozen ops per batch norm, a third of a convolutional network's lowering."""
-    return aten._native_batch_norm_legit_no_training.default(
-        input, weight, bias, running_mean, running_var, momentum, eps)
+    instead made a dozen ops per batch norm, a third of a convolutional network's lowering. Traced
+    as kiln::batch_norm_eval where its result's metadata is known without running torch's
+    decomposition (see _metadata_ops)."""
+    op = aten._native_batch_norm_legit_no_training.default
+    if _batch_norm_simple(input, weight, bias, running_mean, running_var):
+        op = _metadata_ops()["batch_norm_eval"]
+    return op(input, weight, bias, running_mean, running_var, momentum, eps)
+
+
+def _hardswish(self):
+    """hardswish as one traced node (kiln::hardswish, see _metadata_ops) where its result's
+    metadata is its input's; else as torch decomposes it."""
+    if _dense(self):
+        return _metadata_ops()["hardswish"](self)
+    from torch._decomp import decompositions
+
+    return decompositions.hardswish(self)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """A non-empty tensor whose elements fill its memory with no overlap: its empty_like has its
+    very sizes and strides (preserve_format's rule)."""
+    if t.layout != torch.strided or t.numel() == 0:
+        return False
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _batch_norm_simple(input, weight, bias, running_mean, running_var) -> bool:
+    """Whether _batch_norm_metadata knows the op's results: a dense input of two or more dims,
+    running statistics, and every per-channel tensor one contiguous dim of the input's channels."""
+    stats = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    return _dense(input) and input.dim() >= 2 and running_mean is not None and \
+        running_var is not None and all(t.dim() == 1 and t.shape[0] == input.shape[1] and
+                                        t.is_contiguous() for t in stats)
+
+
+def _batch_norm_metadata(input, weight, bias, running_mean, running_var):
+    """(output, save_mean, save_invstd) of aten._native_batch_norm_legit_no_training, for inputs
+    _batch_norm_simple accepts, as empty tensors of the metadata torch's decomposition (which
+    fake tensors run for it) gives them: the output like the input; on the CPU empty statistics
+    of the input's dtype, elsewhere the running statistics' shape in the input's computation
+    dtype."""
+    out = _fake_empty(input, input.shape, input.stride(), input.dtype)
+    if input.device.type == "cpu":
+        return (out, _fake_empty(input, (0,), (1,), input.dtype),
+                _fake_empty(input, (0,), (1,), input.dtype))
+    dtype = torch._prims_common.get_computation_dtype(input.dtype)
+    return (out, _fake_empty(input, running_mean.shape, (1,), dtype),
+            _fake_empty(input, running_var.shape, (1,), dtype))
+
+
+def _fake_empty(like, shape, stride, dtype):
+    """A fake tensor of `like`'s fake mode and device with this metadata, made directly (a fake
+    op dispatch to make it costs about a millisecond)."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(like.fake_mode, meta, like.fake_device)
+
+
+def _hardswish_fake(self):
+    return _fake_empty(self, self.shape, self.stride(), self.dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def _metadata_ops():
+    """kiln::batch_norm_eval and kiln::hardswish: aten._native_batch_norm_legit_no_training and
+    aten.hardswish under kiln's names, their schemas and computations aten's, whose fake
+    implementations give the results' metadata directly. Fake tensors have no meta kernel for
+    either and run torch's decomposition to find it, ~15 ms a call on a new shape (a
+    MobileNetV3's 34 batch norms and 19 hardswishes: half its lowering). The IR names aten's ops
+    (to_ir), so the lowered graph is the same."""
+    lib = torch.library.Library("kiln", "FRAGMENT")
+    lib.define("batch_norm_eval(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, "
+               "Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)")
+    lib.define("hardswish(Tensor self) -> Tensor")
+    lib.impl("batch_norm_eval", aten._native_batch_norm_legit_no_training.default,
+             "CompositeExplicitAutograd")
+    lib.impl("hardswish", aten.hardswish.default, "CompositeExplicitAutograd")
+
+    def batch_norm_fake(input, weight, bias, running_mean, running_var, momentum, eps):
+        return _batch_norm_metadata(input, weight, bias, running_mean, running_var)
+
+    torch.library.register_fake("kiln::batch_norm_eval", batch_norm_fake, lib=lib)
+    torch.library.register_fake("kiln::hardswish", _hardswish_fake, lib=lib)
+    _metadata_ops.lib = lib  # the registrations live as long as the library object
+    return {"batch_norm_eval": torch.ops.kiln.batch_norm_eval.default,
+            "hardswish": torch.ops.kiln.hardswish.default}
+
+
+# kiln's ops that are aten's under another name (_attention_op, _metadata_ops): the IR's name.
+_AS_ATEN = {"kiln::attention": "aten::scaled_dot_product_attention",
+            "kiln::batch_norm_eval": "aten::_native_batch_norm_legit_no_training",
+            "kiln::hardswish": "aten::hardswish"}
 
 
 def _batch_norm_forms(table):
@@ -302,6 +399,7 @@ def decompositions():
         table[aten.native_layer_norm.default])
     _batch_norm_forms(table)
     table[aten._native_multi_head_attention.default] = _self_attention
+    table[aten.hardswish.default] = _hardswish
     # squeeze() as squeeze.dims over its size-1 dims: torch's own decomposition of squeeze
     # (and of unbind, through it) ends in prims.squeeze, which the IR does not have.
     table[aten.squeeze.default] = lambda x: aten.squeeze.dims(
@@ -345,10 +443,16 @@ def _with_attrs_as_inputs(gm: torch.fx.GraphModule) -> Tuple[torch.fx.GraphModul
     return torch.fx.GraphModule(gm, graph), [attrs[name] for name in order]
 
 
-def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence) -> Tuple[torch.fx.GraphModule,
-                                                                        List[torch.Tensor]]:
-    """The ATen-level, functional graph of `gm` over (params..., inputs...)."""
-    flat, params = _with_attrs_as_inputs(gm)
+def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
+            params: Optional[List[torch.Tensor]] = None) -> Tuple[torch.fx.GraphModule,
+                                                                  List[torch.Tensor]]:
+    """The ATen-level, functional graph of `gm` over (params..., inputs...). `params`: what
+    stands for the graph's tensor attributes, in attr_tensors' order (default: themselves)."""
+    flat, attrs = _with_attrs_as_inputs(gm)
+    if params is None:
+        params = attrs
+    elif len(params) != len(attrs):
+        raise ValueError(f"{len(params)} tensors for the graph's {len(attrs)} attributes")
     for t in example_inputs:
         if not isinstance(t, torch.Tensor):
             raise LoweringError(f"non-tensor graph input of type {type(t).__name__}")
@@ -513,8 +617,7 @@ class _Builder:
         # kiln::attention has scaled_dot_product_attention's schema and is that op (see
         # _attention_op): the plan calls aten's, which picks its kernel for the real inputs.
         node.op = op_name(n.target)
-        if node.op == "kiln::attention":
-            node.op = "aten::scaled_dot_product_attention"
+        node.op = _AS_ATEN.get(node.op, node.op)
         for value, sarg in zip(n.args, schema.arguments):
             self.argument(node.args.add(), value, sarg.name)
         by_name = {a.name: a for a in schema.arguments}
@@ -567,8 +670,9 @@ def to_ir(aten_gm: torch.fx.GraphModule):
     return b.graph
 
 
-def lower(gm: torch.fx.GraphModule, example_inputs: Sequence) -> LoweredGraph:
-    aten_gm, params = to_aten(gm, example_inputs)
+def lower(gm: torch.fx.GraphModule, example_inputs: Sequence,
+          params: Optional[List[torch.Tensor]] = None) -> LoweredGraph:
+    aten_gm, params = to_aten(gm, example_inputs, params)
     graph = to_ir(aten_gm)
     graph.num_bound_inputs = len(params)  # bound once at load (build_plan); see graph.proto
     return LoweredGraph(graph, params, len(example_inputs), aten_gm)
