@@ -13,6 +13,7 @@ import tarfile
 import textwrap
 
 import pytest
+import torch
 
 from kiln.daemon import protocol
 
@@ -138,3 +139,137 @@ def test_warm_for_another_cpu_isa_builds_without_running_it(fleet):
     # On this machine's own ISA that artifact does not load: captured and compiled as usual.
     native = run([str(script)], dict(build, KILN_LOG="cache"))
     assert result(native)["stored"] == [False], native.stderr
+
+
+# The model on the GPU when there is one, else on the CPU: run by `kiln warm --cuda-arch` on a
+# machine without a GPU (or with it hidden), then by a process on the GPU. With "ask" its
+# forward asks torch.cuda a question whose answer differs between the two machines.
+DEVICE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    import kiln
+
+    ASK = "ask" in sys.argv[1:]
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            y = self.b(torch.nn.functional.gelu(self.a(x)))
+            if ASK and torch.cuda.is_available():
+                y = y + 1
+            return y
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    m = Net().to(device).eval()
+    x = torch.randn(3, 16, device=device)
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            got = compiled(x)
+            torch.testing.assert_close(got, m(x), rtol=1e-4, atol=1e-4)
+    entries = kiln.debug.cache_entries(m)
+    print("RESULT " + json.dumps({
+        "device": device,
+        "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "artifacts": len(kiln.debug.artifacts()),
+        "dynamo": "torch._dynamo" in sys.modules}))
+""")
+
+
+def stored_records(cache_dir):
+    from kiln.daemon.capture_store import CaptureStore
+    from kiln.daemon.client import read_mac_key
+
+    store = CaptureStore(cache_dir / "captures", read_mac_key(cache_dir / "mac.key"))
+    return [entry for key in store.keys() for entry in store.get(key)]
+
+
+def warm_for_sm_90(fleet, *script_args):
+    """`kiln warm --cuda-arch sm_90` of DEVICE_SCRIPT with every GPU hidden: (its RESULT, the
+    records it stored)."""
+    _, build, _, tmp = fleet
+    script = tmp / "device_serve.py"
+    script.write_text(DEVICE_SCRIPT)
+    no_gpu = dict(build, CUDA_VISIBLE_DEVICES="")
+    warmed = run(["-m", "kiln", "warm", "--cuda-arch", "sm_90", str(script), *script_args],
+                 no_gpu, check=False)
+    if "builds no CUDA kernels" in warmed.stdout + warmed.stderr:
+        pytest.skip("kilnd has no NVRTC here")
+    assert warmed.returncode == 0, warmed.stdout[-2000:] + warmed.stderr[-3000:]
+    got = result(warmed)
+    assert got["device"] == "cpu"  # the script ran on the CPU, eagerly, and right (it asserts)
+    return warmed, got, script
+
+
+def test_warm_for_a_gpu_on_a_machine_without_one_stores_that_gpu_s_capture(fleet, kilnd_cache):
+    warmed, got, _ = warm_for_sm_90(fleet)
+    # Three calls, one capture: later calls whose guards hold run eagerly without capturing.
+    assert got["artifacts"] == 1 and got["stored"] == []
+    assert "1 graphs in kilnd's cache for sm_90 (compiled only" in warmed.stdout
+    (record,) = [r for r in stored_records(kilnd_cache) if r["graph"] is not None and
+                 r["graph"]["device"] == "cuda:0"]
+    (x_guard,) = [g for g in record["guards"] if g["kind"] == "TENSOR_MATCH"]
+    assert x_guard["value"]["device"] == "cuda:0" and " cuda:0 size=(3, 16)" in x_guard["text"]
+    assert x_guard["value"]["keys"] == ("DispatchKeySet(CUDA, ADInplaceOrView, AutogradCUDA, "
+                                        "AutocastCUDA)")
+    from kiln.daemon import artifact as art
+    from kiln.daemon.client import read_mac_key
+    from kiln.state import STATE
+
+    found = STATE.daemon.client().lookup_key(record["graph"]["artifact"])
+    assert found.found
+    body = art.verify(found.artifact, read_mac_key(kilnd_cache / "mac.key"),
+                      record["graph"]["artifact"])
+    assert body.target.cuda_arch == "sm_90" and body.kernel_binary  # a cubin for that GPU
+
+
+def test_a_process_on_the_cpu_does_not_take_a_capture_made_for_a_gpu(fleet):
+    _, build, _, _ = fleet
+    _, _, script = warm_for_sm_90(fleet)
+    on_cpu = run([str(script)], dict(build, CUDA_VISIBLE_DEVICES="", KILN_LOG="cache"))
+    got = result(on_cpu)
+    assert got["device"] == "cpu" and got["stored"] == [False] and got["artifacts"] == 1
+    assert "device cuda:0 captured, cpu now" in on_cpu.stderr
+
+
+def test_a_frame_that_asks_torch_cuda_is_not_captured_for_a_gpu(fleet, kilnd_cache):
+    before = {r["id"] for r in stored_records(kilnd_cache)}
+    warm_for_sm_90(fleet, "ask")
+    # torch.cuda.is_available() answers False here and True on the GPU: Net.forward (whose
+    # argument is x) is not stored; the frames it calls, which ask nothing, are (nn.Linear's
+    # forward, whose argument is input).
+    new = [r for r in stored_records(kilnd_cache) if r["id"] not in before]
+    tensors = {g["text"].split(" TENSOR_MATCH")[0] for r in new for g in r["guards"]
+               if g["kind"] == "TENSOR_MATCH"}
+    assert new and tensors == {"L['input']"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_process_installs_the_capture_warmed_without_a_gpu(fleet):
+    _, build, _, _ = fleet
+    _, _, script = warm_for_sm_90(fleet)
+    on_gpu = run([str(script)], dict(build, KILN_LOG="cache"))
+    got = result(on_gpu)
+    assert got == {"device": "cuda", "stored": [True], "artifacts": 1, "dynamo": False}, \
+        on_gpu.stderr[-3000:]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("make", [lambda d: torch.randn(3, 16, device=d),
+                                  lambda d: torch.randn(2, 4, device=d, dtype=torch.bfloat16),
+                                  lambda d: torch.nn.Parameter(torch.randn(5, device=d))])
+def test_a_cpu_tensor_s_stored_metadata_as_the_gpu_s_is_the_gpu_tensor_s(make, monkeypatch):
+    from kiln import config
+    from kiln.graph import stand_in
+    from kiln.stored_capture import _tensor_meta
+
+    monkeypatch.setattr(config, "capture_cpu_as", "cuda:0")
+    torch.manual_seed(0)
+    cpu = make("cpu")
+    torch.manual_seed(0)
+    gpu = make("cuda")
+    assert stand_in.stored_meta(_tensor_meta(cpu)) == _tensor_meta(gpu)

@@ -1,8 +1,9 @@
 """kiln's command line:
   python -m kiln demo                     compile resnet18, compare with eager
-  python -m kiln warm [--cpu-isa ISA] [--export BUNDLE] SCRIPT [ARGS...]
+  python -m kiln warm [--cpu-isa ISA | --cuda-arch SM] [--export BUNDLE] SCRIPT [ARGS...]
                                           run SCRIPT so that its captures and artifacts are
-                                          stored (for another CPU ISA: compiled, not run here)
+                                          stored (for another CPU ISA, or with its CPU tensors
+                                          captured as a GPU's: compiled, not run here)
   python -m kiln cache export BUNDLE      the stored captures and their artifacts, signed
   python -m kiln cache import BUNDLE      checked and added to this machine's cache"""
 import argparse
@@ -76,13 +77,29 @@ def demo(args):
 def warm(args):
     """Runs SCRIPT as __main__ with kiln's stored captures on: every frame it compiles with the
     "kiln" backend leaves a stored capture and an artifact in kilnd's cache. With --cpu-isa
-    other than this machine's, kilnd builds for that ISA and the graphs run eagerly here."""
+    other than this machine's, kilnd builds for that ISA and the graphs run eagerly here. With
+    --cuda-arch, SCRIPT runs its model on the CPU and kiln captures the CPU tensors as tensors
+    of GPU 0 of that architecture (kiln.graph.stand_in): the records and artifacts are a GPU
+    process's, and the frames run eagerly here."""
     import os
+    import re
     import runpy
 
     from kiln.daemon.artifact import cpu_isa
 
-    if args.cpu_isa:
+    if args.cuda_arch and args.cpu_isa:
+        print("kiln warm: --cuda-arch and --cpu-isa name two targets: give one",
+              file=sys.stderr)
+        return 2
+    if args.cuda_arch:
+        if not re.fullmatch(r"sm_[0-9]{2,3}[a-z]?", args.cuda_arch):
+            print(f"kiln warm: --cuda-arch {args.cuda_arch!r} is not an architecture such as "
+                  "sm_90", file=sys.stderr)
+            return 2
+        os.environ["KILN_CAPTURE_CPU_AS"] = "cuda:0"
+        os.environ["KILN_CUDA_ARCH"] = args.cuda_arch
+        os.environ["KILN_COMPILE_ONLY"] = "1"
+    elif args.cpu_isa:
         native = cpu_isa()
         os.environ["KILN_CPU_ISA"] = args.cpu_isa
         if args.cpu_isa != native:
@@ -93,6 +110,8 @@ def warm(args):
 
     kiln.config.stored_captures = True
     kiln.config.compile_only = os.environ.get("KILN_COMPILE_ONLY") == "1"
+    kiln.config.capture_cpu_as = os.environ.get("KILN_CAPTURE_CPU_AS") or None
+    kiln.config.cuda_arch = os.environ.get("KILN_CUDA_ARCH") or None
     sys.argv = [args.script, *args.args]
     try:
         runpy.run_path(args.script, run_name="__main__")
@@ -102,7 +121,7 @@ def warm(args):
             return 1
     kiln.wait_for_compiles()
     arts = kiln.debug.artifacts()
-    target = os.environ.get("KILN_CPU_ISA") or cpu_isa()
+    target = args.cuda_arch or os.environ.get("KILN_CPU_ISA") or cpu_isa()
     print(f"kiln warm: {len(arts)} graphs in kilnd's cache for {target}"
           f"{' (compiled only: not runnable here)' if kiln.config.compile_only else ''}")
     if args.export:
@@ -145,6 +164,9 @@ def main(argv=None):
     w = sub.add_parser("warm", help="run a script to store its captures and artifacts")
     w.add_argument("--cpu-isa", default=None,
                    help="x86-64 level to build for (x86-64, x86-64-v2/v3/v4); default: this CPU's")
+    w.add_argument("--cuda-arch", default=None, metavar="SM",
+                   help="capture for GPU 0 of this architecture (sm_90), the model's tensors "
+                        "on this machine's CPU standing for its own")
     w.add_argument("--export", default=None, metavar="BUNDLE",
                    help="then write the cache bundle (as `cache export`)")
     w.add_argument("script")

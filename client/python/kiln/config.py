@@ -36,6 +36,16 @@ prepare_stored_captures = os.environ.get("KILN_PREPARE_STORED", "1") != "0"
 # this machine cannot run, such as a CPU ISA it lacks). KILN_COMPILE_ONLY=1.
 compile_only = os.environ.get("KILN_COMPILE_ONLY", "0") == "1"
 
+# Capture this process's CPU tensors as tensors of this CUDA device ("cuda:0"), for a GPU the
+# machine does not have (`python -m kiln warm --cuda-arch`; kiln.graph.stand_in): stored
+# records name CUDA tensors and kilnd builds for cuda_arch; frames run eagerly here. Only with
+# compile_only. KILN_CAPTURE_CPU_AS=cuda:0.
+capture_cpu_as = os.environ.get("KILN_CAPTURE_CPU_AS") or None
+
+# The architecture kilnd builds CUDA kernels for ("sm_90") in place of the GPU's own: set with
+# capture_cpu_as, where there is no GPU to ask. KILN_CUDA_ARCH.
+cuda_arch = os.environ.get("KILN_CUDA_ARCH") or None
+
 # What to print, a subset of {"graph", "guards", "bytecode", "recompiles", "codegen", "cache"}
 # ("cache": why a stored capture was or was not used):
 # KILN_LOG=graph,guards.

@@ -12,7 +12,8 @@ import torch
 from kiln import _C, config
 from kiln.capture.frame import capture_frame
 from kiln.entry import EntryInfo, next_compile_id
-from kiln.exc import BackendCompilerFailed
+from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice
+from kiln.graph import stand_in
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
@@ -84,6 +85,11 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         _store(stored, code, output, consts, src, region, gm, raw, global_state)
         info.extra["store_seconds"] = time.perf_counter() - t3
     _print_debug(info)
+    if stand_in.target() is not None:
+        # Captured (and stored) for the GPU its CPU tensors stood for: its graph and transformed
+        # code are that GPU's, so the frame runs as written here.
+        raise CapturedForAnotherDevice(
+            f"captured for {stand_in.target()} and stored; runs eagerly here", manager)
     return manager, new_code, info
 
 
@@ -107,7 +113,7 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
                     raise stored_capture.NotStorable("the graph runs eagerly (no kilnd artifact)")
                 params = attr_tensors(gm)
                 sources = [output.attr_sources[name] for name in params]
-                device = next((t.device for t in [*params.values(), *(
+                device = next((stand_in.device_of(t) for t in [*params.values(), *(
                     i.example for i in output.inputs)]), torch.device("cpu"))
                 graph = stored_capture.describe_graph(artifact, sources,
                                                       [i.source for i in output.inputs], device,
@@ -116,7 +122,7 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph)
             stored.put(code, record)
-        except stored_capture.NotStorable as e:
+        except (stored_capture.NotStorable, stand_in.CannotStandIn) as e:
             log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)
 
 

@@ -4,6 +4,7 @@ import functools
 import logging
 import operator
 import types
+from typing import Dict
 
 import torch
 from torch.nn.modules import module
@@ -12,7 +13,8 @@ from kiln import _C, config
 from kiln.backends.registry import lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped
 from kiln.convert_frame import convert_frame
-from kiln.exc import BackendCompilerFailed, KilnError, RecompileError, Unsupported
+from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
+                      RecompileError, Unsupported)
 from kiln.state import STATE
 
 log = logging.getLogger("kiln")
@@ -34,10 +36,16 @@ class FrameCallback:
         self.fullgraph = fullgraph
         self.observer = observer
         self.stored = _stored_captures(compiler_fn, mode, options)
+        # Frames captured for another device (kiln.graph.stand_in): code -> the guard trees of
+        # its captures, each over this process's tensors. While one holds, the frame and its
+        # callees run eagerly, captured already.
+        self.stood_in: Dict[types.CodeType, list] = {}
 
     def __call__(self, func, code, slots):
         if is_skipped(code):
             return _C.SKIP
+        if any(g.failure_reason(slots, func) is None for g in self.stood_in.get(code, ())):
+            return _C.EAGER
         if STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
         entries = _C.cache_entries(code)
@@ -82,7 +90,7 @@ class FrameCallback:
         run of its plan over zeroed inputs, so that the call that gets the entry runs at full
         speed (no prologue, no first-run setup left)."""
         entry = self.install_stored(func, code, slots) or self.capture(func, code, slots)
-        if entry is not _C.SKIP:
+        if isinstance(entry, tuple):
             warm = getattr(entry[2].compiled_fn, "warm", None)
             if warm is not None:
                 try:
@@ -96,6 +104,10 @@ class FrameCallback:
         try:
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
                                   fullgraph=self.fullgraph, stored=self.stored)
+        except CapturedForAnotherDevice as e:
+            log.info("kiln: %s: %s", code.co_qualname, e)
+            self.stood_in.setdefault(code, []).append(e.guards)
+            return _C.EAGER
         except Unsupported as e:
             if self.fullgraph:
                 raise

@@ -16,6 +16,16 @@ class Unsupported(KilnError):
         super().__init__(f"{msg}\n{source_line}" if source_line else msg)
 
 
+class CapturedForAnotherDevice(Unsupported):
+    """A frame was captured (and stored) for the GPU its CPU tensors stood for
+    (kiln.graph.stand_in): it runs eagerly here while `guards` (the capture's guard tree, over
+    this process's CPU tensors) hold."""
+
+    def __init__(self, msg: str, guards):
+        super().__init__(msg)
+        self.guards = guards
+
+
 class BackendCompilerFailed(KilnError):
     """The backend raised while compiling a captured graph."""
 

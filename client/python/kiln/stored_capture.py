@@ -39,6 +39,7 @@ import torch
 
 from kiln import _C
 from kiln.daemon.private_files import write_private
+from kiln.graph import stand_in
 
 log = logging.getLogger("kiln")
 
@@ -561,7 +562,12 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
         enc = {"path": table.add(path), "kind": g.kind, "text": g.describe()}
         kind, value = g.kind, g.value
         if kind == "TENSOR_MATCH":
-            enc["value"] = _tensor_meta(value)
+            # As the GPU's tensor where CPU tensors stand for one (kiln.graph.stand_in).
+            meta = _tensor_meta(value)
+            enc["value"] = stand_in.stored_meta(meta)
+            if enc["value"] is not meta:
+                enc["text"] = enc["text"].replace(f" {meta['device']} size=",
+                                                  f" {enc['value']['device']} size=", 1)
         elif kind == "ID_MATCH":
             name = name_of(value)
             if name is not None:
@@ -932,6 +938,8 @@ class StoredCaptures:
         if not all(isinstance(t, torch.Tensor) for t in params):
             return False  # a parameter reached from an argument of the call
         device = torch.device(graph["device"])
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return False  # a record for a GPU this machine lacks (python -m kiln warm --cuda-arch)
         start = time.perf_counter()
         body = artifact_body_by_key(graph["artifact"], device)
         art.check_inputs(body, params, leading=True)

@@ -19,6 +19,7 @@ from kiln import config
 from kiln.backends.registry import register_backend
 from kiln.daemon.local_artifacts import LocalArtifacts
 from kiln.debug import format_artifact
+from kiln.graph import stand_in
 from kiln.state import STATE
 
 log = logging.getLogger("kiln")
@@ -166,14 +167,22 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     client.ensure_running()
     mac_key = read_mac_key(client.settings.mac_key_file)
     params = list(lowering.attr_tensors(gm).values())
-    inputs = params + list(example_inputs)
-    device = _graph_device(inputs)
+    example_inputs = list(example_inputs)
+    device = _graph_device(params + example_inputs)
+    standing_in = device.type == "cpu" and stand_in.target() is not None
+    if standing_in:
+        # Lowered and built for the GPU the CPU tensors stand for; nothing to load here.
+        device, params, example_inputs = _stood_in(params, example_inputs)
+        load = False
+    inputs = params + example_inputs
     target = art.target_for(device)
     index = GraphIndex(client.settings.cache_dir / "graphs", mac_key)
     # The daemon's compiler is part of the key: after an upgrade the index misses, and the
     # graph is compiled by the new compiler instead of being served what the old one built.
     compiler_version = client.compiler_version_for(target.device_kind) or ""
-    skey = lowering.structure_key(
+    # The index describes the graph's own tensors, which are not the ones lowered when
+    # standing in: it is neither read nor written then.
+    skey = None if standing_in else lowering.structure_key(
         gm, example_inputs, target.SerializeToString() + b"\0" + compiler_version.encode())
 
     known = index.get(skey) if skey is not None else None
@@ -187,7 +196,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
             log.debug("kiln: index entry %s… not used (%s); lowering the graph", skey[:16], e)
 
     lowering_start = time.perf_counter()
-    lowered = lowering.lower(gm, example_inputs)
+    lowered = lowering.lower(gm, example_inputs, params)
     lowering_seconds = time.perf_counter() - lowering_start
     request = pb.service.CompileRequest(graph=lowered.graph, target=target)
     response = client.compile(request)
@@ -206,6 +215,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
                             lowering_seconds)
+
+
+def _stood_in(params: list, example_inputs: list):
+    """(device, params, inputs) of a graph of CPU tensors captured for kiln.config.capture_cpu_as:
+    that device, and fakes of the tensors on it, of one fake mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.graph.lowering import LoweringError
+
+    device = stand_in.target()
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake(t):
+        try:
+            return stand_in.fake(mode, t)
+        except stand_in.CannotStandIn as e:
+            raise LoweringError(str(e)) from None
+
+    return device, [fake(t) for t in params], [fake(t) for t in example_inputs]
 
 
 def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.device,

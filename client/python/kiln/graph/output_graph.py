@@ -17,6 +17,7 @@ except ImportError:  # torch < 2.3
     _GraphModuleClass = torch.fx.GraphModule
 
 from kiln.exc import Unsupported
+from kiln.graph import stand_in
 from kiln.graph.meta_rules import shortcut
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
@@ -86,7 +87,12 @@ class OutputGraph:
         start."""
         f = self._fakes.get(id(real))
         if f is None:
-            if alone and _plain_tensor(real):
+            if stand_in.target() is not None and real.device.type == "cpu":
+                try:  # captured as the GPU's tensor (python -m kiln warm --cuda-arch)
+                    f = stand_in.fake(self.fake_mode, real)
+                except stand_in.CannotStandIn as e:
+                    raise Unsupported(str(e)) from None
+            elif alone and _plain_tensor(real):
                 meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype,
                                            device="meta")
                 f = FakeTensor(self.fake_mode, meta, real.device)

@@ -10,6 +10,7 @@ import torch
 import torch.fx.experimental.proxy_tensor  # noqa: F401  (for _is_make_fx_tracing)
 
 from kiln.exc import Unsupported
+from kiln.graph import stand_in
 from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
@@ -90,6 +91,14 @@ def is_graph_op(fn) -> bool:
     return False
 
 
+def _refuse_machine_question(value) -> None:
+    """While CPU tensors stand in for a GPU's (kiln.graph.stand_in), torch.cuda's answers are
+    this machine's, not the GPU's: a frame that asks is not captured."""
+    if stand_in.target() is not None and stand_in.asks_the_machine(value):
+        raise Unsupported(f"{getattr(value, '__name__', value)!r} asks this machine's CUDA "
+                          f"state while capturing for {stand_in.target()}")
+
+
 class TorchVariable(ValueVariable):
     """A torch module, function or class (torch, torch.nn.functional, torch.add, torch.Size)."""
 
@@ -98,6 +107,7 @@ class TorchVariable(ValueVariable):
             attr = getattr(self.value, name)
         except AttributeError:
             raise Unsupported(f"{self.value!r} has no attribute {name!r}") from None
+        _refuse_machine_question(attr)
         # torch's namespace is fixed for the life of the process: nothing to guard.
         if is_guardable_constant(attr) or type(attr) is torch.Size:
             return ConstantVariable(attr)
@@ -107,6 +117,7 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
+        _refuse_machine_question(fn)
         folded, value = _folded_value(fn)
         if folded:
             return ConstantVariable(value)

@@ -1,0 +1,79 @@
+"""Capturing for a GPU this machine does not have (`python -m kiln warm --cuda-arch sm_90` on a
+build machine): the program runs on the CPU, and kiln captures its CPU tensors as though they
+lived on the GPU the fleet runs (kiln.config.capture_cpu_as, "cuda:0"). The capture's fake
+tensors report that device to everything the trace asks (x.device, x.is_cuda, which kernels
+autocast picks), kilnd compiles the graph for the named architecture, and the stored record
+names CUDA tensors: a process on that GPU installs it without tracing. The frame itself then
+runs eagerly on the CPU (its graph, traced for the GPU, may create CUDA tensors).
+
+What cannot stand in is refused, so that nothing the GPU process would see differently is
+baked into a record: tensors that are views or subclasses (their fakes would need their real
+storage's layout), and any question asked of torch.cuda (this machine's answers are not the
+GPU's); such a frame runs eagerly and stores nothing."""
+from typing import Optional
+
+import torch
+
+from kiln import config
+
+# A dense CPU tensor's dispatch keys and the same tensor's on a CUDA device: what a stored
+# TENSOR_MATCH guard compares (kiln.stored_capture._tensor_meta).
+_CPU_KEYS = "DispatchKeySet(CPU, ADInplaceOrView, AutogradCPU, AutocastCPU)"
+_CUDA_KEYS = "DispatchKeySet(CUDA, ADInplaceOrView, AutogradCUDA, AutocastCUDA)"
+
+
+class CannotStandIn(Exception):
+    """A value whose CPU form says nothing certain about its form on the target device."""
+
+
+def target() -> Optional[torch.device]:
+    """The device CPU tensors are captured as, or None (the normal case)."""
+    if not config.capture_cpu_as:
+        return None
+    device = torch.device(config.capture_cpu_as)
+    if device.type != "cuda":
+        raise ValueError(f"kiln.config.capture_cpu_as: {device} is not a CUDA device")
+    return device if device.index is not None else torch.device("cuda", 0)
+
+
+def device_of(t: torch.Tensor) -> torch.device:
+    """The device `t` is captured as: the target for a CPU tensor while standing in."""
+    stand = target() if t.device.type == "cpu" else None
+    return stand if stand is not None else t.device
+
+
+def fake(fake_mode, t: torch.Tensor):
+    """A fake tensor of `t`'s metadata on the target device (target() must not be None)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or \
+            t._base is not None or t.storage_offset() != 0 or t.is_quantized or t.is_nested:
+        raise CannotStandIn("a view, subclass or non-dense tensor cannot be captured as a "
+                            f"{target()} tensor from its CPU form")
+    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+    f = FakeTensor(fake_mode, meta, target())
+    if t.requires_grad:
+        f.requires_grad_(True)
+    return f
+
+
+def stored_meta(meta: dict) -> dict:
+    """A stored TENSOR_MATCH guard's metadata (kiln.stored_capture._tensor_meta) of a CPU
+    tensor, as the same tensor's on the target device, while standing in; else `meta`."""
+    stand = target()
+    if stand is None or meta["device"] != "cpu":
+        return meta
+    if meta["keys"] != _CPU_KEYS:
+        raise CannotStandIn(f"a tensor with dispatch keys {meta['keys']}")
+    return dict(meta, device=str(stand), keys=_CUDA_KEYS)
+
+
+def asks_the_machine(fn) -> bool:
+    """Whether calling `fn` (or reading the attribute `fn`) asks this machine's CUDA state:
+    anything of torch.cuda, and torch._C's _cuda_* functions."""
+    module = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, type(torch)):
+        module = fn.__name__
+    name = getattr(fn, "__name__", "") or ""
+    return module == "torch.cuda" or module.startswith("torch.cuda.") or \
+        name.startswith("_cuda_") or fn is torch.cuda
