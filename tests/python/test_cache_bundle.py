@@ -150,6 +150,8 @@ DEVICE_SCRIPT = textwrap.dedent("""
     import kiln
 
     ASK = "ask" in sys.argv[1:]
+    ASK_CUDNN = "ask-cudnn" in sys.argv[1:]
+    BREAK = "break" in sys.argv[1:]
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -157,8 +159,13 @@ DEVICE_SCRIPT = textwrap.dedent("""
             self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
 
         def forward(self, x):
-            y = self.b(torch.nn.functional.gelu(self.a(x)))
+            h = torch.nn.functional.gelu(self.a(x))
+            if BREAK:
+                print("between the graphs")  # a graph break: two graphs, a resume function
+            y = self.b(h)
             if ASK and torch.cuda.is_available():
+                y = y + 1
+            if ASK_CUDNN and torch.backends.cudnn.is_available():
                 y = y + 1
             return y
 
@@ -236,16 +243,32 @@ def test_a_process_on_the_cpu_does_not_take_a_capture_made_for_a_gpu(fleet):
     assert "device cuda:0 captured, cpu now" in on_cpu.stderr
 
 
-def test_a_frame_that_asks_torch_cuda_is_not_captured_for_a_gpu(fleet, kilnd_cache):
+@pytest.mark.parametrize("question", ["ask", "ask-cudnn"])
+def test_a_frame_that_asks_torch_cuda_is_not_captured_for_a_gpu(question, fleet, kilnd_cache):
     before = {r["id"] for r in stored_records(kilnd_cache)}
-    warm_for_sm_90(fleet, "ask")
-    # torch.cuda.is_available() answers False here and True on the GPU: Net.forward (whose
-    # argument is x) is not stored; the frames it calls, which ask nothing, are (nn.Linear's
-    # forward, whose argument is input).
+    warm_for_sm_90(fleet, question)
+    # The question's answer here (False) is not the GPU's (True): no record of Net.forward
+    # (whose argument is x) answers it. Either the frame is not captured at all (its callees,
+    # nn.Linear's forward, whose argument is input, are), or the capture ends before the
+    # question, in a resume function that the GPU process captures itself.
     new = [r for r in stored_records(kilnd_cache) if r["id"] not in before]
-    tensors = {g["text"].split(" TENSOR_MATCH")[0] for r in new for g in r["guards"]
-               if g["kind"] == "TENSOR_MATCH"}
-    assert new and tensors == {"L['input']"}
+    assert new
+    for r in new:
+        tensors = {g["text"].split(" TENSOR_MATCH")[0] for g in r["guards"]
+                   if g["kind"] == "TENSOR_MATCH"}
+        resumes = [c for c in r["consts"] if isinstance(c, dict) and c.get("resume")]
+        assert tensors == {"L['input']"} or (tensors == {"L['x']"} and len(resumes) == 1), r
+
+
+def test_a_frame_with_a_graph_break_is_stored_for_a_gpu_with_its_resume_function(fleet,
+                                                                                 kilnd_cache):
+    before = {r["id"] for r in stored_records(kilnd_cache)}
+    warmed, got, _ = warm_for_sm_90(fleet, "break")
+    assert "between the graphs" in warmed.stdout  # the frame ran here, eagerly, as written
+    new = [r for r in stored_records(kilnd_cache) if r["id"] not in before]
+    (forward,) = [r for r in new if any(c.get("resume") for c in r["consts"]
+                                        if isinstance(c, dict))]
+    assert forward["graph"]["device"] == "cuda:0"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -44,8 +44,10 @@ class FrameCallback:
     def __call__(self, func, code, slots):
         if is_skipped(code):
             return _C.SKIP
-        if any(g.failure_reason(slots, func) is None for g in self.stood_in.get(code, ())):
-            return _C.EAGER
+        stood = self.stood_in.get(code, ())
+        if len(stood) >= config.cache_size_limit or \
+                any(g.failure_reason(slots, func) is None for g in stood):
+            return _C.EAGER  # captured for another device already (or as often as allowed)
         if STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
         entries = _C.cache_entries(code)

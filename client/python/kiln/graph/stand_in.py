@@ -68,12 +68,26 @@ def stored_meta(meta: dict) -> dict:
     return dict(meta, device=str(stand), keys=_CUDA_KEYS)
 
 
-def asks_the_machine(fn) -> bool:
-    """Whether calling `fn` (or reading the attribute `fn`) asks this machine's CUDA state:
-    anything of torch.cuda, and torch._C's _cuda_* functions."""
-    module = getattr(fn, "__module__", None) or ""
-    if isinstance(fn, type(torch)):
-        module = fn.__name__
-    name = getattr(fn, "__name__", "") or ""
-    return module == "torch.cuda" or module.startswith("torch.cuda.") or \
-        name.startswith("_cuda_") or fn is torch.cuda
+# Where torch answers questions about the machine's GPUs and their libraries: torch.cuda (any
+# attribute), and functions of torch.backends.cuda and torch.backends.cudnn (is_available,
+# version, is_flash_attention_available; their flags, such as cudnn.allow_tf32, are the
+# program's settings and read as usual).
+_MACHINE_MODULES = ("torch.cuda",)
+_MACHINE_FUNCTION_MODULES = ("torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
+
+
+def _in(module: str, roots) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def asks_the_machine(value, called: bool) -> bool:
+    """Whether reading `value` (an attribute the trace reached in torch's namespace), or calling
+    it when `called`, asks this machine's CUDA state."""
+    if isinstance(value, type(torch)):
+        return _in(value.__name__, _MACHINE_MODULES)
+    module = getattr(value, "__module__", None) or ""
+    name = getattr(value, "__name__", "") or ""
+    if name.startswith(("_cuda_", "_cudnn_", "_get_cudnn")):  # torch._C's own
+        return True
+    return _in(module, _MACHINE_FUNCTION_MODULES if called else _MACHINE_MODULES) and \
+        callable(value)

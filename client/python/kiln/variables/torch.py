@@ -91,10 +91,10 @@ def is_graph_op(fn) -> bool:
     return False
 
 
-def _refuse_machine_question(value) -> None:
+def _refuse_machine_question(value, called: bool) -> None:
     """While CPU tensors stand in for a GPU's (kiln.graph.stand_in), torch.cuda's answers are
     this machine's, not the GPU's: a frame that asks is not captured."""
-    if stand_in.target() is not None and stand_in.asks_the_machine(value):
+    if stand_in.target() is not None and stand_in.asks_the_machine(value, called):
         raise Unsupported(f"{getattr(value, '__name__', value)!r} asks this machine's CUDA "
                           f"state while capturing for {stand_in.target()}")
 
@@ -107,7 +107,7 @@ class TorchVariable(ValueVariable):
             attr = getattr(self.value, name)
         except AttributeError:
             raise Unsupported(f"{self.value!r} has no attribute {name!r}") from None
-        _refuse_machine_question(attr)
+        _refuse_machine_question(attr, called=False)
         # torch's namespace is fixed for the life of the process: nothing to guard.
         if is_guardable_constant(attr) or type(attr) is torch.Size:
             return ConstantVariable(attr)
@@ -117,7 +117,7 @@ class TorchVariable(ValueVariable):
 
     def call_function(self, tx, args, kwargs):
         fn = self.value
-        _refuse_machine_question(fn)
+        _refuse_machine_question(fn, called=True)
         folded, value = _folded_value(fn)
         if folded:
             return ConstantVariable(value)
