@@ -147,19 +147,29 @@ def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -
     from kiln.graph.lowering import device_from_pb, dtype_from_pb
 
     plan = body.plan
-    metas = {v.id: v.meta for v in plan.values}
     if len(plan.inputs) != len(tensors) and not (leading and len(tensors) <= len(plan.inputs)):
         raise ArtifactRejected(f"plan takes {len(plan.inputs)} inputs, not {len(tensors)}")
+    wanted = set(plan.inputs[:len(tensors)])
+    metas = {v.id: v.meta for v in plan.values if v.id in wanted}
+    # On the first call's path (hundreds of parameters): each enum decoded once.
+    dtypes, devices = {}, {}
     for i, (vid, t) in enumerate(zip(plan.inputs, tensors)):
         meta = metas.get(vid)
         if meta is None:
             raise ArtifactRejected(f"plan input {i} has no metadata")
+        dtype = dtypes.get(meta.dtype)
+        if dtype is None:
+            dtype = dtypes[meta.dtype] = dtype_from_pb(meta.dtype)
+        where = (meta.device.kind, meta.device.index)
+        device = devices.get(where)
+        if device is None:
+            device = devices[where] = device_from_pb(meta.device)
         # The device too: a plan's kernels given another device's memory would not fail
         # cleanly (a GPU plan handed a module's parameters still on the CPU).
-        want = (dtype_from_pb(meta.dtype), tuple(meta.sizes), tuple(meta.strides),
-                device_from_pb(meta.device))
-        have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
-        if want != have:
+        if dtype != t.dtype or device != t.device or tuple(meta.sizes) != tuple(t.shape) or \
+                tuple(meta.strides) != t.stride():
+            want = (dtype, tuple(meta.sizes), tuple(meta.strides), device)
+            have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
             raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")
 
 
