@@ -447,3 +447,89 @@ def test_the_path_table_gives_remembered_paths_the_rows_a_walk_to_the_root_gives
     assert [remembered.add(s.guard_path()) for s in paths] == \
         [walked.add(s.guard_path()) for s in paths]
     assert len({tuple(map(str, r)) for r in walked.rows}) == len(walked.rows)
+
+
+STORE_CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from kiln.daemon.capture_store import CaptureStore
+
+    root, who, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    store = CaptureStore(root, b"k" * 32)
+    for i in range(n):
+        store.put("ab" * 32, {"id": f"{who}-{i % 3}", "who": who})
+""")
+
+
+def test_processes_storing_captures_of_one_code_at_once_keep_each_others(tmp_path):
+    # Two models whose forward is nn.Sequential's store under one key: each process reads the
+    # list, puts its entry first and writes it back, under the directory's lock.
+    procs = [subprocess.Popen([sys.executable, "-c", STORE_CHILD, str(tmp_path), who, "60"])
+             for who in ("mlp", "cnn")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    from kiln.daemon.capture_store import CaptureStore
+
+    ids = {e["id"] for e in CaptureStore(tmp_path, b"k" * 32).get("ab" * 32)}
+    assert ids == {f"{who}-{i}" for who in ("mlp", "cnn") for i in range(3)}
+
+
+def test_the_same_capture_made_by_two_processes_is_one_record(kilnd_cache, model_dir):
+    # Guard texts name objects by address; the record's id leaves addresses out, so a fleet's
+    # processes storing one capture replace each other's record instead of filling the list.
+    run_child(model_dir, KILN_STORED_CAPTURES="1")
+    from kiln.daemon.capture_store import CaptureStore
+    from kiln.daemon.client import read_mac_key
+    from kiln.stored_capture import _ADDRESS, record_id
+
+    store = CaptureStore(kilnd_cache / "captures", read_mac_key(kilnd_cache / "mac.key"))
+    records = [e for k in store.keys() for e in store.get(k) if e.get("graph")]
+    entry = {k: v for k, v in records[0].items() if k not in ("id", "made")}
+    assert record_id(entry) == records[0]["id"]
+    assert any(_ADDRESS.search(g["text"]) for g in entry["guards"])
+    elsewhere = dict(entry, guards=[dict(g, text=_ADDRESS.sub(" at 0xdeadbeef", g["text"]))
+                                    for g in entry["guards"]])
+    assert record_id(elsewhere) == record_id(entry)
+    tensor = next(i for i, g in enumerate(entry["guards"]) if g["kind"] == "TENSOR_MATCH")
+    other = dict(entry, guards=list(entry["guards"]))
+    other["guards"][tensor] = dict(other["guards"][tensor],
+                                   value=dict(other["guards"][tensor]["value"], size=[99]))
+    assert record_id(other) != record_id(entry)
+
+
+SEQUENTIALS = textwrap.dedent("""
+    import json, sys
+    import torch
+    import kiln
+
+    torch.manual_seed(0)
+    models = {"wide": torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU()).eval(),
+              "narrow": torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).eval()}
+    inputs = {"wide": torch.randn(2, 8), "narrow": torch.randn(5, 4)}
+    out = {}
+    for name in sys.argv[1].split(","):
+        m = models[name]
+        compiled = kiln.compile(m)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(inputs[name]), m(inputs[name]))
+        (entry,) = kiln.debug.cache_entries(type(m).forward.__code__)[-1:]
+        out[name] = {"stored": entry.info.extra.get("stored_capture") is not None,
+                     "prepared": bool(entry.info.extra.get("prepared_plan"))}
+    print(json.dumps(out))
+""")
+
+
+def test_compile_prepares_the_record_of_its_own_module_among_others_of_the_same_code(
+        kilnd_cache):
+    # Both models' forward is nn.Sequential's: one capture key, two records, the newest the
+    # narrow one's. kiln.compile of the wide model prepares the wide one's plan.
+    def run(order):
+        done = subprocess.run([sys.executable, "-c", SEQUENTIALS, order], capture_output=True,
+                              text=True, timeout=300,
+                              env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run("wide,narrow")
+    assert not first["wide"]["stored"] and not first["narrow"]["stored"]
+    again = run("wide")
+    assert again["wide"] == {"stored": True, "prepared": True}

@@ -25,6 +25,7 @@ import contextlib
 import gc
 import hashlib
 import importlib
+import re
 import reprlib
 import json
 import logging
@@ -44,6 +45,10 @@ from kiln.graph import stand_in
 log = logging.getLogger("kiln")
 
 FORMAT = b"kiln-stored-capture-1"
+
+
+# An object's address in a guard's text ("<Linear at 0x7f2c1d0e5b10>").
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 class NotStorable(Exception):
@@ -616,9 +621,21 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
     record = {"code": code_digest(code), "global_state": global_state, "source": src,
               "consts": entry_consts, "paths": table.rows, "guards": entry_guards,
               "graph": graph}
-    record["id"] = hashlib.sha256(repr(sorted(record.items())).encode()).hexdigest()
+    record["id"] = record_id(record)
     record["made"] = time.time()
     return record
+
+
+def record_id(record: dict) -> str:
+    """The id of a record (before "id" and "made" are added). The same capture made by another
+    process is the same record: guard texts name objects by their addresses, which the id leaves
+    out (a fleet's processes would otherwise each add one, and push other captures of the code
+    past CaptureStore's MAX_ENTRIES)."""
+    same = dict(record, guards=[dict(g, text=_ADDRESS.sub("", g["text"]))
+                                for g in record["guards"]])
+    # Of its JSON form, which the store keeps: a record read back has the same id.
+    return hashlib.sha256(json.dumps(same, sort_keys=True, separators=(",", ":"))
+                          .encode()).hexdigest()
 
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
@@ -902,9 +919,7 @@ class StoredCaptures:
             return False
 
     def _prepare(self, func, code, bound_self) -> bool:
-        from kiln.backends.kiln_backend import artifact_body_by_key, build_plan_for
-        from kiln.daemon import artifact as art
-        from kiln.graph.lowering import _global_state
+        from kiln.backends.kiln_backend import build_plan_for
 
         start = time.perf_counter()
         store = self.store()
@@ -916,33 +931,16 @@ class StoredCaptures:
             return False
         seconds = {"records": time.perf_counter() - start}
         self._prepared[key] = (records, None)
-        record = records[0]
-        graph = record.get("graph")
-        if graph is None or record.get("code") != code_digest(code):
-            return False
-        # The plan runs now as the first call would: in the global state the first call's
-        # guards require (its prologue's outputs are made in it and kept). Only a graph run
-        # without autograd is prepared, and only when the rest of that state (default dtype,
-        # autocast) is this thread's now.
-        for mode in (torch.no_grad, torch.inference_mode):
-            with mode():
-                if _global_state() == record["global_state"]:
-                    break
+        # The newest record whose parameters are this module's: captures of other modules
+        # whose forward is this code (two nn.Sequential models) share the key.
+        start = time.perf_counter()
+        for record in records:
+            fit = self._fit(record, func, code, bound_self)
+            if fit is not None:
+                break
         else:
             return False
-        # Slot 0 is `bound_self` where the code takes it as its first argument (not *args).
-        nslots = code.co_nlocals + len(code.co_cellvars) + len(code.co_freevars)
-        first = bound_self if bound_self is not None and code.co_argcount > 0 else _UNBOUND
-        frame = _Frame((first,) + (_UNBOUND,) * (nslots - 1), func, record["paths"])
-        params = [frame.value(i) for i in graph["params"]]
-        if not all(isinstance(t, torch.Tensor) for t in params):
-            return False  # a parameter reached from an argument of the call
-        device = torch.device(graph["device"])
-        if device.type == "cuda" and not torch.cuda.is_available():
-            return False  # a record for a GPU this machine lacks (python -m kiln warm --cuda-arch)
-        start = time.perf_counter()
-        body = artifact_body_by_key(graph["artifact"], device)
-        art.check_inputs(body, params, leading=True)
+        graph, mode, params, device, body = fit
         seconds["artifact"] = time.perf_counter() - start
         start = time.perf_counter()
         plan = build_plan_for(body, params, len(graph["inputs"]), device, graph["cuda_graphs"])
@@ -956,6 +954,47 @@ class StoredCaptures:
         self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan, seconds))
         _say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
         return True
+
+    @staticmethod
+    def _fit(record: dict, func, code, bound_self):
+        """(graph, grad mode, parameters, device, artifact body) of `record` when its plan can be
+        prepared for `func` bound to `bound_self` now, else None."""
+        from kiln.backends.kiln_backend import artifact_body_by_key
+        from kiln.daemon import artifact as art
+        from kiln.graph.lowering import _global_state
+
+        graph = record.get("graph")
+        if graph is None or record.get("code") != code_digest(code):
+            return None
+        # The plan runs now as the first call would: in the global state the first call's
+        # guards require (its prologue's outputs are made in it and kept). Only a graph run
+        # without autograd is prepared, and only when the rest of that state (default dtype,
+        # autocast) is this thread's now.
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                if _global_state() == record["global_state"]:
+                    break
+        else:
+            return None
+        # Slot 0 is `bound_self` where the code takes it as its first argument (not *args).
+        nslots = code.co_nlocals + len(code.co_cellvars) + len(code.co_freevars)
+        first = bound_self if bound_self is not None and code.co_argcount > 0 else _UNBOUND
+        try:
+            frame = _Frame((first,) + (_UNBOUND,) * (nslots - 1), func, record["paths"])
+            params = [frame.value(i) for i in graph["params"]]
+        except (NotInstallable, LookupError, AttributeError, TypeError):
+            return None  # a path this module does not have
+        if not all(isinstance(t, torch.Tensor) for t in params):
+            return None  # a parameter reached from an argument of the call
+        device = torch.device(graph["device"])
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return None  # a record for a GPU this machine lacks (python -m kiln warm --cuda-arch)
+        body = artifact_body_by_key(graph["artifact"], device)
+        try:
+            art.check_inputs(body, params, leading=True)
+        except art.ArtifactRejected:
+            return None  # another module's parameters
+        return graph, mode, params, device, body
 
     def _install(self, func, code, slots):
         from kiln.state import STATE

@@ -7,10 +7,13 @@ or unauthenticated record is a miss; a kilnd that is down or answers slowly is a
 A file is "<tag>\\n<payload>", payload = JSON (never pickle: nothing read here is unpickled),
 tag = HMAC-SHA256(MAC key, domain | capture key | payload): a record altered, copied under
 another key or written with another daemon's key is never installed."""
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from typing import List, Optional
@@ -50,12 +53,7 @@ class CaptureStore:
     def get(self, key: str) -> List[dict]:
         """The entries stored for `key`, newest first: from the directory, else from kilnd (then
         kept in the directory); [] when none verifies under this MAC key."""
-        try:
-            with open(self._path(key), "rb") as f:
-                data = f.read(MAX_RECORD_BYTES + 1)
-        except OSError:
-            data = b""
-        entries = self.decode(key, data)
+        entries = self.get_local(key)
         if entries or self._daemon is None:
             return entries
         data = self._fetch(key)
@@ -63,6 +61,15 @@ class CaptureStore:
         if entries:
             write_private(self._path(key), data)
         return entries
+
+    def get_local(self, key: str) -> List[dict]:
+        """The entries the directory holds for `key` ([] when none verifies)."""
+        try:
+            with open(self._path(key), "rb") as f:
+                data = f.read(MAX_RECORD_BYTES + 1)
+        except OSError:
+            data = b""
+        return self.decode(key, data)
 
     def _fetch(self, key: str) -> Optional[bytes]:
         from kiln.daemon.client import DaemonUnavailable
@@ -95,13 +102,39 @@ class CaptureStore:
 
     def put(self, key: str, entry: dict) -> None:
         """Stores `entry` first among `key`'s entries (one equal to it is replaced). Best effort:
-        the store is an optimisation, a failure leaves the next process to capture again."""
-        entries = [e for e in self.get(key) if e.get("id") != entry.get("id")]
-        self.write(key, [entry] + entries)
+        the store is an optimisation, a failure leaves the next process to capture again. The
+        read and the write hold the directory's lock: processes storing captures of one code at
+        once (two models whose forward is nn.Sequential's) each keep the other's."""
+        known = None if self._path(key).exists() else self.get(key)  # kilnd's, unlocked
+        with self._locked():
+            entries = self.get_local(key) or known or []
+            data = self.encode(key, [entry] + [e for e in entries
+                                               if e.get("id") != entry.get("id")])
+            write_private(self._path(key), data)
+        self._send(key, data)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """An exclusive lock on the directory's lock file (none when it cannot be opened: then
+        as before, a concurrent store may lose one of two records, never corrupt one)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def write(self, key: str, entries: List[dict]) -> None:
         data = self.encode(key, entries)
         write_private(self._path(key), data)
+        self._send(key, data)
+
+    def _send(self, key: str, data: bytes) -> None:
         if self._daemon is not None:
             from kiln.daemon.client import DaemonUnavailable
 
