@@ -982,7 +982,7 @@ class StoredCaptures:
         try:
             frame = _Frame((first,) + (_UNBOUND,) * (nslots - 1), func, record["paths"])
             params = [frame.value(i) for i in graph["params"]]
-        except (NotInstallable, LookupError, AttributeError, TypeError):
+        except NotInstallable:
             return None  # a path this module does not have
         if not all(isinstance(t, torch.Tensor) for t in params):
             return None  # a parameter reached from an argument of the call

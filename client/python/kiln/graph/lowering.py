@@ -324,13 +324,14 @@ def _batch_norm_metadata(input, weight, bias, running_mean, running_var):
 
 
 def _fake_empty(like, shape, stride, dtype):
-    """A fake tensor of `like`'s fake mode and device with this metadata, made directly (a fake
-    op dispatch to make it costs about a millisecond)."""
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    """A fake tensor of `like`'s fake mode and device with this metadata (meta_rules.fake_empty,
+    from inside the fake mode running a fake implementation)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from kiln.graph.meta_rules import fake_empty
 
     with unset_fake_temporarily():
-        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-    return FakeTensor(like.fake_mode, meta, like.fake_device)
+        return fake_empty(like.fake_mode, shape, stride, dtype, like.fake_device)
 
 
 def _hardswish_fake(self):

@@ -110,8 +110,29 @@ def shortcut(fake_mode, kind: str, target, args: tuple, kwargs: dict) -> Optiona
 
 def _fake_like(fake_mode, t: FakeTensor) -> FakeTensor:
     """A new fake tensor (its own object and storage) with `t`'s metadata; no grad."""
-    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    return FakeTensor(fake_mode, meta, t.fake_device)
+    return fake_empty(fake_mode, t.shape, t.stride(), t.dtype, t.fake_device)
+
+
+def fake_empty(fake_mode, shape, stride, dtype, device) -> FakeTensor:
+    """A new fake tensor of `fake_mode` with this metadata, made from a meta tensor directly (no
+    fake op dispatch, about a millisecond each). Called with no fake mode active."""
+    meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return FakeTensor(fake_mode, meta, device)
+
+
+def plain_tensor(t: torch.Tensor) -> bool:
+    """A dense tensor of its own storage, of no subclass: its metadata says all about it."""
+    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+            and t._base is None and t.storage_offset() == 0 and not t.is_quantized
+            and not t.is_nested and t.device.type in ("cpu", "cuda", "meta"))
+
+
+def fake_of(fake_mode, t: torch.Tensor, device: torch.device) -> FakeTensor:
+    """The fake of a plain tensor `t` (plain_tensor) on `device`: its metadata and requires_grad."""
+    f = fake_empty(fake_mode, t.shape, t.stride(), t.dtype, device)
+    if t.requires_grad:
+        f.requires_grad_(True)
+    return f
 
 
 def _pair(v) -> Optional[tuple]:

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 try:  # a GraphModule that writes its Python code when something first reads or runs it
     from torch.fx._lazy_graph_module import _LazyGraphModule as _GraphModuleClass
@@ -18,7 +18,7 @@ except ImportError:  # torch < 2.3
 
 from kiln.exc import Unsupported
 from kiln.graph import stand_in
-from kiln.graph.meta_rules import shortcut
+from kiln.graph.meta_rules import fake_of, plain_tensor, shortcut
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -92,12 +92,8 @@ class OutputGraph:
                     f = stand_in.fake(self.fake_mode, real)
                 except stand_in.CannotStandIn as e:
                     raise Unsupported(str(e)) from None
-            elif alone and _plain_tensor(real):
-                meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype,
-                                           device="meta")
-                f = FakeTensor(self.fake_mode, meta, real.device)
-                if real.requires_grad:
-                    f.requires_grad_(True)
+            elif alone and plain_tensor(real):
+                f = fake_of(self.fake_mode, real, real.device)
             else:
                 f = self.fake_mode.from_tensor(real)
             self._fakes[id(real)] = f
@@ -268,13 +264,6 @@ _CALL_OPS = ("call_function", "call_method", "call_module")
 def call_nodes(graph: torch.fx.Graph) -> list:
     """The nodes of `graph` that are operations (what op counts count)."""
     return [n for n in graph.nodes if n.op in _CALL_OPS]
-
-
-def _plain_tensor(t: torch.Tensor) -> bool:
-    """A dense tensor of its own storage, of no subclass: its metadata says all about it."""
-    return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
-            and t._base is None and t.storage_offset() == 0 and not t.is_quantized
-            and not t.is_nested and t.device.type in ("cpu", "cuda", "meta"))
 
 
 def _contains_tensor(value) -> bool:

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from kiln import config
+from kiln.graph.meta_rules import fake_of, plain_tensor
 
 # A dense CPU tensor's dispatch keys and the same tensor's on a CUDA device: what a stored
 # TENSOR_MATCH guard compares (kiln.stored_capture._tensor_meta).
@@ -44,17 +45,10 @@ def device_of(t: torch.Tensor) -> torch.device:
 
 def fake(fake_mode, t: torch.Tensor):
     """A fake tensor of `t`'s metadata on the target device (target() must not be None)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or \
-            t._base is not None or t.storage_offset() != 0 or t.is_quantized or t.is_nested:
+    if not plain_tensor(t):
         raise CannotStandIn("a view, subclass or non-dense tensor cannot be captured as a "
                             f"{target()} tensor from its CPU form")
-    meta = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
-    f = FakeTensor(fake_mode, meta, target())
-    if t.requires_grad:
-        f.requires_grad_(True)
-    return f
+    return fake_of(fake_mode, t, target())
 
 
 def stored_meta(meta: dict) -> dict:
