@@ -5,8 +5,9 @@ to make lowering faster can show it produced the very same IR.
     python bench/bench_lowering.py [--models resnet18 ...] [--devices cpu cuda]
                                    [--dtypes fp32 bf16] [--repeats N] [--out F]
 
-Each model is captured by kiln on the meta device (no weights, no data) and lowered on fake
-tensors of the device asked for: on "cuda" no GPU is needed (fake CUDA tensors of an sm_90
+Each torchvision model is captured by kiln on the meta device (no weights, no data), BERT, GPT-2
+and the MLP (bench/common.build_model) on the CPU with random weights, and each graph is lowered
+on fake tensors of the device asked for: on "cuda" no GPU is needed (fake CUDA tensors of an sm_90
 device), so CUDA lowering is measured here too. Reported: the median of --repeats lowerings
 (the first, which also imports and warms torch's tracing, is not counted), the IR's node count,
 and the sha256 of its deterministic serialization.
@@ -23,16 +24,27 @@ from common import command_line, emit  # noqa: E402
 
 MODELS = {"resnet18": (16, 3, 128, 128), "resnet50": (8, 3, 224, 224),
           "mobilenet_v3_small": (8, 3, 224, 224), "vit_b_16": (1, 3, 224, 224)}
+BUILT = ("bert", "gpt2", "mlp")  # bench/common.build_model's, captured on the CPU
 
 
-def captured(name: str, dtype):
-    """(graph module, example inputs) of kiln's capture of torchvision's `name` on meta tensors."""
+def captured(name: str, dtype, device: str):
+    """(graph module, example inputs) of kiln's capture of `name`: torchvision's on meta
+    tensors, the others on the CPU (standing in for a GPU's tensors when `device` is "cuda": the
+    graph then names the GPU where the model asks for its inputs' device); the graph with the
+    most nodes where there are several."""
     import torch
     import torchvision
 
     import kiln
+    from common import build_model
 
-    model = getattr(torchvision.models, name)().to("meta").to(dtype).eval()
+    if name in MODELS:
+        model = getattr(torchvision.models, name)().to("meta").to(dtype).eval()
+        inputs = (torch.empty(MODELS[name], device="meta", dtype=dtype),)
+    else:
+        model, inputs = build_model(name)
+        model = model.to(dtype)
+        inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
     graphs = []
 
     def backend(gm, example_inputs):
@@ -40,10 +52,14 @@ def captured(name: str, dtype):
         return gm.forward
 
     kiln.reset()
-    with torch.no_grad():
-        kiln.compile(model, backend=backend)(torch.empty(MODELS[name], device="meta",
-                                                         dtype=dtype))
-    return graphs[0]
+    stand_in = name not in MODELS and device == "cuda"
+    kiln.config.capture_cpu_as = "cuda:0" if stand_in else None
+    try:
+        with torch.no_grad():
+            kiln.compile(model, backend=backend)(*inputs)
+    finally:
+        kiln.config.capture_cpu_as = None
+    return max(graphs, key=lambda g: len(g[0].graph.nodes))
 
 
 def on_device(gm, example_inputs, device: str):
@@ -75,7 +91,8 @@ def on_device(gm, example_inputs, device: str):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=[*MODELS, *BUILT],
+                   choices=[*MODELS, *BUILT])
     p.add_argument("--devices", nargs="+", default=["cpu", "cuda"], choices=["cpu", "cuda"])
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     p.add_argument("--repeats", type=int, default=3)
@@ -92,7 +109,7 @@ def main():
     for name in a.models:
         for device in a.devices:
             for dtype in a.dtypes:
-                gm, example = captured(name, dtypes[dtype])
+                gm, example = captured(name, dtypes[dtype], device)
                 inputs = on_device(gm, example, device)
                 times = []
                 with torch.no_grad():

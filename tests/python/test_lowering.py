@@ -249,6 +249,92 @@ def test_addmm_lowers_to_what_eager_computes(alpha, beta, dtype, kilnd_cache):
     assert against_eager(fn, rand(12), rand(5, 7), rand(7, 12), **tol).is_contiguous()
 
 
+ONE_NODE_CASES = {
+    # name: (function of (x [6, 24], w [24], b [24], m [5, 24]), the kiln op it is traced as)
+    "layer norm": (lambda x, w, b, m: LAYER_NORMS["affine"](x, w, b), "layer_norm"),
+    "layer norm over two dims": (lambda x, w, b, m: LAYER_NORMS["two dims"](x, w, b),
+                                 "layer_norm"),
+    "layer norm's statistics read": (
+        lambda x, w, b, m: torch.ops.aten.native_layer_norm(x, [24], w, b, 1e-5), "layer_norm"),
+    "layer norm's statistics only": (
+        lambda x, w, b, m: torch.ops.aten.native_layer_norm(x, [24], w, b, 1e-5)[1:],
+        "layer_norm"),
+    "linear": (lambda x, w, b, m: torch.nn.functional.linear(x, m, b[:5]), "addmm"),
+    "addmm, scalars": (lambda x, w, b, m: torch.addmm(b[:5], x, m.t(), beta=0.5, alpha=2),
+                       "addmm"),
+    "addmm, row bias": (lambda x, w, b, m: torch.addmm(b[:5].view(1, 5), x, m.t()), "addmm"),
+    "addmm, full bias": (lambda x, w, b, m: torch.addmm(x[:, :5].contiguous(), x, m.t()),
+                         "addmm"),
+    "addmm, column bias": (lambda x, w, b, m: torch.addmm(b[:6].view(6, 1), x, m.t()[:, :1]),
+                           "addmm"),
+    # Outside what the one node covers: traced as before.
+    "addmm, beta 0": (lambda x, w, b, m: torch.addmm(b[:5], x, m.t(), beta=0), None),
+    "addmm, strided bias": (
+        lambda x, w, b, m: torch.addmm(torch.cat([b, b])[::2][:5], x, m.t()), None),
+    "layer norm, transposed input": (
+        lambda x, w, b, m: LAYER_NORMS["transposed input"](x, w, b), None),
+}
+
+
+def _one_node_args(device, dtype):
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(6, 24, generator=g), torch.randn(24, generator=g),
+            torch.randn(24, generator=g), torch.randn(5, 24, generator=g)]
+    return [a.to(dtype) for a in args]
+
+
+def _lowered_ir(fn, args, device):
+    """fn's IR: captured on the CPU, lowered over fakes of `device` (CUDA: an sm_90 GPU's, with
+    or without one); its serialization, and the ops of the traced ATen graph."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torch.no_grad():
+        gm, example = capture(fn, *args)
+        params = None
+        if device == "cuda":
+            mode = FakeTensorMode()
+
+            def fake(t):
+                with mode:
+                    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+
+            params = [fake(t) for t in lowering.attr_tensors(gm).values()]
+            example = [fake(t) for t in example]
+        lo = lowering.lower(gm, example, params)
+    traced = {str(n.target) for n in lo.aten_graph.graph.nodes if n.op == "call_function"}
+    return lo.graph.SerializeToString(deterministic=True), traced
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", list(ONE_NODE_CASES))
+def test_layer_norms_and_linears_traced_as_one_node_lower_to_their_decompositions_ir(
+        case, dtype, device, monkeypatch):
+    # kiln::layer_norm and kiln::addmm (lowering._metadata_ops) are each one traced node that
+    # to_ir writes as the ATen calls their decompositions trace: the IR must be the very one
+    # tracing those calls gives, byte for byte, where the one node applies; elsewhere the
+    # decomposition is traced as before.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    fn, op = ONE_NODE_CASES[case]
+    args = _one_node_args(device, dtype)
+    ir, traced = _lowered_ir(fn, args, device)
+    assert (f"kiln.{op}.default" in traced) == (op is not None), traced
+    assert not any(t.startswith("kiln.") for t in traced if op is None)
+    monkeypatch.setattr(lowering, "_layer_norm_simple", lambda input: False)
+    monkeypatch.setattr(lowering, "_addmm_simple", lambda *a: False)
+    ir_decomposed, traced = _lowered_ir(fn, args, device)
+    assert not any(t.startswith("kiln.") for t in traced), traced
+    assert ir == ir_decomposed
+
+
+@pytest.mark.parametrize("case", [c for c, (_, op) in ONE_NODE_CASES.items() if op])
+def test_layer_norms_and_linears_traced_as_one_node_compute_what_eager_does(case, kilnd_cache):
+    fn, _ = ONE_NODE_CASES[case]
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        against_eager(fn, *_one_node_args("cpu", dtype), rtol=tol, atol=tol * 10)
+        assert kiln.debug.artifact(fn) is not None, "the graph ran eagerly instead of through kilnd"
+
+
 def test_cudnn_batch_norm_lowers_as_the_eval_batch_norm_node():
     # What batch_norm dispatches to on a CUDA device; traced here on CPU fakes.
     def f(x, w, b, rm, rv):

@@ -209,12 +209,16 @@ def _addmm_in_its_dtype(torch_addmm):
     added to it), traced as those ATen calls directly: torch's decomposition goes through its
     dtype and out= wrappers, a tenth of a transformer's lowering, and computes bfloat16 and
     float16 in float32 (its pointwise opmath rule), which would turn the matrix product of an
-    autocast region into a float32 one, slower and not the product eager computes. Other dtypes
-    take torch's decomposition."""
+    autocast region into a float32 one, slower and not the product eager computes. Where
+    _addmm_simple knows the results' metadata, those calls are one traced node,
+    kiln::addmm, that to_ir writes as them (_Builder.expand_addmm). Other dtypes take torch's
+    decomposition."""
 
     def addmm(self, mat1, mat2, beta=1, alpha=1):
         if not self.is_floating_point():
             return torch_addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+        if _addmm_simple(self, mat1, mat2, beta, alpha):
+            return _metadata_ops()["addmm"](self, mat1, mat2, beta=beta, alpha=alpha)
         out = aten.mul.Tensor(aten.mm.default(mat1, mat2), alpha)
         if beta == 0:
             return out
@@ -231,7 +235,8 @@ def _layer_norm_as_traced(torch_layer_norm):
     the reference's wrappers, checks and dispatch through torch functions: those made a layer norm
     two dozen milliseconds of lowering. What this form does not cover (inputs or parameters that
     are not contiguous, a missing weight or bias, shapes or dtypes that do not match the input's,
-    non-float dtypes) takes torch's, with its checks."""
+    non-float dtypes) takes torch's, with its checks. The calls of a non-empty input are one traced
+    node, kiln::layer_norm, that to_ir writes as them (_Builder.expand_layer_norm)."""
 
     def native_layer_norm(input, normalized_shape, weight, bias, eps):
         shape = tuple(normalized_shape)
@@ -244,6 +249,8 @@ def _layer_norm_as_traced(torch_layer_norm):
                 not input.is_contiguous() or not weight.is_contiguous() or \
                 not bias.is_contiguous():
             return torch_layer_norm(input, normalized_shape, weight, bias, eps)
+        if _layer_norm_simple(input):
+            return _metadata_ops()["layer_norm"](input, shape, weight, bias, eps)
         x = input
         if input.dtype != torch.float32:
             x = aten._to_copy.default(input, dtype=torch.float32)
@@ -338,30 +345,100 @@ def _hardswish_fake(self):
     return _fake_empty(self, self.shape, self.stride(), self.dtype)
 
 
+def _contiguous(shape) -> Tuple[int, ...]:
+    return tuple(torch._prims_common.make_contiguous_strides_for(tuple(shape)))
+
+
+def _addmm_simple(self, mat1, mat2, beta, alpha) -> bool:
+    """Whether _Builder.expand_addmm knows the metadata of addmm's decomposition (mm, alpha *
+    it, beta * self, their sum): matrices and a contiguous bias of one floating dtype and
+    device, the bias no larger than the product it is broadcast to, number scalars, beta not 0
+    (the decomposition then adds nothing)."""
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (beta, alpha)) \
+            or beta == 0:
+        return False
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.shape[1] != mat2.shape[0] or \
+            self.dim() not in (1, 2) or not self.is_contiguous() or self.layout != torch.strided:
+        return False
+    m, n = mat1.shape[0], mat2.shape[1]
+    if self.shape[-1] not in (1, n) or (self.dim() == 2 and self.shape[0] not in (1, m)):
+        return False
+    return (self.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and mat1.dtype == self.dtype and mat2.dtype == self.dtype
+            and mat1.device == self.device and mat2.device == self.device)
+
+
+def _addmm_fake(self, mat1, mat2, *, beta=1, alpha=1):
+    if not _addmm_simple(self, mat1, mat2, beta, alpha):
+        raise RuntimeError("kiln::addmm: operands outside _addmm_simple")
+    shape = (mat1.shape[0], mat2.shape[1])
+    return _fake_empty(self, shape, _contiguous(shape), self.dtype)
+
+
+def _layer_norm_simple(input) -> bool:
+    """Whether _Builder.expand_layer_norm knows the metadata of _layer_norm_as_traced's calls
+    for `input` (which that function's own checks let through: contiguous, of a float dtype
+    its parameters share): a non-empty one."""
+    return input.is_contiguous() and input.numel() > 0
+
+
+def _layer_norm_stats_dtype(input) -> torch.dtype:
+    """The dtype of layer norm's mean and rstd as _layer_norm_as_traced computes them."""
+    if input.device.type in ("cpu", "mtia"):
+        return input.dtype
+    return torch.float32
+
+
+def _layer_norm_fake(input, normalized_shape, weight, bias, eps):
+    if not _layer_norm_simple(input):
+        raise RuntimeError("kiln::layer_norm: an empty or non-contiguous input")
+    n = len(normalized_shape)
+    stats = (*input.shape[:input.dim() - n], *([1] * n))
+    dtype = _layer_norm_stats_dtype(input)
+    return (_fake_empty(input, input.shape, _contiguous(input.shape), input.dtype),
+            _fake_empty(input, stats, _contiguous(stats), dtype),
+            _fake_empty(input, stats, _contiguous(stats), dtype))
+
+
 @functools.lru_cache(maxsize=1)
 def _metadata_ops():
-    """kiln::batch_norm_eval and kiln::hardswish: aten._native_batch_norm_legit_no_training and
-    aten.hardswish under kiln's names, their schemas and computations aten's, whose fake
-    implementations give the results' metadata directly. Fake tensors have no meta kernel for
-    either and run torch's decomposition to find it, ~15 ms a call on a new shape (a
-    MobileNetV3's 34 batch norms and 19 hardswishes: half its lowering). The IR names aten's ops
-    (to_ir), so the lowered graph is the same."""
+    """aten ops under kiln's names, with aten's schemas and computations, whose fake
+    implementations give the results' metadata directly, so that a trace runs no decomposition
+    for them on fake tensors. kiln::batch_norm_eval and kiln::hardswish are
+    aten._native_batch_norm_legit_no_training and aten.hardswish: fake tensors have no meta
+    kernel for either and run torch's decomposition, ~15 ms a call on a new shape (a
+    MobileNetV3's 34 batch norms and 19 hardswishes: half its lowering); the IR names aten's
+    ops (_AS_ATEN). kiln::layer_norm and kiln::addmm are aten.native_layer_norm and aten.addmm
+    where lowering decomposes them (_layer_norm_as_traced, _addmm_in_its_dtype): each is one
+    traced node instead of seven and four (a transformer's layer norms and linears: a quarter of
+    its lowering), and to_ir writes the very calls their decompositions trace. Either way the
+    lowered graph is the same."""
     lib = torch.library.Library("kiln", "FRAGMENT")
     lib.define("batch_norm_eval(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, "
                "Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)")
     lib.define("hardswish(Tensor self) -> Tensor")
+    lib.define("layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, "
+               "Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)")
+    lib.define("addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) "
+               "-> Tensor")
     lib.impl("batch_norm_eval", aten._native_batch_norm_legit_no_training.default,
              "CompositeExplicitAutograd")
     lib.impl("hardswish", aten.hardswish.default, "CompositeExplicitAutograd")
+    lib.impl("layer_norm", aten.native_layer_norm.default, "CompositeExplicitAutograd")
+    lib.impl("addmm", aten.addmm.default, "CompositeExplicitAutograd")
 
     def batch_norm_fake(input, weight, bias, running_mean, running_var, momentum, eps):
         return _batch_norm_metadata(input, weight, bias, running_mean, running_var)
 
     torch.library.register_fake("kiln::batch_norm_eval", batch_norm_fake, lib=lib)
     torch.library.register_fake("kiln::hardswish", _hardswish_fake, lib=lib)
+    torch.library.register_fake("kiln::layer_norm", _layer_norm_fake, lib=lib)
+    torch.library.register_fake("kiln::addmm", _addmm_fake, lib=lib)
     _metadata_ops.lib = lib  # the registrations live as long as the library object
     return {"batch_norm_eval": torch.ops.kiln.batch_norm_eval.default,
-            "hardswish": torch.ops.kiln.hardswish.default}
+            "hardswish": torch.ops.kiln.hardswish.default,
+            "layer_norm": torch.ops.kiln.layer_norm.default,
+            "addmm": torch.ops.kiln.addmm.default}
 
 
 # kiln's ops that are aten's under another name (_attention_op, _metadata_ops): the IR's name.
@@ -548,6 +625,31 @@ def op_name(target) -> str:
     return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
 
 
+class _Value(int):
+    """The id of a value _Builder made with no FX node of its own (an expansion's), as an
+    argument of the next call it writes."""
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """The metadata of an expansion's value, read as meta_to_pb reads a tensor's."""
+    shape: Tuple[int, ...]
+    strides: Tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool = False
+
+    @staticmethod
+    def contiguous(shape, dtype, device) -> "_Meta":
+        return _Meta(tuple(shape), _contiguous(shape), dtype, device)
+
+    def stride(self) -> Tuple[int, ...]:
+        return self.strides
+
+    def storage_offset(self) -> int:
+        return 0
+
+
 class _Builder:
     def __init__(self):
         self.pb = _pb()
@@ -555,8 +657,8 @@ class _Builder:
         self.ids: Dict[torch.fx.Node, object] = {}  # node -> id, or tuple of ids
         self.next_id = 0
 
-    def new_value(self, fake: torch.Tensor, out) -> int:
-        if not isinstance(fake, torch.Tensor):
+    def new_value(self, fake, out) -> int:
+        if not isinstance(fake, (torch.Tensor, _Meta)):
             raise LoweringError(f"a non-tensor value ({type(fake).__name__}) in the ATen graph")
         out.id = self.next_id
         self.next_id += 1
@@ -564,7 +666,9 @@ class _Builder:
         return out.id
 
     def argument(self, arg, value, schema_arg) -> None:
-        if isinstance(value, torch.fx.Node):
+        if isinstance(value, _Value):
+            arg.value = int(value)
+        elif isinstance(value, torch.fx.Node):
             vid = self.ids[value]
             if isinstance(vid, tuple):
                 raise LoweringError(f"tuple-valued node {value} used as one value")
@@ -611,31 +715,94 @@ class _Builder:
             return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise LoweringError(f"non-ATen call {n.target}")
-        schema = n.target._schema
+        expand = self._EXPANDED.get(op_name(n.target))
+        if expand is not None:
+            expand(self, n)
+            return
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            outs = [val]
+        elif isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor)
+                                                            for v in val):
+            outs = list(val)
+        else:
+            raise LoweringError(f"{op_name(n.target)} returns {type(val).__name__}, not tensors")
+        ids = self.call(n.target, n.args, n.kwargs, outs)
+        self.ids[n] = ids[0] if isinstance(val, torch.Tensor) else tuple(ids)
+
+    def call(self, target, args, kwargs, outs) -> List[_Value]:
+        """Writes the node calling `target` over `args` and `kwargs` (FX nodes, _Values or
+        constants), with one output per entry of `outs` (their metadata); its outputs' ids."""
+        schema = target._schema
         if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-            raise LoweringError(f"{op_name(n.target)} mutates its input")
+            raise LoweringError(f"{op_name(target)} mutates its input")
         node = self.graph.nodes.add()
         # kiln::attention has scaled_dot_product_attention's schema and is that op (see
         # _attention_op): the plan calls aten's, which picks its kernel for the real inputs.
-        node.op = op_name(n.target)
+        node.op = op_name(target)
         node.op = _AS_ATEN.get(node.op, node.op)
-        for value, sarg in zip(n.args, schema.arguments):
+        for value, sarg in zip(args, schema.arguments):
             self.argument(node.args.add(), value, sarg.name)
         by_name = {a.name: a for a in schema.arguments}
-        for name, value in n.kwargs.items():
+        for name, value in kwargs.items():
             if name not in by_name:
                 raise LoweringError(f"unknown argument {name} of {node.op}")
             arg = node.args.add()
             arg.name = name
             self.argument(arg, value, name)
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            self.ids[n] = self.new_value(val, node.outputs.add())
-        elif isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor)
-                                                            for v in val):
-            self.ids[n] = tuple(self.new_value(v, node.outputs.add()) for v in val)
-        else:
-            raise LoweringError(f"{node.op} returns {type(val).__name__}, not tensors")
+        return [_Value(self.new_value(out, node.outputs.add())) for out in outs]
+
+    def expand_layer_norm(self, n: torch.fx.Node) -> None:
+        """kiln::layer_norm as the calls _layer_norm_as_traced makes for it, less those whose
+        results nothing reads (as the trace's dead code elimination leaves them)."""
+        input, shape, weight, bias, eps = n.args
+        x = input.meta["val"]
+        used = {u.args[1] for u in n.users}
+        dims = list(range(x.dim() - len(shape), x.dim()))
+        f32 = torch.float32
+        full = _Meta.contiguous(x.shape, f32, x.device)
+        stats = _Meta.contiguous(n.meta["val"][1].shape, f32, x.device)
+        x32 = input
+        if x.dtype != f32:
+            x32, = self.call(aten._to_copy.default, (input,), {"dtype": f32}, [full])
+        var, mean = self.call(aten.var_mean.correction, (x32, dims),
+                              {"correction": 0, "keepdim": True}, [stats, stats])
+        out = rstd = None
+        if used & {0, 2}:
+            shifted, = self.call(aten.add.Tensor, (var, eps), {}, [stats])
+            rstd, = self.call(aten.rsqrt.default, (shifted,), {}, [stats])
+        if 0 in used:
+            out, = self.call(aten.sub.Tensor, (x32, mean), {}, [full])
+            out, = self.call(aten.mul.Tensor, (out, rstd), {}, [full])
+            out, = self.call(aten.mul.Tensor, (out, weight), {}, [full])
+            out, = self.call(aten.add.Tensor, (out, bias), {}, [full])
+            if x.dtype != f32:
+                out, = self.call(aten._to_copy.default, (out,), {"dtype": x.dtype},
+                                 [_Meta.contiguous(x.shape, x.dtype, x.device)])
+        if _layer_norm_stats_dtype(x) != f32:
+            low = _Meta.contiguous(stats.shape, x.dtype, x.device)
+            if 1 in used:
+                mean, = self.call(aten._to_copy.default, (mean,), {"dtype": x.dtype}, [low])
+            if 2 in used:
+                rstd, = self.call(aten._to_copy.default, (rstd,), {"dtype": x.dtype}, [low])
+        self.ids[n] = (out, mean, rstd)
+
+    def expand_addmm(self, n: torch.fx.Node) -> None:
+        """kiln::addmm as the calls _addmm_in_its_dtype makes for it."""
+        schema = n.target._schema
+        bound = {a.name: (n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value))
+                 for i, a in enumerate(schema.arguments)}
+        bias, mat1, mat2 = bound["self"], bound["mat1"], bound["mat2"]
+        val = n.meta["val"]
+        product = _Meta.contiguous(val.shape, val.dtype, val.device)
+        b = bias.meta["val"]
+        out, = self.call(aten.mm.default, (mat1, mat2), {}, [product])
+        out, = self.call(aten.mul.Tensor, (out, bound["alpha"]), {}, [product])
+        scaled, = self.call(aten.mul.Tensor, (bias, bound["beta"]), {},
+                            [_Meta.contiguous(b.shape, b.dtype, b.device)])
+        self.ids[n], = self.call(aten.add.Tensor, (out, scaled), {}, [product])
+
+    _EXPANDED = {"kiln::layer_norm": expand_layer_norm, "kiln::addmm": expand_addmm}
 
 
 def to_ir(aten_gm: torch.fx.GraphModule):
