@@ -757,7 +757,9 @@ class _Builder:
         results nothing reads (as the trace's dead code elimination leaves them)."""
         input, shape, weight, bias, eps = n.args
         x = input.meta["val"]
-        used = {u.args[1] for u in n.users}
+        used = set()  # which of (out, mean, rstd) are read
+        for u in n.users:
+            used |= {u.args[1]} if u.target is operator.getitem else {0, 1, 2}
         dims = list(range(x.dim() - len(shape), x.dim()))
         f32 = torch.float32
         full = _Meta.contiguous(x.shape, f32, x.device)
