@@ -318,8 +318,10 @@ def test_layer_norms_and_linears_traced_as_one_node_lower_to_their_decomposition
     fn, op = ONE_NODE_CASES[case]
     args = _one_node_args(device, dtype)
     ir, traced = _lowered_ir(fn, args, device)
-    assert (f"kiln.{op}.default" in traced) == (op is not None), traced
-    assert not any(t.startswith("kiln.") for t in traced if op is None)
+    if op is not None:
+        assert f"kiln.{op}.default" in traced, traced
+    else:
+        assert not any(t.startswith("kiln.") for t in traced), traced
     monkeypatch.setattr(lowering, "_layer_norm_simple", lambda input: False)
     monkeypatch.setattr(lowering, "_addmm_simple", lambda *a: False)
     ir_decomposed, traced = _lowered_ir(fn, args, device)

@@ -140,10 +140,7 @@ def import_bundle(settings, bundle: Path) -> dict:
         if kind == "captures":
             if not store.decode(key, data):
                 raise BundleError(f"stored capture {key[:16]}… does not verify")
-            existing = store.get(key)
-            ids = {e.get("id") for e in store.decode(key, data)}
-            store.write(key, store.decode(key, data) + [e for e in existing
-                                                        if e.get("id") not in ids])
+            store.merge(key, store.decode(key, data))
         else:
             artifact = pb.artifact.Artifact()
             try:

@@ -101,15 +101,20 @@ class CaptureStore:
         return self.tag(key, payload).encode() + b"\n" + payload
 
     def put(self, key: str, entry: dict) -> None:
-        """Stores `entry` first among `key`'s entries (one equal to it is replaced). Best effort:
-        the store is an optimisation, a failure leaves the next process to capture again. The
-        read and the write hold the directory's lock: processes storing captures of one code at
-        once (two models whose forward is nn.Sequential's) each keep the other's."""
+        """Stores `entry` first among `key`'s entries (see merge)."""
+        self.merge(key, [entry])
+
+    def merge(self, key: str, entries: List[dict]) -> None:
+        """Stores `entries` first among `key`'s (those of equal ids replaced). Best effort: the
+        store is an optimisation, a failure leaves the next process to capture again. The read
+        and the write hold the directory's lock: processes storing captures of one code at once
+        (two models whose forward is nn.Sequential's, a bundle imported meanwhile) each keep the
+        other's."""
         known = None if self._path(key).exists() else self.get(key)  # kilnd's, unlocked
+        ids = {e.get("id") for e in entries}
         with self._locked():
-            entries = self.get_local(key) or known or []
-            data = self.encode(key, [entry] + [e for e in entries
-                                               if e.get("id") != entry.get("id")])
+            old = self.get_local(key) or known or []
+            data = self.encode(key, list(entries) + [e for e in old if e.get("id") not in ids])
             write_private(self._path(key), data)
         self._send(key, data)
 
@@ -128,11 +133,6 @@ class CaptureStore:
             yield
         finally:
             os.close(fd)  # releases the lock
-
-    def write(self, key: str, entries: List[dict]) -> None:
-        data = self.encode(key, entries)
-        write_private(self._path(key), data)
-        self._send(key, data)
 
     def _send(self, key: str, data: bytes) -> None:
         if self._daemon is not None:

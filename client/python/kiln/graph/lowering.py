@@ -159,9 +159,7 @@ def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
         if where is None:
             continue
         schema = node.target._schema
-        bound = {a.name: (node.args[i] if i < len(node.args) else
-                          node.kwargs.get(a.name, a.default_value))
-                 for i, a in enumerate(schema.arguments)}
+        bound = _bound_arguments(node)
         values = [bound[schema.arguments[i].name] if i is not None else None for i in where]
         query, key, value, mask, dropout_p, is_causal = values
         users = list(node.users)
@@ -177,6 +175,13 @@ def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
             user.replace_all_uses_with(attention)
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
+
+
+def _bound_arguments(node: torch.fx.Node) -> dict:
+    """Every argument of an ATen op's call node by its schema's names, defaults filled in."""
+    return {a.name: (node.args[i] if i < len(node.args) else
+                     node.kwargs.get(a.name, a.default_value))
+            for i, a in enumerate(node.target._schema.arguments)}
 
 
 def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
@@ -791,9 +796,7 @@ class _Builder:
 
     def expand_addmm(self, n: torch.fx.Node) -> None:
         """kiln::addmm as the calls _addmm_in_its_dtype makes for it."""
-        schema = n.target._schema
-        bound = {a.name: (n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value))
-                 for i, a in enumerate(schema.arguments)}
+        bound = _bound_arguments(n)
         bias, mat1, mat2 = bound["self"], bound["mat1"], bound["mat2"]
         val = n.meta["val"]
         product = _Meta.contiguous(val.shape, val.dtype, val.device)
