@@ -322,6 +322,45 @@ def test_names_of_objects_resolve_to_the_same_object():
         assert sc.decode(sc.encode(value)) == value or value != value
 
 
+class _Base:
+    def method(self):
+        return 0
+
+
+class _Derived(_Base):
+    def method(self):  # super(): a __class__ cell holding _Derived
+        return super().method() + 1
+
+    @staticmethod
+    def helper():
+        return 2
+
+
+def test_a_class_cell_is_found_in_its_class_without_walking_the_heap(monkeypatch):
+    import gc
+
+    from kiln import stored_capture as sc
+
+    cell = _Derived.method.__closure__[0]
+    assert cell.cell_contents is _Derived
+    walked = []
+    real = gc.get_referrers
+    monkeypatch.setattr(sc.gc, "get_referrers", lambda *a: walked.append(a) or real(*a))
+    assert sc._cell_owner(cell) == (_Derived.method, 0)
+    assert walked == []
+
+    def outer():
+        value = object()
+
+        def inner():
+            return value
+        return inner
+
+    # Another cell (of a function without an importable name): the heap is searched, no owner.
+    assert sc._cell_owner(outer().__closure__[0]) is None
+    assert walked
+
+
 def test_a_function_whose_code_changed_is_not_the_function_named():
     from kiln import stored_capture as sc
 
