@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "compiler/passes/conv_folding.h"
+#include "compiler/passes/cuda_library_passes.h"
 #include "compiler/passes/plan_pipeline.h"
 
 namespace kiln::compiler {
@@ -14,7 +15,7 @@ namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules,
 // NVRTC flags).
-constexpr char kCudaCompilerVersion[] = "kiln-cuda-8";
+constexpr char kCudaCompilerVersion[] = "kiln-cuda-9";
 
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.
@@ -48,14 +49,16 @@ absl::StatusOr<GeneratedCuda> GenerateCuda(const kiln::v1::CompileRequest& reque
     return arch.status();
   }
   // ATen's CUDA convolutions add their bias in a pass of their own: a pointwise node fuses it
-  // into the kernel that reads the result. Generated depthwise convolutions read their weights
-  // with the channels innermost.
-  const DevicePasses convolutions = [](kiln::v1::Graph graph, PassLog& passes) {
+  // into the kernel that reads the result. A linear's bias goes the other way, into cuBLASLt's
+  // epilogue (aten::addmm). Generated depthwise convolutions read their weights with the
+  // channels innermost.
+  const DevicePasses library_ops = [](kiln::v1::Graph graph, PassLog& passes) {
     graph = passes.After("convolution bias as epilogue", ConvolutionBiasAsEpilogue(graph));
+    graph = passes.After("linear bias in the GEMM", LinearBiasAsGemmEpilogue(graph));
     return passes.After("depthwise weights channels innermost",
                         DepthwiseWeightsChannelsInnermost(graph));
   };
-  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA, convolutions);
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CUDA, library_ops);
   GeneratedCuda generated;
   generated.body = std::move(planned.body);
   if (!planned.has_kernels) return generated;

@@ -3,8 +3,10 @@
 #include "runtime/cuda_graph_pool.h"
 
 #include <ATen/cuda/CUDAGraph.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #include <c10/core/Event.h>
 
 namespace kiln::runtime {
@@ -14,11 +16,15 @@ c10::MempoolId_t CudaGraphPool::Id(c10::DeviceIndex device) {
   if (it == ids_.end()) {
     const c10::MempoolId_t id = at::cuda::graph_pool_handle();
     c10::cuda::CUDAGuard guard(device);
-    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool(false, device));
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+    c10::cuda::CUDAStreamGuard on_side(side);
     auto anchor = std::make_unique<at::cuda::CUDAGraph>();
     anchor->capture_begin(id, cudaStreamCaptureModeThreadLocal);
     try {
-      at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device));
+      // A memset node, not a fill kernel: nothing of ATen's to load on a process's first call.
+      at::Tensor t =
+          at::empty({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, device));
+      C10_CUDA_CHECK(cudaMemsetAsync(t.data_ptr(), 0, t.nbytes(), side.stream()));
     } catch (...) {
       anchor->capture_end();
       throw;

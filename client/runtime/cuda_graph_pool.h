@@ -25,7 +25,7 @@ namespace kiln::runtime {
 // (on one stream, replays are ordered already and cost nothing more). Each graph keeps its own
 // outputs allocated for its lifetime, so what it returns is never another graph's scratch.
 //
-// The pool keeps a graph of its own (an anchor: one 1-element fill) captured into it from its
+// The pool keeps a graph of its own (an anchor: one 1-element memset) captured into it from its
 // first use to its destruction. Torch's device and host allocators drop a pool's entry when its
 // last graph is destroyed, and a capture into a handle whose entry is gone (a graph captured
 // again after its parameters moved, when it was the pool's only graph) fails torch's check that

@@ -877,8 +877,73 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
   return Status::OK();
 }
 
+// A CUDA plan's prologue step whose tensor arguments all have at most this many elements runs
+// on the host: a folded batch norm's per-channel statistics, the scale and shift made of them.
+constexpr int64_t kHostPrologueElements = 1 << 14;
+
+bool Plan::SmallEnoughForHost(const LibraryStep& l, const std::vector<at::Tensor>& vals) const {
+  // A view stays a view of the device's tensor (it runs no kernel; a broadcast one, copied to
+  // the device, would lose the layout its readers were planned for).
+  for (const c10::Argument& r : l.op.schema().returns()) {
+    if (r.alias_info() != nullptr) return false;
+  }
+  bool any = false;
+  auto small = [&](int s) {
+    const at::Tensor& t = vals[s];
+    if (!t.defined()) return true;
+    any = true;
+    return t.layout() == at::kStrided && t.numel() <= kHostPrologueElements;
+  };
+  for (const auto& [position, s] : l.tensor_args) {
+    if (!small(s)) return false;
+  }
+  for (const auto& list : l.list_args) {
+    for (int s : list.slots) {
+      if (!small(s)) return false;
+    }
+  }
+  return any;
+}
+
+// The prologue runs once per parameter version, but the first time a process calls one of
+// ATen's CUDA kernels CUDA loads its module: 10-25 ms each for rsqrt, neg, mul (an H200, torch
+// 2.11), which eager's model never called, on a warm process's first call. Their CPU kernels
+// cost microseconds; the copies there and back, a few per batch norm, little more. Where the
+// host cannot run the op (a dtype without a CPU kernel), the device does, as without this.
+Status Plan::RunLibraryOnHost(const LibraryStep& l, std::vector<at::Tensor>& vals,
+                              std::vector<at::Tensor>& host) const {
+  auto fetch = [&](int s) {
+    if (vals[s].defined() && !host[s].defined()) host[s] = vals[s].to(at::kCPU);
+  };
+  for (const auto& [position, s] : l.tensor_args) fetch(s);
+  for (const auto& list : l.list_args) {
+    for (int s : list.slots) fetch(s);
+  }
+  bool ran = false;
+  try {
+    ran = RunLibrary(l, host).ok();
+  } catch (const c10::Error&) {
+  }
+  if (!ran) {
+    for (int s : l.outputs) host[s].reset();
+    return RunLibrary(l, vals);
+  }
+  ++host_prologue_steps_;  // PrologueValues, the one caller, holds prologue_mutex_
+  for (int s : l.outputs) {
+    if (!host[s].defined()) {
+      vals[s].reset();
+    } else if (host[s].is_cpu()) {
+      vals[s] = host[s].to(device_);
+    } else {  // made on the device (an explicit device argument): fetched again if read here
+      vals[s] = host[s];
+      host[s].reset();
+    }
+  }
+  return Status::OK();
+}
+
 Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                      const at::Tensor& arena) const {
+                      const at::Tensor& arena, std::vector<at::Tensor>* host) const {
   // The graph was traced with autocast applied: its casts are steps of the plan. Autocast left on
   // would cast the library calls' arguments again (a float32 step given bfloat16 results).
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -891,8 +956,11 @@ Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& v
       for (int b : s.allocate) vals[b] = AllocateBuffer(b, arena);
       if (const auto* k = std::get_if<KernelStep>(&s.body)) {
         status = RunKernel(*k, vals);
+      } else if (const auto& l = std::get<LibraryStep>(s.body);
+                 host != nullptr && SmallEnoughForHost(l, vals)) {
+        status = RunLibraryOnHost(l, vals, *host);
       } else {
-        status = RunLibrary(std::get<LibraryStep>(s.body), vals);
+        status = RunLibrary(l, vals);
       }
       if (!status.ok()) break;
       for (int r : s.release) vals[r].reset();
@@ -931,7 +999,8 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   // Stamped before the run: a tensor modified while the prologue runs is seen next call.
   Stamps now = StampWatched();
   std::vector<at::Tensor> vals = bound_;
-  KILN_RETURN_IF_ERROR(RunSteps(prologue_, vals, at::Tensor()));
+  std::vector<at::Tensor> host(device_.is_cuda() ? vals.size() : 0);
+  KILN_RETURN_IF_ERROR(RunSteps(prologue_, vals, at::Tensor(), device_.is_cuda() ? &host : nullptr));
   auto kept = std::make_shared<std::vector<at::Tensor>>();
   kept->reserve(prologue_output_slots_.size());
   for (int s : prologue_output_slots_) {
@@ -950,6 +1019,11 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   prologue_stamps_ = std::move(now);
   ++prologue_runs_;
   return prologue_values_;
+}
+
+int Plan::host_prologue_steps() const {
+  std::lock_guard<std::mutex> lock(prologue_mutex_);
+  return host_prologue_steps_;
 }
 
 int Plan::prologue_runs() const {

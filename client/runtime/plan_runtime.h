@@ -148,6 +148,8 @@ class Plan {
   // How many times the prologue has run: once for the first call, again after a bound tensor
   // it reads changed.
   int prologue_runs() const;
+  // Prologue steps run on the host (a CUDA plan's small ones: see RunLibraryOnHost), over all runs.
+  int host_prologue_steps() const;
   uint64_t arena_bytes() const { return arena_bytes_; }
 
   // The label of the first per-call library step that calls one of `ops` ("aten::nonzero"), or
@@ -193,8 +195,10 @@ class Plan {
   class Builder;  // Create's checks and bindings, in plan_runtime.cpp.
 
   Plan(c10::Device device, uint64_t arena_bytes);
+  // `host`: a CUDA plan's prologue, whose small steps run on the host (RunLibraryOnHost), the
+  // host copies of its values; null elsewhere.
   Status RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                  const at::Tensor& arena) const;
+                  const at::Tensor& arena, std::vector<at::Tensor>* host = nullptr) const;
   Stamps StampWatched() const;
   Status RunMain(const std::vector<at::Tensor>* prologue_values,
                  const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
@@ -202,6 +206,9 @@ class Plan {
   Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
   Status LaunchCuda(const KernelStep& k, void* const* pointers) const;
   Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const;
+  bool SmallEnoughForHost(const LibraryStep& l, const std::vector<at::Tensor>& vals) const;
+  Status RunLibraryOnHost(const LibraryStep& l, std::vector<at::Tensor>& vals,
+                          std::vector<at::Tensor>& host) const;
 
   std::unique_ptr<KernelLibrary> library_;   // Null unless a CPU plan launches kernels.
   std::unique_ptr<CudaModule> cuda_module_;  // Null unless a CUDA plan launches kernels.
@@ -218,6 +225,7 @@ class Plan {
   std::vector<int> watched_;  // Constant slots the prologue reads.
   mutable std::mutex prologue_mutex_;
   mutable int prologue_runs_ = 0;  // Under prologue_mutex_.
+  mutable int host_prologue_steps_ = 0;  // Under prologue_mutex_.
   mutable std::shared_ptr<const std::vector<at::Tensor>> prologue_values_;  // Under the mutex.
   mutable Stamps prologue_stamps_;                                          // Under the mutex.
   uint64_t arena_bytes_ = 0;

@@ -321,6 +321,10 @@ void RegisterRuntime(py::module_& m) {
           "prologue_runs", [](const PyPlan& p) { return p.plan_->prologue_runs(); },
           "How many times the prologue has run (the first call's or warm()'s, and again after "
           "a parameter it reads changed in place).")
+      .def_property_readonly(
+          "host_prologue_steps", [](const PyPlan& p) { return p.plan_->host_prologue_steps(); },
+          "Prologue steps a CUDA plan ran on the host (small ones: a batch norm's per-channel "
+          "scale and shift), over all its prologue runs.")
       .def_property_readonly("arena_bytes", [](const PyPlan& p) { return p.plan_->arena_bytes(); })
       .def_property_readonly(
           "cuda_graph",

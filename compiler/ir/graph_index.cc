@@ -90,6 +90,20 @@ bool IsUnitScalar(const Argument& a) {
          (a.kind_case() == Argument::kFloatValue && a.float_value() == 1.0);
 }
 
+std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
+  if (add.op() != "aten::add.Tensor" || add.outputs_size() != 1 ||
+      !(add.args_size() == 2 ||
+        (add.args_size() == 3 && add.args(2).name().empty() && IsUnitScalar(add.args(2)))) ||
+      add.args(0).kind_case() != Argument::kValue || add.args(1).kind_case() != Argument::kValue ||
+      !add.args(0).name().empty() || !add.args(1).name().empty() ||
+      add.args(0).value() == add.args(1).value()) {
+    return std::nullopt;
+  }
+  if (add.args(0).value() == value) return add.args(1).value();
+  if (add.args(1).value() == value) return add.args(0).value();
+  return std::nullopt;
+}
+
 Graph ReplaceNodes(const Graph& graph, std::unordered_map<int, std::vector<Node>> replace) {
   if (replace.empty()) return graph;
   Graph out = EmptyLike(graph);

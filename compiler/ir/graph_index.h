@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -55,6 +56,10 @@ bool SameLayout(const kiln::v1::TensorMeta& a, const kiln::v1::TensorMeta& b);
 
 // An int or float argument equal to 1 (an alpha that changes nothing).
 bool IsUnitScalar(const kiln::v1::Argument& a);
+
+// The other operand of `add` when it is a plain `value + other` or `other + value`
+// (aten::add.Tensor, alpha absent or 1, two distinct positional tensors), else nullopt.
+std::optional<uint32_t> OtherAddend(const kiln::v1::Node& add, uint32_t value);
 
 // `graph` with node i replaced by replace[i] (nothing, when empty) wherever replace has an entry.
 kiln::v1::Graph ReplaceNodes(const kiln::v1::Graph& graph,

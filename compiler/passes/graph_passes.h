@@ -16,6 +16,7 @@ struct PassStats {
   int hoisted_views = 0;        // reshapes moved above the pointwise node that fed them
   int folded_convolutions = 0;  // per-channel affine epilogues folded into a convolution
   int convolution_bias_epilogues = 0;  // convolution biases added by the reader's kernel
+  int gemm_bias_epilogues = 0;  // linear biases added by the CUDA GEMM (aten::addmm)
   int onednn_convolutions = 0;  // convolutions given to oneDNN with a prepacked weight
   int channels_last_weights = 0;  // folded convolution weights written channels-last to pack
   int linear_biases = 0;        // bias adds run by oneDNN linears

@@ -23,22 +23,6 @@ using kiln::v1::TensorMeta;
 
 namespace {
 
-// The other operand of `add` when it is a plain `value + other` or `other + value`
-// (aten::add.Tensor, alpha absent or 1, two distinct positional tensors), else nullopt.
-std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
-  if (add.op() != "aten::add.Tensor" || add.outputs_size() != 1 ||
-      !(add.args_size() == 2 ||
-        (add.args_size() == 3 && add.args(2).name().empty() && IsUnitScalar(add.args(2)))) ||
-      add.args(0).kind_case() != Argument::kValue || add.args(1).kind_case() != Argument::kValue ||
-      !add.args(0).name().empty() || !add.args(1).name().empty() ||
-      add.args(0).value() == add.args(1).value()) {
-    return std::nullopt;
-  }
-  if (add.args(0).value() == value) return add.args(1).value();
-  if (add.args(1).value() == value) return add.args(0).value();
-  return std::nullopt;
-}
-
 // Dense NHWC: strides (H*W*C, 1, W*C, C) of sizes (N, C, H, W), offset 0. Size-1 dimensions
 // make other strides equally dense, but oneDNN's fused path wants exactly these.
 bool ChannelsLastDense(const TensorMeta& m) {

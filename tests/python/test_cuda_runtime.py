@@ -490,6 +490,21 @@ def test_vit_attention_fast_path_compiles_to_sdpa_on_a_gpu(kilnd_cache, autocast
         "aten::scaled_dot_product_attention") == 2
 
 
+@gpu
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_last_linear_is_addmm_and_the_others_mm_with_their_bias_in_a_kernel(
+        kilnd_cache, autocast, caplog):
+    # A classifier's last linear ends the graph: its bias goes to the GEMM's epilogue (addmm, as
+    # eager runs it); the first one's bias fuses into the GELU's kernel after a plain mm.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 10)).cuda().eval()
+    _compiled_on_gpu(model, lambda: torch.randn(16, 64, device="cuda"), autocast=autocast,
+                     caplog=caplog)
+    ops = _library_ops(kiln.debug.artifacts()[-1])
+    assert (ops.count("aten::addmm"), ops.count("aten::mm")) == (1, 1), ops
+
+
 def _library_ops(artifact):
     return [s.library.op for s in artifact.body.plan.steps if s.WhichOneof("kind") == "library"]
 

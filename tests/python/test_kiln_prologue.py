@@ -243,3 +243,29 @@ def test_arange_built_inside_the_graph_matches_eager():
             x = torch.randn(4, 9)
             torch.testing.assert_close(compiled(x), f(x))
     only_artifact(f)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16"])
+def test_on_a_gpu_the_small_prologue_steps_run_on_the_host_and_match_eager(autocast):
+    # The folded batch norms' per-channel scale and shift are computed on the host (no ATen CUDA
+    # kernel eager never ran is loaded on a process's first call); the results, and those after
+    # a statistic changes in place, are eager's.
+    torch.manual_seed(0)
+    m = BasicBlock().eval()
+    randomize_bn(m.bn1)
+    randomize_bn(m.bn2)
+    m = m.cuda()
+    x = torch.randn(2, 16, 8, 8, device="cuda")
+    tol = dict(rtol=5e-2, atol=5e-2) if autocast else dict(rtol=1e-2, atol=1e-2)
+    compiled = kiln.compile(m, backend="kiln")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        torch.testing.assert_close(compiled(x.clone()).float(), m(x.clone()).float(), **tol)
+        plan = only_artifact(m).plan
+        first = plan.host_prologue_steps
+        assert first > 0
+        m.bn2.running_var.mul_(1.5)
+        m.bn1.bias.add_(0.25)
+        torch.testing.assert_close(compiled(x.clone()).float(), m(x.clone()).float(), **tol)
+        assert plan.host_prologue_steps == 2 * first
+        assert plan.prologue_runs == 2

@@ -10,6 +10,7 @@
 
 #include "compiler/codegen/cuda/cuda_codegen.h"
 #include "compiler/cpu_compiler.h"
+#include "compiler/passes/cuda_library_passes.h"
 #include "compiler/passes/fusion.h"
 #include "compiler/target_compiler.h"
 #include "tests/cpp/support/cubin_reader.h"
@@ -565,7 +566,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-8|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-9|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -613,6 +614,92 @@ TEST(CudaCompilerTest, ConvolutionBiasIsAddedByTheKernelThatReadsTheResult) {
   }
 }
 
+// The library calls of a plan's steps (not its prologue) other than views, in order.
+std::vector<std::string> LibraryOps(const kiln::v1::ExecutionPlan& plan) {
+  std::vector<std::string> ops;
+  for (const auto& s : plan.steps()) {
+    if (s.has_library() && s.library().op() != "aten::view") ops.push_back(s.library().op());
+  }
+  return ops;
+}
+
+// A linear layer as lowering decomposes it: mm(x, w^T) + bias, optionally through the reshape
+// of a 3-D input, the sum a graph output or read by a GELU (`activation`); `bias_dtype` and
+// `bias_sizes` vary the bias, and `product_read` makes the product a graph output too.
+GraphBuilder Linear(kiln::v1::DType dtype, bool three_d, kiln::v1::DType bias_dtype,
+                    std::vector<int64_t> bias_sizes, bool product_read, bool activation) {
+  GraphBuilder b;
+  uint32_t w = b.Input({16, 32}, dtype);
+  uint32_t bias = b.Input(bias_sizes, bias_dtype);
+  b.Bound(2);
+  uint32_t x = b.Input(three_d ? std::vector<int64_t>{2, 4, 32} : std::vector<int64_t>{8, 32},
+                       dtype);
+  if (three_d) x = b.Op("aten::view", {V(x), Ints({8, 32})}, {8, 32}, dtype);
+  uint32_t t = b.Op("aten::t", {V(w)}, {32, 16}, dtype, {1, 32});
+  uint32_t product = b.Op("aten::mm", {V(x), V(t)}, {8, 16}, dtype);
+  uint32_t value = product;
+  std::vector<int64_t> sizes{8, 16};
+  if (three_d) {
+    sizes = {2, 4, 16};
+    value = b.Op("aten::view", {V(product), Ints(sizes)}, sizes, dtype);
+  }
+  uint32_t sum = b.Op("aten::add.Tensor", {V(value), V(bias)}, sizes, dtype);
+  b.Output(activation ? b.Op("aten::gelu", {V(sum)}, sizes, dtype) : sum);
+  if (product_read) b.Output(product);
+  return b;
+}
+
+TEST(CudaCompilerTest, ALinearThatEndsTheGraphAddsItsBiasInTheGemmAsEagerDoes) {
+  // aten::addmm, as eager's linear runs: ATen hands the bias to cuBLASLt's epilogue, and no
+  // kernel is left to add it; through a 3-D input's reshape too.
+  for (kiln::v1::DType dtype : {kF32, kBF16, kF16}) {
+    for (bool three_d : {false, true}) {
+      GraphBuilder b = Linear(dtype, three_d, dtype, {16}, false, false);
+      auto generated = GenerateCuda(CudaRequest(b));
+      ASSERT_TRUE(generated.ok()) << generated.status();
+      const kiln::v1::ExecutionPlan& plan = generated->body.plan();
+      EXPECT_EQ(LibraryOps(plan), std::vector<std::string>{"aten::addmm"}) << plan.DebugString();
+      EXPECT_EQ(Launches(plan).size(), 0u);
+      const kiln::v1::LibraryCall* call = nullptr;
+      for (const auto& s : plan.steps()) {
+        if (s.has_library() && s.library().op() == "aten::addmm") call = &s.library();
+      }
+      ASSERT_NE(call, nullptr);
+      ASSERT_EQ(call->args_size(), 3);
+      EXPECT_EQ(call->args(0).kind_case(), kiln::v1::Argument::kValue);
+    }
+  }
+}
+
+TEST(CudaCompilerTest, ABiasAddAKernelReadsOrTheGemmCannotTakeStaysMmAndAnAdd) {
+  struct Case {
+    kiln::v1::DType bias_dtype;
+    std::vector<int64_t> bias_sizes;
+    bool product_read, activation;
+  };
+  // The sum read by a GELU (the add fuses into its kernel), a bias of another dtype (the sum
+  // promotes), a bias over the whole product, the product read twice.
+  for (const Case& c : {Case{kBF16, {16}, false, true}, Case{kF32, {16}, false, false},
+                        Case{kBF16, {8, 16}, false, false}, Case{kBF16, {16}, true, false}}) {
+    GraphBuilder b = Linear(kBF16, false, c.bias_dtype, c.bias_sizes, c.product_read,
+                            c.activation);
+    PassStats stats;
+    kiln::v1::Graph g = LinearBiasAsGemmEpilogue(CudaRequest(b).graph(), &stats);
+    EXPECT_EQ(stats.gemm_bias_epilogues, 0);
+    int mms = 0, addmms = 0;
+    for (const auto& n : g.nodes()) {
+      mms += n.op() == "aten::mm";
+      addmms += n.op() == "aten::addmm";
+    }
+    EXPECT_EQ(mms, 1);
+    EXPECT_EQ(addmms, 0);
+  }
+  PassStats stats;
+  LinearBiasAsGemmEpilogue(CudaRequest(Linear(kBF16, true, kBF16, {16}, false, false)).graph(),
+                           &stats);
+  EXPECT_EQ(stats.gemm_bias_epilogues, 1);
+}
+
 TEST(CudaCompilerTest, TargetsOtherThanSmXYAreUnimplemented) {
   for (const char* arch : {"sm_9", "compute_90", "sm_90x", ""}) {
     auto generated = GenerateCuda(CudaRequest(PointwiseChain(kF32), arch));
@@ -638,7 +725,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-8|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-9|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -656,7 +743,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-8|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-9|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);

@@ -1,0 +1,113 @@
+// Library-op selection for CUDA targets (see cuda_library_passes.h).
+#include "compiler/passes/cuda_library_passes.h"
+
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "compiler/ir/graph_index.h"
+#include "compiler/ir/op_classes.h"
+
+namespace kiln::compiler {
+
+using kiln::v1::Argument;
+using kiln::v1::Graph;
+using kiln::v1::Node;
+using kiln::v1::TensorMeta;
+
+namespace {
+
+bool IsFloating(kiln::v1::DType dtype) {
+  return dtype == kiln::v1::DTYPE_FLOAT32 || dtype == kiln::v1::DTYPE_BFLOAT16 ||
+         dtype == kiln::v1::DTYPE_FLOAT16;
+}
+
+bool PositionalValue(const Argument& a) {
+  return a.kind_case() == Argument::kValue && a.name().empty();
+}
+
+}  // namespace
+
+Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
+  ValueIndex index = IndexValues(graph);
+  const SoleReaders sole(graph);
+  const std::unordered_map<uint32_t, std::vector<int>> readers = Readers(graph);
+  const std::unordered_set<uint32_t> results = GraphOutputs(graph);
+  std::unordered_map<int, std::vector<Node>> replace;
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    const Node& mm = graph.nodes(i);
+    if (mm.op() != "aten::mm" || mm.args_size() != 2 || mm.outputs_size() != 1 ||
+        !PositionalValue(mm.args(0)) || !PositionalValue(mm.args(1))) {
+      continue;
+    }
+    const TensorMeta& y = mm.outputs(0).meta();
+    if (!IsFloating(y.dtype()) || y.sizes_size() != 2 || !IsRowMajor(y) ||
+        y.storage_offset() != 0) {
+      continue;
+    }
+    const int64_t columns = y.sizes(1);
+    std::vector<int> absorbed{i};
+    uint32_t value = mm.outputs(0).id();
+    int r = sole.Of(value);
+    if (r < 0) continue;
+    const Node* n = &graph.nodes(r);
+    std::optional<kiln::v1::Value> viewed;  // the reshape of the product, when there is one
+    if (IsReshapeLike(n->op()) && n->outputs_size() == 1 && PositionalValue(n->args(0))) {
+      const TensorMeta& v = n->outputs(0).meta();
+      if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
+          v.storage_offset() != 0) {
+        continue;
+      }
+      viewed = n->outputs(0);
+      absorbed.push_back(r);
+      value = n->outputs(0).id();
+      r = sole.Of(value);
+      if (r < 0) continue;
+      n = &graph.nodes(r);
+    }
+    const std::optional<uint32_t> bias = OtherAddend(*n, value);
+    if (!bias || !results.count(n->outputs(0).id()) ||
+        readers.count(n->outputs(0).id()) != 0) {
+      continue;
+    }
+    const TensorMeta& bm = *index.meta.at(*bias);
+    const TensorMeta& sum = n->outputs(0).meta();
+    if (bm.dtype() != y.dtype() || bm.sizes_size() != 1 || bm.sizes(0) != columns ||
+        (columns > 1 && bm.strides(0) != 1) || !SameLayout(sum, *index.meta.at(value))) {
+      continue;
+    }
+    absorbed.push_back(r);
+
+    Node addmm;
+    addmm.set_op("aten::addmm");
+    addmm.add_args()->set_value(*bias);
+    *addmm.add_args() = mm.args(0);
+    *addmm.add_args() = mm.args(1);
+    std::vector<Node> nodes;
+    if (viewed) {
+      // The product keeps its 2-D shape; the sum is its view, as the reshape made it.
+      kiln::v1::Value* product = addmm.add_outputs();
+      *product = mm.outputs(0);
+      product->set_id(index.next_id++);
+      Node view;
+      view.set_op("aten::view");
+      view.add_args()->set_value(product->id());
+      auto* sizes = view.add_args()->mutable_int_list();
+      for (int64_t d : sum.sizes()) sizes->add_values(d);
+      *view.add_outputs() = n->outputs(0);
+      nodes.push_back(std::move(addmm));
+      nodes.push_back(std::move(view));
+    } else {
+      *addmm.add_outputs() = n->outputs(0);
+      nodes.push_back(std::move(addmm));
+    }
+    for (int k : absorbed) replace[k] = {};
+    replace[absorbed.back()] = std::move(nodes);
+    if (stats) ++stats->gemm_bias_epilogues;
+  }
+  return ReplaceNodes(graph, std::move(replace));
+}
+
+}  // namespace kiln::compiler
