@@ -90,6 +90,30 @@ bool IsUnitScalar(const Argument& a) {
          (a.kind_case() == Argument::kFloatValue && a.float_value() == 1.0);
 }
 
+std::optional<ProductReader> ReaderOfProduct(const Graph& graph, const SoleReaders& sole,
+                                             uint32_t product, int64_t columns) {
+  ProductReader out;
+  out.reader = sole.Of(product);
+  out.value = product;
+  if (out.reader < 0) return std::nullopt;
+  const Node& n = graph.nodes(out.reader);
+  if (!IsReshapeLike(n.op()) || n.outputs_size() != 1 || n.args_size() == 0 ||
+      n.args(0).kind_case() != Argument::kValue) {
+    return out;
+  }
+  const kiln::v1::TensorMeta& v = n.outputs(0).meta();
+  if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
+      v.storage_offset() != 0) {
+    return std::nullopt;
+  }
+  out.reshape = out.reader;
+  out.viewed = n.outputs(0);
+  out.value = n.outputs(0).id();
+  out.reader = sole.Of(out.value);
+  if (out.reader < 0) return std::nullopt;
+  return out;
+}
+
 std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
   if (add.op() != "aten::add.Tensor" || add.outputs_size() != 1 ||
       !(add.args_size() == 2 ||

@@ -48,6 +48,19 @@ class SoleReaders {
   std::unordered_set<uint32_t> escaping_;
 };
 
+// How a GEMM's 2-D product of `columns` columns reaches the one node that reads it: directly,
+// or through one row-major reshape that keeps its last dimension (a linear over [B, T, K] is a
+// GEMM over [B*T, K] viewed back). nullopt when a value on the way has another reader.
+struct ProductReader {
+  int reader;                             // the reading node's index
+  uint32_t value;                         // what it reads: the product, or its reshape
+  int reshape = -1;                       // the reshape's index, when there is one
+  std::optional<kiln::v1::Value> viewed;  // and its result
+};
+std::optional<ProductReader> ReaderOfProduct(const kiln::v1::Graph& graph,
+                                             const SoleReaders& sole, uint32_t product,
+                                             int64_t columns);
+
 std::vector<int64_t> Sizes(const kiln::v1::TensorMeta& m);
 std::vector<int64_t> Strides(const kiln::v1::TensorMeta& m);
 

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "compiler/codegen/pointwise_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
 
@@ -18,11 +19,6 @@ using kiln::v1::Node;
 using kiln::v1::TensorMeta;
 
 namespace {
-
-bool IsFloating(kiln::v1::DType dtype) {
-  return dtype == kiln::v1::DTYPE_FLOAT32 || dtype == kiln::v1::DTYPE_BFLOAT16 ||
-         dtype == kiln::v1::DTYPE_FLOAT16;
-}
 
 bool PositionalValue(const Argument& a) {
   return a.kind_case() == Argument::kValue && a.name().empty();
@@ -43,30 +39,19 @@ Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
       continue;
     }
     const TensorMeta& y = mm.outputs(0).meta();
-    if (!IsFloating(y.dtype()) || y.sizes_size() != 2 || !IsRowMajor(y) ||
+    if (!IsFloatingDType(y.dtype()) || y.sizes_size() != 2 || !IsRowMajor(y) ||
         y.storage_offset() != 0) {
       continue;
     }
     const int64_t columns = y.sizes(1);
     std::vector<int> absorbed{i};
-    uint32_t value = mm.outputs(0).id();
-    int r = sole.Of(value);
-    if (r < 0) continue;
-    const Node* n = &graph.nodes(r);
-    std::optional<kiln::v1::Value> viewed;  // the reshape of the product, when there is one
-    if (IsReshapeLike(n->op()) && n->outputs_size() == 1 && PositionalValue(n->args(0))) {
-      const TensorMeta& v = n->outputs(0).meta();
-      if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
-          v.storage_offset() != 0) {
-        continue;
-      }
-      viewed = n->outputs(0);
-      absorbed.push_back(r);
-      value = n->outputs(0).id();
-      r = sole.Of(value);
-      if (r < 0) continue;
-      n = &graph.nodes(r);
-    }
+    const std::optional<ProductReader> read =
+        ReaderOfProduct(graph, sole, mm.outputs(0).id(), columns);
+    if (!read) continue;
+    if (read->reshape >= 0) absorbed.push_back(read->reshape);
+    const std::optional<kiln::v1::Value>& viewed = read->viewed;
+    const uint32_t value = read->value;
+    const Node* n = &graph.nodes(read->reader);
     const std::optional<uint32_t> bias = OtherAddend(*n, value);
     if (!bias || !results.count(n->outputs(0).id()) ||
         readers.count(n->outputs(0).id()) != 0) {
@@ -78,7 +63,7 @@ Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
         (columns > 1 && bm.strides(0) != 1) || !SameLayout(sum, *index.meta.at(value))) {
       continue;
     }
-    absorbed.push_back(r);
+    absorbed.push_back(read->reader);
 
     Node addmm;
     addmm.set_op("aten::addmm");

@@ -406,26 +406,14 @@ Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
     if (y.dtype() != kiln::v1::DTYPE_FLOAT32 || y.sizes_size() != 2 || !IsRowMajor(y)) continue;
     const int64_t columns = y.sizes(1);
     std::vector<int> absorbed{i};
-    uint32_t value = lin.outputs(0).id();
-    // An optional row-major reshape of the product that keeps its last dimension.
-    std::optional<kiln::v1::Value> viewed;
-    int r = sole.Of(value);
-    if (r < 0) continue;
+    const std::optional<ProductReader> read =
+        ReaderOfProduct(graph, sole, lin.outputs(0).id(), columns);
+    if (!read) continue;
+    if (read->reshape >= 0) absorbed.push_back(read->reshape);
+    const std::optional<kiln::v1::Value>& viewed = read->viewed;
+    const uint32_t value = read->value;
+    int r = read->reader;
     const Node* n = &graph.nodes(r);
-    if (IsReshapeLike(n->op()) && n->outputs_size() == 1 &&
-        n->args(0).kind_case() == Argument::kValue) {
-      const TensorMeta& v = n->outputs(0).meta();
-      if (!IsRowMajor(v) || v.sizes_size() < 2 || v.sizes(v.sizes_size() - 1) != columns ||
-          v.storage_offset() != 0) {
-        continue;
-      }
-      viewed = n->outputs(0);
-      absorbed.push_back(r);
-      value = n->outputs(0).id();
-      r = sole.Of(value);
-      if (r < 0) continue;
-      n = &graph.nodes(r);
-    }
     // The bias add.
     const std::optional<uint32_t> addend = OtherAddend(*n, value);
     if (!addend || !bound.count(*addend)) continue;
