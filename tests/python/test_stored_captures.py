@@ -50,6 +50,7 @@ CHILD = textwrap.dedent("""
         "prologue_runs": [e.info.compiled_fn.prologue_runs for e in entries],
         "resumes_stored": [e.info.extra.get("stored_capture") is not None for e in resumed],
         "dynamo": "torch._dynamo" in sys.modules,
+        "tracer": "kiln.convert_frame" in sys.modules,
         "grpc": "grpc" in sys.modules,
         "artifacts": len(kiln.debug.artifacts()),
         "miss": kiln.debug.explain_miss(m),
@@ -133,6 +134,7 @@ def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache
     second = run_child(model_dir)
     assert second["stored"] == [True]
     assert not second["dynamo"]
+    assert first["tracer"] and not second["tracer"]  # nor kiln's own tracer imported
     # The record and the artifact came from the cache directory: kilnd was not asked.
     assert not second["grpc"]
     assert second["artifacts"] == 1

@@ -12,7 +12,6 @@ from torch.nn.modules import module
 from kiln import _C, config
 from kiln.backends.registry import lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped
-from kiln.convert_frame import convert_frame
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       RecompileError, Unsupported)
 from kiln.state import STATE
@@ -104,6 +103,8 @@ class FrameCallback:
     def capture(self, func, code, slots):
         """Captures and compiles the frame: the hook's entry, or SKIP when it runs eagerly."""
         try:
+            from kiln.convert_frame import convert_frame  # the tracer: not for stored captures
+
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
                                   fullgraph=self.fullgraph, stored=self.stored)
         except CapturedForAnotherDevice as e:

@@ -5,7 +5,6 @@ from typing import List
 import torch
 
 from kiln import eval_frame
-from kiln.graph.output_graph import call_nodes
 
 
 @dataclass
@@ -61,6 +60,8 @@ class _Recorder:
 
     def backend(self, gm, example_inputs):
         self.out.graphs.append(gm)
+        from kiln.graph.output_graph import call_nodes
+
         ops = [_op_name(n) for n in call_nodes(gm.graph)]
         self.out.ops_per_graph.append(ops)
         self.out.op_count += len(ops)
