@@ -1000,7 +1000,8 @@ StatusOr<std::shared_ptr<const std::vector<at::Tensor>>> Plan::PrologueValues() 
   Stamps now = StampWatched();
   std::vector<at::Tensor> vals = bound_;
   std::vector<at::Tensor> host(device_.is_cuda() ? vals.size() : 0);
-  KILN_RETURN_IF_ERROR(RunSteps(prologue_, vals, at::Tensor(), device_.is_cuda() ? &host : nullptr));
+  KILN_RETURN_IF_ERROR(
+      RunSteps(prologue_, vals, at::Tensor(), device_.is_cuda() ? &host : nullptr));
   auto kept = std::make_shared<std::vector<at::Tensor>>();
   kept->reserve(prologue_output_slots_.size());
   for (int s : prologue_output_slots_) {

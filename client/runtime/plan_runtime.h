@@ -148,7 +148,8 @@ class Plan {
   // How many times the prologue has run: once for the first call, again after a bound tensor
   // it reads changed.
   int prologue_runs() const;
-  // Prologue steps run on the host (a CUDA plan's small ones: see RunLibraryOnHost), over all runs.
+  // Prologue steps run on the host (a CUDA plan's small ones: see RunLibraryOnHost), over all
+  // runs.
   int host_prologue_steps() const;
   uint64_t arena_bytes() const { return arena_bytes_; }
 

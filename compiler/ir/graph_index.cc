@@ -114,6 +114,26 @@ std::optional<ProductReader> ReaderOfProduct(const Graph& graph, const SoleReade
   return out;
 }
 
+std::vector<Node> DefineThroughReshape(Node gemm, const ProductReader& read,
+                                       const kiln::v1::Value& result, ValueIndex& index) {
+  std::vector<Node> nodes;
+  if (!read.viewed) {
+    *gemm.mutable_outputs(0) = result;
+    nodes.push_back(std::move(gemm));
+    return nodes;
+  }
+  gemm.mutable_outputs(0)->set_id(index.next_id++);
+  Node view;
+  view.set_op("aten::view");
+  view.add_args()->set_value(gemm.outputs(0).id());
+  auto* sizes = view.add_args()->mutable_int_list();
+  for (int64_t d : result.meta().sizes()) sizes->add_values(d);
+  *view.add_outputs() = result;
+  nodes.push_back(std::move(gemm));
+  nodes.push_back(std::move(view));
+  return nodes;
+}
+
 std::optional<uint32_t> OtherAddend(const Node& add, uint32_t value) {
   if (add.op() != "aten::add.Tensor" || add.outputs_size() != 1 ||
       !(add.args_size() == 2 ||

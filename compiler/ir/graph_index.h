@@ -61,6 +61,14 @@ std::optional<ProductReader> ReaderOfProduct(const kiln::v1::Graph& graph,
                                              const SoleReaders& sole, uint32_t product,
                                              int64_t columns);
 
+// The nodes that define `result` (what a rewrite absorbed after the product `read` starts from)
+// by `gemm`, a node whose one output is that 2-D product: `gemm` defining `result` itself, or,
+// when the product was reshaped on the way, `gemm` keeping its 2-D product (a new id) and a view
+// of it to `result`'s sizes defining `result`, as the reshape did.
+std::vector<kiln::v1::Node> DefineThroughReshape(kiln::v1::Node gemm, const ProductReader& read,
+                                                 const kiln::v1::Value& result,
+                                                 ValueIndex& index);
+
 std::vector<int64_t> Sizes(const kiln::v1::TensorMeta& m);
 std::vector<int64_t> Strides(const kiln::v1::TensorMeta& m);
 

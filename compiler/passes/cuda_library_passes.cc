@@ -49,7 +49,6 @@ Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
         ReaderOfProduct(graph, sole, mm.outputs(0).id(), columns);
     if (!read) continue;
     if (read->reshape >= 0) absorbed.push_back(read->reshape);
-    const std::optional<kiln::v1::Value>& viewed = read->viewed;
     const uint32_t value = read->value;
     const Node* n = &graph.nodes(read->reader);
     const std::optional<uint32_t> bias = OtherAddend(*n, value);
@@ -70,24 +69,8 @@ Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
     addmm.add_args()->set_value(*bias);
     *addmm.add_args() = mm.args(0);
     *addmm.add_args() = mm.args(1);
-    std::vector<Node> nodes;
-    if (viewed) {
-      // The product keeps its 2-D shape; the sum is its view, as the reshape made it.
-      kiln::v1::Value* product = addmm.add_outputs();
-      *product = mm.outputs(0);
-      product->set_id(index.next_id++);
-      Node view;
-      view.set_op("aten::view");
-      view.add_args()->set_value(product->id());
-      auto* sizes = view.add_args()->mutable_int_list();
-      for (int64_t d : sum.sizes()) sizes->add_values(d);
-      *view.add_outputs() = n->outputs(0);
-      nodes.push_back(std::move(addmm));
-      nodes.push_back(std::move(view));
-    } else {
-      *addmm.add_outputs() = n->outputs(0);
-      nodes.push_back(std::move(addmm));
-    }
+    *addmm.add_outputs() = mm.outputs(0);
+    std::vector<Node> nodes = DefineThroughReshape(std::move(addmm), *read, n->outputs(0), index);
     for (int k : absorbed) replace[k] = {};
     replace[absorbed.back()] = std::move(nodes);
     if (stats) ++stats->gemm_bias_epilogues;

@@ -410,7 +410,6 @@ Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
         ReaderOfProduct(graph, sole, lin.outputs(0).id(), columns);
     if (!read) continue;
     if (read->reshape >= 0) absorbed.push_back(read->reshape);
-    const std::optional<kiln::v1::Value>& viewed = read->viewed;
     const uint32_t value = read->value;
     int r = read->reader;
     const Node* n = &graph.nodes(r);
@@ -442,25 +441,10 @@ Graph FuseLinearEpilogues(const Graph& graph, PassStats* stats) {
       }
     }
 
-    std::vector<Node> nodes;
     Node fused = lin;
     fused.mutable_args(2)->set_value(bias);
     fused.mutable_args(3)->set_string_value(attr);
-    if (viewed) {
-      // The product keeps its 2-D shape; the absorbed result is its view, as before.
-      fused.mutable_outputs(0)->set_id(index.next_id++);
-      Node view;
-      view.set_op("aten::view");
-      view.add_args()->set_value(fused.outputs(0).id());
-      auto* sizes = view.add_args()->mutable_int_list();
-      for (int64_t d : result.meta().sizes()) sizes->add_values(d);
-      *view.add_outputs() = result;
-      nodes.push_back(std::move(fused));
-      nodes.push_back(std::move(view));
-    } else {
-      *fused.mutable_outputs(0) = result;
-      nodes.push_back(std::move(fused));
-    }
+    std::vector<Node> nodes = DefineThroughReshape(std::move(fused), *read, result, index);
     const int last = absorbed.back();
     for (int k : absorbed) {
       if (k != last) replace[k] = {};

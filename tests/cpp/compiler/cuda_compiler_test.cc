@@ -667,6 +667,7 @@ TEST(CudaCompilerTest, ALinearThatEndsTheGraphAddsItsBiasInTheGemmAsEagerDoes) {
       ASSERT_NE(call, nullptr);
       ASSERT_EQ(call->args_size(), 3);
       EXPECT_EQ(call->args(0).kind_case(), kiln::v1::Argument::kValue);
+      EXPECT_EQ(call->args(0).value(), 1u);  // the bias (the builder's second input) first
     }
   }
 }
