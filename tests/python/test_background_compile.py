@@ -223,6 +223,10 @@ def test_a_forked_child_compiles_in_the_background_with_a_worker_of_its_own():
         if pid == 0:  # the child: its miss must be captured by a thread of its own
             status = 1
             try:
+                # As DataLoader's workers do: a child forked after the parent's ops ran on
+                # several OpenMP threads can hang in its first parallel op (libgomp's pool is
+                # not fork-safe; seen on a 2-core machine, eager nn.Linear alone).
+                torch.set_num_threads(1)
                 with torch.no_grad():
                     ok = torch.allclose(compiled(x), m(x))
                     ok = ok and kiln.wait_for_compiles(30)

@@ -230,24 +230,31 @@ def test_a_backend_gets_ready_each_time_it_is_chosen_not_when_registered():
     assert readied == [1, 1]  # calls and captures do not prepare again
 
 
-def test_kiln_backend_imports_its_client_at_compile_and_opens_no_channel():
-    # The first call of a kiln-compiled model no longer pays the grpc and kiln.v1 imports; a
-    # process that forks after kiln.compile() shares no gRPC channel with its children.
+def test_kiln_backend_imports_its_messages_at_compile_and_neither_grpc_nor_a_channel(tmp_path):
+    # kiln.compile readies what the first call would otherwise import (the kiln.v1 messages a
+    # stored capture's artifact is read with), not gRPC: a process whose artifacts are in its
+    # cache directory never talks to kilnd. A process that forks after kiln.compile() shares no
+    # gRPC channel with its children. (A cache directory of its own: one that holds stored
+    # captures has kiln.compile ask kilnd for their artifacts.)
+    import os
     import subprocess
     import sys
 
     code = ("import sys, kiln\n"
             "assert 'grpc' not in sys.modules\n"
             "kiln.compile(lambda x: x + 1, backend='eager')\n"
-            "assert 'grpc' not in sys.modules, 'the eager backend imported grpc'\n"
+            "assert 'kiln.v1.graph_pb2' not in sys.modules, 'the eager backend readied kiln.v1'\n"
             "kiln.compile(lambda x: x + 1, backend='kiln')\n"
             "from kiln.state import STATE\n"
-            "print('grpc' in sys.modules, 'kiln.v1.service_pb2_grpc' in sys.modules,\n"
+            "print('grpc' in sys.modules, 'kiln.v1.graph_pb2' in sys.modules,\n"
             "      STATE.daemon._client is None)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("KILN_DAEMON", "XDG_RUNTIME_DIR", "KILN_MAC_KEY_FILE")}
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "True", "True"]
+    assert done.stdout.split() == ["False", "True", "True"]
 
 
 def test_failing_backend_falls_back_to_eager_with_a_warning(caplog):

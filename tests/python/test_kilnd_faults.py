@@ -582,3 +582,61 @@ def test_client_started_kilnd_logs_to_a_file_in_the_fresh_cache_dir_it_creates(p
     finally:
         STATE.daemon.close()
         harness.stop_any_kilnd(KILND, cache / "kilnd.sock")
+
+
+# -- 7. kilnd starts beside the first capture ---------------------------------------------------
+
+def test_a_new_frame_starts_kilnd_on_a_thread_of_its_own_while_it_is_captured(private_kiln,
+                                                                              monkeypatch):
+    # The first capture of a process may spend a second importing torch._dynamo; the compile
+    # after it asks kilnd first. kilnd's start goes on beside the capture, on a thread the kiln
+    # backend starts before the frame is traced; a frame traced once kilnd answers starts none.
+    import kiln.convert_frame as convert_frame_module
+    from kiln.daemon.client import DaemonClient
+
+    events = []
+    real_start, real_convert = DaemonClient._start_local, convert_frame_module.convert_frame
+
+    def start_local(self):
+        events.append(("start", threading.current_thread().name))
+        return real_start(self)
+
+    def convert_frame(*args, **kwargs):
+        events.append(("capture", threading.current_thread().name))
+        return real_convert(*args, **kwargs)
+
+    monkeypatch.setattr(DaemonClient, "_start_local", start_local)
+    monkeypatch.setattr(convert_frame_module, "convert_frame", convert_frame)
+    before = {t.name for t in threading.enumerate()}
+    run_graphs(times_two_plus_one, (4, 5))  # two graphs, each captured and compiled
+    assert compiled_count() == 2
+    assert events.count(("capture", "MainThread")) == 2
+    assert [e for e in events if e[0] == "start"] == [("start", "kiln-start-kilnd")]
+    assert "kiln-start-kilnd" not in before
+    join_start_threads()  # none is left running
+
+
+def join_start_threads() -> int:
+    """Waits for the kiln backend's kilnd-starting threads still running; their number."""
+    threads = [t for t in threading.enumerate() if t.name == "kiln-start-kilnd"]
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    return len(threads)
+
+
+def test_a_kilnd_that_cannot_start_beside_the_capture_is_reported_once_by_the_compile(
+        private_kiln, caplog):
+    # The thread's failure is the client's to remember: the compile's call reports it, with its
+    # reason, and the frame runs eagerly with the right answer.
+    root, _ = private_kiln
+    (root / "cache").mkdir(mode=0o700)
+    (root / "cache" / "kilnd.sock").write_text("not a socket")
+    with caplog.at_level(logging.DEBUG, logger="kiln"):
+        run_graphs(times_two_plus_one, (4,))
+        join_start_threads()
+    assert compiled_count() == 0
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and "eagerly" in r.getMessage()]
+    assert len(warnings) == 1 and "refusing --socket" in warnings[0]
+    assert any("not reached ahead of the compile" in r.getMessage() for r in caplog.records)

@@ -10,7 +10,7 @@ import torch
 from torch.nn.modules import module
 
 from kiln import _C, config
-from kiln.backends.registry import lookup_backend, prepare_backend, with_mode
+from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       RecompileError, Unsupported)
@@ -29,6 +29,7 @@ class FrameCallback:
     def __init__(self, backend, fullgraph: bool, observer=None, mode=None, options=None):
         compiler_fn = lookup_backend(backend)
         prepare_backend(compiler_fn)
+        self._before_capture = before_capture_hook(compiler_fn)
         self.backend = with_mode(compiler_fn, mode, options)
         self.backend_name = backend if isinstance(backend, str) else getattr(
             backend, "__name__", type(backend).__name__)
@@ -102,6 +103,8 @@ class FrameCallback:
 
     def capture(self, func, code, slots):
         """Captures and compiles the frame: the hook's entry, or SKIP when it runs eagerly."""
+        if self._before_capture is not None:
+            self._before_capture()
         try:
             from kiln.convert_frame import convert_frame  # the tracer: not for stored captures
 

@@ -64,6 +64,12 @@ class DaemonState:
                     self._down = None
             return self._client
 
+    def ready(self) -> bool:
+        """Whether the client has reached its kilnd and nothing since says it went away (a
+        call then starts nothing first). Makes no client."""
+        with self._lock:
+            return self._client is not None and not self._stale and self._client.answered()
+
     def has_client(self) -> bool:
         with self._lock:
             return self._client is not None

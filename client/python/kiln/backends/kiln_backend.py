@@ -9,6 +9,7 @@ error such as a kilnd without CUDA support, rejected artifact, load failure) run
 eagerly with one warning per kind of failure.
 """
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, List, Optional
@@ -99,7 +100,27 @@ def _prepare() -> None:
         log.debug("kiln backend: client not prepared (%s)", e)
 
 
-@register_backend(name="kiln", prepare=_prepare, takes_mode=True)
+def _start_daemon() -> None:
+    """Before a frame is traced: a kilnd that the graph's compile will wait on (every compile
+    asks it first: its compiler is part of the graph's key) is reached, started if it is local
+    and not running, on a thread of its own, so that its start goes on beside the capture
+    instead of after it (a capture that first imports torch._dynamo spends a second there,
+    a kilnd start ~0.1 s). What fails is remembered by the client, whose next call (the
+    compile's) reports it."""
+    if STATE.daemon.ready():
+        return
+
+    def start():
+        try:
+            STATE.daemon.client().ensure_running()
+        except Exception as e:  # the compile's own call reports it (or what it finds then)
+            log.debug("kiln backend: kilnd not reached ahead of the compile (%s: %s)",
+                      type(e).__name__, e)
+
+    threading.Thread(target=start, name="kiln-start-kilnd", daemon=True).start()
+
+
+@register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon)
 def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
          options: Optional[dict] = None):
     """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""

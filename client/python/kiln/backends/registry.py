@@ -11,19 +11,24 @@ CompilerFn = Callable[[torch.fx.GraphModule, list], Callable]
 _BACKENDS: Dict[str, CompilerFn] = {}
 # id(compiler_fn) -> what readies it (registered functions stay in _BACKENDS: ids are stable)
 _PREPARE: Dict[int, Callable[[], None]] = {}
+# id(compiler_fn) -> what it starts before a frame is traced for it
+_BEFORE_CAPTURE: Dict[int, Callable[[], None]] = {}
 # ids of the backends that take kiln.compile's mode and options as keyword arguments
 _TAKES_MODE = set()
 
 
 def register_backend(compiler_fn: CompilerFn = None, name: str = None,
-                     prepare: Optional[Callable[[], None]] = None, takes_mode: bool = False):
+                     prepare: Optional[Callable[[], None]] = None, takes_mode: bool = False,
+                     before_capture: Optional[Callable[[], None]] = None):
     """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator.
     `prepare`, when given, runs each time the backend is chosen (kiln.compile, kiln.optimize):
     work every first call would otherwise pay, such as imports. It must not raise.
     `takes_mode`: compiler_fn(gm, example_inputs, mode=..., options=...) receives kiln.compile's
-    mode and options (see with_mode)."""
+    mode and options (see with_mode). `before_capture`, when given, runs before each frame is
+    traced for the backend: it starts what the graph's compile will wait on, to go on beside
+    the capture. It must neither raise nor block."""
     if compiler_fn is None:
-        return lambda fn: register_backend(fn, name, prepare, takes_mode)
+        return lambda fn: register_backend(fn, name, prepare, takes_mode, before_capture)
     key = name or compiler_fn.__name__
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
@@ -32,6 +37,8 @@ def register_backend(compiler_fn: CompilerFn = None, name: str = None,
         _PREPARE[id(compiler_fn)] = prepare
     if takes_mode:
         _TAKES_MODE.add(id(compiler_fn))
+    if before_capture is not None:
+        _BEFORE_CAPTURE[id(compiler_fn)] = before_capture
     return compiler_fn
 
 
@@ -49,6 +56,11 @@ def prepare_backend(compiler_fn: CompilerFn) -> None:
     prepare = _PREPARE.get(id(compiler_fn))
     if prepare is not None:
         prepare()
+
+
+def before_capture_hook(compiler_fn: CompilerFn) -> Optional[Callable[[], None]]:
+    """What `compiler_fn` registered to start before a frame is traced for it, or None."""
+    return _BEFORE_CAPTURE.get(id(compiler_fn))
 
 
 def lookup_backend(backend) -> CompilerFn:

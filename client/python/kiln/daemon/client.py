@@ -256,6 +256,10 @@ class DaemonClient:
             self._retry_at, self._backoff, self._down_reason = state
             self._ready = False
 
+    def answered(self) -> bool:
+        """Whether the daemon answered Health and no call since found it gone."""
+        return self._ready
+
     def ensure_running(self) -> None:
         """Returns when the daemon answers Health (its compiler_version is then known); starts
         a local kilnd first if allowed. Fails at once while a failure is remembered."""
