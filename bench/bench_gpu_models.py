@@ -4,7 +4,7 @@
 
     python bench/bench_gpu_models.py [--models ...] [--dtypes fp32 bf16] [--compilers ...]
                                      [--jsonl F] [--csv F] [--png F] [--report-only]
-                                     [--resume] [--stop-after S]
+                                     [--resume] [--stop-after S] [--gpus N]
 
 Per model and dtype (fp32; bf16 under torch.autocast): the steady-state median of one call (CUDA
 events around each call, after warm-up) and its speedup over eager, the first call (timed from
@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -198,8 +199,12 @@ def _write_profile(profile, record) -> None:
         f.write(out.getvalue())
 
 
-def run_child(model, dtype, compiler, phase, cache_root, timeout_s) -> dict:
+def run_child(model, dtype, compiler, phase, cache_root, timeout_s, device=None) -> dict:
+    """One child process; `device`: what it sees as its only CUDA device (a CUDA_VISIBLE_DEVICES
+    entry), None for the parent's own."""
     env = dict(os.environ)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
     env["KILN_CACHE_DIR"] = os.path.join(cache_root, "kiln")
     env.pop("XDG_RUNTIME_DIR", None)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root, "inductor")
@@ -215,12 +220,13 @@ def run_child(model, dtype, compiler, phase, cache_root, timeout_s) -> dict:
     return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
 
 
-def measure(model, dtype, compiler, timeout_s) -> dict:
-    """The cold and the warm process of one (model, dtype, compiler), as one record."""
+def measure(model, dtype, compiler, timeout_s, device=None) -> dict:
+    """The cold and the warm process of one (model, dtype, compiler), as one record, on `device`
+    (see run_child)."""
     cache_root = tempfile.mkdtemp(prefix="kiln-gpu-bench-")
     try:
-        cold = run_child(model, dtype, compiler, "cold", cache_root, timeout_s)
-        warm = run_child(model, dtype, compiler, "warm", cache_root, timeout_s)
+        cold = run_child(model, dtype, compiler, "cold", cache_root, timeout_s, device)
+        warm = run_child(model, dtype, compiler, "warm", cache_root, timeout_s, device)
     finally:
         stop_kilnd(os.path.join(cache_root, "kiln"))
         shutil.rmtree(cache_root, ignore_errors=True)
@@ -358,6 +364,68 @@ def _chart(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def _devices(n: int) -> list:
+    """The CUDA_VISIBLE_DEVICES entry of each of the first `n` visible devices; [None] for one
+    (the children see what this process sees)."""
+    if n <= 1:
+        return [None]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(n)]
+    return names[:n]
+
+
+def measure_all(todo, jsonl, timeout_s, stop_after, devices, measure_fn=None) -> int:
+    """Measures each (model, dtype, compiler) of `todo`, appending its record to `jsonl` as it
+    comes. With several `devices`, a row (model, dtype) is measured on one device, its compilers
+    one after another there (their times compared on one card), while the other devices measure
+    other rows: the compile-bound rows (max-autotune: minutes each) take a fraction of the wall
+    time. No measurement starts `stop_after` seconds after the start. Returns how many were
+    measured."""
+    measure_fn = measure_fn or measure
+    rows = {}
+    for model, dtype, compiler in todo:
+        rows.setdefault((model, dtype), []).append(compiler)
+    queue = list(rows.items())
+    lock = threading.Lock()
+    start = time.monotonic()
+    measured = [0]
+    errors = []
+
+    def work(device):
+        try:
+            measure_rows(device)
+        except BaseException as e:  # re-raised below, as a single process would
+            errors.append(e)
+
+    def measure_rows(device):
+        while True:
+            with lock:
+                if not queue:
+                    return
+                (model, dtype), compilers = queue.pop(0)
+            for compiler in compilers:
+                if stop_after is not None and time.monotonic() - start > stop_after:
+                    return
+                record = measure_fn(model, dtype, compiler, timeout_s, device)
+                with lock:
+                    print(json.dumps(record), flush=True)
+                    with open(jsonl, "a") as f:
+                        f.write(json.dumps(record) + "\n")
+                    measured[0] += 1
+
+    threads = [threading.Thread(target=work, args=(d,)) for d in devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    left = len(todo) - measured[0]
+    if left:
+        print(f"# --stop-after {stop_after:.0f} s: {left} not measured", flush=True)
+    return measured[0]
+
+
 def _records(jsonl: str) -> list:
     if not os.path.exists(jsonl):
         return []
@@ -390,6 +458,9 @@ def main():
     p.add_argument("--stop-after", type=float, default=None, metavar="S",
                    help="start no new measurement S seconds after the start (with --resume, "
                         "a later invocation goes on from there: the suite in time-limited calls)")
+    p.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="measure N rows (model, dtype) at once, each on its own GPU of the "
+                        "first N visible, its compilers one after another there")
     p.add_argument("--child", nargs=4, metavar=("MODEL", "DTYPE", "COMPILER", "PHASE"))
     a = p.parse_args()
     if a.child:
@@ -404,18 +475,12 @@ def main():
         os.makedirs(os.path.dirname(a.jsonl) or ".", exist_ok=True)
         gpu = gpu or torch.cuda.get_device_name(0)
         done = _measured(a.jsonl, gpu) if a.resume else set()
-        start = time.monotonic()
         todo = [(m, d, c) for d in a.dtypes for m in a.models for c in a.compilers
                 if (m, d, c) not in done]
-        for i, (model, dtype, compiler) in enumerate(todo):
-            if a.stop_after is not None and time.monotonic() - start > a.stop_after:
-                print(f"# --stop-after {a.stop_after:.0f} s: {len(todo) - i} not measured, "
-                      f"from {model} {dtype} {compiler}", flush=True)
-                break
-            record = measure(model, dtype, compiler, a.timeout)
-            print(json.dumps(record), flush=True)
-            with open(a.jsonl, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        if a.gpus > torch.cuda.device_count():
+            raise SystemExit(f"bench_gpu_models: --gpus {a.gpus}, but "
+                             f"{torch.cuda.device_count()} CUDA devices are visible")
+        measure_all(todo, a.jsonl, a.timeout, a.stop_after, _devices(a.gpus))
     summary = report(_records(a.jsonl), a.csv, a.png, gpu)
     emit(summary, a.out)
 
