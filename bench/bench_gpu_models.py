@@ -388,7 +388,7 @@ def measure_all(todo, jsonl, timeout_s, stop_after, devices, measure_fn=None) ->
     queue = list(rows.items())
     lock = threading.Lock()
     start = time.monotonic()
-    measured = [0]
+    measured = 0
     errors = []
 
     def work(device):
@@ -398,6 +398,7 @@ def measure_all(todo, jsonl, timeout_s, stop_after, devices, measure_fn=None) ->
             errors.append(e)
 
     def measure_rows(device):
+        nonlocal measured
         while True:
             with lock:
                 if not queue:
@@ -411,7 +412,7 @@ def measure_all(todo, jsonl, timeout_s, stop_after, devices, measure_fn=None) ->
                     print(json.dumps(record), flush=True)
                     with open(jsonl, "a") as f:
                         f.write(json.dumps(record) + "\n")
-                    measured[0] += 1
+                    measured += 1
 
     threads = [threading.Thread(target=work, args=(d,)) for d in devices]
     for t in threads:
@@ -420,10 +421,10 @@ def measure_all(todo, jsonl, timeout_s, stop_after, devices, measure_fn=None) ->
         t.join()
     if errors:
         raise errors[0]
-    left = len(todo) - measured[0]
+    left = len(todo) - measured
     if left:
         print(f"# --stop-after {stop_after:.0f} s: {left} not measured", flush=True)
-    return measured[0]
+    return measured
 
 
 def _records(jsonl: str) -> list:

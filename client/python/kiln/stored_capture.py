@@ -432,6 +432,12 @@ def _cell_owner(cell) -> Optional[Tuple[types.FunctionType, int]]:
     index, or None. A method's __class__ cell holds its class: that class's functions are looked
     at first; the search of every referrer (gc.get_referrers walks the whole heap: 0.1 s and
     more in a process with a transformer model) is left for other cells."""
+    def owner(function, closure):
+        if not (isinstance(function, types.FunctionType) and closure is not None
+                and function.__closure__ is closure and name_of(function) is not None):
+            return None
+        return next(((function, i) for i, c in enumerate(closure) if c is cell), None)
+
     try:
         contents = cell.cell_contents
     except ValueError:  # an empty cell
@@ -443,17 +449,16 @@ def _cell_owner(cell) -> Optional[Tuple[types.FunctionType, int]]:
             functions = ([attr.fget, attr.fset, attr.fdel] if isinstance(attr, property)
                          else [attr])
             for function in functions:
-                closure = getattr(function, "__closure__", None)
-                if isinstance(function, types.FunctionType) and closure and \
-                        any(c is cell for c in closure) and name_of(function) is not None:
-                    return function, next(i for i, c in enumerate(closure) if c is cell)
+                found = owner(function, getattr(function, "__closure__", None))
+                if found is not None:
+                    return found
     for closure in gc.get_referrers(cell):
         if type(closure) is not tuple:
             continue
         for function in gc.get_referrers(closure):
-            if isinstance(function, types.FunctionType) and function.__closure__ is closure and \
-                    name_of(function) is not None:
-                return function, next(i for i, c in enumerate(closure) if c is cell)
+            found = owner(function, closure)
+            if found is not None:
+                return found
     return None
 
 

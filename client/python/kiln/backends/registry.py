@@ -1,5 +1,6 @@
 """The registry of named backends and the built-in ones."""
 import functools
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -9,12 +10,19 @@ from kiln.exc import InvalidBackend
 CompilerFn = Callable[[torch.fx.GraphModule, list], Callable]
 
 _BACKENDS: Dict[str, CompilerFn] = {}
-# id(compiler_fn) -> what readies it (registered functions stay in _BACKENDS: ids are stable)
-_PREPARE: Dict[int, Callable[[], None]] = {}
-# id(compiler_fn) -> what it starts before a frame is traced for it
-_BEFORE_CAPTURE: Dict[int, Callable[[], None]] = {}
-# ids of the backends that take kiln.compile's mode and options as keyword arguments
-_TAKES_MODE = set()
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """What register_backend was told of a backend beyond its function (see there)."""
+    prepare: Optional[Callable[[], None]] = None
+    takes_mode: bool = False
+    before_capture: Optional[Callable[[], None]] = None
+
+
+_NO_HOOKS = _Hooks()
+# id(compiler_fn) -> its hooks (registered functions stay in _BACKENDS: ids are stable)
+_HOOKS: Dict[int, _Hooks] = {}
 
 
 def register_backend(compiler_fn: CompilerFn = None, name: str = None,
@@ -33,12 +41,9 @@ def register_backend(compiler_fn: CompilerFn = None, name: str = None,
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
     _BACKENDS[key] = compiler_fn
-    if prepare is not None:
-        _PREPARE[id(compiler_fn)] = prepare
-    if takes_mode:
-        _TAKES_MODE.add(id(compiler_fn))
-    if before_capture is not None:
-        _BEFORE_CAPTURE[id(compiler_fn)] = before_capture
+    hooks = _Hooks(prepare, takes_mode, before_capture)
+    if hooks != _NO_HOOKS:
+        _HOOKS[id(compiler_fn)] = hooks
     return compiler_fn
 
 
@@ -46,21 +51,21 @@ def with_mode(compiler_fn: CompilerFn, mode: Optional[str], options: Optional[di
     """`compiler_fn` bound to kiln.compile's `mode` and `options` when it was registered to take
     them and either is given; otherwise `compiler_fn` itself (other backends ignore both, as
     kiln.compile documents)."""
-    if id(compiler_fn) not in _TAKES_MODE or (mode is None and not options):
+    if not _HOOKS.get(id(compiler_fn), _NO_HOOKS).takes_mode or (mode is None and not options):
         return compiler_fn
     return functools.partial(compiler_fn, mode=mode, options=dict(options or {}))
 
 
 def prepare_backend(compiler_fn: CompilerFn) -> None:
     """Runs what `compiler_fn` registered to get ready, if anything."""
-    prepare = _PREPARE.get(id(compiler_fn))
+    prepare = _HOOKS.get(id(compiler_fn), _NO_HOOKS).prepare
     if prepare is not None:
         prepare()
 
 
 def before_capture_hook(compiler_fn: CompilerFn) -> Optional[Callable[[], None]]:
     """What `compiler_fn` registered to start before a frame is traced for it, or None."""
-    return _BEFORE_CAPTURE.get(id(compiler_fn))
+    return _HOOKS.get(id(compiler_fn), _NO_HOOKS).before_capture
 
 
 def lookup_backend(backend) -> CompilerFn:
