@@ -81,6 +81,8 @@ TEST_F(SharedTier, SecondDaemonServesTheFirstOnesCompileWithoutCompiling) {
   auto second = StartDaemon("b");
   kiln::v1::CompileResponse compiled, served;
   ASSERT_TRUE(first->Compile(MakeRequest(), &compiled).ok());
+  // The artifact reaches Redis off the compile's thread: wait for it before the second asks.
+  ASSERT_TRUE(kiln::testing::WaitFor([&] { return RedisKeysEndingWith(compiled.key()) == 1; }));
   ASSERT_TRUE(second->Compile(MakeRequest(), &served).ok());
   EXPECT_EQ(first->compiler().compiles(), 1);
   EXPECT_EQ(second->compiler().compiles(), 0);
@@ -96,6 +98,8 @@ TEST_F(SharedTier, ReadOnlyDaemonReadsButNeverWrites) {
   auto reader = StartDaemon("r", /*read_only=*/true);
   kiln::v1::CompileResponse response;
   ASSERT_TRUE(writer->Compile(MakeRequest(0), &response).ok());
+  // The writer's artifact reaches Redis off the compile's thread: wait for it.
+  ASSERT_TRUE(kiln::testing::WaitFor([&] { return RedisKeysEndingWith(response.key()) == 1; }));
   ASSERT_TRUE(reader->Compile(MakeRequest(0), &response).ok());
   EXPECT_TRUE(response.cache_hit());
   ASSERT_TRUE(reader->Compile(MakeRequest(1), &response).ok());  // compiled locally only
