@@ -1,5 +1,7 @@
 """Graph breaks, resume functions, explain, export, fullgraph and run-only mode, as the seed
 documents show them (TorchDynamo's tutorial and README with `kiln` in place of `dynamo`)."""
+import operator
+
 import scipy.fft
 import torch
 import torch.nn as nn
@@ -205,6 +207,63 @@ def test_an_exported_graph_returns_what_the_function_returns(fn, args):
             assert g == w
     if fn is _dupes:
         assert got[0] is got[1]  # one tensor returned twice, as the function does
+
+
+def _aten_ops(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_an_aten_graph_export_has_only_aten_ops_and_the_function_s_answers():
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        gm, guards = kiln.export(model, x, aten_graph=True)
+        targets = [t for t in _aten_ops(gm) if t is not operator.getitem]  # multi-output ops
+        assert targets and all(isinstance(t, torch._ops.OpOverload) and
+                               t.namespace == "aten" for t in targets)
+        assert torch.ops.aten.convolution.default in targets
+        x2 = torch.randn(2, 3, 64, 64)
+        torch.testing.assert_close(gm(x2), model(x2), rtol=1e-4, atol=1e-4)
+    assert any("TENSOR_MATCH" in g for g in guards)
+    # The structure the function returns, through the ATen graph too.
+    got = kiln.export(_structured, torch.randn(3), 2, aten_graph=True)[0](torch.ones(3))
+    assert got["k"] == 2 and got["pair"][1] is None
+    torch.testing.assert_close(got["y"], torch.full((3,), 2.0))
+
+
+def _two_transposes(x):
+    return x.t() + x.t()
+
+
+def test_an_aten_graph_export_applies_the_decomposition_table():
+    x = torch.randn(5, 4)
+    plain, _ = kiln.export(_two_transposes, x, aten_graph=True)
+    assert _aten_ops(plain).count(torch.ops.aten.t.default) == 2
+    swapped, _ = kiln.export(_two_transposes, x, aten_graph=True,
+                             decomposition_table={torch.ops.aten.t.default: torch.cos})
+    assert torch.ops.aten.t.default not in _aten_ops(swapped)
+    torch.testing.assert_close(swapped(x), x.cos() * 2)
+
+
+def _bump(x):
+    x.add_(1)
+    return x * 2
+
+
+def test_an_aten_graph_export_runs_the_function_once_and_keeps_its_in_place_update():
+    x = torch.zeros(3)
+    gm, _ = kiln.export(_bump, x, aten_graph=True)
+    torch.testing.assert_close(x, torch.ones(3))  # the capture's own call, not a second one
+    y = torch.zeros(3)
+    torch.testing.assert_close(gm(y), torch.full((3,), 2.0))
+    torch.testing.assert_close(y, torch.ones(3))
+
+
+def test_export_options_that_do_not_apply_are_clear_errors():
+    with pytest.raises(ValueError, match="aten_graph=True"):
+        kiln.export(_two_transposes, torch.randn(2, 2), decomposition_table={})
+    with pytest.raises(ValueError, match="static"):
+        kiln.export(_two_transposes, torch.randn(2, 2), aten_graph=True, tracing_mode="symbolic")
 
 
 def test_run_only_mode_uses_compiled_entries_and_compiles_nothing():

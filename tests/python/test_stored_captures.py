@@ -66,13 +66,17 @@ MODEL = textwrap.dedent("""
     WIDTH = int(os.environ.get("MODEL_WIDTH", "16"))
     BREAK = os.environ.get("MODEL_BREAK") == "1"
     SUPER = os.environ.get("MODEL_SUPER") == "1"
+    WRAPPER_BREAK = os.environ.get("MODEL_WRAPPER_BREAK") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
         if os.environ.get("MODEL_DECORATED") != "1":
             return fn
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
-            return fn(self, *args, **kwargs)
+            out = fn(self, *args, **kwargs)
+            if WRAPPER_BREAK and out.sum() > 0:  # a break in the closure's own frame
+                out = out * 0.5
+            return out
         return wrapper
 
     class Settings:  # a config whose attribute lookup calls super(), as transformers' configs do
@@ -446,6 +450,18 @@ def test_a_frame_with_a_graph_break_is_stored_with_its_resume_function(kilnd_cac
     (model_dir / "model.py").write_text(source.replace("y = y - 1", "y = y - 2"))
     third = run_child(model_dir, MODEL_BREAK="1")
     assert third["stored"] == [False] and third["resumes_stored"] == [False]
+
+
+def test_a_closure_with_a_graph_break_is_stored_with_its_resume_function(kilnd_cache,
+                                                                         model_dir):
+    # The wrapper's frame has a free variable (fn): its resume function runs over the frame's
+    # own cell, and is made again from the code by its recipe in the next process.
+    env = dict(MODEL_DECORATED="1", MODEL_WRAPPER_BREAK="1")
+    first = run_child(model_dir, **env)
+    assert first["stored"] == [False] and first["resumes_stored"] == [False]
+    second = run_child(model_dir, **env)
+    assert second["stored"] == [True] and second["resumes_stored"] == [True]
+    assert not second["dynamo"] and second["miss"] is None
 
 
 def test_a_record_only_kilnd_keeps_is_installed_and_kept_again(kilnd_cache, model_dir):

@@ -7,6 +7,8 @@
 """
 from kiln import config, exc
 from kiln.backends import list_backends, register_backend
+from kiln.decorators import (allow_in_graph, assume_constant_result, disallow_in_graph,
+                             graph_break)
 from kiln.eval_frame import (compile, disable, optimize, reset, run, set_stance,
                               wait_for_compiles)
 from kiln.explain import explain
@@ -14,4 +16,5 @@ from kiln.export import export
 from kiln import debug
 
 __all__ = ["compile", "optimize", "disable", "reset", "run", "set_stance", "wait_for_compiles",
-           "explain", "export", "list_backends", "register_backend", "config", "exc", "debug"]
+           "explain", "export", "list_backends", "register_backend", "config", "exc", "debug",
+           "allow_in_graph", "disallow_in_graph", "graph_break", "assume_constant_result"]

@@ -9,7 +9,7 @@ from typing import Dict
 import torch
 from torch.nn.modules import module
 
-from kiln import _C, config
+from kiln import _C, config, decorators
 from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
@@ -42,7 +42,7 @@ class FrameCallback:
         self.stood_in: Dict[types.CodeType, list] = {}
 
     def __call__(self, func, code, slots):
-        if is_skipped(code):
+        if is_skipped(code) or decorators.frame_skipped(code):
             return _C.SKIP
         stood = self.stood_in.get(code, ())
         if len(stood) >= config.cache_size_limit or \
@@ -275,15 +275,37 @@ class OptimizeContext:
         return False
 
 
-def optimize(backend="eager", nopython: bool = False, **kwargs):
+def optimize(backend="eager", nopython: bool = False, *, disable: bool = False, dynamic=None):
     """The TorchDynamo spelling: kiln.optimize("eager")(fn), @kiln.optimize(my_compiler),
-    `with kiln.optimize(...):`. nopython=True is fullgraph=True."""
+    `with kiln.optimize(...):`. nopython=True is fullgraph=True; disable=True compiles nothing
+    (the decorator returns the function as it is, the block runs as without it); dynamic is
+    accepted as kiln.compile accepts it."""
+    if disable:
+        return _NotOptimized()
     return OptimizeContext(FrameCallback(backend, fullgraph=nopython))
 
 
+class _NotOptimized:
+    """kiln.optimize(..., disable=True): a decorator and a context manager that do nothing."""
+
+    def __call__(self, fn):
+        return fn
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class _Disabled:
+    """kiln.disable(): a context manager, and a decorator like kiln.disable itself."""
+
     def __init__(self):
         self._prior = []
+
+    def __call__(self, fn):
+        return disable(fn)
 
     def __enter__(self):
         self._prior.append(_C.set_eval_frame(None))
@@ -294,8 +316,16 @@ class _Disabled:
         return False
 
 
-def disable(fn=None):
-    """Runs `fn` (or the `with` block) without kiln, even inside a compiled region."""
+def disable(fn=None, recursive: bool = True):
+    """Runs `fn` (or the `with` block) without kiln, even inside a compiled region: a call of
+    it from a captured frame is a graph break. recursive=False leaves only `fn`'s own frame to
+    CPython (it is never captured, a call of it is a graph break) and still captures the frames
+    it calls; `fn` is returned as it is."""
+    if not recursive:
+        if fn is None:
+            return functools.partial(disable, recursive=False)
+        decorators.skip_frame(fn)
+        return fn
     if fn is None:
         return _Disabled()
     region = _C.FrameRegion(fn, None)
@@ -352,9 +382,12 @@ def set_stance(stance: str = "default"):
     return _Stance(stance, prior)
 
 
-def run():
+def run(fn=None):
     """Run-only mode: `with kiln.run():` uses only what is already compiled (guards are still
-    checked); a miss runs eagerly and nothing is compiled."""
+    checked); a miss runs eagerly and nothing is compiled. kiln.run(fn) returns `fn` wrapped to
+    run that way, leaving the stance of other calls as it is."""
+    if fn is not None:
+        return _Stance("eager_on_recompile", STATE.stance)(fn)
     return set_stance("eager_on_recompile")
 
 

@@ -19,11 +19,13 @@ class _Capture:
         self.graphs = []
         self.infos = []
         self.outputs = None  # what the graph returned in the call that captured it
+        self.inputs = None  # and what it was given
 
     def backend(self, gm, example_inputs):
         self.graphs.append(gm)
 
         def run(*args):
+            self.inputs = args
             self.outputs = gm.forward(*args)
             return self.outputs
 
@@ -39,12 +41,23 @@ class _Capture:
 _CONSTANT_LEAVES = (type(None), bool, int, float, str)
 
 
-def export(fn, *args, **kwargs) -> ExportResult:
+def export(fn, *args, aten_graph: bool = False, decomposition_table=None,
+           tracing_mode: str = "real", **kwargs) -> ExportResult:
     """Captures `fn(*args, **kwargs)` (a function or nn.Module) as a single graph. Raises
     kiln.exc.Unsupported, naming the user's source line, at the first graph break. The graph
     takes the tensors the function reads, in placeholder order, and returns what the function
     returns: the same structure (tuples, lists, dicts, named tuples, model outputs), the same
-    tensors where one is returned twice, and the same constants."""
+    tensors where one is returned twice, and the same constants.
+
+    aten_graph=True: the graph's nodes are ATen ops (torch.ops.aten.*), traced from the captured
+    graph on fake tensors, with `decomposition_table` ({op: function}) applied. tracing_mode
+    "real" and "fake" give the same graph (shapes are static); "symbolic" is refused."""
+    if decomposition_table is not None and not aten_graph:
+        raise ValueError("kiln.export: decomposition_table applies to an ATen graph only "
+                         "(aten_graph=True)")
+    if tracing_mode not in ("real", "fake"):
+        raise ValueError(f"kiln.export: tracing_mode {tracing_mode!r}: kiln exports static "
+                         "shapes ('real' or 'fake')")
     capture = _Capture()
     callback = eval_frame.FrameCallback(capture.backend, fullgraph=True, observer=capture)
     result = eval_frame._wrap(fn, callback)(*args, **kwargs)
@@ -52,8 +65,20 @@ def export(fn, *args, **kwargs) -> ExportResult:
         raise Unsupported(f"export needs exactly one graph, capture made {len(capture.graphs)}"
                           " (a function with no tensor operations has none)")
     gm = capture.graphs[0]
+    if aten_graph:
+        gm = _aten_graph(gm, capture.inputs, decomposition_table)
     _return_as_the_function_does(gm, result, capture.outputs)
     return ExportResult(gm, list(capture.infos[-1].guards))
+
+
+def _aten_graph(gm: torch.fx.GraphModule, inputs, decomposition_table) -> torch.fx.GraphModule:
+    """`gm` as a graph of ATen ops, traced on fake copies of `inputs` (the call the capture ran:
+    nothing runs twice on the user's tensors); its outputs are `gm`'s, in order."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    traced = make_fx(gm, decomposition_table=decomposition_table or {}, tracing_mode="fake",
+                     _allow_non_fake_inputs=True)(*inputs)
+    return traced
 
 
 def _return_as_the_function_does(gm: torch.fx.GraphModule, result, graph_outputs):

@@ -114,11 +114,6 @@ def t(*shape, dtype=torch.float32):
     return torch.randint(0, 10, shape, dtype=dtype)
 
 
-COMPREHENSION_FRAME = ("kiln: a comprehension run as its own frame (its caller runs eagerly) is "
-                       "not captured: the iterator it is passed is unsupported ('iteration over "
-                       "UserDefinedObjectVariable(list_iterator)' / internal error 'next_item')")
-
-
 def make_args(specs):
     """One call's arguments from specs: a tuple of ints is a random float tensor of that shape,
     a callable is called, anything else is passed as it is."""

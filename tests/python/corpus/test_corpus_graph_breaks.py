@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .harness import COMPREHENSION_FRAME, Corpus
+from .harness import Corpus
 
 corpus = Corpus()
 log = logging.getLogger("kiln.corpus")
@@ -289,10 +289,9 @@ def timing_calls_around_matmul(x):
     return y
 
 
-# `x` is captured by the list comprehension, so it is a cell variable: the break at
-# .tolist() runs this frame eagerly, and the comprehension is captured as its own frame.
-@corpus(lambda: torch.tensor([2, 0, 1]), (3, 4), frames=1, breaks=1,
-        xfail=COMPREHENSION_FRAME if sys.version_info < (3, 12) else None)
+# On CPython 3.11 `x` is captured by the list comprehension, so it is a cell variable: the
+# resume function after the break at .tolist() makes it a cell again, holding the value it had.
+@corpus(lambda: torch.tensor([2, 0, 1]), (3, 4), frames=1, breaks=1)
 def tolist_indices_then_gather_rows(idx, x):
     rows = idx.tolist()
     return torch.stack([x[r] for r in rows])

@@ -38,7 +38,7 @@ def offset_in_exception_table(code: types.CodeType, offset: int) -> bool:
 
 def can_split(code: types.CodeType) -> bool:
     """Whether a graph break can resume inside `code`: resume functions reuse its bytecode with
-    every local as a parameter in its own slot, which code with cells or free variables, and
-    generators and coroutines, do not allow."""
-    return not (code.co_cellvars or code.co_freevars or code.co_flags & (
+    every local and cell variable as a parameter in its own slot (free variables after them,
+    from the frame's own cells), which generators and coroutines do not allow."""
+    return not (code.co_flags & (
         0x20 | 0x80 | 0x100 | 0x200))  # generator, coroutine, iterable coroutine, async gen

@@ -3,7 +3,7 @@ capture could not model runs in Python, then a resume function continues the fra
 import itertools
 
 from kiln.exc import Unsupported
-from kiln.transform.resume import ResumeRecipe, resume_function
+from kiln.transform.resume import ResumeRecipe, resume_function, resume_params, with_cells
 
 _resume_ids = itertools.count(1)
 
@@ -14,7 +14,7 @@ def break_body(func, code, gb, rebuild, consts):
     inst = gb.inst
     ckpt = gb.checkpoint
     stack = list(ckpt.stack)
-    varnames = code.co_varnames
+    varnames = resume_params(code)  # cell variables are the frame's locals too
     unbound = [n for n in varnames if n not in ckpt.locals]
     local_exprs = [rebuild(ckpt.locals[n]) if n in ckpt.locals else "None" for n in varnames]
     next_offset = inst.next_offset
@@ -26,12 +26,19 @@ def break_body(func, code, gb, rebuild, consts):
         is_null = [not isinstance(v, str) and v.is_null for v in stack_vts]
         n = next(_resume_ids)
         rname = f"__resume_at_{target_offset}_{n}"
-        fn = resume_function(code, func.__globals__, ResumeRecipe(
-            target_offset, tuple(is_null), tuple(unbound), rname))
+        try:
+            fn = resume_function(code, func.__globals__, ResumeRecipe(
+                target_offset, tuple(is_null), tuple(unbound), rname))
+        except ValueError as e:
+            raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
         resumes.append(fn.__code__)
         args = local_exprs + [v if isinstance(v, str) else rebuild(v)
                               for v in stack_vts if isinstance(v, str) or not v.is_null]
-        return f"{consts.ref(fn)}({', '.join(args)})"
+        callee = consts.ref(fn)
+        if code.co_freevars:  # over this frame's cells, which a lambda here closes over
+            cells = f"lambda: ({', '.join(code.co_freevars)},)"
+            callee = f"{consts.ref(with_cells)}({callee}, {cells})"
+        return f"{callee}({', '.join(args)})"
 
     if inst.opname == "CALL":
         argc = inst.arg

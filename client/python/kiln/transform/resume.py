@@ -7,9 +7,12 @@ of the original is a parameter, in its original slot, so the body's bytecode is 
 the stack values are parameters after them. The hook then captures the resume function's frame
 like any other.
 
-Only code without cell or free variables is split this way (the caller checks), which keeps the
-local slot numbering identical; the exception table and line table of the body are shifted
-past the prologue.
+Code with free variables (a closure, a method that calls super()) keeps them: the prologue
+copies them from the resume function's closure, which the transformed code makes over the
+running frame's own cells (with_cells), and the body's free-variable slots move past the added
+parameters. A cell variable (a local a nested function closes over) is a parameter too, made a
+cell by the prologue. The exception table and line table of the body are shifted past the
+prologue.
 """
 import dis
 import types
@@ -61,13 +64,23 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
                      unbound_locals: Sequence[str], name: str) -> types.CodeType:
     """The code of a resume function continuing `code` at byte `target_offset` with a value
     stack whose entries are NULL where `stack_is_null` says so, else the next parameter after
-    the locals. Parameters: every local of `code` in order, then the non-NULL stack values."""
-    varnames = list(code.co_varnames)
+    the locals. Parameters: every local of `code` in order, its other cell variables
+    (resume_params), then the non-NULL stack values. A cell variable's parameter becomes a new
+    cell holding the value it is passed (an empty one where `unbound_locals` names it): no
+    closure made before the break outlives the graph (the capture cannot rebuild one), so no
+    one else holds the frame's cells."""
+    varnames = resume_params(code)
     nlocals = len(varnames)
     # Named after their slot, so a resume function of a resume function adds new names.
     n_values = sum(not null for null in stack_is_null)
     stack_params = [f"__kiln_stack_{nlocals + i}" for i in range(n_values)]
     prologue = bytearray()
+    for cell in code.co_cellvars:
+        if cell in unbound_locals:
+            _emit(prologue, "DELETE_FAST", varnames.index(cell))
+        _emit(prologue, "MAKE_CELL", varnames.index(cell))
+    if code.co_freevars:
+        _emit(prologue, "COPY_FREE_VARS", len(code.co_freevars))
     _emit(prologue, "RESUME", 0)
     param = nlocals
     for null in stack_is_null:
@@ -77,7 +90,8 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
             _emit(prologue, "LOAD_FAST", param)
             param += 1
     for local in unbound_locals:
-        _emit(prologue, "DELETE_FAST", varnames.index(local))
+        if local not in code.co_cellvars:
+            _emit(prologue, "DELETE_FAST", varnames.index(local))
     # JUMP_FORWARD counts code units from the instruction after it: the start of the body.
     _emit(prologue, "JUMP_FORWARD", target_offset // 2)
     units = len(prologue) // 2
@@ -95,7 +109,7 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
     new_varnames = tuple(varnames + stack_params)
     flags = code.co_flags & ~(0x04 | 0x08)  # no *args / **kwargs: every parameter positional
     return code.replace(
-        co_code=bytes(prologue) + code.co_code,
+        co_code=bytes(prologue) + _deref_slots_moved(code, varnames, n_values),
         co_linetable=bytes(linetable),
         co_exceptiontable=write_exception_table(entries),
         co_varnames=new_varnames,
@@ -108,6 +122,34 @@ def make_resume_code(code: types.CodeType, target_offset: int, stack_is_null: Se
         co_name=name,
         co_qualname=name,
     )
+
+
+def resume_params(code: types.CodeType) -> list:
+    """The leading parameters of `code`'s resume functions: every local, then each cell variable
+    that is not a local too (a parameter in the slot its cell had: cells follow the locals)."""
+    return list(code.co_varnames) + [c for c in code.co_cellvars if c not in code.co_varnames]
+
+
+def _deref_slots_moved(code: types.CodeType, params: list, by: int) -> bytes:
+    """`code`'s bytecode with the slot of every cell and free-variable access (LOAD_DEREF and
+    kin: an index into the frame's locals-plus) set to where the resume function keeps that name:
+    a cell in its parameter of the same name, a free variable past the `by` parameters added
+    after them. An argument that would need an EXTENDED_ARG of its own is refused (ValueError):
+    the code keeps its length, so jumps, tables and caches stay where they are."""
+    if not (code.co_freevars or code.co_cellvars):
+        return code.co_code
+    out = bytearray(code.co_code)
+    for ins in dis.get_instructions(code):
+        if ins.opcode not in dis.hasfree:
+            continue
+        if ins.argval in code.co_freevars:
+            slot = len(params) + by + code.co_freevars.index(ins.argval)
+        else:
+            slot = params.index(ins.argval)
+        if ins.arg > 0xFF or slot > 0xFF:
+            raise ValueError(f"cell slot {slot} of {code.co_qualname} needs an EXTENDED_ARG")
+        out[ins.offset + 1] = slot
+    return bytes(out)
 
 
 class ResumeRecipe(NamedTuple):
@@ -125,6 +167,18 @@ def resume_function(code: types.CodeType, globals_: dict, recipe: ResumeRecipe):
     as __kiln_resume__."""
     rcode = make_resume_code(code, recipe.target_offset, recipe.stack_is_null,
                              recipe.unbound_locals, recipe.name)
-    fn = types.FunctionType(rcode, globals_, recipe.name)
+    # Code with free variables: empty cells here; each call runs a copy over the frame's own
+    # (with_cells).
+    closure = tuple(types.CellType() for _ in rcode.co_freevars) or None
+    fn = types.FunctionType(rcode, globals_, recipe.name, None, closure)
     fn.__kiln_resume__ = recipe
     return fn
+
+
+def with_cells(resume, cells_of):
+    """`resume` (a resume function of code with free variables) over the cells of the running
+    frame: the cells `cells_of` closes over, a function the transformed code makes there over
+    the same names (the frame's own cells are not reachable otherwise)."""
+    cells = dict(zip(cells_of.__code__.co_freevars, cells_of.__closure__))
+    return types.FunctionType(resume.__code__, resume.__globals__, resume.__name__, None,
+                              tuple(cells[name] for name in resume.__code__.co_freevars))

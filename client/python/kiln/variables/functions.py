@@ -1,9 +1,33 @@
 """Python functions the executor inlines, and bound methods of values it models itself."""
 import types
 
+from kiln import decorators
 from kiln.exc import Unsupported
-from kiln.variables.base import ValueVariable, VariableTracker
+from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
+
+
+def call_marked(tx, fn, args, kwargs):
+    """The result of calling `fn` when the program marked it (kiln.decorators: allow_in_graph,
+    assume_constant_result), None when it did not; a graph break (Unsupported) for a function
+    marked disallow_in_graph, graph_break, or disable(recursive=False). `args` include the
+    bound object of a method."""
+    how = decorators.marking(fn)
+    if how is None:
+        return None
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    if how == decorators.DISALLOW:
+        raise Unsupported(f"call of {name}, a graph break the program asked for "
+                          "(graph_break, disallow_in_graph or disable(recursive=False))")
+    if how == decorators.ALLOW:
+        return tx.output.call("call_function", fn, tuple(args), dict(kwargs))
+    const = constant_args(args, kwargs)
+    if const is None:
+        raise Unsupported(f"{name} is marked assume_constant_result but is called with "
+                          "values that are not constants")
+    value = fn(*const[0], **const[1])
+    # The value stands in the graph as the program promised: read once, not guarded.
+    return tx.wrap(value, None, guard=False)
 
 
 class UserFunctionVariable(VariableTracker):
@@ -23,6 +47,9 @@ class UserFunctionVariable(VariableTracker):
         return self.fn
 
     def call_function(self, tx, args, kwargs):
+        marked = call_marked(tx, self.fn, args, kwargs)
+        if marked is not None:
+            return marked
         return tx.inline_call(self.fn, args, kwargs, fn_source=self.source)
 
     def var_getattr(self, tx, name):
@@ -46,6 +73,9 @@ class UserMethodVariable(VariableTracker):
         return types.MethodType
 
     def call_function(self, tx, args, kwargs):
+        marked = call_marked(tx, self.fn, [self.obj, *args], kwargs)
+        if marked is not None:
+            return marked
         return tx.inline_call(self.fn, [self.obj, *args], kwargs, fn_source=None)
 
     def as_python_constant(self):

@@ -15,6 +15,7 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.ctx_manager import GradModeVariable
+from kiln.variables.functions import call_marked
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
 _GRAPH_OP_MODULES = ("torch.nn.functional", "torch.functional", "torch", "torch._tensor",
@@ -123,6 +124,9 @@ class TorchVariable(ValueVariable):
             return ConstantVariable(value)
         if fn in _UNSUPPORTED:
             raise Unsupported(f"call of {getattr(fn, '__qualname__', fn)} (changes global state)")
+        marked = call_marked(tx, fn, args, kwargs)
+        if marked is not None:
+            return marked
         if fn is torch.is_grad_enabled:
             tx.output.guards.add(None, "GLOBAL_STATE")
             return ConstantVariable(torch.is_grad_enabled())

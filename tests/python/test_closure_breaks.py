@@ -1,0 +1,200 @@
+"""Graph breaks in frames with free variables (closures, methods that call super()): the frame
+is split at the break, its resume function runs over the frame's own cells, and every value read
+or written through a cell is the one eager Python sees. Each result is compared with eager."""
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter
+
+
+def _opaque(x):
+    print("a graph break")  # print is a graph break
+    return x
+
+
+def test_a_closure_breaks_into_graphs_instead_of_running_eagerly():
+    scale = torch.randn(5)
+
+    def fn(x):
+        x = torch.sin(x) * scale
+        x = _opaque(x)
+        return torch.cos(x) + scale
+
+    cnt = CompileCounter()
+    x = torch.randn(5)
+    torch.testing.assert_close(kiln.optimize(cnt)(fn)(x), fn(x))
+    assert cnt.frame_count == 2
+
+
+def _make_counter_fn():
+    count = 1
+
+    def bump():
+        nonlocal count
+        count += 10
+
+    def fn(x):
+        y = x * count  # the cell read before the break
+        bump()  # a call that writes the cell: the graph breaks here
+        return y + count  # and read again after it, in the resume function
+
+    return fn, lambda: count
+
+
+def test_a_cell_written_at_the_break_is_read_anew_after_it():
+    eager, eager_count = _make_counter_fn()
+    compiled, compiled_count = _make_counter_fn()
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(compiled)
+    for i in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(opt(x), eager(x))
+        assert compiled_count() == eager_count() == 1 + 10 * (i + 1)
+    assert cnt.frame_count == 6  # both halves, for each value of the cell (guarded)
+
+
+def test_two_closures_of_one_code_each_read_their_own_cells():
+    def make(k):
+        factor = torch.full((3,), float(k))
+
+        def fn(x):
+            y = x + factor
+            _opaque(y)
+            return y * factor
+
+        return fn
+
+    cnt = CompileCounter()
+    f2, f3 = kiln.optimize(cnt)(make(2)), kiln.optimize(cnt)(make(3))
+    x = torch.randn(3)
+    torch.testing.assert_close(f2(x), (x + 2) * 2)
+    torch.testing.assert_close(f3(x), (x + 3) * 3)
+    torch.testing.assert_close(f2(x), (x + 2) * 2)
+
+
+def test_two_breaks_in_a_closure_resume_twice_over_the_same_cells():
+    bias = torch.ones(2)
+
+    def fn(x):
+        x = x + bias
+        _opaque(x)
+        x = x * 2 + bias
+        _opaque(x)
+        return x - bias
+
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(fn)
+    x = torch.randn(2)
+    want = (x + 1) * 2 + 1 - 1
+    torch.testing.assert_close(opt(x), want)
+    assert cnt.frame_count == 3
+
+
+class _Base(torch.nn.Module):
+    def forward(self, x):
+        return x.relu()
+
+
+class _Child(_Base):
+    def forward(self, x):  # super() makes __class__ a free variable of this code
+        y = super().forward(x) * 3
+        _opaque(y)
+        return super().forward(y - 1) + x
+
+
+def test_a_method_that_calls_super_breaks_into_graphs():
+    m = _Child()
+    cnt = CompileCounter()
+    opt = kiln.compile(m, backend=cnt)
+    x = torch.randn(6)
+    torch.testing.assert_close(opt(x), m(x))
+    assert cnt.frame_count == 2
+
+
+def test_a_closure_broken_on_a_data_dependent_branch_takes_both_ways():
+    threshold = torch.tensor(0.0)
+
+    def fn(x):
+        if (x.sum() > threshold).item():
+            return x * 2 + threshold
+        return x - 1 + threshold
+
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(fn)
+    for sign in (1, -1, 1):
+        x = torch.rand(4) * sign
+        torch.testing.assert_close(opt(x), fn(x))
+    assert cnt.frame_count == 3  # the condition, and each way
+
+
+def test_the_kiln_backend_compiles_both_halves_of_a_broken_closure(kilnd_cache):
+    w = torch.randn(8, 8)
+
+    def fn(x):
+        y = torch.tanh(x @ w)
+        _opaque(y)
+        return (y @ w).relu()
+
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(fn)(x), fn(x), rtol=1e-4, atol=1e-4)
+
+
+# Frames with cell variables (locals a nested function closes over; on CPython 3.11 a
+# comprehension too): after the break, the resume function makes each one a cell again.
+
+def _comprehensions_around_a_break(x, n):
+    scale = x.sum()
+    ys = [x * (i + scale) for i in range(n)]
+    y = torch.stack(ys).sum(0)
+    _opaque(y)
+    zs = [y + scale * i for i in range(n)]
+    return torch.stack(zs).mean(0)
+
+
+def test_a_frame_whose_locals_a_comprehension_reads_breaks_into_graphs():
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.optimize(cnt)(_comprehensions_around_a_break)(x, 3),
+                               _comprehensions_around_a_break(x, 3))
+    assert cnt.frame_count == 2
+
+
+def _closure_made_after_the_break(x):
+    y = x + 1
+    _opaque(y)
+    f = lambda: y * 2  # noqa: E731  (closes over the resume function's cell for y)
+    y = y + 1  # rebinding the cell: f sees it
+    return f()
+
+
+def _cell_bound_only_after_the_break(x, flag: bool):
+    _opaque(x)
+    if flag:
+        late = x * 3
+    g = lambda: late  # noqa: E731
+    return g() if flag else x
+
+
+def _argument_that_is_a_cell(x, k):
+    # x and k, arguments, are cells. h, made before the break, is still live after it: no
+    # resume function may hold other cells than h's, so the frame runs eagerly (the capture
+    # cannot rebuild h) and h's own frame is the one graph.
+    h = lambda: x * k  # noqa: E731
+    first = h()
+    _opaque(first)
+    x = x + 1
+    return h() + first
+
+
+@pytest.mark.parametrize("fn,args,graphs", [
+    (_closure_made_after_the_break, (torch.randn(4),), 2),
+    (_cell_bound_only_after_the_break, (torch.randn(4), True), 1),  # nothing before the break
+    (_cell_bound_only_after_the_break, (torch.randn(4), False), 0),  # no op at all
+    (_argument_that_is_a_cell, (torch.randn(4), 3), 1),
+])
+def test_cells_of_a_resumed_frame_hold_what_eager_python_sees(fn, args, graphs):
+    cnt = CompileCounter()
+    torch.testing.assert_close(kiln.optimize(cnt)(fn)(*args), fn(*args))
+    assert cnt.frame_count == graphs
