@@ -143,15 +143,90 @@ def test_artifact_is_inspectable(capsys):
     assert "kernel" in text and "artifact" in text
 
 
-def test_autograd_graphs_run_eagerly_and_stay_differentiable():
+def test_a_graph_that_needs_autograd_compiles_a_forward_and_a_backward_graph():
     def f(x):
-        return (x * 3).sum()
+        return (x * 3).tanh().sum()
 
     x = torch.randn(5, requires_grad=True)
     out = kiln.compile(f, backend="kiln")(x)
     out.backward()
-    torch.testing.assert_close(x.grad, torch.full((5,), 3.0))
-    assert kiln.debug.artifacts() == []
+    x_eager = x.detach().clone().requires_grad_()
+    f(x_eager).backward()
+    torch.testing.assert_close(out, f(x.detach()))
+    torch.testing.assert_close(x.grad, x_eager.grad)
+    # Torch's AOT autograd split it; kilnd compiled each half (tanh's backward is pointwise).
+    assert len(kiln.debug.artifacts()) == 2
+
+
+def _mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                               torch.nn.Linear(64, 8))
+
+
+def test_training_steps_of_a_compiled_model_match_eager_ones():
+    eager, trained = _mlp(0), _mlp(0)
+    compiled = kiln.compile(trained, backend="kiln")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_k = torch.optim.SGD(trained.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(4):  # the parameters change in place between the steps
+        x, y = torch.randn(16, 32), torch.randn(16, 8)
+        loss_e = torch.nn.functional.mse_loss(eager(x), y)
+        loss_k = torch.nn.functional.mse_loss(compiled(x), y)
+        torch.testing.assert_close(loss_k, loss_e, rtol=1e-5, atol=1e-6)
+        for loss, opt in ((loss_e, opt_e), (loss_k, opt_k)):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for pe, pk in zip(eager.parameters(), trained.parameters()):
+        torch.testing.assert_close(pk, pe, rtol=1e-5, atol=1e-6)
+    assert len(kiln.debug.artifacts()) == 2  # one forward, one backward, for every step
+    with torch.no_grad():  # inference on the same model: another entry, its own graph
+        x = torch.randn(3, 32)
+        torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-6)
+    assert len(kiln.debug.artifacts()) == 3
+
+
+class _ConvTrainNet(torch.nn.Module):
+    """The ops of a convolutional network's training step: convolutions (the first one's input
+    needs no gradient: convolution_backward's output_mask leaves it undefined), batch norm with
+    batch statistics and running-statistics updates, max pooling, adaptive average pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn1(self.conv1(x))), 2)
+        x = torch.relu(self.bn2(self.conv2(x))) + x
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_training_steps_of_a_convolutional_network_compile_both_graphs(caplog):
+    torch.manual_seed(0)
+    eager = _ConvTrainNet()
+    trained = _ConvTrainNet()
+    trained.load_state_dict(eager.state_dict())
+    compiled = kiln.compile(trained, backend="kiln")
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_k = torch.optim.SGD(trained.parameters(), lr=0.05)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(3):
+            x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))
+            for model, opt in ((eager, opt_e), (compiled, opt_k)):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    assert not [r for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(kiln.debug.artifacts()) == 2  # the forward graph and the backward graph
+    for pe, pk in zip(eager.parameters(), trained.parameters()):
+        torch.testing.assert_close(pk, pe, rtol=1e-4, atol=1e-5)
+    for be, bk in zip(eager.buffers(), trained.buffers()):  # running statistics, batch counts
+        torch.testing.assert_close(bk, be, rtol=1e-4, atol=1e-5)
 
 
 def test_no_daemon_runs_eagerly_with_one_warning(caplog, monkeypatch, tmp_path):

@@ -110,7 +110,9 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
             if gm is not None:
                 artifact = next((a for a in reversed(STATE.artifacts) if a.plan is compiled), None)
                 if artifact is None:
-                    raise stored_capture.NotStorable("the graph runs eagerly (no kilnd artifact)")
+                    raise stored_capture.NotStorable(
+                        "no one kilnd artifact runs the graph (it runs eagerly, or as a "
+                        "forward and a backward graph)")
                 params = attr_tensors(gm)
                 sources = [output.attr_sources[name] for name in params]
                 device = next((stand_in.device_of(t) for t in [*params.values(), *(

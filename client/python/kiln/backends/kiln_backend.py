@@ -1,13 +1,16 @@
 """The "kiln" backend: lower the captured graph to the kiln.v1 IR, have kilnd compile it (or
 serve it from its cache), verify the artifact and run its plan in the C++ runtime.
 
-Inference graphs whose tensors all live on the CPU or all on one CUDA device: a graph that
-records autograd history, or mixes devices, runs eagerly. A CUDA graph is compiled for its GPU's
+Graphs whose tensors all live on the CPU or all on one CUDA device (a graph that mixes devices
+runs eagerly). A graph that records autograd history (training) goes through torch's AOT
+autograd first, as torch.compile's graphs do (kiln.backends.torch_compile): its forward and
+backward graphs are each compiled here as inference graphs. A CUDA graph is compiled for its GPU's
 architecture and, unless turned off (kiln.config.cuda_graphs, kiln.compile's mode and options),
 its plan is captured into a CUDA graph and replayed. Any plumbing failure (no daemon, compile
 error such as a kilnd without CUDA support, rejected artifact, load failure) runs the graph
 eagerly with one warning per kind of failure.
 """
+import functools
 import logging
 import threading
 import time
@@ -17,6 +20,7 @@ from typing import Any, List, Optional
 import torch
 
 from kiln import config
+from kiln.backends.fallback import warn_eager_once
 from kiln.backends.registry import register_backend
 from kiln.daemon.local_artifacts import LocalArtifacts
 from kiln.debug import format_artifact
@@ -24,15 +28,6 @@ from kiln.graph import stand_in
 from kiln.state import STATE
 
 log = logging.getLogger("kiln")
-
-
-def warn_eager_once(kind: str, message: str) -> None:
-    """Logs that a graph runs eagerly because of `message`: a warning the first time a failure
-    of `kind` happens in this process, debug output after."""
-    if not STATE.first_warning(f"kiln backend: {kind}"):
-        log.debug("kiln: %s", message)
-        return
-    log.warning("kiln: %s; running the graph eagerly", message)
 
 
 @dataclass
@@ -64,8 +59,6 @@ def _graph_device(tensors) -> Optional[torch.device]:
 def _fallback_reasons(gm, example_inputs) -> Optional[str]:
     from kiln.graph import lowering
 
-    if lowering.needs_autograd(gm, example_inputs):
-        return "autograd"
     if _graph_device(list(example_inputs) + list(lowering.attr_tensors(gm).values())) is None:
         return "device"
     if not any(n.op == "call_function" or n.op == "call_method" for n in gm.graph.nodes):
@@ -129,10 +122,17 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
     from kiln.daemon.protocol import ProtocolUnavailable
     from kiln.graph.lowering import LoweringError
 
+    from kiln.graph.lowering import needs_autograd
+
     reason = _fallback_reasons(gm, example_inputs)
     if reason is not None:
         log.debug("kiln backend: %s graph runs eagerly", reason)
         return gm.forward
+    if needs_autograd(gm, example_inputs):
+        from kiln.backends.aot import through_aot_autograd
+
+        return through_aot_autograd(gm, example_inputs,
+                                    functools.partial(kiln, mode=mode, options=options))
     try:
         compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options),
                                  load=not config.compile_only)

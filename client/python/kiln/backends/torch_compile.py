@@ -2,26 +2,16 @@
 through kiln's "kiln" backend (kiln.backends.kiln_backend) and served from its shared cache.
 
 Torch finds `backend` through the `torch_dynamo_backends` entry point of the kiln distribution
-(written by scripts/venv.sh), without the program importing kiln. Torch's AOT autograd turns each
-captured graph into functional ATen graphs first: it applies the graph's in-place updates of its
-inputs and rebuilds outputs that alias inputs around the compiled graph, and splits a graph that
-needs autograd into a forward and a backward graph. Each of those is compiled as an inference
-graph of kiln's own capture is. A graph with symbolic sizes (dynamic=True, or torch's automatic
-dynamic shapes after a size changed) is specialised: compiled for each concrete signature of its
-inputs when first called with it, up to kiln.config.cache_size_limit signatures; past that, new
-signatures run eagerly. Whatever kiln cannot compile runs eagerly with one warning per kind of
-failure, as in kiln's own backend.
+(written by scripts/venv.sh), without the program importing kiln. Each graph goes through torch's
+AOT autograd first (kiln.backends.aot), as kiln's own graphs that need autograd do.
 """
 import functools
-import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Optional
 
 import torch
 
-from kiln import config
 from kiln.backends import kiln_backend
-
-log = logging.getLogger("kiln")
+from kiln.backends.aot import through_aot_autograd
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
@@ -29,150 +19,5 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] 
     """torch.compile's backend "kiln": Dynamo's graph and example inputs -> the callable Dynamo
     runs in its place. `mode` and `options` are torch.compile's (kiln reads their CUDA-graph
     settings, see kiln_backend.cuda_graphs_wanted)."""
-    from torch._dynamo import exc as dynamo_exc
-    from torch._dynamo.backends.common import aot_autograd
-
-    # Dynamo's request to trace the frame again (torch >= 2.6), not a failure of the graph.
-    retrace = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", ())
-    compiler = functools.partial(compile_aten_graph, mode=mode, options=options)
-    try:
-        return aot_autograd(fw_compiler=compiler)(gm, example_inputs)
-    except retrace:
-        raise
-    except Exception as e:  # what AOT autograd cannot take runs eagerly, as Dynamo's graph
-        kiln_backend.warn_eager_once(
-            "aot", f"torch's AOT autograd cannot take the graph ({type(e).__name__}: {e})")
-        return gm.forward
-
-
-def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
-                       mode: Optional[str] = None, options: Optional[dict] = None) -> Callable:
-    """AOT autograd's compiler (forward, backward and inference graphs alike): a callable of the
-    boxed convention (one list of arguments). `example_inputs` are FakeTensors and, for a
-    dynamic graph, SymInts."""
-    from functorch.compile import make_boxed_func
-
-    if any(_symbolic(x) for x in example_inputs):
-        return _PerSignature(gm, mode, options)
-    return make_boxed_func(_compile_static(gm, list(example_inputs), mode, options))
-
-
-def _symbolic(value) -> bool:
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    if isinstance(value, torch.Tensor):
-        return any(isinstance(s, torch.SymInt)
-                   for s in (*value.shape, *value.stride(), value.storage_offset()))
-    return False
-
-
-def _compile_static(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str],
-                    options: Optional[dict]) -> Callable:
-    """`gm` (static sizes) through the "kiln" backend; a callable of the unboxed convention."""
-    tensors_only, rebuild = _tensor_outputs(gm)
-    if tensors_only is None:
-        log.debug("kiln: a graph that returns values other than tensors runs eagerly")
-        return gm.forward
-    # AOT graphs record no autograd history (torch runs the forward and backward graphs inside
-    # its own autograd.Function): the "kiln" backend compiles them as inference graphs.
-    with torch.no_grad():
-        compiled = kiln_backend.kiln(tensors_only, example_inputs, mode, options)
-    if rebuild is None:
-        return compiled
-    return lambda *args: rebuild(compiled(*args))
-
-
-def _tensor_outputs(gm: torch.fx.GraphModule):
-    """(graph, rebuild): `gm` itself and None when it returns tensors only; else a copy of `gm`
-    that returns just its tensor outputs, and the function that puts its constant outputs (the
-    None gradients of a backward graph) back around them. (None, None) when an output is a
-    value computed by the graph that is not a tensor (a size)."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    if not isinstance(results, (tuple, list)):
-        return None, None
-    for r in results:
-        if isinstance(r, torch.fx.Node) and not isinstance(r.meta.get("val"), torch.Tensor):
-            return None, None
-    tensor_at = [i for i, r in enumerate(results) if isinstance(r, torch.fx.Node)]
-    if len(tensor_at) == len(results):
-        return gm, None
-    graph = torch.fx.Graph()
-    values = graph.graph_copy(gm.graph, {})
-    graph.output(tuple(values[i] for i in tensor_at))
-    constants = list(results)
-
-    def rebuild(tensors: Sequence[torch.Tensor]) -> List:
-        out = list(constants)
-        for i, t in zip(tensor_at, tensors):
-            out[i] = t
-        return out
-
-    return torch.fx.GraphModule(gm, graph), rebuild
-
-
-class _PerSignature:
-    """An ATen graph with symbolic sizes, compiled for each concrete signature (every tensor's
-    dtype, sizes, strides, storage offset and device; every size's value) the first time a call
-    has it. A specialisation runs only for calls with exactly its signature, so its static
-    kernels never see other sizes."""
-    _boxed_call = True  # AOT autograd calls it with one list of arguments
-
-    def __init__(self, gm: torch.fx.GraphModule, mode: Optional[str], options: Optional[dict]):
-        self.gm, self.mode, self.options = gm, mode, options
-        self.compiled: Dict[Tuple, Callable] = {}
-
-    def __call__(self, args: List):
-        key = _signature(args)
-        fn = self.compiled.get(key) if key is not None else None
-        if fn is None:
-            fn = self._specialise(key, args)
-        return fn(args)
-
-    def _specialise(self, key: Optional[Tuple], args: List) -> Callable:
-        if key is None:
-            log.debug("kiln: a dynamic graph called with a %s runs eagerly",
-                      ", ".join(sorted({type(a).__name__ for a in args})))
-            return lambda a: self.gm(*a)
-        if len(self.compiled) >= config.cache_size_limit:
-            kiln_backend.warn_eager_once(
-                "signatures", f"a graph with dynamic sizes was called with more than "
-                f"{config.cache_size_limit} signatures (kiln.config.cache_size_limit)")
-            return lambda a: self.gm(*a)
-        log.debug("kiln: specialising a dynamic graph for %s", key)
-        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        static = _with_constant_sizes(self.gm, args)
-        compiled = _compile_static(static, [args[i] for i in tensor_at], self.mode,
-                                   self.options)
-        fn = self.compiled[key] = lambda a: compiled(*[a[i] for i in tensor_at])
-        return fn
-
-
-def _signature(args: Sequence) -> Optional[Tuple]:
-    """What a specialisation is compiled for; None when an argument is neither a tensor nor a
-    number."""
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device))
-        elif isinstance(a, (bool, int, float)):
-            key.append((type(a), a))
-        else:
-            return None
-    return tuple(key)
-
-
-def _with_constant_sizes(gm: torch.fx.GraphModule, args: Sequence) -> torch.fx.GraphModule:
-    """A copy of `gm` whose non-tensor inputs (sizes) are the constants `args` holds; its
-    placeholders are the tensor inputs only."""
-    graph = torch.fx.Graph()
-    env = {}
-    placeholders = iter(args)
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            value = next(placeholders)
-            if not isinstance(value, torch.Tensor):
-                env[node] = value
-                continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    return torch.fx.GraphModule(gm, graph)
+    return through_aot_autograd(gm, example_inputs,
+                                functools.partial(kiln_backend.kiln, mode=mode, options=options))

@@ -39,7 +39,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-18"
+LOWERING_VERSION = b"kiln-lowering-19"
 
 
 class LoweringError(Exception):
@@ -499,7 +499,8 @@ def decompositions():
 
 
 def needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
-    """True when the graph would record autograd history: v1 compiles inference graphs only."""
+    """True when the graph would record autograd history: the "kiln" backend takes it through
+    AOT autograd (a forward and a backward graph, each compiled as an inference graph)."""
     if not torch.is_grad_enabled():
         return False
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
@@ -713,7 +714,9 @@ class _Builder:
                     raise LoweringError("a tuple-valued node inside a tensor list")
                 arg.value_list.ids.extend(ids)
             elif all(isinstance(v, bool) for v in value) and value:
-                raise LoweringError("bool[] arguments are not supported")
+                # A bool[] (convolution_backward's output_mask) travels as 0/1: the runtime
+                # binds an int list to the schema's bool[].
+                arg.int_list.values.extend(int(v) for v in value)
             elif all(isinstance(v, int) for v in value):
                 arg.int_list.values.extend(value)
             else:
@@ -735,9 +738,13 @@ class _Builder:
         val = n.meta.get("val")
         if isinstance(val, torch.Tensor):
             outs = [val]
-        elif isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor)
-                                                            for v in val):
-            outs = list(val)
+        elif isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val) \
+                and all(isinstance(v, torch.Tensor) or v is None for v in val):
+            # An output the call leaves undefined (None: a gradient its output_mask did not ask
+            # for) is a value nothing reads; the runtime holds an undefined tensor there.
+            like = next(v for v in val if isinstance(v, torch.Tensor))
+            outs = [v if v is not None else _Meta.contiguous((0,), like.dtype, like.device)
+                    for v in val]
         else:
             raise LoweringError(f"{op_name(n.target)} returns {type(val).__name__}, not tensors")
         ids = self.call(n.target, n.args, n.kwargs, outs)

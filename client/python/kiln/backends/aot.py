@@ -1,0 +1,180 @@
+"""Graphs through torch's AOT autograd, each ATen graph it makes compiled by the "kiln" backend:
+torch.compile's graphs (kiln.backends.torch_compile), and kiln's own graphs that record autograd
+history (training).
+
+AOT autograd turns a captured graph into functional ATen graphs: it applies the graph's in-place
+updates of its inputs and rebuilds outputs that alias inputs around the compiled graph, and
+splits a graph that needs autograd into a forward and a backward graph. Each of those is compiled
+as an inference graph. A graph with symbolic sizes (torch.compile's dynamic=True, or its automatic
+dynamic shapes after a size changed) is specialised: compiled for each concrete signature of its
+inputs when first called with it, up to kiln.config.cache_size_limit signatures; past that, new
+signatures run eagerly. Whatever kiln cannot compile runs eagerly with one warning per kind of
+failure.
+"""
+import functools
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from kiln import config
+from kiln.backends.fallback import warn_eager_once
+
+log = logging.getLogger("kiln")
+
+# Compiles a static ATen inference graph: (graph, example inputs) -> callable (unboxed).
+InferenceCompiler = Callable[[torch.fx.GraphModule, list], Callable]
+
+
+def through_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list,
+                         compile_inference: InferenceCompiler) -> Callable:
+    """`gm` through torch's AOT autograd, each ATen graph it makes (inference, or a forward and
+    a backward) compiled by `compile_inference` (the "kiln" backend with the caller's mode and
+    options)."""
+    from torch._dynamo import exc as dynamo_exc
+    from torch._dynamo.backends.common import aot_autograd
+
+    # Dynamo's request to trace the frame again (torch >= 2.6), not a failure of the graph.
+    retrace = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", ())
+    compiler = functools.partial(compile_aten_graph, compile_inference=compile_inference)
+    try:
+        return aot_autograd(fw_compiler=compiler)(gm, example_inputs)
+    except retrace:
+        raise
+    except Exception as e:  # what AOT autograd cannot take runs eagerly, as Dynamo's graph
+        warn_eager_once(
+            "aot", f"torch's AOT autograd cannot take the graph ({type(e).__name__}: {e})")
+        return gm.forward
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
+                       compile_inference: InferenceCompiler) -> Callable:
+    """AOT autograd's compiler (forward, backward and inference graphs alike): a callable of the
+    boxed convention (one list of arguments). `example_inputs` are FakeTensors and, for a
+    dynamic graph, SymInts."""
+    from functorch.compile import make_boxed_func
+
+    if any(_symbolic(x) for x in example_inputs):
+        return _PerSignature(gm, compile_inference)
+    return make_boxed_func(_compile_static(gm, list(example_inputs), compile_inference))
+
+
+def _symbolic(value) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt)
+                   for s in (*value.shape, *value.stride(), value.storage_offset()))
+    return False
+
+
+def _compile_static(gm: torch.fx.GraphModule, example_inputs: list,
+                    compile_inference: InferenceCompiler) -> Callable:
+    """`gm` (static sizes) through the "kiln" backend; a callable of the unboxed convention."""
+    tensors_only, rebuild = _tensor_outputs(gm)
+    if tensors_only is None:
+        log.debug("kiln: a graph that returns values other than tensors runs eagerly")
+        return gm.forward
+    # AOT graphs record no autograd history (torch runs the forward and backward graphs inside
+    # its own autograd.Function): the "kiln" backend compiles them as inference graphs.
+    with torch.no_grad():
+        compiled = compile_inference(tensors_only, example_inputs)
+    if rebuild is None:
+        return compiled
+    return lambda *args: rebuild(compiled(*args))
+
+
+def _tensor_outputs(gm: torch.fx.GraphModule):
+    """(graph, rebuild): `gm` itself and None when it returns tensors only; else a copy of `gm`
+    that returns just its tensor outputs, and the function that puts its constant outputs (the
+    None gradients of a backward graph) back around them. (None, None) when an output is a
+    value computed by the graph that is not a tensor (a size)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    if not isinstance(results, (tuple, list)):
+        return None, None
+    for r in results:
+        if isinstance(r, torch.fx.Node) and not isinstance(r.meta.get("val"), torch.Tensor):
+            return None, None
+    tensor_at = [i for i, r in enumerate(results) if isinstance(r, torch.fx.Node)]
+    if len(tensor_at) == len(results):
+        return gm, None
+    graph = torch.fx.Graph()
+    values = graph.graph_copy(gm.graph, {})
+    graph.output(tuple(values[i] for i in tensor_at))
+    constants = list(results)
+
+    def rebuild(tensors: Sequence[torch.Tensor]) -> List:
+        out = list(constants)
+        for i, t in zip(tensor_at, tensors):
+            out[i] = t
+        return out
+
+    return torch.fx.GraphModule(gm, graph), rebuild
+
+
+class _PerSignature:
+    """An ATen graph with symbolic sizes, compiled for each concrete signature (every tensor's
+    dtype, sizes, strides, storage offset and device; every size's value) the first time a call
+    has it. A specialisation runs only for calls with exactly its signature, so its static
+    kernels never see other sizes."""
+    _boxed_call = True  # AOT autograd calls it with one list of arguments
+
+    def __init__(self, gm: torch.fx.GraphModule, compile_inference: InferenceCompiler):
+        self.gm, self.compile_inference = gm, compile_inference
+        self.compiled: Dict[Tuple, Callable] = {}
+
+    def __call__(self, args: List):
+        key = _signature(args)
+        fn = self.compiled.get(key) if key is not None else None
+        if fn is None:
+            fn = self._specialise(key, args)
+        return fn(args)
+
+    def _specialise(self, key: Optional[Tuple], args: List) -> Callable:
+        if key is None:
+            log.debug("kiln: a dynamic graph called with a %s runs eagerly",
+                      ", ".join(sorted({type(a).__name__ for a in args})))
+            return lambda a: self.gm(*a)
+        if len(self.compiled) >= config.cache_size_limit:
+            warn_eager_once(
+                "signatures", f"a graph with dynamic sizes was called with more than "
+                f"{config.cache_size_limit} signatures (kiln.config.cache_size_limit)")
+            return lambda a: self.gm(*a)
+        log.debug("kiln: specialising a dynamic graph for %s", key)
+        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        static = _with_constant_sizes(self.gm, args)
+        compiled = _compile_static(static, [args[i] for i in tensor_at],
+                                   self.compile_inference)
+        fn = self.compiled[key] = lambda a: compiled(*[a[i] for i in tensor_at])
+        return fn
+
+
+def _signature(args: Sequence) -> Optional[Tuple]:
+    """What a specialisation is compiled for; None when an argument is neither a tensor nor a
+    number."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device))
+        elif isinstance(a, (bool, int, float)):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _with_constant_sizes(gm: torch.fx.GraphModule, args: Sequence) -> torch.fx.GraphModule:
+    """A copy of `gm` whose non-tensor inputs (sizes) are the constants `args` holds; its
+    placeholders are the tensor inputs only."""
+    graph = torch.fx.Graph()
+    env = {}
+    placeholders = iter(args)
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = next(placeholders)
+            if not isinstance(value, torch.Tensor):
+                env[node] = value
+                continue
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    return torch.fx.GraphModule(gm, graph)
