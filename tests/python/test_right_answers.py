@@ -1,6 +1,7 @@
 """Captures that once returned wrong answers or failed inside kiln: each compiled result is
 compared with eager on random inputs, across the calls where a stale entry would show."""
 import gc
+import typing
 import warnings
 import weakref
 
@@ -579,3 +580,62 @@ def test_type_of_an_argument_compared_with_a_builtin_type():
     compiled = kiln.compile(f, backend="eager", fullgraph=True)
     for arg in (torch.randn(3), 4):
         _assert_same(compiled(arg), f(arg))
+
+
+def _classes_of(p, m):
+    doubled = p * 2
+    return (isinstance(p, torch.nn.Parameter), type(p) is torch.nn.Parameter,
+            isinstance(doubled, torch.nn.Parameter), torch.is_tensor(p),
+            isinstance(m.weight, torch.nn.Parameter), isinstance(m.weight * 1, torch.nn.Parameter),
+            doubled + m.weight.sum())
+
+
+def test_the_class_of_a_parameter_is_parameter_and_of_what_ops_make_of_it_tensor():
+    m = torch.nn.Linear(3, 3)
+    cnt = CompileCounter()
+    opt = kiln.compile(_classes_of, backend=cnt)
+    for p in (torch.nn.Parameter(torch.randn(3)), torch.randn(3),
+              torch.nn.Parameter(torch.randn(3))):
+        _assert_same(opt(p, m), _classes_of(p, m))
+    assert cnt.frame_count == 2  # a Parameter, then a plain tensor: TENSOR_MATCH pins the class
+
+
+def _make_parameter_then_ask():
+    a = torch.nn.Parameter(torch.randn(5, 5))  # construction: a graph break
+    return isinstance(a, torch.nn.Parameter), a.shape  # asked in the resume function
+
+
+def test_a_parameter_made_in_the_frame_is_a_parameter_after_the_break():
+    assert kiln.compile(_make_parameter_then_ask, backend="eager")() == (True, (5, 5))
+
+
+@typing.runtime_checkable
+class _HasScale(typing.Protocol):
+    scale: float
+
+
+class _Holder:
+    def __init__(self, scale=None):
+        if scale is not None:
+            self.scale = scale
+
+
+def _scaled_if_it_can_be(obj, x):
+    if isinstance(obj, _HasScale):  # the Protocol's metaclass looks at obj's attributes
+        return x * obj.scale
+    return x - 1
+
+
+def _storage_check(x):
+    storage = torch.BoolStorage.from_buffer(bytearray([0, 1, 2, 3]), "big")
+    return x + 1, isinstance(storage, torch.BoolStorage), isinstance(storage, torch.FloatStorage)
+
+
+def test_isinstance_whose_metaclass_looks_at_the_object_is_answered_as_eager_answers():
+    x = torch.randn(4)
+    opt = kiln.compile(_scaled_if_it_can_be, backend="eager")
+    for holder in (_Holder(2.0), _Holder(), _Holder(3.0)):  # one class, both answers
+        _assert_same(opt(holder, x), _scaled_if_it_can_be(holder, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        _assert_same(kiln.compile(_storage_check, backend="eager")(x), _storage_check(x))

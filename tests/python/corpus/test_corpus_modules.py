@@ -102,6 +102,19 @@ class ModuleListSliceLoop(nn.Module):
         return self.layers[::2][1](x), head[1](self.stages[0](x)), len(self.layers[1:])
 
 
+def test_a_parameter_added_after_compiling_is_in_the_next_walk():
+    m = DtypeOfFirstParameter().eval()
+    cnt = CompileCounter()
+    opt = kiln.compile(m, backend=cnt)
+    x = torch.randn(2, 4)
+    first = opt(x)
+    assert cnt.frame_count == 1 and "extra" not in first[1]
+    m.extra = nn.Parameter(torch.ones(4))  # the walk now yields one more: a guard fails
+    got, want = opt(x), m(x)
+    assert cnt.frame_count == 2 and got[1] == want[1] and "extra" in got[1]
+    torch.testing.assert_close(got[0], want[0])
+
+
 def test_returned_module_list_slice_is_a_new_module_list():
     class Net(nn.Module):
         def __init__(self):
@@ -515,6 +528,40 @@ class InstanceNormTrackingStats(nn.Module):
 
     def forward(self, x):
         return self.norm(x)
+
+
+# Module.parameters() and kin, as models use them in forward: walked at trace time, as torch
+# walks them (shared modules and parameters once), every registry guarded.
+
+@module((2, 4), frames=1, breaks=0)
+class DtypeOfFirstParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        self.shared = self.a  # one module under two names: walked once
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        ones = torch.ones(4, dtype=next(self.parameters()).dtype)
+        total = sum(p.sum() for p in self.parameters())
+        names = [n for n, _ in self.named_parameters()]
+        kids = [type(c).__name__ for c in self.children()]
+        frozen = not any(p.requires_grad for p in self.parameters(recurse=False))
+        return (self.b(x * ones) + total * self.scale, names, len(list(self.buffers())), kids,
+                [n for n, _ in self.named_modules()], frozen, dict(self.named_buffers())["scale"])
+
+
+@module((3, 4), frames=1, breaks=0)
+class ParametersOfASubmoduleAndTheirCount(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4, bias=False)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x) * len(list(block.parameters()))
+        return x, sum(1 for _ in self.blocks.modules())
 
 
 @pytest.mark.parametrize("case", corpus.cases)

@@ -126,6 +126,7 @@ class OutputGraph:
         node.meta["example_value"] = example
         self.inputs.append(GraphInput(node, source, real))
         vt = self._make_tensor(node, example, source)
+        vt.python_class = type(real)  # pinned by the TENSOR_MATCH guard below
         self._input_by_source[source] = vt
         self._input_by_id[id(real)] = vt
         self._real_by_node[node] = real
@@ -156,6 +157,7 @@ class OutputGraph:
         example = self.fake(real, alone=True)
         node.meta["example_value"] = example
         vt = self._make_tensor(node, example, source)
+        vt.python_class = type(real)  # the attribute is this very tensor (ID_MATCH on its module)
         self._attr_by_id[id(real)] = vt
         return vt
 

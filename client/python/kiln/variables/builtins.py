@@ -1,4 +1,5 @@
 """Python builtins (len, isinstance, getattr, min, ...), the operator module and math."""
+import abc
 import builtins
 import inspect
 import math
@@ -150,8 +151,37 @@ def length(tx, obj) -> int:
     return obj.length(tx)
 
 
+# Metaclass instance checks that answer from the object's class alone: isinstance(obj, cls) is
+# issubclass(type(obj), cls) (for an ABC, through its registry and __subclasshook__).
+_CLASS_ONLY_CHECKS = (type.__instancecheck__, abc.ABCMeta.__instancecheck__)
+
+
+def _classes(cls):
+    """The classes an isinstance() second argument names (a class, a tuple, a union)."""
+    if isinstance(cls, tuple):
+        return [c for item in cls for c in _classes(item)]
+    if isinstance(cls, types.UnionType):
+        return list(cls.__args__)
+    return [cls]
+
+
 def _isinstance(tx, obj, classes):
     cls = classes.as_python_constant()
+    if isinstance(obj, ConstantVariable):  # a literal: its value is all there is to look at
+        return ConstantVariable(isinstance(obj.value, cls))
+    for c in _classes(cls):
+        if c is torch.nn.Parameter and isinstance(obj, TensorVariable):
+            # Parameter's metaclass also accepts a tensor flagged _is_param (a custom tensor
+            # class made into a parameter); kiln's graph values are plain tensors or parameters.
+            real = tx.output.real_tensor(obj.same_object())
+            if real is not None and getattr(real, "_is_param", False) and \
+                    not isinstance(real, torch.nn.Parameter):
+                raise Unsupported("isinstance(..., Parameter) of a tensor flagged _is_param")
+        elif type(c).__instancecheck__ not in _CLASS_ONLY_CHECKS:
+            # torch.BoolStorage's metaclass asks the storage's dtype, a runtime-checkable
+            # Protocol the object's attributes: not what the object's class says.
+            raise Unsupported(f"isinstance(..., {getattr(c, '__qualname__', c)}), whose "
+                              "metaclass looks at the object itself")
     return ConstantVariable(issubclass(obj.python_type(), cls))
 
 

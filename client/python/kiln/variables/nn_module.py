@@ -15,7 +15,7 @@ from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSour
 from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import class_source, guard_class_member
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListVariable, TupleVariable
+from kiln.variables.containers import ListIteratorVariable, ListVariable, TupleVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 
 _nn_hooks = torch.nn.modules.module
@@ -110,6 +110,8 @@ class NNModuleVariable(VariableTracker):
     def _class_attr(self, tx, name, static):
         mod = self.module
         self._guard_class_member(tx, name, static, always=False)
+        if _MEMBER_GENERATORS.get(name) is static:
+            return ModuleMembersMethod(self, name)
         if isinstance(static, staticmethod):
             return UserFunctionVariable(static.__func__)
         if isinstance(static, classmethod):
@@ -166,6 +168,52 @@ class NNModuleVariable(VariableTracker):
         if not hasattr(type(static), "__set__"):
             tx.output.guards.add(InstanceDictSource(self.source), "NO_ITEM", name)
 
+    # Module.parameters(), named_modules() and kin, walked as torch walks them.
+    def named_modules(self, tx, memo: set, prefix: str, remove_duplicate: bool) -> list:
+        """(name, tracker) of this module and each submodule in Module.named_modules' order,
+        guarding every `_modules` registry walked (its keys, each child's identity)."""
+        if id(self.module) in memo:
+            return []
+        if remove_duplicate:
+            memo.add(id(self.module))
+        out = [(prefix, self)]
+        self._guard_registry_keys(tx, "_modules")
+        for name in self.module._modules:
+            child = self._child(tx, name, "_modules")
+            if isinstance(child, NNModuleVariable):
+                out += child.named_modules(tx, memo, prefix + ("." if prefix else "") + name,
+                                           remove_duplicate)
+        return out
+
+    def named_members(self, tx, registry: str, prefix: str, recurse: bool,
+                      remove_duplicate: bool) -> list:
+        """(name, tracker) of the tensors in `registry` (_parameters, _buffers) of this module
+        (and its submodules with `recurse`), in Module._named_members' order, guarded as read."""
+        modules = self.named_modules(tx, set(), prefix, remove_duplicate) if recurse \
+            else [(prefix, self)]
+        seen, out = set(), []
+        for module_prefix, module in modules:
+            module._guard_registry_keys(tx, registry)
+            for key in module.module.__dict__[registry]:
+                vt = module._child(tx, key, registry)
+                real = module.module.__dict__[registry][key]
+                if real is None or id(real) in seen:
+                    continue
+                if remove_duplicate:
+                    seen.add(id(real))
+                out.append((module_prefix + ("." if module_prefix else "") + key, vt))
+        return out
+
+    def named_children(self, tx) -> list:
+        seen, out = set(), []
+        self._guard_registry_keys(tx, "_modules")
+        for name in self.module._modules:
+            child = self._child(tx, name, "_modules")
+            if isinstance(child, NNModuleVariable) and id(child.module) not in seen:
+                seen.add(id(child.module))
+                out.append((name, child))
+        return out
+
     # Containers: Sequential, ModuleList, ModuleDict.
     def _children(self, tx):
         self._guard_registry_keys(tx, "_modules")
@@ -219,6 +267,69 @@ class NNModuleVariable(VariableTracker):
 
     def __repr__(self):
         return f"NNModuleVariable({type(self.module).__name__})"
+
+
+# torch.nn.Module's generator methods over its members, modelled by ModuleMembersMethod (a class
+# that overrides one is inlined as any method is).
+_MEMBER_GENERATORS = {name: torch.nn.Module.__dict__[name] for name in (
+    "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+    "modules", "named_modules")}
+
+
+def _bound(fn, args, kwargs) -> dict:
+    """The call's constant arguments bound to `fn`'s parameters (self given), defaults applied."""
+    try:
+        values = [a.as_python_constant() for a in args]
+        kw = {k: v.as_python_constant() for k, v in kwargs.items()}
+    except Unsupported:
+        raise Unsupported(f"Module.{fn.__name__}() with non-constant arguments") from None
+    bound = inspect.signature(fn).bind(None, *values, **kw)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+class ModuleMembersMethod(VariableTracker):
+    """`module.parameters` and kin (torch.nn.Module's own): a call yields what Module's generator
+    would, read at trace time through the module's registries, every one of them guarded."""
+
+    def __init__(self, module: NNModuleVariable, name: str):
+        super().__init__(None)
+        self.module = module
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        a = _bound(_MEMBER_GENERATORS[self.name], args, kwargs)
+        mod = self.module
+        if self.name in ("parameters", "named_parameters", "buffers", "named_buffers"):
+            registry = "_parameters" if "parameters" in self.name else "_buffers"
+            pairs = mod.named_members(tx, registry, a.get("prefix", ""), a["recurse"],
+                                      a.get("remove_duplicate", True))
+        elif self.name in ("children", "named_children"):
+            pairs = mod.named_children(tx)
+        else:
+            if a.get("memo") is not None:
+                raise Unsupported("Module.named_modules() with a memo")
+            pairs = mod.named_modules(tx, set(), a.get("prefix", ""),
+                                      a.get("remove_duplicate", True))
+        if self.name.startswith("named_"):
+            return ModuleMembersVariable([TupleVariable([ConstantVariable(n), v])
+                                          for n, v in pairs])
+        return ModuleMembersVariable([v for _, v in pairs])
+
+    def __repr__(self):
+        return f"ModuleMembersMethod({self.name})"
+
+
+class ModuleMembersVariable(ListIteratorVariable):
+    """The generator a ModuleMembersMethod call returns, as the items it will yield: used up in
+    the graph (next(), a loop, list()); it cannot outlive it (a generator part-way through
+    cannot be rebuilt)."""
+
+    def python_type(self):
+        return types.GeneratorType
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported("a generator over a module's members outliving the graph")
 
 
 def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":

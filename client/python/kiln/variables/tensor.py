@@ -28,6 +28,9 @@ class TensorVariable(VariableTracker):
         # The tracker of the tensor object this one is, where an op returned one of its inputs
         # (x.add_(1) returns x itself): `y is x` holds, as in eager.
         self.alias_of = None
+        # The tensor's Python class: a graph input's or attribute's own (an nn.Parameter; its
+        # TENSOR_MATCH guard pins it), torch.Tensor for what an op computes.
+        self.python_class = torch.Tensor
 
     def same_object(self) -> "TensorVariable":
         """The first tracker of the tensor object this one stands for."""
@@ -40,7 +43,7 @@ class TensorVariable(VariableTracker):
     identity_pinned = False
 
     def python_type(self):
-        return torch.Tensor  # examples are FakeTensors; the guards pin the real class
+        return self.same_object().python_class
 
     def truth(self, tx):
         raise Unsupported("data-dependent branch on a tensor's value")

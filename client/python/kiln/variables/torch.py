@@ -134,7 +134,8 @@ class TorchVariable(ValueVariable):
             tx.output.guards.add(None, "GLOBAL_STATE")
             return ConstantVariable(torch.get_default_dtype())
         if fn is torch.is_tensor:
-            return ConstantVariable(args[0].python_type() is torch.Tensor)
+            cls = args[0].python_type()
+            return ConstantVariable(isinstance(cls, type) and issubclass(cls, torch.Tensor))
         if fn in (torch.no_grad, torch.enable_grad) and not args and not kwargs:
             return GradModeVariable(fn is torch.enable_grad)
         if isinstance(fn, type):
