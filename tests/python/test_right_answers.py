@@ -639,3 +639,32 @@ def test_isinstance_whose_metaclass_looks_at_the_object_is_answered_as_eager_ans
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
         _assert_same(kiln.compile(_storage_check, backend="eager")(x), _storage_check(x))
+
+
+class _Slot:
+    pass
+
+
+def _swap_objects(new_tensor, holder):
+    old, old_tensor = holder.obj, holder.t  # read, then replaced below
+    holder.obj = _Slot()
+    holder.t = new_tensor
+    kept = holder.kept
+    holder.kept = None
+    kept.n = 1  # a store to the object read before its attribute was cleared
+    return old, old_tensor
+
+
+def test_values_read_before_an_attribute_store_are_the_ones_the_frame_returns():
+    # No tensor op: every returned value is rebuilt from where the frame read it, which the
+    # replayed stores then change; the transformed code reads them before it stores.
+    opt = kiln.compile(_swap_objects, backend=CompileCounter())
+    for _ in range(2):
+        holder = _Slot()
+        holder.obj, holder.t, holder.kept = _Slot(), torch.ones(2), _Slot()
+        first_obj, first_kept = holder.obj, holder.kept
+        old, old_tensor = opt(torch.zeros(2), holder)
+        assert old is first_obj and holder.obj is not first_obj
+        torch.testing.assert_close(old_tensor, torch.ones(2))
+        torch.testing.assert_close(holder.t, torch.zeros(2))
+        assert holder.kept is None and first_kept.n == 1

@@ -17,6 +17,7 @@ from kiln.graph import stand_in
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
+from kiln.variables.side_effects import replay_statements
 
 log = logging.getLogger("kiln")
 
@@ -39,14 +40,17 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
-    rebuild = Reconstructor(consts, use_graph=op_count > 0)
+    rebuild = Reconstructor(consts, use_graph=op_count > 0,
+                            snapshot=bool(output.attribute_stores))
     graph_break = capture.graph_break
     if graph_break is None:
         body = [f"return {rebuild(capture.returned)}"]
         resumes = []
     else:
         body, resumes = break_body(func, code, graph_break, rebuild, consts)
-    body = rebuild.prelude + body
+    # The frame's attribute assignments, after the graph and before anything else runs.
+    stores = replay_statements(output, rebuild)
+    body = rebuild.prelude + stores + body
     compile_id = next_compile_id()
     name = f"__compiled_fn_{compile_id}"
     gm = None

@@ -564,6 +564,29 @@ class ParametersOfASubmoduleAndTheirCount(nn.Module):
         return x, sum(1 for _ in self.blocks.modules())
 
 
+@module((2, 4), frames=2)  # eagerly, only the Linear's own frame would be a graph: one
+class CountsItsCalls(nn.Module):
+    """A plain attribute assigned in forward (Module.__setattr__ stores it as is): read back in
+    the trace, replayed after the graph; each new count is another guard value."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+        self.cache = None
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x) * self.calls
+        self.cache = y.detach()
+        return y
+
+    def __eq__(self, other):
+        return self.calls == other.calls and torch.equal(self.cache, other.cache)
+
+    __hash__ = nn.Module.__hash__
+
+
 @pytest.mark.parametrize("case", corpus.cases)
 def test_program(case):
     case.run()

@@ -107,12 +107,36 @@ class _State:
         return self.last is None or torch.equal(self.last, other.last)
 
 
-# Assigning attributes of a user object is unsupported: the frame runs eagerly.
-@corpus((3,), lambda: _State(), frames=0, breaks=1)
+# Assignments to attributes of a user object: read back by the trace, replayed after the graph
+# (state compared with eager's after each call).
+@corpus((3,), lambda: _State(), frames=1, breaks=0)
 def object_attribute_assignment(x, state):
     state.steps += 1
     state.last = x * 2
     return x + state.steps
+
+
+
+@corpus((3,), lambda: _State(), frames=2, breaks=1)
+def object_attribute_assignment_around_a_break(x, state):
+    state.steps += 1
+    state.last = x * 2
+    print("corpus: a break after the stores")  # the break sees them made
+    state.steps += 10
+    return x + state.steps
+
+
+def _swap_through(x, state):
+    before = state.last  # read, then replaced: the return gives what was read
+    state.last = x * 3
+    state.steps = 7
+    return before
+
+
+@corpus((3,), lambda: _State(), frames=1, breaks=0)
+def attribute_read_then_replaced_returns_what_was_read(x, state):
+    state.last = x + 1
+    return _swap_through(x, state), state.last
 
 
 COUNTER = 0

@@ -57,16 +57,21 @@ class Reconstructor:
     - `codegen.constant(value)`: a literal, or a reference into the constants tuple;
     - `codegen.tensor(vt)`: a tensor, from the compiled graph's outputs with `use_graph`, else
       from its source (no op was recorded);
+    - `codegen.source(source)`: the value the frame read from `source`; with `snapshot`
+      (the transformed code replays attribute stores) read once into a temporary before them,
+      so that a store cannot change what a later expression reads there;
     - `codegen.temp(vt, build)`: a mutable object built once into a temporary however often it
       is reached (a list on the stack and in a local), so the aliasing the program sees is kept;
     - `codegen.fresh_object(vt, cls, attrs)`: an object the frame made, from its attributes."""
 
-    def __init__(self, consts: ConstTable, use_graph: bool = True):
+    def __init__(self, consts: ConstTable, use_graph: bool = True, snapshot: bool = False):
         self.consts = consts
         self.outputs = OutputCollector()
         self.use_graph = use_graph
+        self.snapshot = snapshot
         self.prelude: List[str] = []
         self._memo: Dict[int, str] = {}
+        self._read: Dict[object, str] = {}  # source -> its temporary (snapshot)
 
     def __call__(self, vt) -> str:
         return vt.reconstruct(self)
@@ -81,7 +86,16 @@ class Reconstructor:
             return f"__kiln_out[{self.outputs.slot(vt.node)}]"
         if vt.source is None:
             raise Unsupported("a tensor with no source and no graph to compute it")
-        return vt.source.expr(self.consts)
+        return self.source(vt.source)
+
+    def source(self, source) -> str:
+        if not self.snapshot:
+            return source.expr(self.consts)
+        name = self._read.get(source)
+        if name is None:
+            name = self._read[source] = f"__kiln_s{len(self._read)}"
+            self.prelude.append(f"{name} = {source.expr(self.consts)}")
+        return name
 
     def temp(self, vt, build: Callable[[], str]) -> str:
         """`build()`'s object in a temporary, built once per tracker."""

@@ -140,7 +140,7 @@ class VariableTracker:
         ran (`codegen`: kiln.transform.codegen.Reconstructor). By default the value is read
         again from its source, or is a constant object."""
         if self.source is not None:
-            return self.source.expr(codegen.consts)
+            return codegen.source(self.source)
         try:
             return codegen.constant(self.as_python_constant())
         except Unsupported:

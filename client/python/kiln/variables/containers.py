@@ -124,7 +124,7 @@ class BaseListVariable(ContainerVariable):
     def reconstruct(self, codegen) -> str:
         if self.source is not None and not self.mutable:
             # The program's own object: it may be mutated or compared by identity later.
-            return self.source.expr(codegen.consts)
+            return codegen.source(self.source)
         return self.build(codegen)
 
     def build(self, codegen) -> str:
@@ -334,7 +334,7 @@ class ConstDictVariable(ContainerVariable):
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None and not self.mutable:
-            return self.source.expr(codegen.consts)
+            return codegen.source(self.source)
         if self.user_type is not dict:
             raise Unsupported(f"rebuilding a {self.user_type.__name__}")
 

@@ -17,6 +17,7 @@ from kiln.variables.class_attr import class_source, guard_class_member
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListIteratorVariable, ListVariable, TupleVariable
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.side_effects import mutations_of
 
 _nn_hooks = torch.nn.modules.module
 
@@ -81,6 +82,9 @@ class NNModuleVariable(VariableTracker):
         if name == "__class__":
             # The module's identity is guarded (ID_MATCH), and with it its class.
             return tx.wrap(cls, None)
+        pending = mutations_of(tx.output).load(mod, name)
+        if pending is not None:  # the frame assigned it (store_attr): what it reads back
+            return pending
         if inspect.getattr_static(cls, "__getattribute__") is not object.__getattribute__:
             raise Unsupported(f"{cls.__name__} has its own __getattribute__")
         static = _class_attr_or_missing(cls, name)
@@ -106,6 +110,33 @@ class NNModuleVariable(VariableTracker):
             if name in d.get(registry, ()):
                 return self._child(tx, name, registry)
         raise Unsupported(f"{cls.__name__} has no attribute {name!r}")
+
+    def store_attr(self, tx, name, value):
+        """`module.name = value` for a plain attribute (a counter, a flag, a cached tensor): a
+        store held pending and replayed after the graph (side_effects). Where Module.__setattr__
+        would do more (register a parameter, a buffer or a submodule, or a property's setter
+        runs), the frame breaks instead."""
+        mod = self.module
+        cls = type(mod)
+        if inspect.getattr_static(cls, "__setattr__") is not torch.nn.Module.__setattr__:
+            raise Unsupported(f"assignment to an attribute of {cls.__name__}, which has its own "
+                              "__setattr__")
+        if isinstance(value, NNModuleVariable) or (
+                value.python_type() is not None and isinstance(value.python_type(), type)
+                and issubclass(value.python_type(), torch.nn.Parameter)):
+            raise Unsupported(f"assignment of a module or parameter to {cls.__name__}.{name}")
+        static = _class_attr_or_missing(cls, name)
+        if static is not _MISSING and hasattr(type(static), "__set__"):
+            raise Unsupported(f"assignment to {cls.__name__}.{name} through a descriptor")
+        if self.source is None:
+            raise Unsupported(f"assignment to an attribute of a module made in the frame")
+        for registry in ("_parameters", "_buffers", "_modules"):
+            if name in mod.__dict__[registry]:
+                raise Unsupported(f"assignment to {cls.__name__}.{name}, one of its {registry}")
+            # Still a plain attribute when the store is replayed.
+            tx.output.guards.add(InstanceAttrSource(self.source, registry), "NO_ITEM", name)
+        self._guard_class_member(tx, "__setattr__", torch.nn.Module.__setattr__, always=False)
+        mutations_of(tx.output).store(mod, self.source, name, value)
 
     def _class_attr(self, tx, name, static):
         mod = self.module

@@ -1,14 +1,20 @@
 """Attribute assignments the frame makes to objects that outlive it (`self.flag = True` on a
-global helper object): held as pending stores while tracing, and checked when the trace ends.
+global helper object, `self.steps += 1` on a module): held as pending stores while tracing (later
+reads in the trace see them), and replayed by the transformed code.
 
 Contract with the executor: STORE_ATTR calls `tracker.store_attr(tx, name, value)` where the
-tracker has one; when the root frame returns, `finish(tx.output)` must be called before the
-transformed code is written. A store whose final value equals, as a constant, the value the
+tracker has one; when the root frame returns or breaks, `finish(tx.output)` must be called before
+the transformed code is written. A store whose final value equals, as a constant, the value the
 attribute held before the frame ran is a net no-op: it is dropped and a guard pins the entry
-value. Any other store would have to be replayed after the graph, which kiln cannot do yet, so
-`finish` raises Unsupported: the compiled code never silently loses a mutation.
+value. Every other store is kept in `output.attribute_stores`, in the order the frame first made
+it, with its final value: the transformed code assigns each after the graph has run and before
+anything else runs (the instruction a graph break leaves to Python, the return). Nothing between
+the store and that point could observe the attribute: what the trace read, it read pending.
+Trackers only keep a store pending when a plain assignment is exactly what eager does (the
+object's class has object's or torch.nn.Module's __setattr__ for a plain attribute, and no data
+descriptor of that name), so `setattr` then does the same.
 """
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
@@ -40,9 +46,10 @@ class AttributeMutations:
     def restore(self, ckpt):
         self._stores = dict(ckpt)
 
-    def finish(self, guards):
-        """Drops the net no-op stores, pinning the entry value each relies on; raises
-        Unsupported for the first store that would have to be replayed."""
+    def finish(self, guards) -> List[Tuple[Source, str, object]]:
+        """Drops the net no-op stores, pinning the entry value each relies on; the others, as
+        (source of the object, attribute name, tracker of the final value), to replay."""
+        replay = []
         for (_, name), (obj, source, value) in self._stores.items():
             before = getattr(obj, "__dict__", {}).get(name, _MISSING)
             if (before is not _MISSING and is_guardable_constant(before)
@@ -51,9 +58,9 @@ class AttributeMutations:
                 if type(after) is type(before) and after == before:
                     guards.add(InstanceAttrSource(source, name), "CONSTANT_MATCH", before)
                     continue
-            raise Unsupported(f"assignment to {source.name}.{name} outlives the frame "
-                              "(replaying it after the graph is not supported)")
+            replay.append((source, name, value))
         self._stores.clear()
+        return replay
 
 
 def mutations_of(output) -> AttributeMutations:
@@ -66,6 +73,18 @@ def mutations_of(output) -> AttributeMutations:
 
 
 def finish(output):
+    """Ends the capture's pending stores: output.attribute_stores, what the transformed code
+    replays (see the module's docstring)."""
     m = getattr(output, "attr_mutations", None)
-    if m is not None:
-        m.finish(output.guards)
+    output.attribute_stores = m.finish(output.guards) if m is not None else []
+
+
+def replay_statements(output, rebuild) -> List[str]:
+    """The transformed code's assignments of output.attribute_stores: `rebuild` writes each
+    object's and value's expression (values computed by the graph come from its outputs; what
+    the frame read from a source, read before any store: rebuild.snapshot)."""
+    out = []
+    for source, name, value in output.attribute_stores:
+        setattr_ref = rebuild.constant(setattr)
+        out.append(f"{setattr_ref}({rebuild.source(source)}, {name!r}, {rebuild(value)})")
+    return out
