@@ -355,3 +355,25 @@ def test_break_inside_with_block_runs_the_frame_eagerly_and_restores_grad_mode(c
     assert torch.is_grad_enabled()
     assert cnt.frame_count == 0
     assert capsys.readouterr().out.count("kiln-test: inside no_grad") == 2
+
+
+class _Tally:
+    count = 0
+
+
+_TALLY = _Tally()
+
+
+def _counts_and_doubles(x):
+    _TALLY.count = _TALLY.count + 1
+    return x * 2
+
+
+def test_export_refuses_a_function_that_assigns_attributes_its_graph_cannot():
+    with pytest.raises(kiln.exc.Unsupported, match=r"assigns G\['_TALLY'\]\.count"):
+        kiln.export(_counts_and_doubles, torch.randn(3))
+    # Compiled, the assignment is replayed each call.
+    before = _TALLY.count
+    opt = kiln.compile(_counts_and_doubles, backend=CompileCounter())
+    torch.testing.assert_close(opt(torch.ones(2)), torch.full((2,), 2.0))
+    assert _TALLY.count == before + 1

@@ -84,6 +84,10 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.break_reason = graph_break.reason
         info.break_where = graph_break.where
         info.resume_codes = resumes
+    # What the transformed code assigns beside the graph (export refuses these: its graph
+    # cannot make them).
+    info.extra["attribute_stores"] = [f"{source.name}.{attr}"
+                                      for source, attr, _ in output.attribute_stores]
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

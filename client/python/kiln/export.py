@@ -64,6 +64,10 @@ def export(fn, *args, aten_graph: bool = False, decomposition_table=None,
     if len(capture.graphs) != 1:
         raise Unsupported(f"export needs exactly one graph, capture made {len(capture.graphs)}"
                           " (a function with no tensor operations has none)")
+    stores = capture.infos[-1].extra.get("attribute_stores")
+    if stores:
+        raise Unsupported(f"export: the function assigns {', '.join(stores)}, which a graph "
+                          "cannot do")
     gm = capture.graphs[0]
     if aten_graph:
         gm = _aten_graph(gm, capture.inputs, decomposition_table)
