@@ -37,7 +37,8 @@ struct Host {
       NestedFunctionVariable, SuperVariable;
   py::object wrap, apply_operator, mark_checkpoint, mutation_count, mutations_of;
   py::object traces_into, is_torch_file, can_split, offset_in_exception_table;
-  py::object LocalSource, GlobalSource, ClosureSource, ObjectSource, AttrSource, ItemSource;
+  py::object LocalSource, GlobalSource, ClosureSource, FrameCellSource, ObjectSource, AttrSource,
+      ItemSource;
 
   // The host of `obj`, made once per host object (normally one per process) and kept with it.
   static std::shared_ptr<const Host> Of(const py::object& obj) {
@@ -73,6 +74,7 @@ struct Host {
              {&Host::LocalSource, "LocalSource"},
              {&Host::GlobalSource, "GlobalSource"},
              {&Host::ClosureSource, "ClosureSource"},
+             {&Host::FrameCellSource, "FrameCellSource"},
              {&Host::ObjectSource, "ObjectSource"},
              {&Host::AttrSource, "AttrSource"},
              {&Host::ItemSource, "ItemSource"}}) {
@@ -674,6 +676,9 @@ py::object Translator::LoadDeref(const py::object& name) {
     if (py::isinstance(cell, host_->CellVariable)) return cell.attr("get")();
     py::tuple entry = cell;
     py::object cell_obj = entry[0];
+    // A cell the trace wrote (StoreDeref): what it wrote, replayed after the graph.
+    py::object pending = host_->mutations_of(output_).attr("load")(cell_obj, "cell_contents");
+    if (!pending.is_none()) return pending;
     PyObject* contents = PyCell_Get(cell_obj.ptr());
     if (contents == nullptr) {
       PyErr_Clear();
@@ -694,10 +699,29 @@ py::object Translator::LoadDeref(const py::object& name) {
 }
 
 void Translator::StoreDeref(const py::object& name, py::object value) {
-  if (!root_ && cells_.contains(name)) {
+  if (cells_.contains(name)) {
     py::object cell = cells_[name];
     if (py::isinstance(cell, host_->CellVariable)) {
-      cell.attr("set")(value);
+      if (!root_) {
+        cell.attr("set")(value);
+        return;
+      }
+    } else {
+      // A real cell from outside the frame (`nonlocal` in the compiled frame or in a function
+      // it inlined): a pending store of its contents, which later loads read back and the
+      // transformed code replays after the graph. The root frame's own cell is reached there
+      // through the frame (each closure of the code has its own); an inlined function's cell is
+      // that function's, which its guards pin.
+      py::tuple entry = cell;
+      py::object source;
+      if (root_) {
+        source = host_->FrameCellSource(name);
+      } else if (!host_->is_torch_file(code_.attr("co_filename")).cast<bool>()) {
+        source = host_->ObjectSource(entry[0], py::str("cell:" + Str(name)));
+      } else {
+        Unsupported("assignment to free variable " + Repr(name) + " of torch's own function");
+      }
+      host_->mutations_of(output_).attr("store")(entry[0], source, "cell_contents", value);
       return;
     }
   }

@@ -32,6 +32,7 @@ def _make_counter_fn():
 
     def bump():
         nonlocal count
+        print("a graph break inside the call")  # so the call runs at the break
         count += 10
 
     def fn(x):
@@ -198,3 +199,64 @@ def test_cells_of_a_resumed_frame_hold_what_eager_python_sees(fn, args, graphs):
     cnt = CompileCounter()
     torch.testing.assert_close(kiln.optimize(cnt)(fn)(*args), fn(*args))
     assert cnt.frame_count == graphs
+
+
+# `nonlocal` assignments: pending stores of the cell, read back by the trace and replayed after
+# the graph into the running frame's own cell (each closure of one code has its own).
+
+def _make_accumulator():
+    total = torch.zeros(3)
+    calls = 0
+
+    def step(x):
+        nonlocal total, calls
+        calls += 1
+        total = total + x * calls
+        _opaque(total)  # a break after the stores: the resume function reads them
+        return total * 2
+
+    return step, lambda: (total, calls)
+
+
+def test_nonlocal_assignments_land_in_each_closure_s_own_cells():
+    eager, eager_state = _make_accumulator()
+    one, one_state = _make_accumulator()
+    two, two_state = _make_accumulator()
+    cnt = CompileCounter()
+    opt_one, opt_two = kiln.optimize(cnt)(one), kiln.optimize(cnt)(two)
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(opt_one(x), eager(x))
+        torch.testing.assert_close(one_state()[0], eager_state()[0])
+        assert one_state()[1] == eager_state()[1]
+    torch.testing.assert_close(opt_two(torch.ones(3)), torch.full((3,), 2.0))
+    assert two_state()[1] == 1 and one_state()[1] == 3  # the other closure's cells untouched
+    assert cnt.frame_count >= 2  # each count a guard value; both halves of the break
+
+
+def _counter():
+    n = 0
+
+    def bump(v):
+        nonlocal n
+        n += 1
+        return v + n
+
+    return bump, lambda: n
+
+
+_BUMP, _BUMPED = _counter()
+
+
+def _calls_bump(x):
+    return _BUMP(x) * 2
+
+
+def test_an_inlined_function_s_nonlocal_assignment_is_replayed_into_its_cell():
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(_calls_bump)
+    torch.testing.assert_close(opt(torch.zeros(2)), torch.full((2,), 2.0))
+    assert _BUMPED() == 1
+    torch.testing.assert_close(opt(torch.zeros(2)), torch.full((2,), 4.0))
+    assert _BUMPED() == 2
+    assert cnt.frame_count == 2  # one graph per value of n: no break, no eager frame

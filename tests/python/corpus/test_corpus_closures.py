@@ -200,8 +200,9 @@ def print_in_frame_with_inner_function(x):
     return mul(x)
 
 
-# `add` assigns a free variable; run as its own frame (its caller is eager) it is eager too.
-@corpus((3,), frames=0, breaks=2)
+# The caller runs eagerly (`add`, made before the break, is live after it); `add`, run as its
+# own frame, assigns its free variable: a store replayed into its cell (no tensor op: no graph).
+@corpus((3,), frames=0, breaks=1)
 def item_in_frame_with_nonlocal(x):
     acc = 0.0
 

@@ -61,6 +61,7 @@ class CaptureHost:
         self.LocalSource = source.LocalSource
         self.GlobalSource = source.GlobalSource
         self.ClosureSource = source.ClosureSource
+        self.FrameCellSource = source.FrameCellSource
         self.ObjectSource = source.ObjectSource
         self.AttrSource = source.AttrSource
         self.ItemSource = source.ItemSource

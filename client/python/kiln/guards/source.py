@@ -136,6 +136,28 @@ class ClosureSource(Source):
         return self.index
 
 
+class FrameCellSource(Source):
+    """The cell of the compiled frame's free variable `var` itself (not its contents): what a
+    `nonlocal var` assignment writes. The transformed code reaches the running frame's own cell
+    through a lambda over the same name. Never guarded (ClosureSource guards the contents)."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, var: str):
+        self.var = var
+
+    name = property(lambda self: f"C[{self.var!r}] (its cell)")
+
+    def _guard_path(self):
+        raise TypeError("the cell of a free variable is not guarded (its contents are)")
+
+    def expr(self, consts):
+        return f"(lambda: {self.var}).__closure__[0]"
+
+    def _key(self):
+        return self.var
+
+
 class ObjectSource(Source):
     """A fixed object the guards hold on to: another module's globals dict, a closure cell."""
 
