@@ -668,3 +668,19 @@ def test_values_read_before_an_attribute_store_are_the_ones_the_frame_returns():
         torch.testing.assert_close(old_tensor, torch.ones(2))
         torch.testing.assert_close(holder.t, torch.zeros(2))
         assert holder.kept is None and first_kept.n == 1
+
+
+def _insert_before_and_return_the_old_first(x, items):
+    old = items[0]  # read, then moved by the insert below
+    items.insert(0, x)
+    return old, items
+
+
+def test_a_list_argument_mutated_is_the_same_list_with_eager_s_items():
+    opt = kiln.compile(_insert_before_and_return_the_old_first, backend=CompileCounter())
+    for _ in range(2):
+        items = [torch.ones(1)]
+        first = items[0]
+        old, same = opt(torch.zeros(1), items)
+        assert old is first and same is items
+        assert len(items) == 2 and items[0].item() == 0.0 and items[1] is first

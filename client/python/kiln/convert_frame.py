@@ -17,7 +17,7 @@ from kiln.graph import stand_in
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
-from kiln.variables.side_effects import replay_statements
+from kiln.variables.side_effects import replay_statements, stores_named
 
 log = logging.getLogger("kiln")
 
@@ -41,7 +41,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     consts = ConstTable()
     op_count = output.count_calls()
     rebuild = Reconstructor(consts, use_graph=op_count > 0,
-                            snapshot=bool(output.attribute_stores))
+                            snapshot=bool(output.attribute_stores or output.list_stores))
     graph_break = capture.graph_break
     if graph_break is None:
         body = [f"return {rebuild(capture.returned)}"]
@@ -86,8 +86,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.resume_codes = resumes
     # What the transformed code assigns beside the graph (export refuses these: its graph
     # cannot make them).
-    info.extra["attribute_stores"] = [f"{source.name}.{attr}"
-                                      for source, attr, _ in output.attribute_stores]
+    info.extra["attribute_stores"] = stores_named(output)
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

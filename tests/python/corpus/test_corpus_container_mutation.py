@@ -11,7 +11,7 @@ from .harness import Corpus, t
 corpus = Corpus()
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def extend_local_list_after_break(x):
     outs = [x]
     print("corpus: extend")
@@ -19,7 +19,7 @@ def extend_local_list_after_break(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def insert_into_local_list_after_break(x):
     outs = [x]
     print("corpus: insert")
@@ -27,7 +27,7 @@ def insert_into_local_list_after_break(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def pop_from_local_list_after_break(x):
     outs = [x, x + 1]
     print("corpus: pop")
@@ -35,7 +35,7 @@ def pop_from_local_list_after_break(x):
     return outs, last
 
 
-@corpus((3,), frames=0, breaks=2)
+@corpus((3,), frames=0, breaks=1)
 def clear_local_list_after_break(x):
     outs = [x]
     print("corpus: clear")
@@ -43,7 +43,7 @@ def clear_local_list_after_break(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=3)
+@corpus((3,), frames=1, breaks=2)
 def sort_and_reverse_int_list_after_break(x):
     order = [3, 1, 2]
     print("corpus: sort")
@@ -52,7 +52,7 @@ def sort_and_reverse_int_list_after_break(x):
     return x * order[0], order
 
 
-@corpus((3,), frames=0, breaks=2)
+@corpus((3,), frames=0, breaks=1)
 def append_through_an_alias_after_break(x):
     a = []
     b = a
@@ -61,7 +61,7 @@ def append_through_an_alias_after_break(x):
     return b
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def append_to_inner_list_after_break(x):
     rows = [[x]]
     print("corpus: rows")
@@ -69,13 +69,13 @@ def append_to_inner_list_after_break(x):
     return rows
 
 
-@corpus((3,), lambda: {"a": [t(3)]}, frames=1, breaks=1)
+@corpus((3,), lambda: {"a": [t(3)]}, frames=1, breaks=0)
 def append_to_list_inside_dict_argument(x, d):
     d["a"].append(x)
     return x + 1
 
 
-@corpus(lambda: torch.ones(3), frames=2, breaks=2)
+@corpus(lambda: torch.ones(3), frames=2, breaks=1)
 def append_in_branch_on_tensor_value(x):
     outs = [x]
     if x.sum() > 0:
@@ -83,7 +83,7 @@ def append_in_branch_on_tensor_value(x):
     return outs
 
 
-@corpus(lambda: torch.ones(3), frames=2, breaks=2)
+@corpus(lambda: torch.ones(3), frames=2, breaks=1)
 def append_after_item(x):
     outs = []
     for i in range(2):
@@ -93,7 +93,7 @@ def append_after_item(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def list_returned_twice_after_append(x):
     outs = [x]
     print("corpus: twice")
@@ -101,7 +101,7 @@ def list_returned_twice_after_append(x):
     return outs, outs
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def append_to_list_in_local_dict_after_break(x):
     o = {"buf": []}
     o["buf"].append(x)
@@ -117,8 +117,8 @@ def _append_print_append(outs, x):
 
 
 # The callee breaks, so the root breaks at the call; in the callee's own frame `outs` is from
-# outside: append (break), print (break), x * 2 then append (break, the one graph).
-@corpus((3,), frames=1, breaks=4)
+# outside: the first append is replayed before its print (a break), the second after x * 2.
+@corpus((3,), frames=1, breaks=2)
 def callee_appends_around_its_break(x):
     outs = []
     _append_print_append(outs, x)
@@ -150,8 +150,8 @@ def callee_appends_to_root_list_then_root_breaks(x):
     return outs
 
 
-@corpus((3,), frames=1, breaks=2)
-def store_into_local_list_after_break_runs_resume_eagerly(x):
+@corpus((3,), frames=2, breaks=1)
+def store_into_local_list_after_break(x):
     outs = [x, x + 1]
     print("corpus: setitem")
     outs[0] = x * 5

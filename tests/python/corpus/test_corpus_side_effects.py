@@ -15,14 +15,14 @@ from .harness import Corpus, clone_tree, t
 corpus = Corpus()
 
 
-# Appending to a list from outside the frame is a call kiln does not trace: a graph break.
-@corpus((3,), lambda: [], frames=2, breaks=1)
+# Mutating a list from outside the frame: its final items are assigned into it after the graph.
+@corpus((3,), lambda: [], frames=1, breaks=0)
 def append_to_list_argument(x, acc):
     acc.append(x * 2)
     return x + 1
 
 
-# Storing into a dict or list from outside the frame is unsupported: the frame runs eagerly.
+# Storing into a dict from outside the frame is unsupported: the frame runs eagerly.
 @corpus((3,), lambda: {"old": torch.zeros(3)}, frames=0, breaks=1)
 def store_into_dict_argument(x, cache):
     cache["new"] = x.exp()
@@ -30,7 +30,7 @@ def store_into_dict_argument(x, cache):
     return len(cache)
 
 
-@corpus((3,), lambda: [t(3), t(3)], frames=0, breaks=1)
+@corpus((3,), lambda: [t(3), t(3)], frames=1, breaks=0)
 def replace_list_argument_elements(x, xs):
     xs[0] = xs[0] + x
     xs.pop()
@@ -38,7 +38,7 @@ def replace_list_argument_elements(x, xs):
     return xs[-1]
 
 
-@corpus((3,), lambda: [1, 2], frames=1, breaks=1)
+@corpus((3,), lambda: [1, 2], frames=1, breaks=0)
 def int_list_argument_mutated(x, sizes):
     sizes.append(len(sizes) + 1)
     return x * sum(sizes)
@@ -52,8 +52,8 @@ def inplace_mutation_before_and_after_break(x):
     return x.sum()
 
 
-# Breaks: the first append, print, the second append (whose argument x * 2 is the prefix).
-@corpus((4,), lambda: [], frames=2, breaks=3)
+# The first append is replayed before the print (its break), the second after the resume's graph.
+@corpus((4,), lambda: [], frames=2, breaks=1)
 def list_argument_appended_across_break(x, log):
     log.append(x + 1)
     print("corpus: break with a pending append")
@@ -61,8 +61,8 @@ def list_argument_appended_across_break(x, log):
     return len(log)
 
 
-# In the resume function `outs` comes from outside: its append is a second break.
-@corpus((3,), frames=3, breaks=2)
+# In the resume function `outs` comes from outside: its append is replayed into it.
+@corpus((3,), frames=2, breaks=1)
 def local_list_carried_across_break(x):
     outs = [x.sin()]
     print("corpus: local list")

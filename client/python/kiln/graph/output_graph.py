@@ -49,6 +49,18 @@ class ContainerMemo:
         self._trackers[(id(obj), guarded)] = tracker
         self._objects.append(obj)
         tracker.outside_object = obj
+        tracker.outside_guarded = guarded
+        tracker.outside_memo = self
+
+    def other_tracker(self, tracker):
+        """The other tracker of `tracker`'s object (read guarded where it was not, or the
+        reverse), or None."""
+        return self._trackers.get((id(tracker.outside_object), not tracker.outside_guarded))
+
+    def replayed(self) -> list:
+        """The trackers of the outside containers the frame mutated (their `replayed` flag), in
+        the order they were read."""
+        return [t for t in self._trackers.values() if getattr(t, "replayed", False)]
 
 
 class OutputGraph:

@@ -122,8 +122,9 @@ class BaseListVariable(ContainerVariable):
         return ConstantVariable(False)
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None and not self.mutable:
-            # The program's own object: it may be mutated or compared by identity later.
+        if self.source is not None and (not self.mutable or getattr(self, "replayed", False)):
+            # The program's own object: it may be mutated or compared by identity later (a
+            # replayed list gets its new items in place).
             return codegen.source(self.source)
         return self.build(codegen)
 
@@ -234,8 +235,16 @@ class ListVariable(BaseListVariable):
 
     def _check_mutable(self):
         if not self.mutable:
-            # Mutating a list the caller can see needs replaying the mutation after the graph.
-            raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame")
+            # A list the caller can see: its final items are replayed into it after the graph
+            # (side_effects.replay_statements). Only a list read under guards, and through one
+            # tracker: another tracker of the same list would not see the mutation.
+            if not (type(self) is ListVariable and self.source is not None
+                    and getattr(self, "outside_guarded", False)
+                    and self.outside_memo.other_tracker(self) is None):
+                raise Unsupported(f"mutation of {self.source.name}, a list from outside the "
+                                  "frame read also where its reads are not guarded")
+            self.mutable = True
+            self.replayed = True
         note_mutation(self.serial)
 
     def call_method(self, tx, name, args, kwargs):
