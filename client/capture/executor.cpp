@@ -403,6 +403,7 @@ class Translator {
   bool OpBinarySubscr(const Instruction& inst);
   bool OpBinarySlice(const Instruction& inst);
   bool OpStoreSubscr(const Instruction& inst);
+  bool OpDeleteSubscr(const Instruction& inst);
   bool OpStoreSlice(const Instruction& inst);
   bool OpBuildTuple(const Instruction& inst);
   bool OpBuildList(const Instruction& inst);
@@ -538,6 +539,7 @@ const std::array<OpInfo, 256>& OpTable() {
         {"BINARY_SUBSCR", &T::OpBinarySubscr},
         {"BINARY_SLICE", &T::OpBinarySlice},
         {"STORE_SUBSCR", &T::OpStoreSubscr},
+        {"DELETE_SUBSCR", &T::OpDeleteSubscr},
         {"STORE_SLICE", &T::OpStoreSlice},
         {"BUILD_TUPLE", &T::OpBuildTuple},
         {"BUILD_LIST", &T::OpBuildList},
@@ -1255,6 +1257,13 @@ bool Translator::OpStoreSubscr(const Instruction& inst) {
   py::object obj = Pop();
   py::object value = Pop();
   obj.attr("setitem")(Self(), index, value);
+  return false;
+}
+
+bool Translator::OpDeleteSubscr(const Instruction& inst) {
+  py::object index = Pop();
+  py::object obj = Pop();
+  obj.attr("delitem")(Self(), index);
   return false;
 }
 

@@ -684,3 +684,25 @@ def test_a_list_argument_mutated_is_the_same_list_with_eager_s_items():
         old, same = opt(torch.zeros(1), items)
         assert old is first and same is items
         assert len(items) == 2 and items[0].item() == 0.0 and items[1] is first
+
+
+def _cache_update(x, cache):
+    cache["new"] = x.exp()
+    old = cache.pop("old")
+    del cache["gone"]
+    cache["later"] = old + 1
+    return len(cache), old
+
+
+def test_a_dict_argument_mutated_has_eager_s_items_in_eager_s_order():
+    opt = kiln.compile(_cache_update, backend=CompileCounter())
+    for _ in range(2):
+        x = torch.randn(3)
+        mine = {"old": torch.zeros(3), "keep": 1, "gone": 2}
+        theirs = {"old": torch.zeros(3), "keep": 1, "gone": 2}
+        same = mine
+        got, want = opt(x, mine), _cache_update(x, theirs)
+        assert same is mine and got[0] == want[0] and list(mine) == list(theirs)
+        torch.testing.assert_close(got[1], want[1])
+        for k in theirs:
+            _assert_same(mine[k], theirs[k])

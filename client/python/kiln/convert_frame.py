@@ -41,7 +41,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     consts = ConstTable()
     op_count = output.count_calls()
     rebuild = Reconstructor(consts, use_graph=op_count > 0,
-                            snapshot=bool(output.attribute_stores or output.list_stores))
+                            snapshot=bool(output.attribute_stores or output.container_stores))
     graph_break = capture.graph_break
     if graph_break is None:
         body = [f"return {rebuild(capture.returned)}"]

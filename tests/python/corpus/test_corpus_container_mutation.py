@@ -158,15 +158,15 @@ def store_into_local_list_after_break(x):
     return outs
 
 
-@corpus((3,), frames=0, breaks=2)
-def store_into_local_dict_after_break_runs_resume_eagerly(x):
+@corpus((3,), frames=1, breaks=1)
+def store_into_local_dict_after_break(x):
     d = {}
     print("corpus: dict setitem")
     d["k"] = x * 5
     return d
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def dict_update_after_break(x):
     d = {"a": x}
     print("corpus: update")

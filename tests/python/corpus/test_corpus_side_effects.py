@@ -22,8 +22,9 @@ def append_to_list_argument(x, acc):
     return x + 1
 
 
-# Storing into a dict from outside the frame is unsupported: the frame runs eagerly.
-@corpus((3,), lambda: {"old": torch.zeros(3)}, frames=0, breaks=1)
+# Storing into and deleting from a dict from outside the frame: its final items, in their order,
+# put back into it after the graph.
+@corpus((3,), lambda: {"old": torch.zeros(3)}, frames=1, breaks=0)
 def store_into_dict_argument(x, cache):
     cache["new"] = x.exp()
     del cache["old"]
@@ -70,8 +71,8 @@ def local_list_carried_across_break(x):
     return torch.stack(outs)
 
 
-# In the resume function `d` comes from outside: storing into it runs the resume eagerly.
-@corpus((3,), frames=1, breaks=2)
+# In the resume function `d` comes from outside: its store is put back into it after the graph.
+@corpus((3,), frames=2, breaks=1)
 def local_dict_carried_across_break(x):
     d = {"a": x + 1}
     d["b"] = x * 2

@@ -110,6 +110,10 @@ class VariableTracker:
     def getitem(self, tx, index: "VariableTracker") -> "VariableTracker":
         raise Unsupported(f"indexing {self}")
 
+    def delitem(self, tx, index: "VariableTracker") -> None:
+        """`del value[index]` (DELETE_SUBSCR)."""
+        raise Unsupported(f"del of an item of {self}")
+
     def setitem(self, tx, index: "VariableTracker", value: "VariableTracker") -> None:
         raise Unsupported(f"item assignment on {self}")
 

@@ -62,6 +62,20 @@ class ContainerVariable(VariableTracker):
     def values(self) -> List[VariableTracker]:
         raise NotImplementedError
 
+    def _replay_outside(self) -> bool:
+        """Lets the frame mutate this container from outside it, its final contents assigned
+        into it in place after the graph (side_effects.replay_statements), where that is exact:
+        a plain list or dict, read under guards and through this one tracker (another tracker of
+        the same object would not see the mutation). False where it is not."""
+        if not (type(self) in (ListVariable, ConstDictVariable) and self.source is not None
+                and self.python_type() in (list, dict)
+                and getattr(self, "outside_guarded", False)
+                and self.outside_memo.other_tracker(self) is None):
+            return False
+        self.mutable = True
+        self.replayed = True
+        return True
+
     def identity(self, tx):
         # A container from outside is the object it was read from; one the frame made is its
         # tracker.
@@ -234,18 +248,23 @@ class ListVariable(BaseListVariable):
         return list
 
     def _check_mutable(self):
-        if not self.mutable:
-            # A list the caller can see: its final items are replayed into it after the graph
-            # (side_effects.replay_statements). Only a list read under guards, and through one
-            # tracker: another tracker of the same list would not see the mutation.
-            if not (type(self) is ListVariable and self.source is not None
-                    and getattr(self, "outside_guarded", False)
-                    and self.outside_memo.other_tracker(self) is None):
-                raise Unsupported(f"mutation of {self.source.name}, a list from outside the "
-                                  "frame read also where its reads are not guarded")
-            self.mutable = True
-            self.replayed = True
+        if not self.mutable and not self._replay_outside():
+            raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame "
+                              "read also where its reads are not guarded")
         note_mutation(self.serial)
+
+    def delitem(self, tx, index):
+        key = index.as_python_constant()
+        try:
+            self.items[key]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"del of item {key!r}: {type(e).__name__} while tracing") from None
+        self._check_mutable()
+        del self.items[key]
+
+    def replay(self, codegen, target: str) -> str:
+        """The statement that gives the list from outside the frame its final items."""
+        return f"{target}[:] = [{', '.join(codegen(v) for v in self.items)}]"
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("append", "extend", "insert", "pop", "clear", "reverse"):
@@ -316,9 +335,23 @@ class ConstDictVariable(ContainerVariable):
         return list(self.items.values())
 
     def _check_mutable(self):
-        if not self.mutable:
-            raise Unsupported(f"mutation of {self.source.name}, a dict from outside the frame")
+        if not self.mutable and not self._replay_outside():
+            raise Unsupported(f"mutation of {self.source.name}, a {self.user_type.__name__} "
+                              "from outside the frame")
         note_mutation(self.serial)
+
+    def delitem(self, tx, index):
+        key = index.as_python_constant()
+        if key not in self.items:
+            raise Unsupported(f"KeyError {key!r} while tracing")
+        self._check_mutable()
+        del self.items[key]
+
+    def replay(self, codegen, target: str) -> str:
+        """The statement that gives the dict from outside the frame its final items, in their
+        order."""
+        items = ", ".join(f"{codegen.constant(k)}: {codegen(v)}" for k, v in self.items.items())
+        return f"{target}.clear(); {target}.update({{{items}}})"
 
     def python_type(self):
         return self.user_type
@@ -342,7 +375,7 @@ class ConstDictVariable(ContainerVariable):
         return [ConstantVariable(k) for k in self.items]
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None and not self.mutable:
+        if self.source is not None and (not self.mutable or getattr(self, "replayed", False)):
             return codegen.source(self.source)
         if self.user_type is not dict:
             raise Unsupported(f"rebuilding a {self.user_type.__name__}")

@@ -73,19 +73,19 @@ def mutations_of(output) -> AttributeMutations:
 
 
 def finish(output):
-    """Ends the capture's pending stores: output.attribute_stores and output.list_stores, what
-    the transformed code replays (see the module's docstring)."""
+    """Ends the capture's pending stores: output.attribute_stores and output.container_stores,
+    what the transformed code replays (see the module's docstring)."""
     m = getattr(output, "attr_mutations", None)
     output.attribute_stores = m.finish(output.guards) if m is not None else []
-    # Lists from outside the frame that it mutated (ListVariable._check_mutable): their final
-    # items, assigned in place (`lst[:] = [...]`: the same list object, as the program's).
-    output.list_stores = [(t.source, t) for t in output.containers.replayed()]
+    # Lists and dicts from outside the frame that it mutated (ContainerVariable._replay_outside):
+    # their final items, assigned in place (the same object, as the program's).
+    output.container_stores = [(t.source, t) for t in output.containers.replayed()]
 
 
 def stores_named(output) -> List[str]:
     """What the transformed code assigns beside the graph, for people (export refuses these)."""
     return ([f"{source.name}.{attr}" for source, attr, _ in output.attribute_stores]
-            + [f"{source.name}[:]" for source, _ in output.list_stores])
+            + [f"{source.name}[...]" for source, _ in output.container_stores])
 
 
 def replay_statements(output, rebuild) -> List[str]:
@@ -96,7 +96,6 @@ def replay_statements(output, rebuild) -> List[str]:
     for source, name, value in output.attribute_stores:
         setattr_ref = rebuild.constant(setattr)
         out.append(f"{setattr_ref}({rebuild.source(source)}, {name!r}, {rebuild(value)})")
-    for source, tracker in output.list_stores:
-        items = ", ".join(rebuild(v) for v in tracker.items)
-        out.append(f"{rebuild.source(source)}[:] = [{items}]")
+    for source, tracker in output.container_stores:
+        out.append(tracker.replay(rebuild, rebuild.source(source)))
     return out
