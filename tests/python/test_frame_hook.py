@@ -1,5 +1,6 @@
 """The frame hook and the API around it: regions, disable, threads, recursion, generators,
 reset, the backend registry."""
+import operator
 import textwrap
 import threading
 
@@ -211,6 +212,34 @@ def test_backend_registry_lists_eager_and_registers_new_backends():
     torch.testing.assert_close(opt(torch.zeros(2)), torch.ones(2))
     with pytest.raises(kiln.exc.InvalidBackend):
         kiln.compile(add_one, backend="no_such_backend")
+
+
+def test_the_aot_eager_backend_runs_aot_autograd_s_graphs_forward_and_backward():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.LayerNorm(4))
+    seen = []
+    from kiln.backends import aot
+
+    real = aot.compile_aten_graph
+
+    def spy(gm, example_inputs, compile_inference):
+        seen.append({n.target for n in gm.graph.nodes if n.op == "call_function"})
+        return real(gm, example_inputs, compile_inference)
+
+    x = torch.randn(3, 4, requires_grad=True)
+    try:
+        aot.compile_aten_graph = spy
+        out = kiln.compile(m, backend="aot_eager")(x)
+    finally:
+        aot.compile_aten_graph = real
+    out.square().sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    m(x).square().sum().backward()
+    torch.testing.assert_close(got, x.grad)
+    # AOT autograd's forward graph: ATen ops, not the captured torch functions.
+    assert seen and all(isinstance(t, torch._ops.OpOverload) or t is operator.getitem
+                        for t in seen[0])
 
 
 def test_a_backend_gets_ready_each_time_it_is_chosen_not_when_registered():

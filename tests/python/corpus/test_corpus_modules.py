@@ -587,6 +587,20 @@ class CountsItsCalls(nn.Module):
     __hash__ = nn.Module.__hash__
 
 
+@module((3, 2), frames=1, breaks=0)
+class ModuleDictMembershipAndEllipsis(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleDict({"a": nn.Linear(2, 2)})
+
+    def forward(self, x):
+        if "a" in self.layers:  # the dict's keys are guarded
+            x = self.layers["a"](x)
+        if "b" in self.layers:
+            x = x * 100
+        return x[..., 0], x[Ellipsis, 1]
+
+
 @pytest.mark.parametrize("case", corpus.cases)
 def test_program(case):
     case.run()

@@ -87,6 +87,17 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list):
     return gm.forward
 
 
+@register_backend(name="aot_eager")
+def aot_eager(gm: torch.fx.GraphModule, example_inputs: list):
+    """The captured graph through torch's AOT autograd (functionalized ATen graphs; a forward and
+    a backward graph where it needs autograd), each run by PyTorch's own kernels: what the
+    "kiln" backend compiles, with kilnd left out (for telling a capture's fault from a
+    compiler's)."""
+    from kiln.backends.aot import through_aot_autograd
+
+    return through_aot_autograd(gm, example_inputs, lambda aten_gm, inputs: aten_gm.forward)
+
+
 @register_backend(name="inductor")
 def inductor(gm: torch.fx.GraphModule, example_inputs: list):
     """PyTorch's own Inductor compiler on kiln's captured graph (what torch.compile uses), so

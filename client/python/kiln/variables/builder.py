@@ -41,6 +41,9 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, enum.Enum):
         add("ID_MATCH", value)  # enum members are singletons
         return ConstantVariable(value, source)
+    if value is Ellipsis or value is NotImplemented:  # singletons, as a name (`Ellipsis`)
+        add("ID_MATCH", value)
+        return ConstantVariable(value, source)
     if is_guardable_constant(value):
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)

@@ -282,6 +282,13 @@ class NNModuleVariable(VariableTracker):
             self._guard_registry_keys(tx, "_modules")
         return len(self.module)
 
+    def contains(self, tx, item):
+        """`key in module_dict`: whether a submodule of that name is there (its keys guarded)."""
+        if not isinstance(self.module, torch.nn.ModuleDict) or not item.is_python_constant():
+            raise Unsupported(f"`in` on {self}")
+        self._guard_registry_keys(tx, "_modules")
+        return ConstantVariable(item.as_python_constant() in self.module._modules)
+
     def call_method(self, tx, name, args, kwargs):
         if name == "__getitem__":
             return self.getitem(tx, args[0])
