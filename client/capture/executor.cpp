@@ -1112,11 +1112,11 @@ bool Translator::OpMakeFunction(const Instruction& inst) {
   const int flags = inst.arg;
   py::object code = AsConstant(Pop());  // 3.11+: the qualname comes from the code
   py::object closure = (flags & 0x08) ? py::object(Pop().attr("items")) : py::none();
-  if (flags & 0x04) Pop();  // annotations
+  py::object annotations = (flags & 0x04) ? Pop() : py::object(py::none());
   py::object kwdefaults = (flags & 0x02) ? Pop() : py::object(py::none());
   py::object defaults = (flags & 0x01) ? Pop() : py::object(py::none());
   Push(host_->NestedFunctionVariable(code, code.attr("co_qualname"), defaults, kwdefaults, closure,
-                                     f_globals_));
+                                     f_globals_, annotations));
   return false;
 }
 

@@ -260,3 +260,86 @@ def test_an_inlined_function_s_nonlocal_assignment_is_replayed_into_its_cell():
     torch.testing.assert_close(opt(torch.zeros(2)), torch.full((2,), 4.0))
     assert _BUMPED() == 2
     assert cnt.frame_count == 2  # one graph per value of n: no break, no eager frame
+
+
+# Functions the frame makes and hands out: made again after the graph over the right cells.
+
+def _adder(x):
+    y = x * 2
+    return lambda z: z + y
+
+
+def _getter_and_setter(x):
+    n = x + 1
+
+    def get():
+        return n
+
+    def put(v):
+        nonlocal n
+        n = v
+
+    return get, put
+
+
+def _factorial_maker(x):
+    def fact(k):  # closes over its own cell
+        return 1 if k <= 1 else k * fact(k - 1)
+
+    return fact, x + 1
+
+
+def _annotated(x):
+    def h(a: int) -> int:
+        return a
+
+    return h, x * 2
+
+
+def test_a_function_the_frame_returns_is_made_again_over_its_own_cells():
+    cnt = CompileCounter()
+    add = kiln.optimize(cnt)(_adder)(torch.ones(2))
+    torch.testing.assert_close(add(torch.ones(2)), torch.full((2,), 3.0))
+    assert cnt.frame_count == 1  # captured, not run eagerly
+    get, put = kiln.optimize(CompileCounter())(_getter_and_setter)(torch.zeros(2))
+    torch.testing.assert_close(get(), torch.ones(2))
+    put(torch.full((2,), 7.0))  # one cell for both, as eager makes it
+    torch.testing.assert_close(get(), torch.full((2,), 7.0))
+    fact, _ = kiln.optimize(CompileCounter())(_factorial_maker)(torch.ones(1))
+    assert fact(5) == 120
+    for made in (_getter_and_setter, _factorial_maker):
+        assert kiln.debug.cache_entries(made.__code__)  # captured, not run eagerly
+    h, _ = kiln.optimize(CompileCounter())(_annotated)(torch.ones(1))
+    assert h.__annotations__ == {"a": int, "return": int}  # not rebuilt: the frame ran eagerly
+    assert not kiln.debug.cache_entries(_annotated.__code__)
+
+
+def test_a_returned_function_over_the_frame_s_free_variable_sees_it_rebound_later():
+    k = torch.ones(1) * 3
+
+    def make(x):
+        return lambda: x * k  # x: make's own cell; k: the enclosing function's
+
+    cnt = CompileCounter()
+    fn = kiln.optimize(cnt)(make)(torch.ones(1) * 2)
+    torch.testing.assert_close(fn(), torch.tensor([6.0]))
+    k = torch.ones(1) * 10  # noqa: F841  (read through the cell by fn)
+    torch.testing.assert_close(fn(), torch.tensor([20.0]))
+    assert kiln.debug.cache_entries(make.__code__)  # captured (no op: no graph), not eager
+
+
+def _made_before_a_break(x):
+    scale = x * 2
+
+    def times(v):
+        return v * scale
+
+    _opaque(scale)  # the function over the frame's cell outlives this break
+    return times(x)
+
+
+def test_a_function_over_the_frame_s_cell_alive_at_a_break_runs_the_frame_eagerly():
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.optimize(CompileCounter())(_made_before_a_break)(x),
+                               x * x * 2)
+    assert not kiln.debug.cache_entries(_made_before_a_break.__code__)

@@ -43,6 +43,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     rebuild = Reconstructor(consts, use_graph=op_count > 0,
                             snapshot=bool(output.attribute_stores or output.container_stores))
     graph_break = capture.graph_break
+    rebuild.root = capture.translator
+    rebuild.at_break = graph_break is not None
     if graph_break is None:
         body = [f"return {rebuild(capture.returned)}"]
         resumes = []
@@ -50,7 +52,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         body, resumes = break_body(func, code, graph_break, rebuild, consts)
     # The frame's attribute assignments, after the graph and before anything else runs.
     stores = replay_statements(output, rebuild)
-    body = rebuild.prelude + stores + body
+    cells = rebuild.fill_cells()  # after every temporary: a value may be one of them
+    body = rebuild.prelude + cells + stores + body
     compile_id = next_compile_id()
     name = f"__compiled_fn_{compile_id}"
     gm = None

@@ -26,11 +26,14 @@ class Capture:
     returned: the tracker of the frame's return value, when the whole frame was captured.
     graph_break: where the graph ended before the frame did (the instruction, the stack and
     locals before it, why), with the graph rolled back to that point; None otherwise.
-    seconds: how long the capture took."""
+    seconds: how long the capture took.
+    translator: the root frame's executor (what owns the frame's cells, for rebuilding the
+    functions the frame made: Reconstructor.cell)."""
     output: OutputGraph
     returned: Optional[object]
     graph_break: Optional[GraphBreak]
     seconds: float
+    translator: object = None
 
 
 def capture_frame(func, code, slots, may_break: bool) -> Capture:
@@ -55,4 +58,4 @@ def capture_frame(func, code, slots, may_break: bool) -> Capture:
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
-    return Capture(output, returned, graph_break, time.perf_counter() - t0)
+    return Capture(output, returned, graph_break, time.perf_counter() - t0, tx)

@@ -62,7 +62,11 @@ class Reconstructor:
       so that a store cannot change what a later expression reads there;
     - `codegen.temp(vt, build)`: a mutable object built once into a temporary however often it
       is reached (a list on the stack and in a local), so the aliasing the program sees is kept;
-    - `codegen.fresh_object(vt, cls, attrs)`: an object the frame made, from its attributes."""
+    - `codegen.fresh_object(vt, cls, attrs)`: an object the frame made, from its attributes;
+    - `codegen.cell(cell_vt)`: a cell a function the frame made is rebuilt over (see there).
+
+    `root` is the capture's root executor and `at_break` whether the code being written
+    continues the frame in a resume function."""
 
     def __init__(self, consts: ConstTable, use_graph: bool = True, snapshot: bool = False):
         self.consts = consts
@@ -72,6 +76,10 @@ class Reconstructor:
         self.prelude: List[str] = []
         self._memo: Dict[int, str] = {}
         self._read: Dict[object, str] = {}  # source -> its temporary (snapshot)
+        self.root = None
+        self.at_break = False
+        self._cells: Dict[tuple, str] = {}  # (id(owner executor), name) -> its temporary
+        self._cell_values: List[tuple] = []  # (temporary, cell tracker) still to fill
 
     def __call__(self, vt) -> str:
         return vt.reconstruct(self)
@@ -96,6 +104,43 @@ class Reconstructor:
             name = self._read[source] = f"__kiln_s{len(self._read)}"
             self.prelude.append(f"{name} = {source.expr(self.consts)}")
         return name
+
+    def cell(self, cell_vt) -> str:
+        """The cell a rebuilt function closes over (a CellVariable: `name` of executor `owner`).
+        A free variable of the compiled frame is its own cell, reached through a lambda over
+        that name (each closure of the code has its own). A cell variable of the frame or of a
+        call kiln inlined is a new cell, one per variable however many functions close over
+        it, holding the variable's value: the frame is over (no one else holds its cells), or,
+        for an inlined call's cells, the call is. At a graph break the frame goes on in a
+        resume function with cells of its own, so a function over them cannot be rebuilt."""
+        owner, name = cell_vt.owner_tx, cell_vt.name
+        if name in owner.code.co_freevars:
+            if owner is self.root:
+                return f"(lambda: {name}).__closure__[0]"
+            raise Unsupported(f"rebuilding a function over {name!r}, a free variable of a "
+                              "function kiln inlined")
+        if owner is self.root and self.at_break:
+            raise Unsupported(f"a function over the frame's cell {name!r} outlives the graph "
+                              "break")
+        key = (id(owner), name)
+        tmp = self._cells.get(key)
+        if tmp is None:
+            tmp = self._cells[key] = f"__kiln_c{len(self._cells)}"
+            self.prelude.append(f"{tmp} = {self.consts.ref(types.CellType)}()")
+            self._cell_values.append((tmp, cell_vt))
+        return tmp
+
+    def fill_cells(self) -> List[str]:
+        """The statements that give each new cell its value: after every temporary is made (a
+        function may be the value of its own cell, as a recursive nested function is)."""
+        out = []
+        while self._cell_values:
+            tmp, cell_vt = self._cell_values.pop(0)
+            owner, name = cell_vt.owner_tx, cell_vt.name
+            if name not in owner.symbolic_locals:
+                continue  # unbound: an empty cell, as MAKE_CELL leaves it
+            out.append(f"{tmp}.cell_contents = {self(owner.symbolic_locals[name])}")
+        return out
 
     def temp(self, vt, build: Callable[[], str]) -> str:
         """`build()`'s object in a temporary, built once per tracker."""

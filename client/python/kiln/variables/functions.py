@@ -93,7 +93,8 @@ class NestedFunctionVariable(VariableTracker):
 
     fresh_object = True  # made in the frame: the tracker is its identity
 
-    def __init__(self, code, qualname, defaults, kwdefaults, closure, f_globals):
+    def __init__(self, code, qualname, defaults, kwdefaults, closure, f_globals,
+                 annotations=None):
         super().__init__(None)
         self.code = code
         self.qualname = qualname
@@ -101,12 +102,39 @@ class NestedFunctionVariable(VariableTracker):
         self.kwdefaults = kwdefaults  # ConstDictVariable or None
         self.closure = closure  # list of CellVariable, or None
         self.f_globals = f_globals
+        self.annotations = annotations  # what MAKE_FUNCTION was given, or None
 
     def python_type(self):
         return types.FunctionType
 
     def call_function(self, tx, args, kwargs):
         return tx.inline_nested(self, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        """The function the frame made, made again after the graph (one object however often
+        it is reached): its code, globals and defaults, over the cells codegen.cell gives."""
+        if self.annotations is not None:
+            raise Unsupported(f"rebuilding {self.qualname}, which has annotations")
+
+        def build():
+            cells = "None"
+            if self.closure:
+                cells = "(" + "".join(codegen.cell(c) + ", " for c in self.closure) + ")"
+            defaults = codegen(self.defaults) if self.defaults is not None else "None"
+            kwdefaults = codegen(self.kwdefaults) if self.kwdefaults is not None else "None"
+            return (f"{codegen.constant(make_function)}({codegen.constant(self.code)}, "
+                    f"{codegen.constant(self.f_globals)}, {defaults}, {kwdefaults}, {cells})")
+
+        return codegen.temp(self, build)
+
+
+def make_function(code, f_globals, defaults, kwdefaults, closure):
+    """What MAKE_FUNCTION makes of these (the transformed code's rebuild of a function the frame
+    made; annotations excepted, which a rebuilt function never had)."""
+    fn = types.FunctionType(code, f_globals, code.co_name, defaults, closure)
+    if kwdefaults is not None:
+        fn.__kwdefaults__ = kwdefaults
+    return fn
 
 
 class CellVariable(VariableTracker):
