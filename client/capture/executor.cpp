@@ -240,6 +240,12 @@ class Translator {
   py::object InlineNested(py::object nested, py::sequence args, py::dict kwargs);
   py::object MakeSuper(py::sequence args);
   py::object LoadDeref(const py::object& name);
+  // What free variable `name` of this executor's code refers to: a CellVariable (a cell of an
+  // enclosing executor, for a function the frame made) or (cell, index), a real cell of the
+  // function's closure; None when it is not a free variable here.
+  py::object ClosureCell(const py::object& name) {
+    return cells_.contains(name) ? py::object(cells_[name]) : py::object(py::none());
+  }
   void StoreDeref(const py::object& name, py::object value);
   std::string Where() const;
 
@@ -1522,6 +1528,7 @@ void RegisterPython(py::module_& m) {
       .def("inline_nested", &Translator::InlineNested)
       .def("make_super", &Translator::MakeSuper)
       .def("load_deref", &Translator::LoadDeref)
+      .def("closure_cell", &Translator::ClosureCell, py::arg("name"))
       .def("store_deref", &Translator::StoreDeref)
       .def_readonly("output", &Translator::output_)
       .def_readonly("code", &Translator::code_)

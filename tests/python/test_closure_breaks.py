@@ -343,3 +343,53 @@ def test_a_function_over_the_frame_s_cell_alive_at_a_break_runs_the_frame_eagerl
     torch.testing.assert_close(kiln.optimize(CompileCounter())(_made_before_a_break)(x),
                                x * x * 2)
     assert not kiln.debug.cache_entries(_made_before_a_break.__code__)
+
+
+_V0 = torch.randn(10)
+
+
+def _three_levels():
+    v1 = torch.randn(10)
+
+    def fn2(*args, **kwargs):
+        v2 = torch.randn(10) + args[0] + kwargs["b"]
+
+        def fn3(v3=torch.randn(10)):
+            def fn4():  # over a global, and cells of three executors
+                return _V0 + v1 + v2 + v3 + 1
+
+            return fn4
+
+        return fn3
+
+    return fn2(1, b=2)()
+
+
+def _factory_with_a_cell():
+    k = torch.ones(1)
+
+    def make(x):
+        return lambda: x + k  # k: make's free variable, a real cell of _factory_with_a_cell
+
+    return make, lambda: k
+
+
+_MAKE, _K = _factory_with_a_cell()
+
+
+def _calls_the_factory(x):
+    return _MAKE(x * 2)  # inlined: its lambda is made over make's own cell
+
+
+def test_functions_made_in_inlined_calls_are_made_again_over_the_cells_they_close_over():
+    cnt = CompileCounter()
+    torch.manual_seed(0)
+    got = kiln.optimize(cnt, nopython=True)(_three_levels)()
+    torch.manual_seed(0)
+    want = _three_levels()
+    torch.testing.assert_close(got(), want())
+    assert cnt.frame_count == 1
+    lam = kiln.optimize(CompileCounter())(_calls_the_factory)(torch.ones(1))
+    torch.testing.assert_close(lam(), torch.tensor([3.0]))
+    assert lam.__closure__[1] is _MAKE.__closure__[0] or lam.__closure__[0] is \
+        _MAKE.__closure__[0]  # the factory's very cell, shared with it

@@ -117,8 +117,14 @@ class Reconstructor:
         if name in owner.code.co_freevars:
             if owner is self.root:
                 return f"(lambda: {name}).__closure__[0]"
-            raise Unsupported(f"rebuilding a function over {name!r}, a free variable of a "
-                              "function kiln inlined")
+            entry = owner.closure_cell(name)
+            if isinstance(entry, tuple):
+                # A real cell of a function kiln inlined, which its guards pin (ID_MATCH): the
+                # same cell on every call the entry serves.
+                return self.consts.ref(entry[0])
+            if entry is None:
+                raise Unsupported(f"rebuilding a function over {name!r}: no cell found")
+            return self.cell(entry)  # a cell of the executor that made that function
         if owner is self.root and self.at_break:
             raise Unsupported(f"a function over the frame's cell {name!r} outlives the graph "
                               "break")
