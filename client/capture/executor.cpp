@@ -856,9 +856,10 @@ py::object Translator::InlineCall(py::object fn, py::sequence args, py::dict kwa
     Unsupported("call of generator function " + Str(fn.attr("__qualname__")));
   }
   if (depth_ >= kMaxInlineDepth) Unsupported("inlining too deep (recursion?)");
-  if (!host_->traces_into(code.attr("co_filename")).cast<bool>()) {
+  if (!host_->traces_into(code).cast<bool>()) {
     Unsupported("call of " + Str(fn.attr("__module__")) + "." + Str(fn.attr("__qualname__")) +
-                " (kiln calls library code such as logging or numpy at a graph break)");
+                " (kiln calls library code such as logging or numpy, and functions given to "
+                "kiln.disable(recursive=False), at a graph break)");
   }
   py::object defaults = fn.attr("__defaults__");
   py::object kwdefaults = fn.attr("__kwdefaults__");

@@ -276,3 +276,33 @@ def test_a_marked_function_that_dies_leaves_no_marking_behind():
 def test_marking_something_not_callable_is_a_clear_error():
     with pytest.raises(TypeError, match="expects a callable"):
         kiln.allow_in_graph(3)
+
+
+class _Inner(torch.nn.Module):
+    def forward(self, x):
+        return x.cos() * 2
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x):
+        return self.inner(x + 1) - 1
+
+
+@pytest.fixture
+def inner_forward_skipped():
+    from kiln.capture import skip_files
+
+    kiln.disable(_Inner.forward, recursive=False)
+    yield
+    skip_files._skipped_codes.discard(_Inner.forward.__code__)
+
+
+def test_disable_not_recursive_holds_where_a_module_call_reaches_the_method(inner_forward_skipped):
+    cnt = CompileCounter()
+    m, x = _Outer(), torch.randn(3)
+    torch.testing.assert_close(kiln.compile(m, backend=cnt)(x), m(x))
+    assert cnt.frame_count == 2 and torch.cos not in _targets(cnt)

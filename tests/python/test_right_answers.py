@@ -706,3 +706,26 @@ def test_a_dict_argument_mutated_has_eager_s_items_in_eager_s_order():
         torch.testing.assert_close(got[1], want[1])
         for k in theirs:
             _assert_same(mine[k], theirs[k])
+
+
+_SHARED_LIST = [1]
+
+
+@kiln.assume_constant_result
+def _the_shared_list():
+    return _SHARED_LIST  # read again without a guard, after the frame appended to it
+
+
+def _append_then_count(x, items):
+    items.append(2)
+    return x * len(_the_shared_list())
+
+
+def test_a_mutated_list_read_again_without_a_guard_has_its_new_items():
+    opt = kiln.compile(_append_then_count, backend=CompileCounter())
+    for _ in range(2):
+        _SHARED_LIST[:] = [1]
+        got = opt(torch.ones(1), _SHARED_LIST)
+        assert _SHARED_LIST == [1, 2]
+        _SHARED_LIST[:] = [1]
+        torch.testing.assert_close(got, _append_then_count(torch.ones(1), _SHARED_LIST))

@@ -89,7 +89,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         info.resume_codes = resumes
     # What the transformed code assigns beside the graph (export refuses these: its graph
     # cannot make them).
-    info.extra["attribute_stores"] = stores_named(output)
+    info.extra["replayed_stores"] = stores_named(output)
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

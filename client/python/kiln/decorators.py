@@ -4,7 +4,9 @@
     kiln.disallow_in_graph(fn)         every call of fn is a graph break
     kiln.allow_in_graph(fn)            a call of fn is one node of the graph, not traced into
     kiln.assume_constant_result(fn)    fn runs once at capture; its result is a constant
-    kiln.disable(fn, recursive=False)  fn's own frame runs eagerly; what it calls is captured
+
+(kiln.disable(fn, recursive=False), which leaves fn's own frame to CPython, is
+capture.skip_files.skip_code: the frame hook and the executor's inlining both ask there.)
 
 Programs written for torch.compile keep their markings: torch.compiler.assume_constant_result,
 and torch._dynamo's allow_in_graph, disallow_in_graph and graph_break once the program has
@@ -22,8 +24,6 @@ CONSTANT = "assume_constant_result"
 # referenced callable leaves the table when it dies (its id may then be reused); any other is
 # held, so that its id stays its own.
 _marked = {}
-# Code objects whose own frames kiln leaves to CPython (disable(fn, recursive=False)).
-_skipped_codes = weakref.WeakSet()
 
 
 def _mark(fn, how: str):
@@ -74,31 +74,15 @@ def graph_break(msg: str = "") -> None:
 _mark(graph_break, DISALLOW)
 
 
-def skip_frame(fn) -> None:
-    """`fn`'s own frame runs eagerly wherever it is called; the frames it calls are still
-    captured (kiln.disable(fn, recursive=False))."""
-    code = getattr(fn, "__code__", None)
-    if not isinstance(code, types.CodeType):
-        raise TypeError(f"kiln.disable(recursive=False) expects a Python function, got "
-                        f"{type(fn).__name__}")
-    _skipped_codes.add(code)
-
-
-def frame_skipped(code) -> bool:
-    return code in _skipped_codes
-
-
 def marking(fn):
     """How the capture treats a call of `fn`: ALLOW, DISALLOW, CONSTANT, or None (as usual)."""
     entry = _marked.get(id(fn))
     if entry is not None:
         return entry[0]
     func = getattr(fn, "__func__", fn) if isinstance(fn, types.MethodType) else fn
-    if isinstance(func, types.FunctionType):
-        if func.__code__ in _skipped_codes:
-            return DISALLOW
-        if func.__dict__.get("_dynamo_marked_constant") is True:
-            return CONSTANT  # torch.compiler.assume_constant_result
+    if isinstance(func, types.FunctionType) and \
+            func.__dict__.get("_dynamo_marked_constant") is True:
+        return CONSTANT  # torch.compiler.assume_constant_result
     return _torch_marking(fn)
 
 

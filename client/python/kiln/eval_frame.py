@@ -9,9 +9,9 @@ from typing import Dict
 import torch
 from torch.nn.modules import module
 
-from kiln import _C, config, decorators
+from kiln import _C, config
 from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
-from kiln.capture.skip_files import is_skipped
+from kiln.capture.skip_files import is_skipped, skip_code
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       RecompileError, Unsupported)
 from kiln.state import STATE
@@ -42,7 +42,7 @@ class FrameCallback:
         self.stood_in: Dict[types.CodeType, list] = {}
 
     def __call__(self, func, code, slots):
-        if is_skipped(code) or decorators.frame_skipped(code):
+        if is_skipped(code):
             return _C.SKIP
         stood = self.stood_in.get(code, ())
         if len(stood) >= config.cache_size_limit or \
@@ -324,7 +324,7 @@ def disable(fn=None, recursive: bool = True):
     if not recursive:
         if fn is None:
             return functools.partial(disable, recursive=False)
-        decorators.skip_frame(fn)
+        skip_code(fn)
         return fn
     if fn is None:
         return _Disabled()

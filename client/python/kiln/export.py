@@ -64,7 +64,7 @@ def export(fn, *args, aten_graph: bool = False, decomposition_table=None,
     if len(capture.graphs) != 1:
         raise Unsupported(f"export needs exactly one graph, capture made {len(capture.graphs)}"
                           " (a function with no tensor operations has none)")
-    stores = capture.infos[-1].extra.get("attribute_stores")
+    stores = capture.infos[-1].extra.get("replayed_stores")
     if stores:
         raise Unsupported(f"export: the function assigns {', '.join(stores)}, which a graph "
                           "cannot do")
@@ -80,9 +80,8 @@ def _aten_graph(gm: torch.fx.GraphModule, inputs, decomposition_table) -> torch.
     nothing runs twice on the user's tensors); its outputs are `gm`'s, in order."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    traced = make_fx(gm, decomposition_table=decomposition_table or {}, tracing_mode="fake",
-                     _allow_non_fake_inputs=True)(*inputs)
-    return traced
+    return make_fx(gm, decomposition_table=decomposition_table or {}, tracing_mode="fake",
+                   _allow_non_fake_inputs=True)(*inputs)
 
 
 def _return_as_the_function_does(gm: torch.fx.GraphModule, result, graph_outputs):

@@ -1,6 +1,6 @@
-"""Graphs through torch's AOT autograd, each ATen graph it makes compiled by the "kiln" backend:
-torch.compile's graphs (kiln.backends.torch_compile), and kiln's own graphs that record autograd
-history (training).
+"""Graphs through torch's AOT autograd, each ATen graph it makes compiled as an inference graph
+(by the "kiln" backend; "aot_eager" runs them as they are): torch.compile's graphs
+(kiln.backends.torch_compile), and kiln's own graphs that record autograd history (training).
 
 AOT autograd turns a captured graph into functional ATen graphs: it applies the graph's in-place
 updates of its inputs and rebuilds outputs that alias inputs around the compiled graph, and

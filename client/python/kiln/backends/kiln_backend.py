@@ -3,7 +3,7 @@ serve it from its cache), verify the artifact and run its plan in the C++ runtim
 
 Graphs whose tensors all live on the CPU or all on one CUDA device (a graph that mixes devices
 runs eagerly). A graph that records autograd history (training) goes through torch's AOT
-autograd first, as torch.compile's graphs do (kiln.backends.torch_compile): its forward and
+autograd first, as torch.compile's graphs do (kiln.backends.aot): its forward and
 backward graphs are each compiled here as inference graphs. A CUDA graph is compiled for its GPU's
 architecture and, unless turned off (kiln.config.cuda_graphs, kiln.compile's mode and options),
 its plan is captured into a CUDA graph and replayed. Any plumbing failure (no daemon, compile
@@ -120,9 +120,7 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
     from kiln.daemon.artifact import ArtifactRejected
     from kiln.daemon.client import DaemonRefused, DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
-    from kiln.graph.lowering import LoweringError
-
-    from kiln.graph.lowering import needs_autograd
+    from kiln.graph.lowering import LoweringError, needs_autograd
 
     reason = _fallback_reasons(gm, example_inputs)
     if reason is not None:

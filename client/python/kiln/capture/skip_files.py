@@ -2,6 +2,8 @@
 symbolic executor calls as opaque (a graph break) instead of tracing into them."""
 import os
 import sysconfig
+import types
+import weakref
 
 import torch
 
@@ -18,8 +20,25 @@ _THIRD_PARTY_SKIPPED = ("numpy", "scipy", "_pytest", "pytest", "pluggy", "typing
 _TORCH_NN_MODULES_DIR = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
 
 
+# Code the program asked kiln to leave to CPython (kiln.disable(fn, recursive=False)).
+_skipped_codes = weakref.WeakSet()
+
+
+def skip_code(fn) -> None:
+    """Leaves `fn`'s own frame to CPython wherever it runs: never captured, never inlined (a call
+    of it is a graph break); the frames it calls are captured as usual."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        raise TypeError(f"kiln.disable(recursive=False) expects a Python function, got "
+                        f"{type(fn).__name__}")
+    _skipped_codes.add(code)
+
+
 def is_skipped(code) -> bool:
-    """True for code kiln leaves to CPython: its own, torch's internals, the standard library."""
+    """True for code kiln leaves to CPython: its own, torch's internals, the standard library,
+    and what the program marked (skip_code)."""
+    if code in _skipped_codes:
+        return True
     filename = code.co_filename
     if filename.startswith(_KILN_DIR):
         return True
@@ -47,8 +66,12 @@ def is_torch_file(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR)
 
 
-def traces_into(filename: str) -> bool:
-    """Whether the executor may inline a function defined in `filename`."""
+def traces_into(code) -> bool:
+    """Whether the executor may inline a function of `code`: not one the program marked
+    (skip_code), nor one of the libraries above that kiln calls at a graph break."""
+    if code in _skipped_codes:
+        return False
+    filename = code.co_filename
     if filename.startswith(_TORCH_DIR):
         return True
     if filename.startswith(_KILN_DIR):

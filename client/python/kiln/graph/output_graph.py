@@ -43,7 +43,14 @@ class ContainerMemo:
         self._objects: List[Any] = []
 
     def get(self, obj, guarded: bool):
-        return self._trackers.get((id(obj), guarded))
+        tracker = self._trackers.get((id(obj), guarded))
+        if tracker is None and not guarded:
+            # A container the frame mutated (replayed after the graph) is that tracker however
+            # it is read again: a new one would hold the items it had before.
+            other = self._trackers.get((id(obj), True))
+            if other is not None and other.replayed:
+                return other
+        return tracker
 
     def remember(self, obj, guarded: bool, tracker):
         self._trackers[(id(obj), guarded)] = tracker
@@ -60,7 +67,7 @@ class ContainerMemo:
     def replayed(self) -> list:
         """The trackers of the outside containers the frame mutated (their `replayed` flag), in
         the order they were read."""
-        return [t for t in self._trackers.values() if getattr(t, "replayed", False)]
+        return [t for t in self._trackers.values() if t.replayed]
 
 
 class OutputGraph:

@@ -12,6 +12,7 @@ from typing import Callable, Dict, List
 
 from kiln import _C
 from kiln.exc import Unsupported
+from kiln.guards.source import FrameCellSource
 
 _CONSTS_PLACEHOLDER = "__kiln_consts__"
 _LITERAL_TYPES = (bool, int, str, type(None), bytes)
@@ -116,7 +117,7 @@ class Reconstructor:
         owner, name = cell_vt.owner_tx, cell_vt.name
         if name in owner.code.co_freevars:
             if owner is self.root:
-                return f"(lambda: {name}).__closure__[0]"
+                return self.source(FrameCellSource(name))
             entry = owner.closure_cell(name)
             if isinstance(entry, tuple):
                 # A real cell of a function kiln inlined, which its guards pin (ID_MATCH): the

@@ -58,6 +58,9 @@ class ContainerVariable(VariableTracker):
         self.mutable = source is None
         self.serial = new_serial()
         self.outside_object = None  # the object read from outside the frame, if it was
+        self.outside_guarded = False  # ... under guards (ContainerMemo.remember)
+        self.outside_memo = None  # the ContainerMemo that remembers it
+        self.replayed = False  # mutated by the frame: replayed into it after the graph
 
     def values(self) -> List[VariableTracker]:
         raise NotImplementedError
@@ -68,8 +71,7 @@ class ContainerVariable(VariableTracker):
         a plain list or dict, read under guards and through this one tracker (another tracker of
         the same object would not see the mutation). False where it is not."""
         if not (type(self) in (ListVariable, ConstDictVariable) and self.source is not None
-                and self.python_type() in (list, dict)
-                and getattr(self, "outside_guarded", False)
+                and self.python_type() in (list, dict) and self.outside_guarded
                 and self.outside_memo.other_tracker(self) is None):
             return False
         self.mutable = True
@@ -136,7 +138,7 @@ class BaseListVariable(ContainerVariable):
         return ConstantVariable(False)
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None and (not self.mutable or getattr(self, "replayed", False)):
+        if self.source is not None and (not self.mutable or self.replayed):
             # The program's own object: it may be mutated or compared by identity later (a
             # replayed list gets its new items in place).
             return codegen.source(self.source)
@@ -375,7 +377,7 @@ class ConstDictVariable(ContainerVariable):
         return [ConstantVariable(k) for k in self.items]
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None and (not self.mutable or getattr(self, "replayed", False)):
+        if self.source is not None and (not self.mutable or self.replayed):
             return codegen.source(self.source)
         if self.user_type is not dict:
             raise Unsupported(f"rebuilding a {self.user_type.__name__}")

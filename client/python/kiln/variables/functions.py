@@ -10,15 +10,14 @@ from kiln.variables.constant import ConstantVariable
 def call_marked(tx, fn, args, kwargs):
     """The result of calling `fn` when the program marked it (kiln.decorators: allow_in_graph,
     assume_constant_result), None when it did not; a graph break (Unsupported) for a function
-    marked disallow_in_graph, graph_break, or disable(recursive=False). `args` include the
-    bound object of a method."""
+    marked disallow_in_graph or graph_break. `args` include the bound object of a method."""
     how = decorators.marking(fn)
     if how is None:
         return None
     name = getattr(fn, "__qualname__", None) or repr(fn)
     if how == decorators.DISALLOW:
         raise Unsupported(f"call of {name}, a graph break the program asked for "
-                          "(graph_break, disallow_in_graph or disable(recursive=False))")
+                          "(graph_break or disallow_in_graph)")
     if how == decorators.ALLOW:
         return tx.output.call("call_function", fn, tuple(args), dict(kwargs))
     const = constant_args(args, kwargs)

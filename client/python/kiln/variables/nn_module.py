@@ -121,9 +121,9 @@ class NNModuleVariable(VariableTracker):
         if inspect.getattr_static(cls, "__setattr__") is not torch.nn.Module.__setattr__:
             raise Unsupported(f"assignment to an attribute of {cls.__name__}, which has its own "
                               "__setattr__")
+        cls_of_value = value.python_type()
         if isinstance(value, NNModuleVariable) or (
-                value.python_type() is not None and isinstance(value.python_type(), type)
-                and issubclass(value.python_type(), torch.nn.Parameter)):
+                isinstance(cls_of_value, type) and issubclass(cls_of_value, torch.nn.Parameter)):
             raise Unsupported(f"assignment of a module or parameter to {cls.__name__}.{name}")
         static = _class_attr_or_missing(cls, name)
         if static is not _MISSING and hasattr(type(static), "__set__"):
@@ -208,9 +208,7 @@ class NNModuleVariable(VariableTracker):
         if remove_duplicate:
             memo.add(id(self.module))
         out = [(prefix, self)]
-        self._guard_registry_keys(tx, "_modules")
-        for name in self.module._modules:
-            child = self._child(tx, name, "_modules")
+        for name, child in zip(self.module._modules, self._children(tx)):
             if isinstance(child, NNModuleVariable):
                 out += child.named_modules(tx, memo, prefix + ("." if prefix else "") + name,
                                            remove_duplicate)
@@ -237,9 +235,7 @@ class NNModuleVariable(VariableTracker):
 
     def named_children(self, tx) -> list:
         seen, out = set(), []
-        self._guard_registry_keys(tx, "_modules")
-        for name in self.module._modules:
-            child = self._child(tx, name, "_modules")
+        for name, child in zip(self.module._modules, self._children(tx)):
             if isinstance(child, NNModuleVariable) and id(child.module) not in seen:
                 seen.add(id(child.module))
                 out.append((name, child))

@@ -94,8 +94,8 @@ def replay_statements(output, rebuild) -> List[str]:
     the frame read from a source, read before any store: rebuild.snapshot)."""
     out = []
     for source, name, value in output.attribute_stores:
-        setattr_ref = rebuild.constant(setattr)
-        out.append(f"{setattr_ref}({rebuild.source(source)}, {name!r}, {rebuild(value)})")
+        out.append(f"{rebuild.constant(setattr)}({rebuild.source(source)}, {name!r}, "
+                   f"{rebuild(value)})")
     for source, tracker in output.container_stores:
         out.append(tracker.replay(rebuild, rebuild.source(source)))
     return out
