@@ -42,7 +42,7 @@ class FrameCallback:
         self.stood_in: Dict[types.CodeType, list] = {}
 
     def __call__(self, func, code, slots):
-        if is_skipped(code):
+        if is_skipped(code, func):
             return _C.SKIP
         stood = self.stood_in.get(code, ())
         if len(stood) >= config.cache_size_limit or \

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from kiln import config
+from kiln import _C, config
 from kiln.backends.fallback import warn_eager_once
 
 log = logging.getLogger("kiln")
@@ -36,9 +36,16 @@ def through_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list,
 
     # Dynamo's request to trace the frame again (torch >= 2.6), not a failure of the graph.
     retrace = getattr(dynamo_exc, "TensorifyScalarRestartAnalysis", ())
-    compiler = functools.partial(compile_aten_graph, compile_inference=compile_inference)
+    # Every compile runs with capture off, so that nothing of kiln's, torch's (make_fx,
+    # FakeTensorMode) or the code they generate is ever captured. AOT autograd would compile a
+    # backward graph lazily, inside the program's loss.backward() where the program's frame
+    # callback is installed, running torch's Python (copies of graph modules, the dataclasses
+    # they build) there: the backward is compiled now, beside the forward, in the capture.
+    compiler = _C.FrameRegion(
+        functools.partial(compile_aten_graph, compile_inference=compile_inference), None)
     try:
-        return aot_autograd(fw_compiler=compiler)(gm, example_inputs)
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            return aot_autograd(fw_compiler=compiler)(gm, example_inputs)
     except retrace:
         raise
     except Exception as e:  # what AOT autograd cannot take runs eagerly, as Dynamo's graph
@@ -54,9 +61,14 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
     dynamic graph, SymInts."""
     from functorch.compile import make_boxed_func
 
+    # What runs the graph (called by autograd's engine for a backward graph, inside the
+    # program's frame) is never captured either.
     if any(_symbolic(x) for x in example_inputs):
-        return _PerSignature(gm, compile_inference)
-    return make_boxed_func(_compile_static(gm, list(example_inputs), compile_inference))
+        region = _C.FrameRegion(_PerSignature(gm, compile_inference), None)
+        region._boxed_call = True
+        return region
+    return make_boxed_func(
+        _C.FrameRegion(_compile_static(gm, list(example_inputs), compile_inference), None))
 
 
 def _symbolic(value) -> bool:

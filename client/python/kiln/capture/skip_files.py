@@ -34,12 +34,20 @@ def skip_code(fn) -> None:
     _skipped_codes.add(code)
 
 
-def is_skipped(code) -> bool:
+def is_skipped(code, func=None) -> bool:
     """True for code kiln leaves to CPython: its own, torch's internals, the standard library,
-    and what the program marked (skip_code)."""
+    what the program marked (skip_code), a module's body, and code that kiln or torch generated
+    at run time (a dataclass's __init__, an FX graph's forward): `func`'s globals name the module
+    that made it."""
     if code in _skipped_codes:
         return True
+    if code.co_name == "<module>":  # an import's body, or source exec'd as a module
+        return True
     filename = code.co_filename
+    if func is not None and not os.path.isabs(filename):
+        owner = getattr(func, "__globals__", {}).get("__name__") or ""
+        if owner.split(".", 1)[0] in ("torch", "kiln"):
+            return True
     if filename.startswith(_KILN_DIR):
         return True
     if filename.startswith(_TORCH_DIR):

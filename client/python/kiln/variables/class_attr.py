@@ -93,10 +93,12 @@ def is_data_descriptor(cls, name) -> bool:
     return attr is not None and hasattr(type(attr), "__set__")
 
 
-def object_setattr(tx, obj, name, value):
+def object_setattr(tx, obj, name, value, setter=object.__setattr__):
     """object.__setattr__(obj, name, value) for an object from outside the frame: a store into
-    its __dict__, held pending until the trace ends."""
+    its __dict__, held pending until the trace ends and replayed through `setter` (what the
+    program called: object.__setattr__, or setattr for an assignment to an object whose class
+    has object's __setattr__)."""
     cls = obj.python_type()
     if is_data_descriptor(cls, name) or not hasattr(obj.value, "__dict__"):
         raise Unsupported(f"assignment to {cls.__qualname__}.{name} through a descriptor")
-    mutations_of(tx.output).store(obj.value, obj.source, name, value)
+    mutations_of(tx.output).store(obj.value, obj.source, name, value, setter)

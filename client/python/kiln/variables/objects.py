@@ -176,7 +176,7 @@ class UserDefinedObjectVariable(VariableTracker):
         if setattr_fn is not object.__setattr__:
             raise Unsupported(f"assignment to an attribute of a {cls.__qualname__} "
                               f"(its __setattr__ is {setattr_fn!r})")
-        object_setattr(tx, self, name, value)
+        object_setattr(tx, self, name, value, setattr)
 
     def object_setattr(self, tx, name, value):
         """object.__setattr__(value, name, new): a store held pending until the trace ends."""

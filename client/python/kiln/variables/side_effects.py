@@ -12,7 +12,9 @@ anything else runs (the instruction a graph break leaves to Python, the return).
 the store and that point could observe the attribute: what the trace read, it read pending.
 Trackers only keep a store pending when a plain assignment is exactly what eager does (the
 object's class has object's or torch.nn.Module's __setattr__ for a plain attribute, and no data
-descriptor of that name), so `setattr` then does the same.
+descriptor of that name). Each store is replayed through what the program called: `setattr` for
+an assignment (STORE_ATTR), `object.__setattr__` where the program called that (a frozen
+dataclass's generated __init__, whose class __setattr__ refuses).
 """
 from typing import Dict, List, Tuple
 
@@ -27,13 +29,21 @@ class AttributeMutations:
     """The pending stores of one capture, by (id(obj), attribute name)."""
 
     def __init__(self):
-        # (id(obj), name) -> (obj, source of obj, tracker of the new value)
-        self._stores: Dict[Tuple[int, str], Tuple[object, Source, object]] = {}
+        # (id(obj), name) -> (obj, source of obj, tracker of the new value, setter)
+        self._stores: Dict[Tuple[int, str], Tuple[object, Source, object, object]] = {}
 
-    def store(self, obj, source: Source, name: str, value):
+    def store(self, obj, source: Source, name: str, value, setter=setattr):
+        """Holds `obj.name = value` pending; `setter` is what the program called to store it
+        (setattr or object.__setattr__), and what the transformed code will call."""
         if source is None:
             raise Unsupported(f"assignment to attribute {name!r} of an object with no source")
-        self._stores[(id(obj), name)] = (obj, source, value)
+        key = (id(obj), name)
+        held = self._stores.get(key)
+        if held is not None and held[3] is not setter:
+            # One replay cannot make both kinds of store of one attribute.
+            raise Unsupported(f"attribute {name!r} assigned both through setattr and "
+                              "object.__setattr__")
+        self._stores[key] = (obj, source, value, setter)
 
     def load(self, obj, name: str):
         """The tracker a pending store left in `obj.name`, or None."""
@@ -48,9 +58,10 @@ class AttributeMutations:
 
     def finish(self, guards) -> List[Tuple[Source, str, object]]:
         """Drops the net no-op stores, pinning the entry value each relies on; the others, as
-        (source of the object, attribute name, tracker of the final value), to replay."""
+        (source of the object, attribute name, tracker of the final value, setter), to
+        replay."""
         replay = []
-        for (_, name), (obj, source, value) in self._stores.items():
+        for (_, name), (obj, source, value, setter) in self._stores.items():
             before = getattr(obj, "__dict__", {}).get(name, _MISSING)
             if (before is not _MISSING and is_guardable_constant(before)
                     and value.is_python_constant()):
@@ -58,7 +69,7 @@ class AttributeMutations:
                 if type(after) is type(before) and after == before:
                     guards.add(InstanceAttrSource(source, name), "CONSTANT_MATCH", before)
                     continue
-            replay.append((source, name, value))
+            replay.append((source, name, value, setter))
         self._stores.clear()
         return replay
 
@@ -84,7 +95,7 @@ def finish(output):
 
 def stores_named(output) -> List[str]:
     """What the transformed code assigns beside the graph, for people (export refuses these)."""
-    return ([f"{source.name}.{attr}" for source, attr, _ in output.attribute_stores]
+    return ([f"{source.name}.{attr}" for source, attr, _, _ in output.attribute_stores]
             + [f"{source.name}[...]" for source, _ in output.container_stores])
 
 
@@ -93,8 +104,8 @@ def replay_statements(output, rebuild) -> List[str]:
     object's and value's expression (values computed by the graph come from its outputs; what
     the frame read from a source, read before any store: rebuild.snapshot)."""
     out = []
-    for source, name, value in output.attribute_stores:
-        out.append(f"{rebuild.constant(setattr)}({rebuild.source(source)}, {name!r}, "
+    for source, name, value, setter in output.attribute_stores:
+        out.append(f"{rebuild.constant(setter)}({rebuild.source(source)}, {name!r}, "
                    f"{rebuild(value)})")
     for source, tracker in output.container_stores:
         out.append(tracker.replay(rebuild, rebuild.source(source)))
