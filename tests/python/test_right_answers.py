@@ -729,3 +729,37 @@ def test_a_mutated_list_read_again_without_a_guard_has_its_new_items():
         assert _SHARED_LIST == [1, 2]
         _SHARED_LIST[:] = [1]
         torch.testing.assert_close(got, _append_then_count(torch.ones(1), _SHARED_LIST))
+
+
+# -- values the frame read before a graph break ---------------------------------------------------
+
+class _Holder:
+    pass
+
+
+@kiln.disable
+def _take(h):
+    """Removes and replaces what the frame read from `h` (a graph break where it is called)."""
+    del h.k
+    h.t = torch.zeros(3)
+
+
+@pytest.mark.parametrize("with_op", [False, True])
+def test_values_read_before_a_break_are_what_the_frame_read_not_read_again_after_it(with_op):
+    # The resume function got `v` and `t` by reading h.k and h.t again after _take ran: an
+    # AttributeError eager never raises, and a stale tensor (T5's config.get_text_config(),
+    # `value = getattr(c, key); delattr(c, key)`, raised KeyError this way).
+    def f(x, h):
+        v, t = h.k, h.t
+        if with_op:
+            x = x * 2
+        _take(h)
+        return x + v + t
+
+    x = torch.randn(3)
+    for _ in range(2):
+        h, ref = _Holder(), _Holder()
+        h.k = ref.k = 5
+        h.t = torch.randn(3)
+        ref.t = h.t.clone()
+        torch.testing.assert_close(kiln.compile(f, backend="eager")(x, h), f(x, ref))

@@ -40,9 +40,13 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
-    rebuild = Reconstructor(consts, use_graph=op_count > 0,
-                            snapshot=bool(output.attribute_stores or output.container_stores))
     graph_break = capture.graph_break
+    # Values read from sources are read once, before anything the transformed code runs that
+    # could change them: the replayed stores, and the instruction a graph break leaves to
+    # Python (`value = getattr(obj, k); delattr(obj, k)` breaks at delattr, and the resume
+    # function's `value` is what the frame read before it).
+    rebuild = Reconstructor(consts, use_graph=op_count > 0, snapshot=bool(
+        output.attribute_stores or output.container_stores or graph_break is not None))
     rebuild.root = capture.translator
     rebuild.at_break = graph_break is not None
     if graph_break is None:
