@@ -733,7 +733,7 @@ def test_a_mutated_list_read_again_without_a_guard_has_its_new_items():
 
 # -- values the frame read before a graph break ---------------------------------------------------
 
-class _Holder:
+class _Box:
     pass
 
 
@@ -758,8 +758,41 @@ def test_values_read_before_a_break_are_what_the_frame_read_not_read_again_after
 
     x = torch.randn(3)
     for _ in range(2):
-        h, ref = _Holder(), _Holder()
+        h, ref = _Box(), _Box()
         h.k = ref.k = 5
         h.t = torch.randn(3)
         ref.t = h.t.clone()
         torch.testing.assert_close(kiln.compile(f, backend="eager")(x, h), f(x, ref))
+
+
+class _LayerCache:
+    def __init__(self):
+        self.updated = {0: False}
+        self.calls = []
+        self.keys = None
+
+
+def _update_then_break(c, x):
+    if c.updated[0]:
+        return c.keys + 0
+    c.updated[0] = True
+    c.calls.append(1)
+    c.keys = x * 2
+    opaque(x)
+    return c.keys
+
+
+def test_a_break_inside_a_call_that_mutated_an_outside_container_keeps_the_call_whole():
+    # The call breaks inside (opaque), so it runs in Python after the graph; its mutations of
+    # the cache's dict and list were replayed before it all the same (the trackers were made
+    # after the break's checkpoint), and the call then found `updated` set with no keys: an
+    # exception eager never raises (T5's cross-attention cache: is_updated set, keys None).
+    def f(c, x):
+        return _update_then_break(c, x + 1) + 1
+
+    x = torch.randn(3)
+    for _ in range(2):
+        got_c, want_c = _LayerCache(), _LayerCache()
+        torch.testing.assert_close(kiln.compile(f, backend="eager")(got_c, x), f(want_c, x))
+        assert got_c.updated == want_c.updated and got_c.calls == want_c.calls
+        torch.testing.assert_close(got_c.keys, want_c.keys)

@@ -46,6 +46,14 @@ def note_mutation(serial: int):
         _state.mutations += 1
 
 
+def note_container_mutation(container: "ContainerVariable"):
+    """Counts a mutation of `container`. One read from outside the frame (a source) is
+    reachable from the checkpoint's state however late its tracker was made (a call inlined
+    after the checkpoint read it), and its final items are replayed into the program's object:
+    mutating it always counts, so that no graph break rolls back past it."""
+    note_mutation(container.serial if container.source is None else 0)
+
+
 class ContainerVariable(VariableTracker):
     """A tuple, list or dict: made by the frame, or read from outside it (then read-only to the
     executor, except the arguments CPython makes fresh for each call: *args, **kwargs)."""
@@ -253,7 +261,7 @@ class ListVariable(BaseListVariable):
         if not self.mutable and not self._replay_outside():
             raise Unsupported(f"mutation of {self.source.name}, a list from outside the frame "
                               "read also where its reads are not guarded")
-        note_mutation(self.serial)
+        note_container_mutation(self)
 
     def delitem(self, tx, index):
         key = index.as_python_constant()
@@ -340,7 +348,7 @@ class ConstDictVariable(ContainerVariable):
         if not self.mutable and not self._replay_outside():
             raise Unsupported(f"mutation of {self.source.name}, a {self.user_type.__name__} "
                               "from outside the frame")
-        note_mutation(self.serial)
+        note_container_mutation(self)
 
     def delitem(self, tx, index):
         key = index.as_python_constant()
