@@ -796,3 +796,20 @@ def test_a_break_inside_a_call_that_mutated_an_outside_container_keeps_the_call_
         torch.testing.assert_close(kiln.compile(f, backend="eager")(got_c, x), f(want_c, x))
         assert got_c.updated == want_c.updated and got_c.calls == want_c.calls
         torch.testing.assert_close(got_c.keys, want_c.keys)
+
+
+@pytest.mark.parametrize("start", [0, 2.5, True])
+def test_an_augmented_assignment_to_a_number_with_a_tensor_is_a_binary_op(start):
+    # `buckets = 0; buckets += mask * n` (T5's relative position buckets): the graph recorded
+    # operator.iadd on a literal, and FX wrote `0 += ...` (a SyntaxError inside kiln).
+    def f(x):
+        b = start
+        b += (x > 0).to(torch.long) * 4
+        c = start
+        c *= x
+        c -= x
+        return b, c
+
+    x = torch.randn(5)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    _assert_same(compiled(x), f(x))

@@ -50,8 +50,26 @@ def _same_object(tx, a, b) -> bool:
     return same
 
 
+# In-place operators and the binary operator Python falls back to when the left operand has no
+# in-place method of its own (`n += t` with n an int is `n = n + t`).
+_BINARY_OF_INPLACE = {
+    operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+    operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod, operator.ipow: operator.pow, operator.imatmul: operator.matmul,
+    operator.ilshift: operator.lshift, operator.irshift: operator.rshift,
+    operator.iand: operator.and_, operator.ior: operator.or_, operator.ixor: operator.xor,
+}
+
+
 def apply_operator(tx, fn, args):
     """`fn(*args)` for an operator-module function, folded, structural or a graph node."""
+    binary = _BINARY_OF_INPLACE.get(fn)
+    if binary is not None and args[0].is_python_constant():
+        # A number (or None, a string...) has no in-place method: Python runs the binary
+        # operator, whose result is a new value (a tensor where the right operand is one).
+        dunder = f"__{fn.__name__}__"
+        if not hasattr(type(args[0].as_python_constant()), dunder):
+            fn = binary
     if fn in (operator.is_, operator.is_not):
         same = _same_object(tx, *args)
         return ConstantVariable(same if fn is operator.is_ else not same)
