@@ -318,6 +318,7 @@ def test_a_returned_function_over_the_frame_s_free_variable_sees_it_rebound_late
     k = torch.ones(1) * 3
 
     def make(x):
+        x = x * 1  # an op: the frame has a graph, and its entry rebuilds the lambda
         return lambda: x * k  # x: make's own cell; k: the enclosing function's
 
     cnt = CompileCounter()
@@ -325,7 +326,7 @@ def test_a_returned_function_over_the_frame_s_free_variable_sees_it_rebound_late
     torch.testing.assert_close(fn(), torch.tensor([6.0]))
     k = torch.ones(1) * 10  # noqa: F841  (read through the cell by fn)
     torch.testing.assert_close(fn(), torch.tensor([20.0]))
-    assert kiln.debug.cache_entries(make.__code__)  # captured (no op: no graph), not eager
+    assert kiln.debug.cache_entries(make.__code__)  # captured, not eager
 
 
 def _made_before_a_break(x):

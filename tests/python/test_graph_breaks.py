@@ -377,3 +377,36 @@ def test_export_refuses_a_function_that_assigns_attributes_its_graph_cannot():
     opt = kiln.compile(_counts_and_doubles, backend=CompileCounter())
     torch.testing.assert_close(opt(torch.ones(2)), torch.full((2,), 2.0))
     assert _TALLY.count == before + 1
+
+
+def test_a_frame_that_runs_no_torch_op_is_left_to_python_not_cached_per_argument():
+    # A config's __getattribute__ reached as a frame of its own once per attribute name made an
+    # entry per name (a constant guard each) until cache_size_limit; a frame with no op and
+    # nothing to replay runs as written from then on, and what it calls is still captured.
+    class Config:
+        def __init__(self):
+            for i in range(12):
+                setattr(self, f"a{i}", float(i))
+
+        def __getattribute__(self, key):
+            return object.__getattribute__(self, key)
+
+    cfg = Config()
+
+    def read(c, key):
+        return getattr(c, key)
+
+    cnt = CompileCounter()
+    compiled = kiln.optimize(cnt)(read)
+    for _ in range(2):
+        for i in range(12):
+            assert compiled(cfg, f"a{i}") == float(i)
+    assert kiln.debug.cache_entries(read) == []
+    assert cnt.frame_count == 0
+
+    def uses_torch(c, x):
+        return x * c.a2
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.optimize(cnt)(uses_torch)(cfg, x), x * 2.0)
+    assert cnt.frame_count == 1

@@ -813,3 +813,31 @@ def test_an_augmented_assignment_to_a_number_with_a_tensor_is_a_binary_op(start)
     x = torch.randn(5)
     compiled = kiln.compile(f, backend="eager", fullgraph=True)
     _assert_same(compiled(x), f(x))
+
+
+class _AliasedConfig:
+    """transformers' configs: attribute names mapped by a Python __getattribute__."""
+    attribute_map = {"hidden": "d_model"}
+
+    def __init__(self):
+        self.d_model = 4
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+
+def test_object_getattribute_bound_and_unbound_is_the_generic_lookup_across_a_break():
+    cfg = _AliasedConfig()
+
+    def f(x, c):
+        get = super(_AliasedConfig, c).__getattribute__  # a bound method-wrapper, live at a break
+        x = x * c.hidden
+        opaque(x)
+        return x + get("d_model") + object.__getattribute__(c, "d_model")
+
+    x = torch.randn(3)
+    cnt = CompileCounter()
+    torch.testing.assert_close(kiln.optimize(cnt)(f)(x, cfg), f(x, cfg))
+    assert cnt.frame_count == 2  # both sides of the break captured, not run eagerly

@@ -12,7 +12,7 @@ import torch
 from kiln import _C, config
 from kiln.capture.frame import capture_frame
 from kiln.entry import EntryInfo, next_compile_id
-from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice
+from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToCompile
 from kiln.graph import stand_in
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
@@ -40,6 +40,11 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
+    if (op_count == 0 and capture.graph_break is None and not fullgraph
+            and not output.attribute_stores and not output.container_stores):
+        # A config's __getattribute__, a dataclass's __setattr__: an entry per argument value
+        # would only fill the cache up to its limit.
+        raise NothingToCompile(f"{code.co_qualname} runs no torch op: left to Python")
     graph_break = capture.graph_break
     # Values read from sources are read once, before anything the transformed code runs that
     # could change them: the replayed stores, and the instruction a graph break leaves to

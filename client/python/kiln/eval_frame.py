@@ -13,7 +13,7 @@ from kiln import _C, config
 from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped, skip_code
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
-                      RecompileError, Unsupported)
+                      NothingToCompile, RecompileError, Unsupported)
 from kiln.state import STATE
 
 log = logging.getLogger("kiln")
@@ -114,6 +114,10 @@ class FrameCallback:
             log.info("kiln: %s: %s", code.co_qualname, e)
             self.stood_in.setdefault(code, []).append(e.guards)
             return _C.EAGER
+        except NothingToCompile as e:  # not a break: the frame is left to Python as it is
+            log.debug("kiln: %s", e)
+            STATE.compiled_codes.add(code)
+            return _C.SKIP
         except Unsupported as e:
             if self.fullgraph:
                 raise

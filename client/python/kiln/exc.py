@@ -16,6 +16,13 @@ class Unsupported(KilnError):
         super().__init__(f"{msg}\n{source_line}" if source_line else msg)
 
 
+class NothingToCompile(Unsupported):
+    """The whole frame was captured and it runs no torch op and changes nothing kiln would
+    replay: the original code is what a transformed one would run, so the code is left to
+    CPython from then on (its callees are still captured), as torch.compile skips such frames.
+    Never raised with fullgraph=True."""
+
+
 class CapturedForAnotherDevice(Unsupported):
     """A frame was captured (and stored) for the GPU its CPU tensors stood for
     (kiln.graph.stand_in): it runs eagerly here while `guards` (the capture's guard tree, over

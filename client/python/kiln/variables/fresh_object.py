@@ -225,5 +225,11 @@ class ObjectSetattrVariable(VariableTracker):
         obj.object_setattr(tx, name, value)
         return ConstantVariable(None)
 
+    def reconstruct(self, codegen) -> str:
+        fn = codegen.constant(object.__setattr__)
+        if self.obj is None:
+            return fn
+        return f"{fn}.__get__({codegen(self.obj)})"  # the method-wrapper super() gives
+
     def __repr__(self):
         return "ObjectSetattrVariable()"

@@ -68,6 +68,8 @@ class UserDefinedClassVariable(VariableTracker):
             return ConstantVariable(getattr(self.cls, name))
         if self.cls is object and name == "__setattr__":
             return ObjectSetattrVariable()
+        if self.cls is object and name == "__getattribute__":
+            return ObjectGetattributeVariable()
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
@@ -228,7 +230,7 @@ class SuperVariable(VariableTracker):
             if attr is object.__init__:
                 return _NoOpMethod()
             if attr is object.__getattribute__ and hasattr(self.obj, "generic_getattr"):
-                return _GenericGetattr(self.obj)
+                return ObjectGetattributeVariable(self.obj)
             if attr is object.__setattr__:
                     return ObjectSetattrVariable(self.obj)
             if klass in _MODELLED_BASES:
@@ -237,17 +239,35 @@ class SuperVariable(VariableTracker):
         raise Unsupported(f"super() has no attribute {name!r}")
 
 
-class _GenericGetattr(VariableTracker):
-    """object.__getattribute__ bound to a user object (reached through super())."""
+class ObjectGetattributeVariable(VariableTracker):
+    """`object.__getattribute__`: unbound (object.__getattribute__(obj, name)) or bound to a
+    user object through super() (transformers' configs: super().__getattribute__(key)): the
+    generic lookup, below the class's own __getattribute__."""
 
-    def __init__(self, obj):
+    def __init__(self, obj=None):
         super().__init__(None)
         self.obj = obj
 
+    def python_type(self):
+        return type(object.__getattribute__) if self.obj is None else types.MethodWrapperType
+
     def call_function(self, tx, args, kwargs):
-        if kwargs or len(args) != 1:
-            raise Unsupported("object.__getattribute__ with other than one argument")
-        return self.obj.generic_getattr(tx, args[0].as_python_constant())
+        args = [self.obj, *args] if self.obj is not None else list(args)
+        if kwargs or len(args) != 2:
+            raise Unsupported("object.__getattribute__ with other than two arguments")
+        obj, name = args
+        if not hasattr(obj, "generic_getattr"):
+            raise Unsupported(f"object.__getattribute__ of {obj}")
+        return obj.generic_getattr(tx, name.as_python_constant())
+
+    def reconstruct(self, codegen) -> str:
+        fn = codegen.constant(object.__getattribute__)
+        if self.obj is None:
+            return fn
+        return f"{fn}.__get__({codegen(self.obj)})"  # the method-wrapper super() gives
+
+    def __repr__(self):
+        return f"ObjectGetattributeVariable({'bound' if self.obj is not None else 'unbound'})"
 
 
 class InstanceDictVariable(VariableTracker):
