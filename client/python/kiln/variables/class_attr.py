@@ -57,6 +57,15 @@ def class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_s
         return tx.wrap(static, source)
     if isinstance(static, type):
         return tx.wrap(static, None)
+    if (isinstance(static, types.MemberDescriptorType) and self_vt is not None
+            and self_vt.source is not None and hasattr(self_vt, "value") and plain_getattr(cls)):
+        # A __slots__ attribute of an object from outside (dataclasses' Field.name): read and
+        # guarded through the instance, as any attribute of it.
+        try:
+            value = static.__get__(self_vt.value, cls)
+        except AttributeError:
+            raise Unsupported(f"AttributeError: {cls.__name__}.{name} is not set") from None
+        return tx.wrap(value, AttrSource(self_vt.source, name))
     raise Unsupported(f"attribute {cls.__name__}.{name} of kind {type(static).__name__}")
 
 

@@ -3,6 +3,7 @@ import types
 
 from kiln import decorators
 from kiln.exc import Unsupported
+from kiln.guards.source import AttrSource
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
 
@@ -52,9 +53,21 @@ class UserFunctionVariable(VariableTracker):
         return tx.inline_call(self.fn, args, kwargs, fn_source=self.source)
 
     def var_getattr(self, tx, name):
+        if name == "__class__":  # a function's class cannot be reassigned
+            return tx.wrap(type(self.fn), None)
+        try:
+            value = getattr(self.fn, name)
+        except AttributeError:
+            raise Unsupported(f"AttributeError: function {self.fn.__qualname__} has no "
+                              f"attribute {name!r}") from None
+        if self.source is not None:
+            # Functions' attributes are writable (__name__, __defaults__, __wrapped__, the
+            # program's own): each one read is guarded where it was read from.
+            return tx.wrap(value, AttrSource(self.source, name))
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
-            return ConstantVariable(getattr(self.fn, name))
-        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__}")
+            return ConstantVariable(value)
+        raise Unsupported(f"attribute {name!r} of function {self.fn.__qualname__} (no source "
+                          "to guard it)")
 
     def __repr__(self):
         return f"UserFunctionVariable({self.fn.__qualname__})"

@@ -152,6 +152,15 @@ class TorchVariable(ValueVariable):
         const = constant_args(args, kwargs)
         if cls in (torch.Size, torch.device, torch.dtype) and const is not None:
             return ConstantVariable(cls(*const[0], **const[1]))
+        if cls in (torch.finfo, torch.iinfo) and const is not None:
+            # Immutable facts about a dtype (`torch.finfo(x.dtype).min`); with no argument, the
+            # default dtype's, which the global-state guard covers.
+            if not const[0] and not const[1]:
+                tx.output.guards.add(None, "GLOBAL_STATE")
+            try:
+                return ConstantVariable(cls(*const[0], **const[1]))
+            except (TypeError, ValueError) as e:
+                raise Unsupported(f"torch.{cls.__name__}() raised {type(e).__name__}") from None
         if cls is torch.Tensor or cls is torch.tensor:
             raise Unsupported("torch.Tensor(...) constructor")
         if issubclass(cls, torch.nn.Module):

@@ -1,0 +1,92 @@
+"""Python constructs today's model families use (torchvision, timm, transformers), each captured
+without a graph break or an eager frame and compared with eager on random inputs."""
+import dataclasses
+
+import pytest
+import torch
+
+import kiln
+from kiln.testing import CompileCounter
+
+
+def _one_graph(fn, *args, graphs=1):
+    """fn compiled with a counting backend: its result equals eager's, and capture made
+    `graphs` graphs with no break and no frame run eagerly (kiln.explain)."""
+    explained = kiln.explain(fn)(*args)
+    assert explained.graph_break_count == 0, [str(r) for r in explained.break_reasons]
+    assert explained.graph_count == graphs
+    kiln.reset()
+    cnt = CompileCounter()
+    got = kiln.optimize(cnt)(fn)(*args)
+    want = fn(*args)
+    torch.testing.assert_close(got, want)
+    return cnt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_torch_finfo_and_iinfo_of_a_tensor_dtype_are_constants(dtype):
+    # LLMs mask with torch.finfo(dtype).min; GPT-Neo, Bloom, T5 broke here.
+    def f(x, ids):
+        masked = x.masked_fill(x > 0, torch.finfo(x.dtype).min)
+        return masked + torch.finfo(x.dtype).eps, ids.clamp(max=torch.iinfo(ids.dtype).max - 1)
+
+    _one_graph(f, torch.randn(4, 4).to(dtype), torch.randint(0, 9, (4,)))
+
+
+def test_torch_finfo_with_no_argument_is_the_default_dtypes():
+    def f(x):
+        return x + torch.finfo().eps * 1e6
+
+    x = torch.randn(4)
+    cnt = _one_graph(f, x)
+    prior = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.testing.assert_close(kiln.optimize(cnt)(f)(x), f(x))
+        assert cnt.frame_count == 2  # the default dtype is guarded: a new graph
+    finally:
+        torch.set_default_dtype(prior)
+
+
+def _usage(obj):
+    """torchvision's _log_api_usage_once: reads a function's attributes."""
+    module = obj.__module__
+    name = obj.__class__.__name__ if not isinstance(obj, type(_usage)) else obj.__name__
+    return f"{module}.{name}"
+
+
+def test_a_functions_attributes_are_read_and_guarded():
+    def scaled(x):
+        return x * 2
+
+    def f(x):
+        if _usage(scaled).endswith("scaled") and scaled.__class__ is type(_usage):
+            return scaled(x) + len(scaled.__qualname__)
+        return x
+
+    cnt = _one_graph(f, torch.randn(3))
+    scaled.__qualname__ = "other"  # a function's attributes are writable: guarded
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.optimize(cnt)(f)(x), f(x))
+
+
+@dataclasses.dataclass
+class _Out:
+    logits: torch.Tensor
+    loss: float = 0.0
+
+
+def test_dataclass_fields_slots_are_read_from_outside_objects():
+    # dataclasses.fields() returns Field objects (a __slots__ class): Field.name and
+    # Field.default are member descriptors read through the instance.
+    def f(x, out):
+        total = x
+        for fld in dataclasses.fields(out):
+            v = getattr(out, fld.name)
+            if isinstance(v, torch.Tensor):
+                total = total + v
+            elif fld.default == 0.0:
+                total = total * 2
+        return total
+
+    _one_graph(f, torch.randn(3), _Out(torch.randn(3)))
