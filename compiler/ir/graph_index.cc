@@ -34,6 +34,8 @@ Graph EmptyLike(const Graph& graph) {
   out.set_num_bound_inputs(graph.num_bound_inputs());
   *out.mutable_constants() = graph.constants();
   *out.mutable_outputs() = graph.outputs();
+  *out.mutable_schemas() = graph.schemas();
+  *out.mutable_input_updates() = graph.input_updates();
   return out;
 }
 

@@ -22,7 +22,8 @@ struct ValueIndex {
 
 ValueIndex IndexValues(const kiln::v1::Graph& graph);
 
-// The graph with `graph`'s inputs (and how many are bound), constants and outputs, no nodes.
+// The graph with `graph`'s inputs (and how many are bound), constants, outputs, declared
+// schemas and input updates, no nodes.
 kiln::v1::Graph EmptyLike(const kiln::v1::Graph& graph);
 
 std::unordered_set<uint32_t> GraphOutputs(const kiln::v1::Graph& graph);

@@ -4,9 +4,12 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "compiler/ir/op_admission.h"
+#include "compiler/ir/op_schema.h"
 
 namespace kiln::compiler {
 namespace {
@@ -99,6 +102,75 @@ absl::Status ValidateOptions(const kiln::v1::CompileOptions& options,
   return absl::OkStatus();
 }
 
+// The graph's declared schemas by op, each well-formed and named for its op.
+absl::Status ValidateSchemas(const kiln::v1::Graph& graph, const ValidationLimits& limits,
+                             std::unordered_map<std::string, const kiln::v1::OpSchema*>* by_op) {
+  if (graph.schemas_size() > limits.max_schemas) return Invalid("graph declares too many schemas");
+  for (int i = 0; i < graph.schemas_size(); ++i) {
+    const kiln::v1::OpSchema& s = graph.schemas(i);
+    const std::string where = absl::StrCat("schema ", i, " (", s.op().substr(0, 128), ")");
+    if (s.op().empty() || s.op().size() > 128) return Invalid(where + ": malformed op name");
+    if (s.schema().size() > static_cast<size_t>(limits.max_schema_chars)) {
+      return Invalid(where + ": schema too long");
+    }
+    if (s.tags_size() > 64) return Invalid(where + ": too many tags");
+    for (const std::string& tag : s.tags()) {
+      if (tag.empty() || tag.size() > 64) return Invalid(where + ": malformed tag");
+    }
+    const std::optional<OpSchemaText> parsed = ParseOpSchema(s.schema());
+    if (!parsed) return Invalid(where + ": the schema does not parse");
+    if (parsed->name != s.op()) {
+      return Invalid(absl::StrCat(where, ": the schema is ", parsed->name.substr(0, 128), "'s"));
+    }
+    if (!by_op->emplace(s.op(), &s).second) return Invalid(where + ": declared twice");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInputUpdates(
+    const kiln::v1::Graph& graph, const ValidationLimits& limits,
+    const std::unordered_map<uint32_t, const TensorMeta*>& meta) {
+  std::unordered_map<uint32_t, const TensorMeta*> inputs;
+  for (const Value& v : graph.inputs()) inputs[v.id()] = &v.meta();
+  std::unordered_set<uint32_t> updated;
+  for (int i = 0; i < graph.input_updates_size(); ++i) {
+    const kiln::v1::InputUpdate& u = graph.input_updates(i);
+    const std::string where = absl::StrCat("input update ", i);
+    auto input = inputs.find(u.input());
+    if (input == inputs.end()) {
+      return Invalid(absl::StrCat(where, ": value ", u.input(), " is not a graph input"));
+    }
+    if (!updated.insert(u.input()).second) {
+      return Invalid(absl::StrCat(where, ": input ", u.input(), " is updated twice"));
+    }
+    auto value = meta.find(u.value());
+    if (value == meta.end()) {
+      return Invalid(absl::StrCat(where, ": value ", u.value(), " is undefined"));
+    }
+    const TensorMeta* after = input->second;
+    if (u.has_new_meta()) {
+      int64_t numel = 0;
+      if (absl::Status s = ValidateMeta(u.new_meta(), limits, &numel); !s.ok()) {
+        return Invalid(absl::StrCat(where, ": new metadata: ", s.message()));
+      }
+      if (u.new_meta().dtype() != after->dtype() ||
+          u.new_meta().device().kind() != after->device().kind() ||
+          u.new_meta().device().index() != after->device().index()) {
+        return Invalid(where + ": new metadata changes the input's dtype or device");
+      }
+      after = &u.new_meta();
+    }
+    const TensorMeta& v = *value->second;
+    if (v.dtype() != after->dtype() ||
+        !std::equal(v.sizes().begin(), v.sizes().end(), after->sizes().begin(),
+                    after->sizes().end())) {
+      return Invalid(absl::StrCat(where, ": value ", u.value(),
+                                  " has another dtype or other sizes than its input"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int ElementSize(kiln::v1::DType dtype) {
@@ -134,12 +206,14 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
 
   const kiln::v1::Graph& graph = request.graph();
   if (graph.nodes_size() > limits.max_nodes) return Invalid("graph has too many nodes");
-  std::unordered_set<uint32_t> defined;
+  std::unordered_map<std::string, const kiln::v1::OpSchema*> schemas;
+  if (absl::Status s = ValidateSchemas(graph, limits, &schemas); !s.ok()) return s;
+  std::unordered_map<uint32_t, const TensorMeta*> defined;
   auto define = [&](const Value& value, std::string_view where) -> absl::Status {
     if (defined.size() >= static_cast<size_t>(limits.max_values)) {
       return Invalid("graph has too many values");
     }
-    if (!defined.insert(value.id()).second) {
+    if (!defined.emplace(value.id(), &value.meta()).second) {
       return Invalid(absl::StrCat(std::string(where), ": value id ", value.id(), " defined twice"));
     }
     int64_t numel = 0;
@@ -171,9 +245,11 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
   for (int i = 0; i < graph.nodes_size(); ++i) {
     const kiln::v1::Node& node = graph.nodes(i);
     std::string where = absl::StrCat("node ", i, " (", node.op(), ")");
-    if (!ops.Contains(node.op())) {
-      return Invalid(absl::StrCat("node ", i, ": op '", node.op().substr(0, 128),
-                                  "' is not on the allowlist"));
+    auto declared = schemas.find(node.op());
+    if (absl::Status s =
+            AdmitOp(node, ops, declared == schemas.end() ? nullptr : declared->second);
+        !s.ok()) {
+      return Invalid(absl::StrCat("node ", i, ": ", s.message()));
     }
     if (node.args_size() > limits.max_args_per_node) return Invalid(where + ": too many args");
     for (const Argument& arg : node.args()) {
@@ -230,7 +306,7 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
   for (uint32_t id : graph.outputs()) {
     if (!defined.count(id)) return Invalid(absl::StrCat("graph output ", id, " is undefined"));
   }
-  return absl::OkStatus();
+  return ValidateInputUpdates(graph, limits, defined);
 }
 
 }  // namespace kiln::compiler

@@ -1,7 +1,9 @@
 // Validation of compile requests from the wire. A request that passes is well-formed: every op
-// is allowlisted, every value is defined once before it is used, every tensor's metadata is
-// consistent, constants hold exactly their bytes, and the target is one kiln knows. Compilers
-// may rely on all of this.
+// is admitted (allowlisted, or a functional aten op by its declared schema: op_admission.h),
+// every declared schema parses and is named for its op, every value is defined once before it
+// is used, every tensor's metadata is consistent, constants hold exactly their bytes, every input
+// update names a graph input once and a value of its dtype and sizes, and the target is one kiln
+// knows. Compilers may rely on all of this.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,8 @@ struct ValidationLimits {
   int max_rank = 16;
   int max_args_per_node = 64;
   int max_options = 64;
+  int max_schemas = 4096;
+  int max_schema_chars = 8192;
   int64_t max_numel = int64_t{1} << 40;  // per tensor
 };
 

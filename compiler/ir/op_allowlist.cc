@@ -1,4 +1,5 @@
-// The default op allowlist: ATen schema names (namespace::name.overload).
+// The default op allowlist: ATen schema names (namespace::name.overload). Ops off it may still be
+// admitted by their declared schema (op_admission.h).
 #include "compiler/ir/op_allowlist.h"
 
 namespace kiln::compiler {
@@ -159,6 +160,81 @@ constexpr const char* kDefaultOps[] = {
     "aten::max_pool2d_with_indices_backward",
     "aten::_adaptive_avg_pool2d_backward",
     "aten::avg_pool2d_backward",
+    // The training ops of the common losses, activations, norms, embeddings, attention and
+    // dropout, forward and backward: library calls (the client decomposes some of them into
+    // pointwise ops and reductions first). Any other functional aten op is admitted by its
+    // declared schema (op_admission.h); these are listed so that they are reviewed by name.
+    "aten::nll_loss_forward",
+    "aten::nll_loss_backward",
+    "aten::nll_loss2d_forward",
+    "aten::nll_loss2d_backward",
+    "aten::mse_loss",
+    "aten::mse_loss_backward",
+    "aten::l1_loss",
+    "aten::smooth_l1_loss",
+    "aten::smooth_l1_loss_backward",
+    "aten::huber_loss",
+    "aten::huber_loss_backward",
+    "aten::binary_cross_entropy",
+    "aten::binary_cross_entropy_backward",
+    "aten::binary_cross_entropy_with_logits",
+    "aten::_softmax_backward_data",
+    "aten::_log_softmax_backward_data",
+    "aten::gelu_backward",
+    "aten::silu_backward",
+    "aten::threshold_backward",
+    "aten::tanh_backward",
+    "aten::sigmoid_backward",
+    "aten::hardtanh_backward",
+    "aten::hardswish_backward",
+    "aten::hardsigmoid_backward",
+    "aten::leaky_relu_backward",
+    "aten::elu_backward",
+    "aten::softplus_backward",
+    "aten::native_layer_norm_backward",
+    "aten::native_batch_norm_backward",
+    "aten::_native_batch_norm_legit",
+    "aten::native_group_norm",
+    "aten::native_group_norm_backward",
+    "aten::embedding_dense_backward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_flash_attention_backward",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_cudnn_attention_backward",
+    "aten::_flash_attention_forward",
+    "aten::_flash_attention_backward",
+    "aten::_efficient_attention_forward",
+    "aten::_efficient_attention_backward",
+    // Random ops: the plan calls them as eager does, in order, from the default generator; the
+    // compiler never merges, reorders or caches them (IsRandom).
+    "aten::native_dropout",
+    "aten::native_dropout_backward",
+    "aten::bernoulli",
+    "aten::bernoulli.p",
+    "aten::rand_like",
+    "aten::randn_like",
+    "aten::randint_like",
+    "aten::rand",
+    "aten::randn",
+    // Padding (swin's windows, GPT-2's attention on GPU): ATen's kernels.
+    "aten::constant_pad_nd",
+    "aten::reflection_pad1d",
+    "aten::reflection_pad2d",
+    "aten::replication_pad1d",
+    "aten::replication_pad2d",
+    // Views op_classes.cc knows the aliasing of.
+    "aten::as_strided",
+    "aten::unfold",
+    "aten::diagonal",
+    // What functionalization writes for an in-place update of a view: a new tensor each.
+    "aten::copy",
+    "aten::select_scatter",
+    "aten::slice_scatter",
+    "aten::as_strided_scatter",
+    "aten::index_put",
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
-// The ATen operations a client may send. Anything else is refused at validation, before any
-// compiler sees it. To support a new op, add its schema name to kDefaultOps in op_allowlist.cc.
+// The ATen operations kilnd knows by name: its passes and generators may treat them specially.
+// Any other op must be admitted by its declared schema (op_admission.h) or is refused at
+// validation, before any compiler sees it. To review a new op by name, add it to kDefaultOps in
+// op_allowlist.cc.
 #pragma once
 
 #include <string>

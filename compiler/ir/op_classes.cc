@@ -59,6 +59,18 @@ bool IsNondeterministic(std::string_view op) {
   return false;
 }
 
+NondeterministicOps::NondeterministicOps(const kiln::v1::Graph& graph) {
+  for (const kiln::v1::OpSchema& schema : graph.schemas()) {
+    for (const std::string& tag : schema.tags()) {
+      if (tag == "nondeterministic_seeded") declared_.insert(schema.op());
+    }
+  }
+}
+
+bool NondeterministicOps::Contains(std::string_view op) const {
+  return IsNondeterministic(op) || declared_.count(std::string(op)) != 0;
+}
+
 bool IsForwardConvolution(const kiln::v1::Node& n) {
   using kiln::v1::Argument;
   if (n.op() != "aten::convolution" || n.args_size() != 9 || n.outputs_size() != 1) return false;

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "kiln/v1/graph.pb.h"
@@ -41,6 +43,20 @@ bool WritesFirstInput(std::string_view op);
 // True for ops whose two calls with equal arguments may differ (random, uninitialized memory):
 // common-subexpression elimination leaves them alone.
 bool IsNondeterministic(std::string_view op);
+
+// The ops of one graph whose two calls with equal arguments may differ: IsNondeterministic's by
+// name, and those the graph declares tagged nondeterministic_seeded (kiln.v1.OpSchema: torch's
+// random ops, its fused attention kernels, which draw for their dropout). Such calls are never
+// merged (CSE), cached (the prologue) or reordered against each other (horizontal fusion): each
+// draws from the generator where eager's did.
+class NondeterministicOps {
+ public:
+  explicit NondeterministicOps(const kiln::v1::Graph& graph);
+  bool Contains(std::string_view op) const;
+
+ private:
+  std::unordered_set<std::string> declared_;
+};
 
 // The ids of the values `node` reads, in argument order (Tensor and Tensor[] arguments).
 std::vector<uint32_t> ValuesRead(const kiln::v1::Node& node);

@@ -16,8 +16,9 @@ std::unordered_set<uint32_t> BoundValues(const Graph& graph) {
   for (int i = 0; i < n; ++i) bound.insert(graph.inputs(i).id());
   for (const auto& c : graph.constants()) bound.insert(c.value().id());
   const std::unordered_set<uint32_t> escaping = Escaping(graph);
+  const NondeterministicOps random(graph);
   for (const Node& node : graph.nodes()) {
-    if (IsNondeterministic(node.op()) || node.outputs_size() == 0) continue;
+    if (random.Contains(node.op()) || node.outputs_size() == 0) continue;
     bool only_bound = true;
     for (uint32_t id : ValuesRead(node)) only_bound = only_bound && bound.count(id);
     for (const auto& out : node.outputs()) only_bound = only_bound && !escaping.count(out.id());

@@ -152,8 +152,9 @@ void MergeIndependentGroups(const Graph& graph, FusedProgram& program,
   std::vector<FusedStep>& steps = program.steps;
   std::vector<StepValues> values;
   for (const FusedStep& step : steps) values.push_back(ValuesOfStep(graph, program, step));
+  const NondeterministicOps random(graph);
   auto is_random = [&](const FusedStep& step) {
-    return !step.is_kernel && IsNondeterministic(graph.nodes(step.node).op());
+    return !step.is_kernel && random.Contains(graph.nodes(step.node).op());
   };
   const std::unordered_set<uint32_t> returned(graph.outputs().begin(), graph.outputs().end());
   const std::unordered_map<uint32_t, std::vector<int>> readers = Readers(graph);

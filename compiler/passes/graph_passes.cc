@@ -104,6 +104,7 @@ Graph EliminateDeadCode(const Graph& graph, PassStats* stats) {
 Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
   const std::unordered_set<uint32_t> outputs = GraphOutputs(graph);
   const std::unordered_set<uint32_t> escaping = Escaping(graph);
+  const NondeterministicOps random(graph);
   Graph out = EmptyLike(graph);
   Replacements replace;
   // Key: op, arguments (already rewritten) and output metadata -> the first node's outputs.
@@ -126,7 +127,7 @@ Graph EliminateCommonSubexpressions(const Graph& graph, PassStats* stats) {
       keep_distinct = keep_distinct || outputs.count(v.id()) != 0 ||
                       (!MayAliasInput(node.op()) && escaping.count(v.id()) != 0);
     }
-    if (!IsNondeterministic(node.op()) && node.outputs_size() > 0) {
+    if (!random.Contains(node.op()) && node.outputs_size() > 0) {
       auto [it, inserted] = seen.try_emplace(key);
       if (inserted) {
         for (const auto& v : node.outputs()) it->second.push_back(v.id());

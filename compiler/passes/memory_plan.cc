@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -45,6 +46,8 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
   std::vector<std::vector<uint32_t>> step_reads(program.steps.size());
   std::unordered_map<uint32_t, int> def_step;  // value -> fused step defining it
   std::unordered_set<uint32_t> viewed;         // values a view op reads: never in the arena
+  std::unordered_map<std::string, const std::string*> schemas;  // declared, by op
+  for (const kiln::v1::OpSchema& schema : graph.schemas()) schemas[schema.op()] = &schema.schema();
   for (size_t s = 0; s < program.steps.size(); ++s) {
     const FusedStep& step = program.steps[s];
     const kiln::v1::Node& first =
@@ -72,6 +75,10 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
       kiln::v1::LibraryCall* call = ps->mutable_library();
       call->set_op(n.op());
       *call->mutable_args() = n.args();
+      // The runtime calls the op only if its dispatcher has the schema the daemon admitted.
+      if (auto declared = schemas.find(n.op()); declared != schemas.end()) {
+        call->set_schema(*declared->second);
+      }
       step_reads[s] = ValuesRead(n);
       if (MayAliasInput(n.op())) viewed.insert(step_reads[s].begin(), step_reads[s].end());
       // The result is the first input's memory, alive after the input's last use.

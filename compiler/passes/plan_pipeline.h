@@ -30,7 +30,8 @@ struct PlannedGraph {
 using DevicePasses = std::function<kiln::v1::Graph(kiln::v1::Graph, PassLog& passes)>;
 
 // Runs the pipeline over `request` (validated) for `device` (which generated kernels may run
-// on). Never fails: what cannot be fused is a library step.
+// on). Never fails: what cannot be fused is a library step. The graph's input updates become the
+// plan's, their values computed and kept to the end as the graph's outputs are.
 PlannedGraph PlanGraph(const kiln::v1::CompileRequest& request, kiln::v1::DeviceKind device,
                        const DevicePasses& device_passes = nullptr);
 

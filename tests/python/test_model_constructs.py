@@ -90,3 +90,23 @@ def test_dataclass_fields_slots_are_read_from_outside_objects():
         return total
 
     _one_graph(f, torch.randn(3), _Out(torch.randn(3)))
+
+
+def test_code_object_attributes_and_setattr_are_modelled():
+    # transformers' decorators read func.__code__.co_varnames to bind arguments by name.
+    class State:
+        pass
+
+    def helper(a, b, scale=2):
+        return a * scale + b
+
+    def f(x, state):
+        names = helper.__code__.co_varnames[:helper.__code__.co_argcount]
+        setattr(state, "seen", names)
+        return helper(x, x) if names[-1] == "scale" else x
+
+    s_got, s_want = State(), State()
+    x = torch.randn(3)
+    _one_graph(f, x, s_got)
+    f(x, s_want)
+    assert s_got.seen == s_want.seen == ("a", "b", "scale")

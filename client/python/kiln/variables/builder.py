@@ -106,6 +106,9 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, types.ModuleType):
         add("ID_MATCH", value)
         return PythonModuleVariable(value, source)
+    if isinstance(value, types.CodeType):
+        add("ID_MATCH", value)  # immutable: its attributes (co_varnames...) are constants
+        return ConstantVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, type)) and _is_modelled_builtin(value):
         add("ID_MATCH", value)
         return BuiltinVariable(value, source)

@@ -253,6 +253,17 @@ def _hasattr(tx, obj, name):
     return ConstantVariable(obj.has_attr(tx, name.as_python_constant()))
 
 
+def _setattr(tx, obj, name, value):
+    """setattr(obj, name, value): what `obj.name = value` (STORE_ATTR) does."""
+    obj.store_attr(tx, name.as_python_constant(), value)
+    return ConstantVariable(None)
+
+
+def _delattr(tx, obj, name):
+    obj.del_attr(tx, name.as_python_constant())
+    return ConstantVariable(None)
+
+
 def _minmax(fn):
     def handler(tx, *args, **kwargs):
         items = args[0].unpack(tx) if len(args) == 1 else list(args)
@@ -369,6 +380,8 @@ _HANDLERS = {
     isinstance: lambda tx, obj, classes: _isinstance(tx, obj, classes),
     getattr: _getattr,
     hasattr: _hasattr,
+    setattr: _setattr,
+    delattr: _delattr,
     min: _minmax(min),
     max: _minmax(max),
     abs: _abs,
