@@ -694,3 +694,24 @@ def test_a_dict_subclass_is_always_checked_in_full():
     assert g.check((d,), frame_func) and g.check((d,), frame_func)
     Answering.answer = 5  # the dict itself is unchanged
     assert not g.check((d,), frame_func)
+
+
+def test_an_entry_whose_guarded_objects_die_at_interpreter_exit_prints_nothing():
+    # The weak references' callbacks run while the interpreter tears its modules down (sys
+    # among them): they printed "Exception ignored in ... on_dead" at every exit.
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, types, torch\n"
+        "early = types.ModuleType('early')\n"  # torn down after kiln's modules
+        "early.m = torch.nn.Linear(3, 3)\n"
+        "sys.modules['early'] = early\n"
+        "import kiln\n"
+        "f = kiln.compile(lambda x: early.m(x) * 2, backend='eager')\n"
+        "f(torch.randn(2, 3))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr

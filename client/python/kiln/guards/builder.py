@@ -133,10 +133,11 @@ def entry_dropper(code):
     callback must not keep the code or the tree alive."""
     code_ref = weakref.ref(code)
     manager_ref = []
-    drop_entry = _C.drop_entry  # held here: at interpreter exit the module's attributes are gone
+    # Held here: at interpreter exit the modules' attributes (sys's included) are gone.
+    drop_entry, is_finalizing = _C.drop_entry, sys.is_finalizing
 
     def on_dead(_dead_ref):
-        if sys.is_finalizing():  # the objects die as the interpreter exits: nothing to drop
+        if is_finalizing():  # the objects die as the interpreter exits: nothing to drop
             return
         code_now = code_ref()
         manager = manager_ref[0]() if manager_ref else None
