@@ -483,6 +483,27 @@ Status DecodeLibrary(Reader& r, LibraryStepSpec* out) {
         return AppendMessage(r, wire_type, field, &out->args, "args", DecodeArgument);
       case 3:
         return In(ReadRepeated(r, wire_type, field, &out->outputs), "outputs");
+      case 4:
+        return ReadString(r, wire_type, field, &out->schema);
+      default:
+        return r.Skip(field, wire_type);
+    }
+  });
+}
+
+Status DecodeInputUpdate(Reader& r, InputUpdateSpec* out) {
+  return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
+    std::optional<Reader> nested;
+    switch (field) {
+      case 1:
+        return ReadScalar(r, wire_type, field, &out->input);
+      case 2:
+        return ReadScalar(r, wire_type, field, &out->value);
+      case 3:
+        KILN_RETURN_IF_ERROR(OpenMessage(r, wire_type, field, &nested));
+        if (!nested) return Status::OK();
+        out->has_new_meta = true;
+        return In(DecodeMeta(*nested, &out->new_meta), "new_meta");
       default:
         return r.Skip(field, wire_type);
     }
@@ -563,6 +584,9 @@ Status DecodeExecutionPlan(Reader& r, PlanSpec* out) {
         return AppendMessage(r, wire_type, field, &out->prologue, "prologue", DecodeStep);
       case 10:
         return In(ReadRepeated(r, wire_type, field, &out->prologue_outputs), "prologue_outputs");
+      case 11:
+        return AppendMessage(r, wire_type, field, &out->input_updates, "input_updates",
+                             DecodeInputUpdate);
       default:
         return r.Skip(field, wire_type);
     }

@@ -112,6 +112,16 @@ struct LibraryStepSpec {
   std::string op;  // Schema name with overload: "aten::add.Tensor", "aten::relu".
   std::vector<CallArg> args;
   std::vector<uint32_t> outputs, release;
+  std::string schema;  // The declared schema the dispatcher's must equal; empty: not checked.
+};
+
+// kiln.v1.InputUpdate: after the last step, `input` takes new_meta's layout (when set) and then
+// `value`'s elements.
+struct InputUpdateSpec {
+  uint32_t input = 0;
+  uint32_t value = 0;
+  bool has_new_meta = false;
+  MetaSpec new_meta;
 };
 
 // kiln.v1.PlanStep. A step that names neither a kernel nor a library call is refused by the
@@ -138,6 +148,7 @@ struct PlanSpec {
   // steps read.
   std::vector<StepSpec> prologue;
   std::vector<uint32_t> prologue_outputs;
+  std::vector<InputUpdateSpec> input_updates;  // Applied in order after the last step.
 };
 
 }  // namespace kiln::runtime

@@ -127,9 +127,8 @@ absl::Status ValidateSchemas(const kiln::v1::Graph& graph, const ValidationLimit
   return absl::OkStatus();
 }
 
-absl::Status ValidateInputUpdates(
-    const kiln::v1::Graph& graph, const ValidationLimits& limits,
-    const std::unordered_map<uint32_t, const TensorMeta*>& meta) {
+absl::Status ValidateInputUpdates(const kiln::v1::Graph& graph, const ValidationLimits& limits,
+                                  const std::unordered_map<uint32_t, const TensorMeta*>& meta) {
   std::unordered_map<uint32_t, const TensorMeta*> inputs;
   for (const Value& v : graph.inputs()) inputs[v.id()] = &v.meta();
   std::unordered_set<uint32_t> updated;
@@ -161,9 +160,8 @@ absl::Status ValidateInputUpdates(
       after = &u.new_meta();
     }
     const TensorMeta& v = *value->second;
-    if (v.dtype() != after->dtype() ||
-        !std::equal(v.sizes().begin(), v.sizes().end(), after->sizes().begin(),
-                    after->sizes().end())) {
+    if (v.dtype() != after->dtype() || !std::equal(v.sizes().begin(), v.sizes().end(),
+                                                   after->sizes().begin(), after->sizes().end())) {
       return Invalid(absl::StrCat(where, ": value ", u.value(),
                                   " has another dtype or other sizes than its input"));
     }
@@ -246,8 +244,7 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
     const kiln::v1::Node& node = graph.nodes(i);
     std::string where = absl::StrCat("node ", i, " (", node.op(), ")");
     auto declared = schemas.find(node.op());
-    if (absl::Status s =
-            AdmitOp(node, ops, declared == schemas.end() ? nullptr : declared->second);
+    if (absl::Status s = AdmitOp(node, ops, declared == schemas.end() ? nullptr : declared->second);
         !s.ok()) {
       return Invalid(absl::StrCat("node ", i, ": ", s.message()));
     }

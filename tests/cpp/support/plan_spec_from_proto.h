@@ -103,7 +103,7 @@ inline std::optional<StepSpec> FromProto(const kiln::v1::PlanStep& s) {
   }
   if (s.has_library()) {
     const auto& l = s.library();
-    LibraryStepSpec out{l.op(), {}, {l.outputs().begin(), l.outputs().end()}, release};
+    LibraryStepSpec out{l.op(), {}, {l.outputs().begin(), l.outputs().end()}, release, l.schema()};
     for (const auto& a : l.args()) out.args.push_back(FromProto(a));
     return out;
   }
@@ -127,6 +127,10 @@ inline std::optional<PlanSpec> FromProto(const kiln::v1::ExecutionPlan& p) {
   for (const auto& b : p.buffers()) out.buffers.push_back({b.id(), b.in_arena(), b.arena_offset()});
   out.arena_bytes = p.arena_bytes();
   out.prologue_outputs.assign(p.prologue_outputs().begin(), p.prologue_outputs().end());
+  for (const auto& u : p.input_updates()) {
+    out.input_updates.push_back({u.input(), u.value(), u.has_new_meta(),
+                                 u.has_new_meta() ? FromProto(u.new_meta()) : MetaSpec{}});
+  }
   return out;
 }
 
@@ -149,8 +153,8 @@ inline std::string Dump(const StepSpec& step) {
            " smem " + std::to_string(k->shared_memory_bytes) + "\n";
   }
   const auto& l = std::get<LibraryStepSpec>(step);
-  std::string out =
-      "library " + l.op + " outputs " + List(l.outputs) + " release " + List(l.release) + "\n";
+  std::string out = "library " + l.op + " outputs " + List(l.outputs) + " release " +
+                    List(l.release) + " schema '" + l.schema + "'\n";
   for (const CallArg& a : l.args) {
     out += "  arg '" + a.name + "' kind " + std::to_string(static_cast<int>(a.kind)) + " i " +
            std::to_string(a.i) + " f " + std::to_string(std::bit_cast<uint64_t>(a.f)) + " b " +
@@ -177,6 +181,10 @@ inline std::string Dump(const PlanSpec& p) {
   }
   for (const auto& s : p.prologue) out += "prologue " + Dump(s);
   for (const auto& s : p.steps) out += "step " + Dump(s);
+  for (const auto& u : p.input_updates) {
+    out += "update " + std::to_string(u.input) + " <- " + std::to_string(u.value) +
+           (u.has_new_meta ? " as " + Dump(u.new_meta) : std::string()) + "\n";
+  }
   return out;
 }
 

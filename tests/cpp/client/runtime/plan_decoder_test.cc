@@ -110,6 +110,7 @@ kiln::v1::ExecutionPlan RichPlan() {
   a->set_string_value("floor");
   call->add_outputs(5);
   call->add_outputs(6);
+  call->set_schema("aten::_to_copy(Tensor self, *, ScalarType? dtype=None) -> Tensor");
   l->add_release(3);
 
   auto* b = p.add_buffers();
@@ -118,6 +119,13 @@ kiln::v1::ExecutionPlan RichPlan() {
   b->set_arena_offset(128);
   p.set_arena_bytes(1ULL << 33);
   for (uint32_t id : {5u, 0u, 5u}) p.add_outputs(id);
+  auto* update = p.add_input_updates();
+  update->set_input(1);
+  update->set_value(6);
+  auto* restrided = p.add_input_updates();
+  restrided->set_input(300);
+  restrided->set_value(5);
+  SetMeta(restrided->mutable_new_meta(), kiln::v1::DTYPE_FLOAT32, {3, 4}, {1, 3}, 1);
   return p;
 }
 
@@ -157,6 +165,13 @@ TEST(PlanDecoderTest, EveryFieldDecodesAsProtobufParsesIt) {
   EXPECT_EQ(call.args[9].list, (std::vector<int64_t>{-1, 0, 1LL << 40}));
   EXPECT_EQ(spec->constants[0].data, std::string(48, '\x01'));
   EXPECT_EQ(std::get<KernelStepSpec>(spec->steps[0]).release, (std::vector<uint32_t>{4}));
+  EXPECT_EQ(call.schema, "aten::_to_copy(Tensor self, *, ScalarType? dtype=None) -> Tensor");
+  ASSERT_EQ(spec->input_updates.size(), 2u);
+  EXPECT_EQ(spec->input_updates[0].value, 6u);
+  EXPECT_FALSE(spec->input_updates[0].has_new_meta);
+  EXPECT_TRUE(spec->input_updates[1].has_new_meta);
+  EXPECT_EQ(spec->input_updates[1].new_meta.strides, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(spec->input_updates[1].new_meta.storage_offset, 1);
 }
 
 TEST(PlanDecoderTest, EmptyBytesAreAnEmptyPlan) {
