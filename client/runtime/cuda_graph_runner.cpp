@@ -85,6 +85,20 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
   if (!step.empty()) {
     disabled_ = true;
     pending_note_ = step + " synchronises with the host";
+  } else if (!plan_->first_random_step().empty()) {
+    // The warm-up before the capture would draw from the generator: the first call's numbers
+    // would not be eager's.
+    disabled_ = true;
+    pending_note_ = plan_->first_random_step() + " draws random numbers";
+  }
+  for (const Plan::InputUpdate& u : plan_->input_updates()) {
+    if (disabled_) break;
+    if (u.call_index < 0 || u.restride) {
+      // The warm-up would write the parameter once more; a new layout would change the static
+      // input the graph reads.
+      disabled_ = true;
+      pending_note_ = "the plan updates a parameter or an input's layout in place";
+    }
   }
 }
 
@@ -277,6 +291,11 @@ Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
     if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) static_inputs_[i].copy_(inputs[i]);
   }
   graph_->replay();
+  for (const Plan::InputUpdate& u : plan_->input_updates()) {
+    // The graph wrote the static input; the caller's own tensor is the one eager updates.
+    const auto i = static_cast<size_t>(u.call_index);
+    if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) inputs[i].copy_(static_inputs_[i]);
+  }
   outputs->clear();
   outputs->reserve(sources_.size());
   for (size_t i = 0; i < sources_.size(); ++i) {

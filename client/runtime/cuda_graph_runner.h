@@ -39,12 +39,17 @@ namespace kiln::runtime {
 //    sliced view is a view of the same sizes, strides and offset over a copy of the storage span
 //    it reads), and a replay that finds the plan's values recomputed (a parameter it reads
 //    changed) copies the new spans into that copy first, or captures again when a layout changed.
+//  - Inputs the plan updates in place (Plan::input_updates) are copied back from their static
+//    buffers into the caller's tensors after the replay.
 // A plan that calls an op known to synchronise with the host (nonzero, masked_select, item,
 // unique, ...: ops whose result's size or value the host must read) is never captured: a capture
 // that fails part-way leaves torch's CUDA generator in its capturing state, so that every later
-// random op of the process fails. Any other capture that fails makes the runner run the plan
-// without a graph from then on. Either way Run says so once through `note`. A replay
-// never falls back silently to a different result: errors are returned as Plan::Run's are.
+// random op of the process fails. Nor is one that draws random numbers (the warm-up run would
+// move the generator, so the first call would not draw eager's numbers), updates a parameter
+// (the warm-up would update it once more) or changes an input's layout in place. Any other capture
+// that fails makes the runner run the plan without a graph from then on. Either way Run says so
+// once through `note`. A replay never falls back silently to a different result: errors are
+// returned as Plan::Run's are.
 //
 // Run may be called from several threads: calls of one runner are serialised, and the pool
 // orders the replays of all runners sharing it.

@@ -8,10 +8,10 @@
 #include <ATen/ScalarOps.h>
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/Scalar.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <array>
@@ -304,6 +304,7 @@ class Plan::Builder {
   Status LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step);
   StatusOr<LibraryStep> BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
   Status Release(const std::vector<uint32_t>& ids, Step* step);
+  Status InputUpdates(const PlanSpec& spec, size_t num_params);
 
   Plan& plan_;
   std::vector<char> state_, is_buffer_, written_, is_output_;
@@ -478,6 +479,60 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
   }
   KILN_RETURN_IF_ERROR(Steps(spec.steps, "step", false, &plan_.steps_));
   for (int s : plan_.output_slots_) KILN_RETURN_IF_ERROR(Require(s, "output"));
+  return InputUpdates(spec, num_params);
+}
+
+Status Plan::Builder::InputUpdates(const PlanSpec& spec, size_t num_params) {
+  std::set<int> updated;
+  for (size_t i = 0; i < spec.input_updates.size(); ++i) {
+    const InputUpdateSpec& u = spec.input_updates[i];
+    const std::string where = "input update " + std::to_string(i);
+    auto input = std::find(spec.inputs.begin(), spec.inputs.end(), u.input);
+    if (input == spec.inputs.end()) {
+      return Invalid(where + ": " + Id(u.input) + " is not an input");
+    }
+    InputUpdate update;
+    KILN_ASSIGN_OR_RETURN(update.input_slot, Slot(u.input));
+    KILN_ASSIGN_OR_RETURN(update.value_slot, Slot(u.value));
+    if (!updated.insert(update.input_slot).second) {
+      return Invalid(where + ": " + Id(u.input) + " is updated twice");
+    }
+    KILN_RETURN_IF_ERROR(Require(update.value_slot, where));
+    const size_t position = static_cast<size_t>(input - spec.inputs.begin());
+    if (position < num_params) {
+      // The update writes the caller's parameter, which the steps must be reading themselves.
+      const at::Tensor& bound = plan_.bound_[update.input_slot];
+      if (!bound.is_same(plan_.originals_[update.input_slot])) {
+        return Invalid(where + ": parameter " + Id(u.input) +
+                       " is read through a copy (another device or layout)");
+      }
+    } else {
+      update.call_index = static_cast<int>(position - num_params);
+    }
+    const ValueMeta& in = plan_.metas_[update.input_slot];
+    ValueMeta after = in;
+    if (u.has_new_meta) {
+      const auto dtype = ScalarTypeOf(u.new_meta.dtype);
+      if (!dtype || *dtype != in.dtype) return Invalid(where + ": new metadata changes the dtype");
+      after = ValueMeta{*dtype, u.new_meta.sizes, u.new_meta.strides, u.new_meta.storage_offset};
+      if (after.sizes.size() != after.strides.size() || after.storage_offset < 0 ||
+          std::any_of(after.sizes.begin(), after.sizes.end(), [](int64_t x) { return x < 0; }) ||
+          std::any_of(after.strides.begin(), after.strides.end(),
+                      [](int64_t x) { return x < 0; }) ||
+          !CheckedStorageBytes(after)) {
+        return Invalid(where + ": malformed new metadata");
+      }
+      update.restride = true;
+      update.new_meta = after;
+    }
+    const ValueMeta& value = plan_.metas_[update.value_slot];
+    if (value.dtype != after.dtype || value.sizes != after.sizes) {
+      return Invalid(where + ": " + Id(u.value) + " is " +
+                     Describe(value.dtype, value.sizes, value.strides) + ", its input " +
+                     Describe(after.dtype, after.sizes, after.strides));
+    }
+    plan_.input_updates_.push_back(std::move(update));
+  }
   return Status::OK();
 }
 
@@ -524,6 +579,10 @@ Status Plan::Builder::Steps(const std::vector<StepSpec>& specs, const char* list
       KILN_RETURN_IF_ERROR(LibraryStepOf(l, prologue, &step));
       KILN_RETURN_IF_ERROR(Release(l.release, &step));
       ++plan_.num_library_calls_;
+      if (plan_.first_random_step_.empty() &&
+          std::get<LibraryStep>(step.body).op.hasTag(at::Tag::nondeterministic_seeded)) {
+        plan_.first_random_step_ = step.label;
+      }
     }
     into->push_back(std::move(step));
   }
@@ -644,6 +703,12 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle) return Invalid(where + ": no such operator in the dispatcher");
   const c10::FunctionSchema& schema = handle->schema();
+  if (!spec.schema.empty() && c10::toString(schema) != spec.schema) {
+    // The daemon admitted the op for the schema the graph declared: another torch's op of the
+    // same name may do something else.
+    return Invalid(where + ": the dispatcher's schema is " + c10::toString(schema) +
+                   ", the plan was made for " + spec.schema);
+  }
   const auto& formals = schema.arguments();
   LibraryStep step{*handle, std::vector<c10::IValue>(formals.size()), {}, {}, {}};
 
@@ -720,6 +785,10 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
       ++fixed_returns;
     } else if (element != nullptr && IsTensor(element) && !f.optional) {
       list_return = true;
+    } else if (!f.optional && (IsIntLike(f.type) || IsFloatLike(f.type) ||
+                               f.type->kind() == c10::TypeKind::BoolType ||
+                               f.type->kind() == c10::TypeKind::SymBoolType)) {
+      step.skips_numbers = true;  // CUDA attention's sizes beside its tensors: bound to nothing
     } else {
       return Invalid(where + ": returns " + r.real_type()->str() + ", not tensors");
     }
@@ -847,6 +916,10 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
   l.op.callBoxed(&stack);
   size_t next = 0;
   auto take = [&](const c10::IValue& v) {
+    if (l.skips_numbers && (v.isInt() || v.isDouble() || v.isBool() || v.isSymInt() ||
+                            v.isSymFloat() || v.isSymBool())) {
+      return Status::OK();
+    }
     if (!v.isTensor() && !v.isNone()) return Status::RuntimeError("returned a non-tensor");
     if (next >= l.outputs.size()) {
       return Status::RuntimeError("returned more tensors than expected");
@@ -1081,6 +1154,7 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
                   : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     }
     KILN_RETURN_IF_ERROR(RunSteps(steps_, vals, arena));
+    if (!input_updates_.empty()) KILN_RETURN_IF_ERROR(ApplyInputUpdates(vals, inputs));
     outputs->clear();
     outputs->reserve(output_slots_.size());
     for (int s : output_slots_) outputs->push_back(vals[s]);
@@ -1090,6 +1164,60 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
   } catch (const std::exception& e) {
     return Status::RuntimeError(std::string("kiln plan: ") + e.what());
   }
+}
+
+Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
+                               const std::vector<at::Tensor>& inputs) const {
+  // Every check before the first write: a plan that fails here leaves the inputs as they were,
+  // so that the eager fallback runs the graph on what the caller passed.
+  std::vector<at::Tensor> targets, sources;
+  for (const InputUpdate& u : input_updates_) {
+    const std::string where = "kiln plan: input update of " + Id(ids_[u.input_slot]) + ": ";
+    const at::Tensor& target =
+        u.call_index >= 0 ? inputs[static_cast<size_t>(u.call_index)] : originals_[u.input_slot];
+    const at::Tensor& value = vals[u.value_slot];
+    const ValueMeta& in = metas_[u.input_slot];
+    if (!target.defined() || !value.defined()) {
+      return Status::RuntimeError(where + "an undefined tensor");
+    }
+    if (target.scalar_type() != in.dtype || target.sizes() != c10::IntArrayRef(in.sizes) ||
+        value.scalar_type() != in.dtype) {
+      return Status::RuntimeError(where + "the input is " +
+                                  Describe(target.scalar_type(), target.sizes(), target.strides()) +
+                                  ", the plan's " + Describe(in.dtype, in.sizes, in.strides));
+    }
+    if (u.restride) {
+      const int64_t bytes = *CheckedStorageBytes(u.new_meta);  // Create checked it fits.
+      if (!target.has_storage() || static_cast<int64_t>(target.storage().nbytes()) < bytes) {
+        return Status::RuntimeError(where + "its storage is smaller than its new layout spans");
+      }
+    }
+    targets.push_back(target);
+    sources.push_back(value);
+  }
+  for (size_t i = 0; i < input_updates_.size(); ++i) {
+    // A value read through a view of an input written before it (or of its own input, in
+    // another layout) is copied first: every value is what the graph computed from the inputs
+    // as they were passed.
+    const InputUpdate& u = input_updates_[i];
+    for (size_t j = 0; j < targets.size(); ++j) {
+      if (!sources[i].is_alias_of(targets[j])) continue;
+      const ValueMeta& own = u.restride ? u.new_meta : metas_[u.input_slot];
+      if (j == i && (u.restride || HasLayout(targets[j], own)) && HasLayout(sources[i], own)) {
+        continue;  // the input's own elements, in its final layout: copy_ leaves them
+      }
+      sources[i] = sources[i].clone();
+      break;
+    }
+  }
+  for (size_t i = 0; i < input_updates_.size(); ++i) {
+    const InputUpdate& u = input_updates_[i];
+    at::Tensor target = targets[i];
+    if (u.restride)
+      target.as_strided_(u.new_meta.sizes, u.new_meta.strides, u.new_meta.storage_offset);
+    target.copy_(sources[i]);
+  }
+  return Status::OK();
 }
 
 std::vector<Plan::OutputSource> Plan::OutputSources() const {

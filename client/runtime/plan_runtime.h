@@ -90,6 +90,16 @@ struct PlanBinding {
 // in-place update, load_state_dict or `.data =` between calls is seen. (A write through a
 // `.data` alias bumps no version counter and is not.) Its outputs are shared by all calls.
 //
+// Input updates (the graph's in-place updates of its inputs): each names an input (a per-call
+// one, or a parameter bound to the plan's own tensor, not a copy of it: Create refuses a plan
+// that would update a parameter it reads through a copy) and a value of its dtype and sizes
+// (new_meta's, when the update changes the input's layout). After the last step, Run checks
+// every update (the tensor is defined, has its metadata's dtype and sizes, and its storage holds
+// the new layout), copies a value that shares memory with an updated input first, then, in
+// order, gives each input its new layout (as_strided_) and the value's elements (copy_): the
+// caller's own tensors change as eager's in-place ops changed them. A failed check writes
+// nothing.
+//
 // Run is const and keeps its per-call state (value slots, arena) on its own stack, so one plan
 // may run on several threads at once. It does not touch autograd mode: kernels write through
 // raw pointers, so a plan is for inference, and the caller chooses the grad mode.
@@ -110,7 +120,9 @@ class Plan {
   // and sets *outputs. A kernel argument that is not a buffer must have its metadata's dtype and
   // sizes and live on the plan's device; with other strides or storage offset it is first copied
   // into exactly the metadata's layout. Any failure is kRuntimeError naming the step index and
-  // its op or symbol ("kiln plan: step 2 (kernel k0): ..."); the inputs are never modified.
+  // its op or symbol ("kiln plan: step 2 (kernel k0): ..."); the inputs are modified only by the
+  // plan's input updates, after every step succeeded. An undefined input (None) is read as an
+  // undefined tensor (what a Tensor? argument takes).
   Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
 
   // The prologue's outputs (one per PlanSpec::prologue_outputs), after running the prologue if it
@@ -157,6 +169,22 @@ class Plan {
   // "" when none does.
   std::string FirstCallOf(const std::vector<std::string>& ops) const;
 
+  // The label of the first step (prologue or per call) whose op draws random numbers (torch's
+  // nondeterministic_seeded tag), or "". A run of such a plan moves the generator as eager's
+  // does: one made ahead of the program's calls (a warm-up, a CUDA graph's capture) would shift
+  // the numbers its calls draw.
+  const std::string& first_random_step() const { return first_random_step_; }
+
+  // An in-place update of an input, as Run applies it (see above).
+  struct InputUpdate {
+    int input_slot = 0;
+    int value_slot = 0;
+    int call_index = -1;  // The input's position in Run's `inputs`; -1 for a bound parameter.
+    bool restride = false;
+    ValueMeta new_meta;  // The input's layout afterwards, when restride.
+  };
+  const std::vector<InputUpdate>& input_updates() const { return input_updates_; }
+
  private:
   struct KernelStep {
     kiln_kernel_fn fn;   // No initializer: it would make Step's variant not default-constructible.
@@ -179,6 +207,8 @@ class Plan {
     // Results are new tensors (no return aliases an argument) of a CUDA plan: one whose layout
     // is not its metadata's is copied into it (see RunLibrary).
     bool relayout = false;
+    // The schema returns numbers beside its tensors, which bind to no slot.
+    bool skips_numbers = false;
   };
   struct Step {
     std::string label;  // "step 3 (aten::mm)", for errors.
@@ -203,6 +233,8 @@ class Plan {
   Stamps StampWatched() const;
   Status RunMain(const std::vector<at::Tensor>* prologue_values,
                  const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
+  Status ApplyInputUpdates(const std::vector<at::Tensor>& vals,
+                           const std::vector<at::Tensor>& inputs) const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
   Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
   Status LaunchCuda(const KernelStep& k, void* const* pointers) const;
@@ -224,8 +256,10 @@ class Plan {
   std::vector<Step> prologue_;
   std::vector<int> prologue_output_slots_;
   std::vector<int> watched_;  // Constant slots the prologue reads.
+  std::vector<InputUpdate> input_updates_;
+  std::string first_random_step_;
   mutable std::mutex prologue_mutex_;
-  mutable int prologue_runs_ = 0;  // Under prologue_mutex_.
+  mutable int prologue_runs_ = 0;        // Under prologue_mutex_.
   mutable int host_prologue_steps_ = 0;  // Under prologue_mutex_.
   mutable std::shared_ptr<const std::vector<at::Tensor>> prologue_values_;  // Under the mutex.
   mutable Stamps prologue_stamps_;                                          // Under the mutex.

@@ -104,6 +104,12 @@ class PyPlan {
     std::vector<at::Tensor> inputs;
     inputs.reserve(n);
     for (size_t i = 0; i < n; ++i) {
+      if (args[i] == Py_None) {
+        // A tensor another plan left undefined (CUDA attention's unused sequence offsets, saved
+        // for its backward): a Tensor? argument takes it.
+        inputs.emplace_back();
+        continue;
+      }
       if (!THPVariable_Check(args[i])) {
         ThrowPython(Status::WrongType("kiln plan: argument " + std::to_string(i) + " is a " +
                                       Py_TYPE(args[i])->tp_name + ", not a tensor"));
@@ -146,6 +152,12 @@ class PyPlan {
   // One run over ExampleInputs, its outputs dropped: what a first call sets up is done here.
   // A failure only leaves that to the first call (failed_ stays as it was).
   void Warm() {
+    // A run with effects beyond its outputs is left to the first call: its random draws would
+    // shift the program's numbers, its updates would write the program's parameters.
+    if (!plan_->first_random_step().empty()) return;
+    for (const Plan::InputUpdate& u : plan_->input_updates()) {
+      if (u.call_index < 0) return;
+    }
     std::vector<at::Tensor> inputs;
     try {
       inputs = plan_->ExampleInputs();
@@ -296,12 +308,12 @@ void RegisterRuntime(py::module_& m) {
           "run",
           [](PyPlan& self, py::handle tensors) { return self.Call(TupleOf(tensors, "run")); },
           py::arg("tensors"), "Like plan(*tensors).")
-      .def(
-          "warm", &PyPlan::Warm,
-          "Runs the plan once over zeroed inputs of its inputs' metadata, without the GIL, and "
-          "drops the results: the prologue, oneDNN's primitives and a CUDA graph are then ready "
-          "for the first call. Raises RuntimeError when that run fails (the plan is not marked "
-          "failed: the first call tries again).")
+      .def("warm", &PyPlan::Warm,
+           "Runs the plan once over zeroed inputs of its inputs' metadata, without the GIL, and "
+           "drops the results: the prologue, oneDNN's primitives and a CUDA graph are then ready "
+           "for the first call. Raises RuntimeError when that run fails (the plan is not marked "
+           "failed: the first call tries again). Does nothing for a plan whose run has effects "
+           "beyond its outputs (it draws random numbers or updates a parameter in place).")
       .def_property(
           "fallback", [](const PyPlan& p) { return p.fallback_; },
           [](PyPlan& p, py::object f) { p.fallback_ = std::move(f); },
