@@ -24,19 +24,21 @@ log = logging.getLogger("kiln")
 # -- capture -----------------------------------------------------------------------------------
 
 def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False,
-                  stored=None):
+                  stored=None, unspecialized_modules: bool = False):
     """Captures the frame of `func` about to run with argument `slots`, compiles its graph with
     the backend and writes the transformed code: capture -> backend -> transform -> guards.
     Returns the hook's (guard_manager, transformed_code, info). Raises Unsupported (a frame
     kiln cannot capture even in part, or any break with fullgraph) or BackendCompilerFailed.
-    `stored` (kiln.stored_capture.StoredCaptures): where the entry is stored when it can be."""
+    `stored` (kiln.stored_capture.StoredCaptures): where the entry is stored when it can be.
+    `unspecialized_modules`: the frame's modules guarded by structure (OutputGraph)."""
     if stored is not None:
         from kiln.graph.lowering import _global_state
 
         global_state = _global_state()
     else:
         global_state = None
-    capture = capture_frame(func, code, slots, may_break=not fullgraph)
+    capture = capture_frame(func, code, slots, may_break=not fullgraph,
+                            unspecialized_modules=unspecialized_modules)
     output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
@@ -99,6 +101,10 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     # What the transformed code assigns beside the graph (export refuses these: its graph
     # cannot make them).
     info.extra["replayed_stores"] = stores_named(output)
+    # Which failed guard means "another instance of the same module class" (FrameCallback).
+    info.extra["module_identity_guards"] = frozenset(
+        text for g, text in zip(output.guards, guards)
+        if g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module))
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)
@@ -138,7 +144,8 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
                     i.example for i in output.inputs)]), torch.device("cpu"))
                 graph = stored_capture.describe_graph(artifact, sources,
                                                       [i.source for i in output.inputs], device,
-                                                      stored.cuda_graphs)
+                                                      stored.cuda_graphs,
+                                                      output.unspecialized_modules)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph)

@@ -51,6 +51,11 @@ class FrameCallback:
         if STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
         entries = _C.cache_entries(code)
+        if entries and code not in STATE.shared_module_codes and \
+                _another_module_instance(entries, slots, func):
+            # The code runs for several instances of one module class (a model's 12 blocks):
+            # captured again with its modules guarded by structure, one entry for all of them.
+            STATE.shared_module_codes.add(code)
         if entries and STATE.stance == "fail_on_recompile":
             reasons = [e[0].failure_reason(slots, func) for e in entries]
             raise RecompileError(
@@ -109,7 +114,8 @@ class FrameCallback:
             from kiln.convert_frame import convert_frame  # the tracer: not for stored captures
 
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
-                                  fullgraph=self.fullgraph, stored=self.stored)
+                                  fullgraph=self.fullgraph, stored=self.stored,
+                                  unspecialized_modules=code in STATE.shared_module_codes)
         except CapturedForAnotherDevice as e:
             log.info("kiln: %s: %s", code.co_qualname, e)
             self.stood_in.setdefault(code, []).append(e.guards)
@@ -145,6 +151,19 @@ class FrameCallback:
         if self.observer is not None:
             self.observer.entry(entry[2])
         return entry
+
+
+def _another_module_instance(entries, slots, func) -> bool:
+    """Whether an entry of the frame failed only because a module it was captured for is not
+    the one this call has (its first failing guard is an nn.Module's identity)."""
+    for manager, _code, info, *_ in entries:
+        module_guards = info.extra.get("module_identity_guards") if info is not None else None
+        if not module_guards:
+            continue
+        reason = manager.failure_reason(slots, func)
+        if reason and reason.split(": ", 1)[0] in module_guards:
+            return True
+    return False
 
 
 def _stored_captures(compiler_fn, mode, options):
@@ -253,10 +272,29 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
     backend = backend if backend is not None else config.default_backend
-    callback = FrameCallback(backend, fullgraph, mode=mode, options=options)
+    callback = _shared_callback(backend, fullgraph, mode, options)
     if model is None:
         return lambda m: _wrap(m, callback)
     return _wrap(model, callback)
+
+
+# kiln.compile's callbacks by what they do: every call of kiln.compile with the same backend and
+# settings shares one, so that their frames share entries (a model's blocks compiled one by one,
+# as regional compilation and FSDP2 do, reuse each other's entries as under torch.compile).
+_CALLBACKS: Dict[tuple, FrameCallback] = {}
+
+
+def _shared_callback(backend, fullgraph, mode, options) -> FrameCallback:
+    try:
+        key = (backend, fullgraph, mode, frozenset((options or {}).items()))
+        hash(key)
+    except TypeError:  # an unhashable backend or option: a callback of its own
+        return FrameCallback(backend, fullgraph, mode=mode, options=options)
+    callback = _CALLBACKS.get(key)
+    if callback is None:
+        callback = _CALLBACKS[key] = FrameCallback(backend, fullgraph, mode=mode,
+                                                   options=options)
+    return callback
 
 
 class OptimizeContext:
@@ -411,3 +449,4 @@ def reset():
     for code in list(STATE.compiled_codes):
         _C.reset_code(code)
     STATE.reset()
+    _CALLBACKS.clear()

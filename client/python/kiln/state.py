@@ -101,6 +101,9 @@ class ProcessState:
         self.compiled_codes: "weakref.WeakSet" = weakref.WeakSet()
         # Code objects already warned about reaching the cache size limit.
         self.warned_limit: "weakref.WeakSet" = weakref.WeakSet()
+        # Code objects reached through more than one instance of a module class: captured with
+        # the frame's modules unspecialised (kiln.variables.nn_module), one entry for all.
+        self.shared_module_codes: "weakref.WeakSet" = weakref.WeakSet()
         # Every artifact the "kiln" backend loaded, newest last (kiln.debug.artifacts).
         self.artifacts: List = []
         # Why a code object's stored captures were not used, the last time one was looked for
@@ -143,6 +146,7 @@ class ProcessState:
     def reset(self) -> None:
         self.compiled_codes = weakref.WeakSet()
         self.warned_limit = weakref.WeakSet()
+        self.shared_module_codes = weakref.WeakSet()
         self.artifacts.clear()
         self.capture_misses = weakref.WeakKeyDictionary()
         with self._lock:

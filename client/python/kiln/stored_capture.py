@@ -661,12 +661,14 @@ def record_id(record: dict) -> str:
 
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
-                   cuda_graphs: bool) -> dict:
+                   cuda_graphs: bool, shared_modules: bool = False) -> dict:
     """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
-    with its parameters and inputs at these sources."""
+    with its parameters and inputs at these sources. `shared_modules`: the entry serves many
+    instances of its modules' classes, whose parameters are inputs of each call."""
     return {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
             "params": [s.guard_path() for s in param_sources],
-            "inputs": [s.guard_path() for s in input_sources]}
+            "inputs": [s.guard_path() for s in input_sources],
+            "shared_modules": bool(shared_modules)}
 
 
 # ---- installing an entry ------------------------------------------------------------------------
@@ -986,8 +988,9 @@ class StoredCaptures:
         from kiln.graph.lowering import _global_state
 
         graph = record.get("graph")
-        if graph is None or record.get("code") != code_digest(code):
-            return None
+        if graph is None or record.get("code") != code_digest(code) or \
+                graph.get("shared_modules"):
+            return None  # (a shared entry's module tensors are inputs of the call: none bound)
         # The plan runs now as the first call would: in the global state the first call's
         # guards require (its prologue's outputs are made in it and kept). Only a graph run
         # without autograd is prepared, and only when the rest of that state (default dtype,

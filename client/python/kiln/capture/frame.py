@@ -36,12 +36,14 @@ class Capture:
     translator: object = None
 
 
-def capture_frame(func, code, slots, may_break: bool) -> Capture:
+def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: bool = False
+                  ) -> Capture:
     """Captures the frame of `func` (code `code`) about to run with argument `slots`. Raises
     kiln.exc.Unsupported when the frame cannot be captured even in part (or breaks while
-    `may_break` is False)."""
+    `may_break` is False). `unspecialized_modules`: see OutputGraph."""
     t0 = time.perf_counter()
     output = OutputGraph(TensorVariable, wrap_op_result)
+    output.unspecialized_modules = unspecialized_modules
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None

@@ -1,5 +1,6 @@
 """Lowering for the "kiln" backend: a captured FX graph -> an ATen-level graph (make_fx with
-functionalization and decompositions) -> the kiln.v1 graph IR the daemon compiles.
+functionalization and decompositions; input updates as returned values, kiln.graph.input_updates)
+-> the kiln.v1 graph IR the daemon compiles (kiln.graph.ir).
 
 The captured graph's parameters and buffers (get_attr nodes) become leading IR inputs, so the
 IR, and with it the cache key, never holds weights: the runtime binds them at load time.
@@ -17,6 +18,12 @@ from torch._decomp import get_decompositions
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln.graph import input_updates
+# The IR half of the lowering; its public names are also this module's.
+from kiln.graph.ir import (LoweringError, _bound_arguments, _contiguous, device_from_pb,  # noqa: F401
+                           dtype_from_pb, dtype_to_pb, memory_format_from_pb, meta_to_pb, op_name,
+                           to_ir)
+
 aten = torch.ops.aten
 
 # Composite ops rewritten into pointwise ATen ops the compiler fuses, and library ops it keeps.
@@ -25,7 +32,9 @@ _DECOMPOSED = [
     # What batch_norm dispatches to on CUDA (and ROCm) devices: native_batch_norm again.
     aten.cudnn_batch_norm, aten.miopen_batch_norm,
     aten.gelu, aten.native_layer_norm,
-    aten.addmm, aten.linear, aten.t, aten.dropout, aten.native_dropout, aten.leaky_relu,
+    # dropout as native_dropout, which stays: the plan calls it, drawing from the generator as
+    # eager's does (torch's decomposition of native_dropout draws with rand_like instead).
+    aten.addmm, aten.linear, aten.t, aten.dropout, aten.leaky_relu,
     aten.elu, aten.mish, aten.softplus, aten.clamp_min, aten.clamp_max, aten.rsub, aten.addcmul,
     aten.addcdiv, aten.lerp, aten.masked_fill, aten.unbind, aten.split,
     aten._softmax, aten._log_softmax, aten._safe_softmax,
@@ -39,11 +48,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-19"
-
-
-class LoweringError(Exception):
-    """The graph uses something the kiln.v1 IR cannot express (the graph then runs eagerly)."""
+LOWERING_VERSION = b"kiln-lowering-20"
 
 
 @dataclass
@@ -177,13 +182,6 @@ def _fused_attention_as_sdpa(gm: torch.fx.GraphModule) -> None:
             user.replace_all_uses_with(attention)
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
-
-
-def _bound_arguments(node: torch.fx.Node) -> dict:
-    """Every argument of an ATen op's call node by its schema's names, defaults filled in."""
-    return {a.name: (node.args[i] if i < len(node.args) else
-                     node.kwargs.get(a.name, a.default_value))
-            for i, a in enumerate(node.target._schema.arguments)}
 
 
 def _dense_attention_masks(gm: torch.fx.GraphModule) -> None:
@@ -352,10 +350,6 @@ def _hardswish_fake(self):
     return _fake_empty(self, self.shape, self.stride(), self.dtype)
 
 
-def _contiguous(shape) -> Tuple[int, ...]:
-    return tuple(torch._prims_common.make_contiguous_strides_for(tuple(shape)))
-
-
 def _addmm_simple(self, mat1, mat2, beta, alpha) -> bool:
     """Whether _Builder.expand_addmm knows the metadata of addmm's decomposition (mm, alpha *
     it, beta * self, their sum): matrices and a contiguous bias of one floating dtype and
@@ -415,7 +409,7 @@ def _metadata_ops():
     aten._native_batch_norm_legit_no_training and aten.hardswish: fake tensors have no meta
     kernel for either and run torch's decomposition, ~15 ms a call on a new shape (a
     MobileNetV3's 34 batch norms and 19 hardswishes: half its lowering); the IR names aten's
-    ops (_AS_ATEN). kiln::layer_norm and kiln::addmm are aten.native_layer_norm and aten.addmm
+    ops (kiln.graph.ir._AS_ATEN). kiln::layer_norm and kiln::addmm are aten.native_layer_norm and aten.addmm
     where lowering decomposes them (_layer_norm_as_traced, _addmm_in_its_dtype): each is one
     traced node instead of seven and four (a transformer's layer norms and linears: a quarter of
     its lowering), and to_ir writes the very calls their decompositions trace. Either way the
@@ -452,12 +446,6 @@ def _metadata_ops():
             "hardswish": torch.ops.kiln.hardswish.default,
             "layer_norm": torch.ops.kiln.layer_norm.default,
             "addmm": torch.ops.kiln.addmm.default}
-
-
-# kiln's ops that are aten's under another name (_attention_op, _metadata_ops): the IR's name.
-_AS_ATEN = {"kiln::attention": "aten::scaled_dot_product_attention",
-            "kiln::batch_norm_eval": "aten::_native_batch_norm_legit_no_training",
-            "kiln::hardswish": "aten::hardswish"}
 
 
 def _batch_norm_forms(table):
@@ -539,7 +527,9 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
             params: Optional[List[torch.Tensor]] = None) -> Tuple[torch.fx.GraphModule,
                                                                   List[torch.Tensor]]:
     """The ATen-level, functional graph of `gm` over (params..., inputs...). `params`: what
-    stands for the graph's tensor attributes, in attr_tensors' order (default: themselves)."""
+    stands for the graph's tensor attributes, in attr_tensors' order (default: themselves). The
+    inputs the program updates in place are written by no node: the graph returns their new
+    values after its own outputs (kiln.graph.input_updates)."""
     flat, attrs = _with_attrs_as_inputs(gm)
     if params is None:
         params = attrs
@@ -557,6 +547,7 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
         traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
                          decomposition_table=decompositions(), tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
+        input_updates.returned_as_outputs(traced)
         traced.graph.eliminate_dead_code()
         if cuda:
             _fused_attention_as_sdpa(traced)
@@ -565,297 +556,9 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
         from kiln.graph import layout
 
         relaid = layout.channels_last(traced)
+        if relaid is not None and input_updates.UPDATES in traced.meta:
+            relaid.meta[input_updates.UPDATES] = traced.meta[input_updates.UPDATES]
     return (relaid if relaid is not None else traced), params
-
-
-# -- the IR ------------------------------------------------------------------------------------
-
-def _pb():
-    from kiln.daemon import protocol
-
-    return protocol.messages()
-
-
-_DTYPES = {
-    torch.float32: "DTYPE_FLOAT32", torch.float64: "DTYPE_FLOAT64", torch.float16: "DTYPE_FLOAT16",
-    torch.bfloat16: "DTYPE_BFLOAT16", torch.int8: "DTYPE_INT8", torch.int16: "DTYPE_INT16",
-    torch.int32: "DTYPE_INT32", torch.int64: "DTYPE_INT64", torch.uint8: "DTYPE_UINT8",
-    torch.bool: "DTYPE_BOOL", torch.complex64: "DTYPE_COMPLEX64",
-    torch.complex128: "DTYPE_COMPLEX128",
-}
-_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
-_MEMORY_FORMATS = {
-    torch.contiguous_format: "MEMORY_FORMAT_CONTIGUOUS",
-    torch.preserve_format: "MEMORY_FORMAT_PRESERVE",
-    torch.channels_last: "MEMORY_FORMAT_CHANNELS_LAST",
-    torch.channels_last_3d: "MEMORY_FORMAT_CHANNELS_LAST_3D",
-}
-
-
-def dtype_to_pb(dtype: torch.dtype) -> int:
-    pb = _pb()
-    try:
-        return pb.graph.DType.Value(_DTYPES[dtype])
-    except KeyError:
-        raise LoweringError(f"dtype {dtype} has no kiln.v1 encoding") from None
-
-
-def dtype_from_pb(value: int) -> torch.dtype:
-    return _DTYPE_BY_NAME[_pb().graph.DType.Name(value)]
-
-
-def device_from_pb(device) -> torch.device:
-    kind = "cpu" if device.kind == _pb().graph.DEVICE_KIND_CPU else "cuda"
-    return torch.device(kind) if kind == "cpu" else torch.device(kind, device.index)
-
-
-def memory_format_from_pb(value: int) -> torch.memory_format:
-    name = _pb().graph.MemoryFormat.Name(value)
-    return next(fmt for fmt, n in _MEMORY_FORMATS.items() if n == name)
-
-
-def _device_to_pb(device: torch.device, out) -> None:
-    pb = _pb()
-    if device.type == "cpu":
-        out.kind = pb.graph.DEVICE_KIND_CPU
-    elif device.type == "cuda":
-        out.kind = pb.graph.DEVICE_KIND_CUDA
-    else:
-        raise LoweringError(f"device {device} has no kiln.v1 encoding")
-    out.index = device.index or 0
-
-
-def meta_to_pb(t: torch.Tensor, out) -> None:
-    out.dtype = dtype_to_pb(t.dtype)
-    out.sizes.extend(int(s) for s in t.shape)
-    out.strides.extend(int(s) for s in t.stride())
-    _device_to_pb(t.device, out.device)
-    out.storage_offset = int(t.storage_offset())
-    out.requires_grad = bool(t.requires_grad)
-
-
-def op_name(target) -> str:
-    schema = target._schema
-    return f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
-
-
-class _Value(int):
-    """The id of a value _Builder made with no FX node of its own (an expansion's), as an
-    argument of the next call it writes."""
-
-
-@dataclass(frozen=True)
-class _Meta:
-    """The metadata of an expansion's value, read as meta_to_pb reads a tensor's."""
-    shape: Tuple[int, ...]
-    strides: Tuple[int, ...]
-    dtype: torch.dtype
-    device: torch.device
-    requires_grad: bool = False
-
-    @staticmethod
-    def contiguous(shape, dtype, device) -> "_Meta":
-        return _Meta(tuple(shape), _contiguous(shape), dtype, device)
-
-    def stride(self) -> Tuple[int, ...]:
-        return self.strides
-
-    def storage_offset(self) -> int:
-        return 0
-
-
-class _Builder:
-    def __init__(self):
-        self.pb = _pb()
-        self.graph = self.pb.graph.Graph()
-        self.ids: Dict[torch.fx.Node, object] = {}  # node -> id, or tuple of ids
-        self.next_id = 0
-
-    def new_value(self, fake, out) -> int:
-        if not isinstance(fake, (torch.Tensor, _Meta)):
-            raise LoweringError(f"a non-tensor value ({type(fake).__name__}) in the ATen graph")
-        out.id = self.next_id
-        self.next_id += 1
-        meta_to_pb(fake, out.meta)
-        return out.id
-
-    def argument(self, arg, value, schema_arg) -> None:
-        if isinstance(value, _Value):
-            arg.value = int(value)
-        elif isinstance(value, torch.fx.Node):
-            vid = self.ids[value]
-            if isinstance(vid, tuple):
-                raise LoweringError(f"tuple-valued node {value} used as one value")
-            arg.value = vid
-        elif isinstance(value, bool):
-            arg.bool_value = value
-        elif isinstance(value, int):
-            arg.int_value = value
-        elif isinstance(value, float):
-            arg.float_value = value
-        elif value is None:
-            arg.none.SetInParent()
-        elif isinstance(value, str):
-            arg.string_value = value
-        elif isinstance(value, torch.dtype):
-            arg.dtype_value = dtype_to_pb(value)
-        elif isinstance(value, torch.device):
-            _device_to_pb(value, arg.device_value)
-        elif isinstance(value, torch.memory_format):
-            arg.memory_format_value = self.pb.graph.MemoryFormat.Value(_MEMORY_FORMATS[value])
-        elif isinstance(value, torch.layout):
-            if value != torch.strided:
-                raise LoweringError(f"layout {value} is not supported")
-            arg.layout_value = self.pb.graph.LAYOUT_STRIDED
-        elif isinstance(value, (list, tuple)):
-            if all(isinstance(v, torch.fx.Node) for v in value) and value:
-                ids = [self.ids[v] for v in value]
-                if any(isinstance(i, tuple) for i in ids):
-                    raise LoweringError("a tuple-valued node inside a tensor list")
-                arg.value_list.ids.extend(ids)
-            elif all(isinstance(v, bool) for v in value) and value:
-                # A bool[] (convolution_backward's output_mask) travels as 0/1: the runtime
-                # binds an int list to the schema's bool[].
-                arg.int_list.values.extend(int(v) for v in value)
-            elif all(isinstance(v, int) for v in value):
-                arg.int_list.values.extend(value)
-            else:
-                raise LoweringError(f"unsupported list argument {value!r} of {schema_arg}")
-        else:
-            raise LoweringError(f"unsupported argument {value!r} ({type(value).__name__})")
-
-    def node(self, n: torch.fx.Node) -> None:
-        if n.target is operator.getitem:
-            base, index = n.args
-            self.ids[n] = self.ids[base][index]
-            return
-        if not isinstance(n.target, torch._ops.OpOverload):
-            raise LoweringError(f"non-ATen call {n.target}")
-        expand = self._EXPANDED.get(op_name(n.target))
-        if expand is not None:
-            expand(self, n)
-            return
-        val = n.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            outs = [val]
-        elif isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val) \
-                and all(isinstance(v, torch.Tensor) or v is None for v in val):
-            # An output the call leaves undefined (None: a gradient its output_mask did not ask
-            # for) is a value nothing reads; the runtime holds an undefined tensor there.
-            like = next(v for v in val if isinstance(v, torch.Tensor))
-            outs = [v if v is not None else _Meta.contiguous((0,), like.dtype, like.device)
-                    for v in val]
-        else:
-            raise LoweringError(f"{op_name(n.target)} returns {type(val).__name__}, not tensors")
-        ids = self.call(n.target, n.args, n.kwargs, outs)
-        self.ids[n] = ids[0] if isinstance(val, torch.Tensor) else tuple(ids)
-
-    def call(self, target, args, kwargs, outs) -> List[_Value]:
-        """Writes the node calling `target` over `args` and `kwargs` (FX nodes, _Values or
-        constants), with one output per entry of `outs` (their metadata); its outputs' ids."""
-        schema = target._schema
-        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-            raise LoweringError(f"{op_name(target)} mutates its input")
-        node = self.graph.nodes.add()
-        # kiln::attention has scaled_dot_product_attention's schema and is that op (see
-        # _attention_op): the plan calls aten's, which picks its kernel for the real inputs.
-        node.op = op_name(target)
-        node.op = _AS_ATEN.get(node.op, node.op)
-        for value, sarg in zip(args, schema.arguments):
-            self.argument(node.args.add(), value, sarg.name)
-        by_name = {a.name: a for a in schema.arguments}
-        for name, value in kwargs.items():
-            if name not in by_name:
-                raise LoweringError(f"unknown argument {name} of {node.op}")
-            arg = node.args.add()
-            arg.name = name
-            self.argument(arg, value, name)
-        return [_Value(self.new_value(out, node.outputs.add())) for out in outs]
-
-    def expand_layer_norm(self, n: torch.fx.Node) -> None:
-        """kiln::layer_norm as the calls _layer_norm_as_traced makes for it, less those whose
-        results nothing reads (as the trace's dead code elimination leaves them)."""
-        input, shape, weight, bias, eps = n.args
-        x = input.meta["val"]
-        used = set()  # which of (out, mean, rstd) are read
-        for u in n.users:
-            used |= {u.args[1]} if u.target is operator.getitem else {0, 1, 2}
-        dims = list(range(x.dim() - len(shape), x.dim()))
-        f32 = torch.float32
-        full = _Meta.contiguous(x.shape, f32, x.device)
-        stats = _Meta.contiguous(n.meta["val"][1].shape, f32, x.device)
-        x32 = input
-        if x.dtype != f32:
-            x32, = self.call(aten._to_copy.default, (input,), {"dtype": f32}, [full])
-        var, mean = self.call(aten.var_mean.correction, (x32, dims),
-                              {"correction": 0, "keepdim": True}, [stats, stats])
-        out = rstd = None
-        if used & {0, 2}:
-            shifted, = self.call(aten.add.Tensor, (var, eps), {}, [stats])
-            rstd, = self.call(aten.rsqrt.default, (shifted,), {}, [stats])
-        if 0 in used:
-            out, = self.call(aten.sub.Tensor, (x32, mean), {}, [full])
-            out, = self.call(aten.mul.Tensor, (out, rstd), {}, [full])
-            out, = self.call(aten.mul.Tensor, (out, weight), {}, [full])
-            out, = self.call(aten.add.Tensor, (out, bias), {}, [full])
-            if x.dtype != f32:
-                out, = self.call(aten._to_copy.default, (out,), {"dtype": x.dtype},
-                                 [_Meta.contiguous(x.shape, x.dtype, x.device)])
-        if _layer_norm_stats_dtype(x) != f32:
-            low = _Meta.contiguous(stats.shape, x.dtype, x.device)
-            if 1 in used:
-                mean, = self.call(aten._to_copy.default, (mean,), {"dtype": x.dtype}, [low])
-            if 2 in used:
-                rstd, = self.call(aten._to_copy.default, (rstd,), {"dtype": x.dtype}, [low])
-        self.ids[n] = (out, mean, rstd)
-
-    def expand_addmm(self, n: torch.fx.Node) -> None:
-        """kiln::addmm as the calls _addmm_in_its_dtype makes for it."""
-        bound = _bound_arguments(n)
-        bias, mat1, mat2 = bound["self"], bound["mat1"], bound["mat2"]
-        val = n.meta["val"]
-        product = _Meta.contiguous(val.shape, val.dtype, val.device)
-        b = bias.meta["val"]
-        out, = self.call(aten.mm.default, (mat1, mat2), {}, [product])
-        out, = self.call(aten.mul.Tensor, (out, bound["alpha"]), {}, [product])
-        scaled, = self.call(aten.mul.Tensor, (bias, bound["beta"]), {},
-                            [_Meta.contiguous(b.shape, b.dtype, b.device)])
-        self.ids[n], = self.call(aten.add.Tensor, (out, scaled), {}, [product])
-
-    _EXPANDED = {"kiln::layer_norm": expand_layer_norm, "kiln::addmm": expand_addmm}
-
-
-def to_ir(aten_gm: torch.fx.GraphModule):
-    """The kiln.v1.Graph of an ATen-level graph module (placeholders in order are its inputs)."""
-    b = _Builder()
-    for n in aten_gm.graph.nodes:
-        if n.op == "placeholder":
-            b.ids[n] = b.new_value(n.meta["val"], b.graph.inputs.add())
-        elif n.op == "get_attr":
-            real = operator.attrgetter(n.target)(aten_gm)
-            if not isinstance(real, torch.Tensor):
-                raise LoweringError(f"non-tensor attribute {n.target}")
-            const = b.graph.constants.add()
-            dense = real.detach().contiguous()
-            b.ids[n] = b.new_value(dense, const.value)
-            host = dense.cpu()  # a constant of a GPU graph: its bytes, read once at lowering
-            if dense.dtype == torch.bfloat16 or dense.dtype == torch.float16:
-                const.data = host.view(torch.int16).numpy().tobytes()
-            elif dense.dtype == torch.bool:
-                const.data = host.view(torch.uint8).numpy().tobytes()
-            else:
-                const.data = host.numpy().tobytes()
-        elif n.op == "call_function":
-            b.node(n)
-        elif n.op == "output":
-            flat = torch.utils._pytree.tree_leaves(n.args[0])
-            for out in flat:
-                if not isinstance(out, torch.fx.Node) or isinstance(b.ids.get(out), tuple):
-                    raise LoweringError(f"graph output {out!r} is not a tensor")
-                b.graph.outputs.append(b.ids[out])
-        else:
-            raise LoweringError(f"unexpected node kind {n.op}")
-    return b.graph
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs: Sequence,
@@ -924,12 +627,13 @@ def _target_text(target) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _lowering_digest() -> bytes:
-    """LOWERING_VERSION and the source of this module and of layout: an edit to the lowering
-    that forgets to bump the version still gets new structure keys."""
-    from kiln.graph import layout
+    """LOWERING_VERSION and the source of this module, the IR's, the input updates' and
+    layout's: an edit to the lowering that forgets to bump the version still gets new structure
+    keys."""
+    from kiln.graph import ir, layout
 
     h = hashlib.sha256(LOWERING_VERSION)
-    for module in (__file__, layout.__file__):
+    for module in (__file__, ir.__file__, input_updates.__file__, layout.__file__):
         try:
             with open(module, "rb") as f:
                 h.update(f.read())

@@ -95,6 +95,10 @@ class OutputGraph:
         self.containers = ContainerMemo()
         self._names: Dict[str, int] = {}
         self.root_globals = None
+        # Modules reached from the frame's arguments are guarded by their structure, not their
+        # identity, with their parameters and buffers as graph inputs: one entry serves every
+        # instance of a block class (kiln.variables.nn_module).
+        self.unspecialized_modules = False
 
     # -- values ------------------------------------------------------------------------------
 

@@ -235,7 +235,9 @@ class ModuleMemberSource(Source):
                 self.attr)
 
     def expr(self, consts):
-        return _attr_expr(self.base.expr(consts), self.attr)
+        # From the registry itself: `module.weight` would run Module.__getattr__ (Python) for
+        # each parameter the graph takes as an input, on every call.
+        return f"{self.base.expr(consts)}.{self.registry}[{self.attr!r}]"
 
     def _key(self):
         return (self.base, self.attr)

@@ -8,7 +8,7 @@ import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import AttrSource, ItemSource
+from kiln.guards.source import AttrSource, ItemSource, LocalSource
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
@@ -51,6 +51,9 @@ def wrap(tx, value, source, guard: bool = True):
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
     if isinstance(value, torch.nn.Module):
+        if g and out.unspecialized_modules and _from_the_frame(source):
+            add("TYPE_MATCH", type(value))
+            return NNModuleVariable(value, source, specialized=False)
         add("ID_MATCH", value)
         return NNModuleVariable(value, source)
     is_namedtuple = isinstance(value, tuple) and hasattr(type(value), "_fields")
@@ -123,6 +126,15 @@ def wrap(tx, value, source, guard: bool = True):
         return OpaqueCallableVariable(value, source)
     add("TYPE_MATCH", type(value))
     return UserDefinedObjectVariable(value, source)
+
+
+def _from_the_frame(source) -> bool:
+    """Whether `source` is reached from the frame's own arguments (not a global or a cell)."""
+    while not isinstance(source, LocalSource):
+        source = getattr(source, "base", None)
+        if source is None:
+            return False
+    return True
 
 
 def _is_modelled_builtin(value) -> bool:

@@ -38,9 +38,18 @@ def _is_torch_nn_class(cls) -> bool:
 
 
 class NNModuleVariable(VariableTracker):
-    def __init__(self, module: torch.nn.Module, source=None):
+    """A module from outside the frame. Specialized (the default): guarded by identity, its
+    parameters and buffers are attributes of the graph module (the plan may fold them). Not
+    specialized (OutputGraph.unspecialized_modules: the code runs for several instances of one
+    class): guarded by type and by everything the trace reads of it (every constant attribute,
+    each registry's keys, each child's type), its parameters and buffers graph inputs: one
+    entry serves every instance with that structure."""
+
+    def __init__(self, module: torch.nn.Module, source=None, specialized: bool = True):
         super().__init__(source)
         self.module = module
+        self.specialized = specialized
+        self.identity_pinned = specialized
 
     def python_type(self):
         return type(self.module)
@@ -55,6 +64,8 @@ class NNModuleVariable(VariableTracker):
         value = self.module.__dict__[registry][name]
         source = ModuleMemberSource(self.source, name, registry) if self.source else None
         if isinstance(value, torch.Tensor):
+            if not self.specialized:
+                return tx.wrap(value, source)  # a graph input, TENSOR_MATCH guarded
             # The graph holds this very tensor: replacing it (m.weight = Parameter(...))
             # must recompile.
             if source is not None:
@@ -97,7 +108,7 @@ class NNModuleVariable(VariableTracker):
             if is_guardable_constant(value) or (isinstance(value, tuple) and all(
                     is_guardable_constant(v) for v in value)):
                 guard = name == "training" or config.guard_nn_module_constants or (
-                    not _is_torch_nn_class(cls))
+                    not _is_torch_nn_class(cls)) or not self.specialized
                 if guard and source is not None:
                     tx.output.guards.add(source, "CONSTANT_MATCH", value)
                 return ConstantVariable(value)

@@ -1,0 +1,159 @@
+"""In-place updates of a graph's inputs, from the functional ATen graph to the kiln.v1 IR.
+
+A program that updates a graph input in place (x.add_(1), x[:, 0] = y, an in-place activation of
+a tensor that a graph break made an input, BatchNorm's running statistics in a no_grad graph,
+x.unsqueeze_(0)) traces, through functionalize(remove="mutations"), to a functional graph that
+ends with a copy_ of each such input's new value into the input, through an as_strided_ of the
+input where the program changed its metadata. Those are the only writes a functional graph has,
+and the IR has no op that writes: returned_as_outputs turns them into values the graph returns
+after its own outputs, with a record of which input each updates (UPDATES in the graph module's
+meta), and the IR names them as Graph.input_updates; the plan writes them into the caller's own
+tensors after its last step, as the program's in-place ops left them.
+
+The program's results keep eager's aliasing: one that is the updated input itself is the input
+(the plan returns the caller's tensor, updated), one that is a view of it is that view of the
+input (computed by the plan as a view of the caller's tensor, so it shows the update). A view the
+IR cannot rebuild on the input (its input's layout changed too) refuses the graph.
+"""
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from kiln.graph.ir import LoweringError, _bound_arguments
+
+aten = torch.ops.aten
+
+# The graph module's meta key: the InputUpdates its last outputs are the values of, in order.
+UPDATES = "kiln_input_updates"
+
+
+@dataclass(frozen=True)
+class InputUpdate:
+    """One input the graph updates: its position among the placeholders, and its layout afterwards
+    (sizes, strides, storage offset) where the program changed it."""
+    input: int
+    new_layout: Optional[Tuple[Tuple[int, ...], Tuple[int, ...], int]] = None
+
+
+def returned_as_outputs(gm: torch.fx.GraphModule) -> None:
+    """Rewrites `gm`'s trailing copy_ (and as_strided_) nodes into returned values: its outputs
+    become (its own outputs..., one value per updated input), gm.meta[UPDATES] the InputUpdates
+    in that order. A graph with none is left as it is. Raises LoweringError for a write the IR
+    cannot express (into a value that is not a graph input, one input twice, a view of an updated
+    input returned where the plan cannot rebuild it). The caller recompiles gm."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(placeholders)}
+    updates: Dict[torch.fx.Node, tuple] = {}  # input -> (value, as_strided_ node or None)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.copy_.default:
+            continue
+        dst, src = node.args[0], node.args[1]
+        restride = None
+        if isinstance(dst, torch.fx.Node) and dst.target is aten.as_strided_.default:
+            restride, dst = dst, dst.args[0]
+        if dst not in position or not isinstance(src, torch.fx.Node) or node.users or \
+                (restride is not None and list(restride.users) != [node]):
+            raise LoweringError("aten::copy_ writes a value that is not a graph input")
+        if _bound_arguments(node)["non_blocking"]:
+            raise LoweringError("aten::copy_ into a graph input with non_blocking=True")
+        if dst in updates:
+            raise LoweringError(f"graph input {position[dst]} is written twice")
+        updates[dst] = (src, restride)
+        graph.erase_node(node)
+        if restride is not None:
+            graph.erase_node(restride)
+    if not updates:
+        return
+    output = next(n for n in graph.nodes if n.op == "output")
+    outs = list(torch.utils._pytree.tree_leaves(output.args[0]))
+    returned_inputs = {value: dst for dst, (value, _) in updates.items()}
+    fresh = {value: (dst, restride) for dst, (value, restride) in updates.items()
+             if not _same_storage(value, dst)}
+    with graph.inserting_before(output):
+        # An output that is an update's value is the input the program updated and returned.
+        outs = [returned_inputs[o] if o in returned_inputs else _as_eager_returns(graph, o, fresh)
+                for o in outs]
+    order = list(updates)
+    output.args = (tuple(outs) + tuple(updates[dst][0] for dst in order),)
+    gm.meta[UPDATES] = [InputUpdate(position[dst], _new_layout(dst, updates[dst][1]))
+                        for dst in order]
+
+
+def _new_layout(dst: torch.fx.Node, restride: Optional[torch.fx.Node]):
+    """The layout as_strided_ gives the input (its arguments: the node's value is the input's
+    fake tensor, whose metadata the trace may have recorded before or after)."""
+    if restride is None:
+        return None
+    bound = _bound_arguments(restride)
+    offset = bound["storage_offset"]
+    if offset is None:
+        offset = dst.meta["val"].storage_offset()
+    return (tuple(int(s) for s in bound["size"]), tuple(int(s) for s in bound["stride"]),
+            int(offset))
+
+
+def _storage(node) -> Optional[StorageWeakRef]:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    return StorageWeakRef(val.untyped_storage())
+
+
+def _same_storage(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    sa, sb = _storage(a), _storage(b)
+    return sa is not None and sa == sb
+
+
+def _layout(t: torch.Tensor):
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def _is_view(node: torch.fx.Node) -> bool:
+    """A call of an op whose result may share its first argument's memory ("Tensor(a) self")."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    schema = node.target._schema
+    info = schema.returns[0].alias_info if len(schema.returns) == 1 else None
+    return info is not None and not info.is_write and bool(node.args) and \
+        isinstance(node.args[0], torch.fx.Node)
+
+
+def _as_eager_returns(graph: torch.fx.Graph, out, fresh: Dict[torch.fx.Node, tuple]):
+    """What the program returned in place of `out`, for an `out` that is a view of a freshly
+    computed update value (not a view of its input): that view of the input. `out` otherwise
+    (a view of an input is a view of the caller's tensor in the plan too)."""
+    storage = _storage(out)
+    if storage is None or not fresh:
+        return out
+    value = next((v for v in fresh if _storage(v) == storage), None)
+    if value is None:
+        return out
+    dst, restride = fresh[value]
+    chain: List[torch.fx.Node] = []
+    node = out
+    while node is not value and isinstance(node, torch.fx.Node) and _is_view(node):
+        chain.append(node)
+        node = node.args[0]
+    if node is not value or restride is not None or \
+            _layout(value.meta["val"]) != _layout(dst.meta["val"]):
+        raise LoweringError(f"the graph returns a view of graph input {dst.name}, which it "
+                            "updates in place, that the IR cannot rebuild on the input")
+    # The same views of the input: in the plan they are views of the caller's tensor, computed
+    # before the update is written into it and showing it after, as eager's views do.
+    base = dst
+    for view in reversed(chain):
+        rebuilt = graph.call_function(view.target, (base, *view.args[1:]), dict(view.kwargs))
+        rebuilt.meta["val"] = view.meta["val"]
+        base = rebuilt
+    return base
+
+
+def outputs_and_updates(aten_gm: torch.fx.GraphModule, flat_outputs: list):
+    """(the graph's own outputs, [(InputUpdate, value node)]) of `flat_outputs`, the leaves of
+    aten_gm's output, as returned_as_outputs arranged them."""
+    updates = aten_gm.meta.get(UPDATES, ())
+    returned = len(flat_outputs) - len(updates)
+    return flat_outputs[:returned], list(zip(updates, flat_outputs[returned:]))
