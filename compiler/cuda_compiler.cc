@@ -15,7 +15,7 @@ namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules,
 // NVRTC flags).
-constexpr char kCudaCompilerVersion[] = "kiln-cuda-9";
+constexpr char kCudaCompilerVersion[] = "kiln-cuda-10";
 
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.

@@ -1,4 +1,6 @@
 """Lowering for the "kiln" backend: captured FX graph -> ATen graph -> kiln.v1 IR."""
+import operator
+
 import pytest
 import torch
 
@@ -87,14 +89,105 @@ def test_scalar_and_list_arguments_keep_their_kinds():
     assert any(a.WhichOneof("kind") == "float_value" and a.float_value == 0.5 for a in mul.args)
 
 
-def test_graph_that_mutates_an_input_is_refused():
+def test_an_input_updated_in_place_is_an_input_update_not_a_node_that_writes():
     def f(x, y):
         x.add_(1)
         return x * y
 
     gm, ex = capture(f, torch.randn(3), torch.randn(3))
-    with pytest.raises(lowering.LoweringError):
-        lowering.lower(gm, [t.clone() for t in ex])
+    lo = lowering.lower(gm, [t.clone() for t in ex])
+    assert not [n.op for n in lo.graph.nodes if n.op.endswith("_")]
+    (update,) = lo.graph.input_updates
+    assert update.input == lo.graph.inputs[0].id and not update.HasField("new_meta")
+    writer = next(n for n in lo.graph.nodes if n.outputs[0].id == update.value)
+    assert writer.op == "aten::add.Tensor"
+    assert list(lo.graph.outputs) != [update.value]  # x * y is returned, x + 1 written
+
+
+def test_an_input_whose_layout_changes_in_place_carries_its_new_metadata():
+    def f(x):
+        x.t_()
+        return x
+
+    gm, _ = capture(f, torch.randn(3, 4))  # (its example input is transposed by then)
+    lo = lowering.lower(gm, [torch.randn(3, 4)])
+    (update,) = lo.graph.input_updates
+    assert list(update.new_meta.sizes) == [4, 3] and list(update.new_meta.strides) == [1, 4]
+    # The program returns x itself: the plan returns the caller's tensor, updated.
+    assert list(lo.graph.outputs) == [lo.graph.inputs[0].id]
+
+
+def test_a_view_of_an_updated_input_is_returned_as_a_view_of_the_input():
+    def f(x):
+        x.mul_(2)
+        return x[1]
+
+    gm, ex = capture(f, torch.randn(3, 4))
+    lo = lowering.lower(gm, [t.clone() for t in ex])
+    (out,) = lo.graph.outputs
+    select = next(n for n in lo.graph.nodes if n.outputs[0].id == out)
+    assert select.op == "aten::select.int" and select.args[0].value == lo.graph.inputs[0].id
+
+
+def test_every_op_of_the_ir_declares_its_schema_and_tags():
+    def f(x, y):
+        loss = torch.nn.functional.cross_entropy(x, y)
+        return loss, aten.native_dropout(x, 0.5, True)[0]
+
+    gm, ex = capture(f, torch.randn(4, 5), torch.randint(0, 5, (4,)))
+    lo = lowering.lower(gm, ex)
+    declared = {s.op: s for s in lo.graph.schemas}
+    assert {n.op for n in lo.graph.nodes} == set(declared)
+    nll = declared["aten::nll_loss_forward"]
+    assert nll.schema == str(torch.ops.aten.nll_loss_forward.default._schema)
+    assert "nondeterministic_seeded" in declared["aten::native_dropout"].tags
+    forward = next(n for n in lo.graph.nodes if n.op == "aten::nll_loss_forward")
+    assert len(forward.outputs) == 2  # (output, total_weight), bound in order
+
+
+def test_dropout_draws_as_eager_draws():
+    # AOT autograd's forward graphs call native_dropout: it stays that op (torch's decomposition
+    # would draw with rand_like, other numbers than eager's bernoulli).
+    gm, ex = capture(lambda x: aten.native_dropout(x, 0.3, True)[0] * 2, torch.randn(8, 8))
+    ops = [n.op for n in lowering.lower(gm, ex).graph.nodes]
+    assert "aten::native_dropout" in ops and not [op for op in ops if "rand" in op]
+    # Dropout in a no_grad graph is eager's own CPU path: bernoulli of a tensor of x's shape.
+    gm, ex = capture(lambda x: torch.nn.functional.dropout(x, 0.3, training=True) * 2,
+                     torch.randn(8, 8))
+    ops = [n.op for n in lowering.lower(gm, ex).graph.nodes]
+    assert "aten::bernoulli.p" in ops and not [op for op in ops if "rand" in op]
+
+
+def test_a_number_result_beside_tensors_is_no_value_and_reading_it_is_refused():
+    from kiln.graph import ir
+
+    # An op returning an int between two tensors, as CUDA's fused attention kernels do.
+    lib = torch.library.Library("kiln_test", "FRAGMENT")
+    lib.define("pair(Tensor x) -> (Tensor, int, Tensor)")
+    lib.impl("pair", lambda x: (x + 1, 3, x * 2), "CompositeExplicitAutograd")
+    torch.library.register_fake("kiln_test::pair", lambda x: (x.new_empty(x.shape), 3,
+                                                            x.new_empty(x.shape)), lib=lib)
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    pair = graph.call_function(torch.ops.kiln_test.pair.default, (x,))
+    first = graph.call_function(operator.getitem, (pair, 0))
+    last = graph.call_function(operator.getitem, (pair, 2))
+    graph.output((first, last))
+    gm = torch.fx.GraphModule({}, graph)
+    t = torch.randn(3)
+    x.meta["val"], pair.meta["val"] = t, (t, 3, t)
+    first.meta["val"] = last.meta["val"] = t
+    ir_graph = ir.to_ir(gm)
+    (node,) = ir_graph.nodes
+    assert len(node.outputs) == 2 and list(ir_graph.outputs) == [o.id for o in node.outputs]
+
+    number = graph.call_function(operator.getitem, (pair, 1))
+    use = graph.call_function(torch.ops.aten.add.Tensor, (first, number))
+    use.meta["val"] = t
+    graph.erase_node(next(n for n in graph.nodes if n.op == "output"))
+    graph.output((use,))
+    with pytest.raises(lowering.LoweringError, match="reads result 1 of kiln_test::pair"):
+        ir.to_ir(torch.fx.GraphModule({}, graph))
 
 
 def test_autograd_graphs_are_detected():

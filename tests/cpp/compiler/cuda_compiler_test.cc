@@ -566,7 +566,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-9|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-10|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -726,7 +726,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-9|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-10|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -744,7 +744,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-9|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-10|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);
