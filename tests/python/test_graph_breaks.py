@@ -410,3 +410,62 @@ def test_a_frame_that_runs_no_torch_op_is_left_to_python_not_cached_per_argument
     x = torch.randn(3)
     torch.testing.assert_close(kiln.optimize(cnt)(uses_torch)(cfg, x), x * 2.0)
     assert cnt.frame_count == 1
+
+
+@kiln.disable
+def _break_here(x):
+    return x
+
+
+@pytest.mark.parametrize("kind", ["list", "tuple", "range", "modules"])
+def test_a_loop_a_break_interrupts_goes_on_captured_in_its_resume_functions(kind):
+    # The resume function got the loop's live iterator and ran eagerly ("iteration over
+    # tuple_iterator"): every later iteration of a model's block loop with one break in it ran
+    # in Python. Now each iteration after the break is captured.
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(4))
+
+    def f(x, items):
+        for i, item in enumerate(items):
+            if kind == "modules":
+                x = item(x)
+            else:
+                x = x * item + i
+            x = _break_here(x)
+        return x
+
+    def items():
+        return {"list": [1.0, 2.0, 3.0], "tuple": (1.0, 2.0, 3.0), "range": range(1, 4),
+                "modules": layers}[kind]
+
+    x = torch.randn(4)
+    cnt = CompileCounter()
+    compiled = kiln.optimize(cnt)(f)
+    for _ in range(2):
+        got, want = items(), items()
+        torch.testing.assert_close(compiled(x, got), f(x, want))
+        assert got == want or kind == "modules"
+    n = {"list": 3, "tuple": 3, "range": 3, "modules": 4}[kind]
+    assert cnt.frame_count == n  # one graph per iteration, captured once
+    explained = kiln.explain(f)(x, items())
+    assert not any("eagerly" in r.reason for r in explained.break_reasons), \
+        [r.reason for r in explained.break_reasons]
+
+
+@pytest.mark.parametrize("with_break", [False, True])
+def test_a_list_that_grows_while_enumerate_iterates_it_gives_eagers_answer(with_break):
+    # enumerate(lst) was a copy of lst's items made when the loop began: an item appended in the
+    # loop was never reached (a wrong answer), with or without a graph break in the loop.
+    def f(x, items):
+        for i, item in enumerate(items):
+            x = x * item + i
+            if i == 0:
+                items.append(0.5)
+            if with_break:
+                x = _break_here(x)
+        return x
+
+    x = torch.randn(3)
+    got, want = [1.0, 2.0], [1.0, 2.0]
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x, got), f(x, want))
+    assert got == want

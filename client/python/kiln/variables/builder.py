@@ -8,11 +8,11 @@ import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import AttrSource, ItemSource, LocalSource
+from kiln.guards.source import AttrSource, InstanceAttrSource, ItemSource, LocalSource
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
-                                       TupleVariable)
+                                       ResumeIterator, ResumeIteratorVariable, TupleVariable)
 from kiln.variables.functions import (OpaqueCallableVariable, UserFunctionVariable,
                                       UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
@@ -49,6 +49,12 @@ def wrap(tx, value, source, guard: bool = True):
         return ConstantVariable(value, source)
     if type(value) is torch.Size:
         add("CONSTANT_MATCH", value)
+        return ConstantVariable(value, source)
+    if type(value) is range:  # immutable: its three numbers say all
+        add("TYPE_MATCH", range)
+        if g:
+            for part in ("start", "stop", "step"):
+                out.guards.add(AttrSource(source, part), "CONSTANT_MATCH", getattr(value, part))
         return ConstantVariable(value, source)
     if isinstance(value, torch.nn.Module):
         if g and out.unspecialized_modules and _from_the_frame(source):
@@ -109,6 +115,13 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, types.ModuleType):
         add("ID_MATCH", value)
         return PythonModuleVariable(value, source)
+    if type(value) is ResumeIterator and source is not None:
+        add("TYPE_MATCH", ResumeIterator)
+        items = wrap(tx, value.items, InstanceAttrSource(source, "items"))
+        if not isinstance(items, (ListVariable, TupleVariable)):
+            raise Unsupported("a resumed loop over a list or tuple subclass")
+        out.guards.add(InstanceAttrSource(source, "index"), "CONSTANT_MATCH", value.index)
+        return ResumeIteratorVariable(value, source, items, out)
     if isinstance(value, types.CodeType):
         add("ID_MATCH", value)  # immutable: its attributes (co_varnames...) are constants
         return ConstantVariable(value, source)

@@ -306,16 +306,17 @@ def _dict(tx, *args, **kwargs):
 def _enumerate(tx, obj, start=None):
     first = start.as_python_constant() if start is not None else 0
     return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
-                                 for i, v in enumerate(obj.unpack(tx))])
+                                 for i, v in enumerate(obj.unpack(tx))], over=(obj,))
 
 
 def _zip(tx, *iterables, **kwargs):
     columns = [it.unpack(tx) for it in iterables]
-    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+    return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)],
+                                over=iterables)
 
 
 def _reversed(tx, obj):
-    return ListIteratorVariable(list(reversed(obj.unpack(tx))))
+    return ListIteratorVariable(list(reversed(obj.unpack(tx))), over=(obj,))
 
 
 def _iter(tx, obj):

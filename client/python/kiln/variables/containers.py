@@ -51,6 +51,7 @@ def note_container_mutation(container: "ContainerVariable"):
     reachable from the checkpoint's state however late its tracker was made (a call inlined
     after the checkpoint read it), and its final items are replayed into the program's object:
     mutating it always counts, so that no graph break rolls back past it."""
+    container.version += 1  # iterators over its items taken before now are stale
     note_mutation(container.serial if container.source is None else 0)
 
 
@@ -69,6 +70,7 @@ class ContainerVariable(VariableTracker):
         self.outside_guarded = False  # ... under guards (ContainerMemo.remember)
         self.outside_memo = None  # the ContainerMemo that remembers it
         self.replayed = False  # mutated by the frame: replayed into it after the graph
+        self.version = 0  # mutations so far (ListIteratorVariable's watch)
 
     def values(self) -> List[VariableTracker]:
         raise NotImplementedError
@@ -469,12 +471,17 @@ class ListIteratorVariable(VariableTracker):
     yield. Its position is state: advancing an iterator made before a graph break's checkpoint is
     a mutation like any other."""
 
-    def __init__(self, items: List[VariableTracker], origin: "ListVariable" = None):
+    def __init__(self, items: List[VariableTracker], origin: "ListVariable" = None,
+                 over=()):
         super().__init__(None)
         self._items = None if origin is not None else list(items)
         self.origin = origin
         self.index = 0
         self.serial = new_serial()
+        # The containers whose items `items` copies (enumerate(lst), zip, iter(dict)), with
+        # their versions then: eager's iterator reads them live (a list that grows is seen, a
+        # dict that changes size raises), so a copy is only right while they are unchanged.
+        self._watch = [(c, c.version) for c in _containers_of(over)]
 
     @classmethod
     def of(cls, tx, obj: VariableTracker) -> "ListIteratorVariable":
@@ -483,7 +490,13 @@ class ListIteratorVariable(VariableTracker):
             return obj
         if type(obj) is ListVariable:
             return cls([], origin=obj)
-        return cls(obj.unpack(tx))
+        return cls(obj.unpack(tx), over=(obj,))
+
+    def _check_unchanged(self):
+        for container, version in self._watch:
+            if container.version != version:
+                raise Unsupported("a container changed while an iterator over it was in use "
+                                  "(eager reads it live)")
 
     @property
     def items(self) -> List[VariableTracker]:
@@ -493,6 +506,7 @@ class ListIteratorVariable(VariableTracker):
         return type(iter([])) if self.origin is not None else type(iter(()))
 
     def next_item(self):
+        self._check_unchanged()
         items = self.items
         if self.index >= len(items):
             return None
@@ -502,6 +516,7 @@ class ListIteratorVariable(VariableTracker):
         return item
 
     def unpack(self, tx):
+        self._check_unchanged()
         rest = self.items[self.index:]
         if rest:
             note_mutation(self.serial)
@@ -512,8 +527,17 @@ class ListIteratorVariable(VariableTracker):
         return self
 
     def reconstruct(self, codegen) -> str:
+        self._check_unchanged()  # a copy of items the program changed since: not eager's
         # One object however often it is reached (a local and the argument of next(), say):
         # advancing one advances the other.
+        if codegen.at_break:
+            # A loop a graph break interrupts goes on in a resume function, which kiln captures
+            # in turn: there the iterator is one it can read and guard (ResumeIterator).
+            if self.origin is not None:
+                return codegen.temp(self, lambda: f"{codegen.constant(ResumeIterator)}("
+                                                  f"{codegen(self.origin)}, {self.index})")
+            return codegen.temp(self, lambda: f"{codegen.constant(ResumeIterator)}((" + "".join(
+                codegen(v) + ", " for v in self.items[self.index:]) + "), 0)")
         if self.origin is not None:
             return codegen.temp(self, lambda: f"{codegen.constant(iterator_at)}("
                                               f"{codegen(self.origin)}, {self.index})")
@@ -522,6 +546,87 @@ class ListIteratorVariable(VariableTracker):
 
     def __repr__(self):
         return f"ListIteratorVariable(at {self.index} of {len(self.items)})"
+
+
+class ResumeIterator:
+    """The iterator of a loop that a graph break interrupted, as the transformed code hands it
+    to the resume function: `items` (a list, read live as a list iterator reads it, or a tuple
+    of what is left) from position `index`. Plain attributes, so that the resume function's
+    capture can read and guard them (ResumeIteratorVariable) and replay its progress."""
+
+    def __init__(self, items, index: int):
+        self.items = items
+        self.index = index
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        i = self.index
+        if i >= len(self.items):
+            raise StopIteration
+        self.index = i + 1
+        return self.items[i]
+
+    def __length_hint__(self):
+        return max(len(self.items) - self.index, 0)
+
+
+class ResumeIteratorVariable(ListIteratorVariable):
+    """A ResumeIterator the frame received: its items are guarded as read, and how far the frame
+    advanced it is an attribute store replayed after the graph."""
+
+    def __init__(self, obj: ResumeIterator, source, items: "BaseListVariable", output):
+        if type(items) is ListVariable:
+            super().__init__([], origin=items)
+        else:
+            super().__init__(items.items)
+        self.obj = obj
+        self.source = source
+        self.index = obj.index
+        self._output = output
+
+    def identity(self, tx):
+        return self.obj
+
+    def _advanced(self):
+        from kiln.variables.side_effects import mutations_of
+
+        note_mutation(0)  # from outside the frame: every advance counts (note_container_...)
+        mutations_of(self._output).store(self.obj, self.source, "index",
+                                         ConstantVariable(self.index))
+
+    def next_item(self):
+        item = super().next_item()
+        if item is not None:
+            self._advanced()
+        return item
+
+    def unpack(self, tx):
+        rest = super().unpack(tx)
+        if rest:
+            self._advanced()
+        return rest
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.source(self.source)  # the program's object, its index replayed
+
+    def __repr__(self):
+        return f"ResumeIteratorVariable(at {self.index} of {len(self.items)})"
+
+
+def _containers_of(values) -> List["ContainerVariable"]:
+    """The containers whose items iterating over `values` reads: themselves, or the list a live
+    list iterator reads."""
+    out = []
+    for v in values:
+        if isinstance(v, ContainerVariable):
+            out.append(v)
+        elif isinstance(v, ListIteratorVariable):
+            out.extend(c for c, _ in v._watch)
+            if v.origin is not None:
+                out.append(v.origin)
+    return out
 
 
 def iterator_at(items: list, index: int):
