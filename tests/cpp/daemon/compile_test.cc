@@ -157,6 +157,24 @@ TEST(KilndCompile, MalformedRequestsAreInvalidArgumentAndTheDaemonKeepsServing) 
   EXPECT_EQ(kilnd.Stats().rejected(), bad.size());
 }
 
+TEST(KilndCompile, AnOpOffTheAllowlistCompilesWhenTheGraphDeclaresItFunctional) {
+  TempDir dir;
+  TestDaemon kilnd(dir.path());
+  kiln::v1::CompileRequest request = MakeRequest();
+  request.mutable_graph()->mutable_nodes(1)->set_op("aten::softshrink");
+  kiln::v1::CompileResponse response;
+  grpc::Status refused = kilnd.Compile(request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("declares no schema"), std::string::npos)
+      << refused.error_message();
+  kiln::v1::OpSchema* declared = request.mutable_graph()->add_schemas();
+  declared->set_op("aten::softshrink");
+  declared->set_schema("aten::softshrink(Tensor self, Scalar lambd=0.5) -> Tensor");
+  grpc::Status admitted = kilnd.Compile(request, &response);
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+  EXPECT_EQ(kilnd.compiler().compiles(), 1);
+}
+
 TEST(KilndCompile, OversizedRequestIsInvalidArgumentAndTheDaemonKeepsServing) {
   TempDir dir;
   TestDaemon kilnd(dir.path(), {}, [](DaemonConfig& c) { c.max_request_bytes = 64 << 10; });

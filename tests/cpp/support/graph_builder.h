@@ -88,7 +88,37 @@ class GraphBuilder {
     SetMeta(v->mutable_meta(), sizes, dtype, strides, offset);
     return next_++;
   }
+  // A node with one output per entry of `sizes` (all of `dtype`, row-major); their ids.
+  std::vector<uint32_t> OpN(const std::string& op, std::vector<Argument> args,
+                            std::vector<std::vector<int64_t>> sizes, DType dtype = kF32) {
+    kiln::v1::Node* n = graph_.add_nodes();
+    n->set_op(op);
+    for (Argument& a : args) *n->add_args() = std::move(a);
+    std::vector<uint32_t> ids;
+    for (const auto& s : sizes) {
+      kiln::v1::Value* v = n->add_outputs();
+      v->set_id(next_);
+      SetMeta(v->mutable_meta(), s, dtype, {}, 0);
+      ids.push_back(next_++);
+    }
+    return ids;
+  }
   void Output(uint32_t id) { graph_.add_outputs(id); }
+  // The graph declares `op`'s schema (kiln.v1.OpSchema).
+  void Declare(const std::string& op, const std::string& schema,
+               std::vector<std::string> tags = {}) {
+    kiln::v1::OpSchema* s = graph_.add_schemas();
+    s->set_op(op);
+    s->set_schema(schema);
+    for (std::string& tag : tags) s->add_tags(std::move(tag));
+  }
+  // After the graph, input `input` holds `value` (kiln.v1.InputUpdate); returns the update.
+  kiln::v1::InputUpdate* Update(uint32_t input, uint32_t value) {
+    kiln::v1::InputUpdate* u = graph_.add_input_updates();
+    u->set_input(input);
+    u->set_value(value);
+    return u;
+  }
   // The first `n` inputs are parameters the client binds once (Graph.num_bound_inputs).
   void Bound(uint32_t n) { graph_.set_num_bound_inputs(n); }
   const Graph& graph() const { return graph_; }
