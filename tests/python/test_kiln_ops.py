@@ -404,3 +404,30 @@ def test_large_rows_run_in_parallel_and_match_eager():
 def test_large_tensor_runs_in_parallel_and_matches_eager():
     a, b = randn(256, 1024), randn(1024)
     check(lambda x, y: torch.sigmoid(x + y) * x, a, b, kernels=1)
+
+
+PADS = {
+    "last_dim": (lambda: randn(3, 5), (1, 2), 0.0),
+    "crop_and_pad_2d": (lambda: randn(2, 3, 6, 7), (1, 2, -1, 3), 1.5),
+    "three_dims": (lambda: randn(1, 2, 3, 4, 5), (1, 1, 2, 0, 0, 3), -2.0),
+    "int64": (lambda: torch.randint(-9, 9, (4, 6)), (2, 2, 1, 1), 7),
+    "bfloat16": (lambda: randn(2, 5, 6, dtype=torch.bfloat16), (0, 3), 0.5),
+    "channels_last": (lambda: randn(2, 4, 5, 5).to(memory_format=torch.channels_last),
+                      (1, 1, 1, 1), 0.0),
+    "sliced": (lambda: randn(6, 9)[1:5, 2:8], (3, 0, 0, 2), 1.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PADS))
+def test_constant_pad_is_a_library_call_that_matches_eager(name):
+    """aten::constant_pad_nd (swin's window padding, attention masks padded on a GPU) is ATen's
+    pad, called by the plan between generated kernels, where it made the whole graph eager."""
+    make, pad, value = PADS[name]
+    x = make()
+
+    def fn(t):
+        padded = torch.nn.functional.pad(t * 2, pad, value=value)
+        return padded + 1, padded.sum(-1)
+
+    art = check(fn, x)
+    assert "aten::constant_pad_nd" in library_ops(art)
