@@ -110,3 +110,56 @@ def test_code_object_attributes_and_setattr_are_modelled():
     _one_graph(f, x, s_got)
     f(x, s_want)
     assert s_got.seen == s_want.seen == ("a", "b", "scale")
+
+
+def test_an_ordered_dict_made_and_filled_in_the_frame():
+    # torchvision's detection and segmentation models collect feature maps in an OrderedDict.
+    import collections
+
+    def f(x):
+        out = collections.OrderedDict()
+        out["a"] = x + 1
+        out["b"] = x * 2
+        out.update(c=x - 1)
+        names = list(out.keys())
+        total = sum(v.sum() for v in out.values())
+        return out, names, total
+
+    x = torch.randn(3)
+    _one_graph(lambda x: f(x)[2], x)
+    got, want = kiln.compile(f, backend="eager")(x), f(x)
+    assert type(got[0]) is collections.OrderedDict and list(got[0]) == list(want[0])
+    assert got[1] == want[1]
+
+
+class _Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return x * x * ctx.k
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g * ctx.k, None
+
+
+def _uses_square(x):
+    return _Square.apply(x + 1, 3) * 2
+
+
+def test_autograd_function_apply_without_gradients_is_its_forward_in_the_graph():
+    _one_graph(_uses_square, torch.randn(3))
+    with torch.no_grad():
+        _one_graph(_uses_square, torch.randn(3, requires_grad=True))
+
+
+def test_autograd_function_apply_with_gradients_keeps_its_backward():
+    x = torch.randn(3, requires_grad=True)
+    y = kiln.compile(_uses_square, backend="eager")(x)
+    y.sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    _uses_square(x).sum().backward()
+    torch.testing.assert_close(got, x.grad)

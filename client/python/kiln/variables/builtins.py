@@ -290,6 +290,12 @@ def _sequence(kind):
 
 
 def _dict(tx, *args, **kwargs):
+    return construct_dict(tx, dict, args, kwargs)
+
+
+def construct_dict(tx, cls, args, kwargs):
+    """dict(...) or collections.OrderedDict(...) made in the frame (a detection model's
+    feature maps): a dict tracker of that class."""
     items = {}
     if args:
         src = args[0]
@@ -300,7 +306,7 @@ def _dict(tx, *args, **kwargs):
                 k, v = pair.unpack(tx)
                 items[k.as_python_constant()] = v
     items.update(kwargs)
-    return ConstDictVariable(items)
+    return ConstDictVariable(items, user_type=cls)
 
 
 def _enumerate(tx, obj, start=None):

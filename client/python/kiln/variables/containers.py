@@ -1,4 +1,5 @@
 """Tuples, lists, dicts, slices and iterators built or read by the frame."""
+import collections
 import itertools
 import reprlib
 import threading
@@ -389,12 +390,15 @@ class ConstDictVariable(ContainerVariable):
     def reconstruct(self, codegen) -> str:
         if self.source is not None and (not self.mutable or self.replayed):
             return codegen.source(self.source)
-        if self.user_type is not dict:
+        if self.user_type not in (dict, collections.OrderedDict):
             raise Unsupported(f"rebuilding a {self.user_type.__name__}")
 
         def build():
             items = [f"{codegen.constant(k)}: {codegen(v)}" for k, v in self.items.items()]
-            return "{" + ", ".join(items) + "}"
+            if self.user_type is dict:
+                return "{" + ", ".join(items) + "}"
+            # An OrderedDict made in the frame: its order is the order the items were set.
+            return f"{codegen.constant(self.user_type)}({{{', '.join(items)}}})"
 
         return codegen.temp(self, build)
 
@@ -457,8 +461,8 @@ class ConstDictVariable(ContainerVariable):
             self.items.clear()
             return ConstantVariable(None)
         if name == "copy":
-            return ConstDictVariable(self.items)
-        raise Unsupported(f"dict.{name}()")
+            return ConstDictVariable(self.items, user_type=self.user_type)
+        raise Unsupported(f"{self.user_type.__name__}.{name}()")
 
 
 class ListIteratorVariable(VariableTracker):

@@ -1,4 +1,5 @@
 """Python modules, user-defined classes and their instances, and super()."""
+import collections
 import inspect
 import types
 
@@ -70,6 +71,12 @@ class UserDefinedClassVariable(VariableTracker):
             return ObjectSetattrVariable()
         if self.cls is object and name == "__getattribute__":
             return ObjectGetattributeVariable()
+        if name == "apply" and issubclass(self.cls, torch.autograd.Function) and \
+                inspect.getattr_static(self.cls, "apply") is \
+                inspect.getattr_static(torch.autograd.Function, "apply"):
+            from kiln.variables.autograd_function import AutogradFunctionApplyVariable
+
+            return AutogradFunctionApplyVariable(self.cls, self.source)
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
@@ -77,6 +84,10 @@ class UserDefinedClassVariable(VariableTracker):
         return class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
 
     def call_function(self, tx, args, kwargs):
+        if self.cls is collections.OrderedDict:
+            from kiln.variables.builtins import construct_dict
+
+            return construct_dict(tx, self.cls, args, kwargs)
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
         if issubclass(self.cls, torch.nn.Module):

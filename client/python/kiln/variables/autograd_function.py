@@ -1,0 +1,111 @@
+"""torch.autograd.Function subclasses: `Fn.apply(...)` where no input needs a gradient runs the
+Function's forward, inlined into the graph with a stand-in for its ctx; where one does, the
+call is a graph break (its backward would be lost in the graph)."""
+import inspect
+import types
+
+import torch
+
+from kiln.exc import Unsupported
+from kiln.variables.base import VariableTracker
+from kiln.variables.class_attr import guard_class_member
+from kiln.variables.constant import ConstantVariable
+from kiln.variables.tensor import TensorVariable
+
+_BASE_SETUP_CONTEXT = inspect.getattr_static(torch.autograd.Function, "setup_context", None)
+
+
+def _static_function(cls, name):
+    fn = inspect.getattr_static(cls, name, None)
+    if isinstance(fn, staticmethod):
+        fn = fn.__func__
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+class AutogradFunctionApplyVariable(VariableTracker):
+    """`Fn.apply` of a torch.autograd.Function subclass `cls` (read through `cls_source`)."""
+
+    def __init__(self, cls, cls_source=None):
+        super().__init__(None)
+        self.cls = cls
+        self.cls_source = cls_source
+
+    def call_function(self, tx, args, kwargs):
+        cls = self.cls
+        forward = _static_function(cls, "forward")
+        if forward is None:
+            raise Unsupported(f"{cls.__qualname__}.forward is not a Python static method")
+        if any(_needs_grad(a) for a in (*args, *kwargs.values())) and torch.is_grad_enabled():
+            # Dynamo makes a subgraph of forward and backward for this; kiln leaves the call to
+            # Python, where autograd records the Function's own backward.
+            raise Unsupported(f"{cls.__qualname__}.apply with inputs that need gradients")
+        if self.cls_source is not None:  # `Fn.forward = other` later must recompile
+            guard_class_member(tx, self.cls_source, "forward",
+                               inspect.getattr_static(cls, "forward"))
+            guard_class_member(tx, self.cls_source, "setup_context",
+                               inspect.getattr_static(cls, "setup_context"))
+        setup = inspect.getattr_static(cls, "setup_context", None)
+        if setup is not None and setup is not _BASE_SETUP_CONTEXT:
+            # The forward-without-ctx style: setup_context would only fill a ctx no one reads.
+            return tx.inline_call(forward, list(args), kwargs, fn_source=None)
+        # No gradient is recorded: apply() is forward's result, its ctx read by no backward.
+        ctx = FunctionCtxVariable(cls)
+        return tx.inline_call(forward, [ctx, *args], kwargs, fn_source=None)
+
+    def reconstruct(self, codegen) -> str:
+        cls = codegen.source(self.cls_source) if self.cls_source is not None else \
+            codegen.constant(self.cls)
+        return f"{cls}.apply"
+
+    def __repr__(self):
+        return f"AutogradFunctionApplyVariable({self.cls.__qualname__})"
+
+
+def _needs_grad(vt) -> bool:
+    if isinstance(vt, TensorVariable):
+        return bool(getattr(vt.as_fake_arg(), "requires_grad", False))
+    if vt.python_type() in (tuple, list):
+        return any(_needs_grad(v) for v in vt.unpack(None))
+    return False
+
+
+class FunctionCtxVariable(VariableTracker):
+    """The ctx a Function's forward gets when no backward will read it: what forward saves or
+    marks on it is dropped, what it stores on it reads back."""
+
+    fresh_object = True
+
+    def __init__(self, cls):
+        super().__init__(None)
+        self.cls = cls
+        self.attrs = {}
+
+    def python_type(self):
+        return torch.autograd.function.FunctionCtx
+
+    def store_attr(self, tx, name, value):
+        self.attrs[name] = value
+
+    def var_getattr(self, tx, name):
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in ("save_for_backward", "save_for_forward", "mark_dirty",
+                    "mark_non_differentiable", "set_materialize_grads"):
+            if name == "mark_dirty":
+                raise Unsupported(f"ctx.mark_dirty in {self.cls.__qualname__}.forward")
+            return _CtxNoOp(name)
+        if name == "needs_input_grad":
+            raise Unsupported("ctx.needs_input_grad read in a forward kiln inlines")
+        raise Unsupported(f"ctx.{name} in {self.cls.__qualname__}.forward")
+
+    def __repr__(self):
+        return f"FunctionCtxVariable({self.cls.__qualname__})"
+
+
+class _CtxNoOp(VariableTracker):
+    def __init__(self, name):
+        super().__init__(None)
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        return ConstantVariable(None)
