@@ -163,3 +163,15 @@ def test_autograd_function_apply_with_gradients_keeps_its_backward():
     x.grad = None
     _uses_square(x).sum().backward()
     torch.testing.assert_close(got, x.grad)
+
+
+def test_a_torchvision_class_is_a_user_class_not_torchs():
+    # torchvision's ImageList (detection models) was taken for one of torch's own classes
+    # (its module's name starts with "torch") and its construction broke the graph.
+    image_list = pytest.importorskip("torchvision.models.detection.image_list")
+
+    def f(x):
+        il = image_list.ImageList(x, [(2, 2)])
+        return il.tensors * 2
+
+    _one_graph(f, torch.randn(2, 2))

@@ -63,19 +63,24 @@ _UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dty
                 torch.seed, torch.use_deterministic_algorithms, torch.set_printoptions}
 
 
+def _in_torch(module_name: str) -> bool:
+    """torch itself or one of its modules (not torchvision, torchaudio, ...)."""
+    return module_name == "torch" or module_name.startswith("torch.")
+
+
 def is_torch_object(value) -> bool:
     """A module, class or function of torch's own (nn.Module subclasses excepted: user code
     subclasses them)."""
     if isinstance(value, types.ModuleType):
-        return value.__name__ == "torch" or value.__name__.startswith("torch.")
+        return _in_torch(value.__name__)
     if isinstance(value, type):
-        return value.__module__.startswith("torch") and not issubclass(value, torch.nn.Module)
+        return _in_torch(value.__module__) and not issubclass(value, torch.nn.Module)
     mod = getattr(value, "__module__", None) or ""
     if isinstance(value, (types.BuiltinFunctionType, torch._ops.OpOverloadPacket,
                           torch._ops.OpOverload)):
         self_obj = getattr(value, "__self__", None)
-        return mod.startswith("torch") or (
-            isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch")) \
+        return _in_torch(mod) or (
+            isinstance(self_obj, types.ModuleType) and _in_torch(self_obj.__name__)) \
             or type(self_obj).__name__ == "_VariableFunctionsClass" \
             or isinstance(value, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
     if isinstance(value, types.FunctionType):
