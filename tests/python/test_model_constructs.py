@@ -175,3 +175,41 @@ def test_a_torchvision_class_is_a_user_class_not_torchs():
         return il.tensors * 2
 
     _one_graph(f, torch.randn(2, 2))
+
+
+def test_map_filter_reduce_and_itertools_over_known_items():
+    import functools
+    import itertools
+    import operator
+
+    def f(x, ys):
+        a = functools.reduce(operator.add, ys)
+        b = list(map(lambda t: t * 2, ys))
+        c = list(itertools.chain(ys, [x]))
+        d = list(filter(lambda t: t is not None, [x, None, x]))
+        e = sum(itertools.starmap(operator.mul, zip(ys, ys)))
+        g = functools.reduce(lambda acc, t: acc * t, ys, x)
+        return a + b[0] + len(c) + len(d) + e + g + len(list(filter(None, [0, 1, 2])))
+
+    _one_graph(f, torch.randn(3), [torch.randn(3), torch.randn(3)])
+
+
+def test_map_over_a_function_with_effects_is_left_to_python():
+    # map() calls its function as items are taken: one that appends to a list cannot be run
+    # when the map is made.
+    seen = []
+
+    def note(t):
+        seen.append(1)
+        return t + 1
+
+    def f(x):
+        m = map(note, [x, x])
+        before = len(seen)
+        return sum(m) + before
+
+    x = torch.randn(3)
+    got = kiln.compile(f, backend="eager")(x)
+    assert len(seen) == 2
+    seen.clear()
+    torch.testing.assert_close(got, f(x))  # `before` is 0 in both: the calls came later

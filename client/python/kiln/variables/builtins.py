@@ -1,7 +1,9 @@
 """Python builtins (len, isinstance, getattr, min, ...), the operator module and math."""
 import abc
 import builtins
+import functools
 import inspect
+import itertools
 import math
 import operator
 import types
@@ -325,6 +327,57 @@ def _reversed(tx, obj):
     return ListIteratorVariable(list(reversed(obj.unpack(tx))), over=(obj,))
 
 
+def _calls_without_effects(tx, fn, rows):
+    """[fn(*row) for row in rows], where calling fn changes nothing the program could see in
+    between (no container mutated, no attribute stored): map() and filter() call it lazily, as
+    their items are taken, and here it runs when they are made."""
+    from kiln.variables.containers import mutation_count
+    from kiln.variables.side_effects import mutations_of
+
+    before = (mutation_count(), mutations_of(tx.output).checkpoint())
+    results = [fn.call_function(tx, list(row), {}) for row in rows]
+    after = (mutation_count(), mutations_of(tx.output).checkpoint())
+    if before[0] != after[0] or before[1].keys() != after[1].keys():
+        raise Unsupported("map()/filter() over a function with effects (eager calls it lazily)")
+    return results
+
+
+def _map(tx, fn, *iterables):
+    rows = list(zip(*(it.unpack(tx) for it in iterables)))
+    return ListIteratorVariable(_calls_without_effects(tx, fn, rows), over=iterables)
+
+
+def _filter(tx, fn, iterable):
+    items = iterable.unpack(tx)
+    if fn.is_python_constant() and fn.as_python_constant() is None:
+        keep = [v.truth(tx) for v in items]
+    else:
+        keep = [r.truth(tx) for r in _calls_without_effects(tx, fn, [[v] for v in items])]
+    return ListIteratorVariable([v for v, k in zip(items, keep) if k], over=(iterable,))
+
+
+def _starmap(tx, fn, iterable):
+    rows = [row.unpack(tx) for row in iterable.unpack(tx)]
+    return ListIteratorVariable(_calls_without_effects(tx, fn, rows), over=(iterable,))
+
+
+def _chain(tx, *iterables):
+    return ListIteratorVariable([v for it in iterables for v in it.unpack(tx)], over=iterables)
+
+
+def _reduce(tx, fn, iterable, *initial):
+    items = iterable.unpack(tx)
+    if initial:
+        acc, rest = initial[0], items
+    elif items:
+        acc, rest = items[0], items[1:]
+    else:
+        raise Unsupported("reduce() of an empty sequence raises TypeError")
+    for item in rest:
+        acc = fn.call_function(tx, [acc, item], {})
+    return acc
+
+
 def _iter(tx, obj):
     return ListIteratorVariable.of(tx, obj)
 
@@ -409,6 +462,11 @@ _HANDLERS = {
     callable: _callable,
     sorted: _sorted,
     super: _super,
+    map: _map,
+    filter: _filter,
+    itertools.starmap: _starmap,
+    itertools.chain: _chain,
+    functools.reduce: _reduce,
 }
 
 _PURE_BUILTINS = {int, float, str, repr, round, divmod, pow, range, chr, ord, hex, oct, bin,

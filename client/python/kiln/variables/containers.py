@@ -53,7 +53,7 @@ def note_container_mutation(container: "ContainerVariable"):
     after the checkpoint read it), and its final items are replayed into the program's object:
     mutating it always counts, so that no graph break rolls back past it."""
     container.version += 1  # iterators over its items taken before now are stale
-    note_mutation(container.serial if container.source is None else 0)
+    note_mutation(container.serial if container.source is None else -1)
 
 
 class ContainerVariable(VariableTracker):
@@ -596,7 +596,7 @@ class ResumeIteratorVariable(ListIteratorVariable):
     def _advanced(self):
         from kiln.variables.side_effects import mutations_of
 
-        note_mutation(0)  # from outside the frame: every advance counts (note_container_...)
+        note_mutation(-1)  # from outside the frame: every advance counts (note_container_...)
         mutations_of(self._output).store(self.obj, self.source, "index",
                                          ConstantVariable(self.index))
 
