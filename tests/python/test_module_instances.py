@@ -119,3 +119,41 @@ def test_torch_nn_constants_are_guarded_when_instances_share_an_entry(backend):
         for _ in range(2):
             for c, ref in zip(compiled, convs):
                 torch.testing.assert_close(c(x), ref(x))
+
+
+def test_a_model_copied_on_every_call_is_compiled_once_for_its_structure():
+    # copy.deepcopy(model) on each call: the entry specialised to the first copy dies with it;
+    # the code's next capture guards the copies by structure, and the breaks of every entry at
+    # one place share one resume function, so later calls reuse what was compiled.
+    import copy
+
+    torch.manual_seed(0)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+
+    def fn(m, x):
+        return copy.deepcopy(m)(x)
+
+    m1, m2 = make(), make()
+    x = torch.randn(2, 4)
+    cnt = CompileCounter()
+    compiled = kiln.optimize(cnt)(fn)
+    for m in (m1, m1, m1, m2, m2, m2):
+        torch.testing.assert_close(compiled(m, x), fn(m, x))
+    assert cnt.frame_count <= 2
+
+
+def test_two_optimize_wrappers_with_one_backend_share_entries_and_count_only_their_own():
+    def f(x):
+        return x + 1
+
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    kiln.optimize(cnt)(f)(x)
+    kiln.optimize(cnt)(f)(x)
+    assert cnt.frame_count == 1  # one backend: one entry, as under torch.compile
+    others = [CompileCounter() for _ in range(9)]
+    for other in others:  # each its own backend: entries of the others do not count
+        torch.testing.assert_close(kiln.optimize(other)(f)(x), f(x))
+    assert [c.frame_count for c in others] == [1] * 9

@@ -40,6 +40,7 @@ class FrameCallback:
         # its captures, each over this process's tensors. While one holds, the frame and its
         # callees run eagerly, captured already.
         self.stood_in: Dict[types.CodeType, list] = {}
+        self._token = object()  # marks the entries this callback made (EntryInfo.extra)
 
     def __call__(self, func, code, slots):
         if is_skipped(code, func):
@@ -50,7 +51,10 @@ class FrameCallback:
             return _C.EAGER  # captured for another device already (or as often as allowed)
         if STATE.stance == "eager_on_recompile":
             return None  # run eagerly, compile nothing
-        entries = _C.cache_entries(code)
+        # This callback's entries: the hook runs only those under it (another kiln.optimize's
+        # backend compiled the others), so only they count towards its limit and its reasons.
+        entries = [e for e in _C.cache_entries(code)
+                   if e[2] is None or e[2].extra.get("owner", self._token) is self._token]
         if entries and code not in STATE.shared_module_codes and \
                 _another_module_instance(entries, slots, func):
             # The code runs for several instances of one module class (a model's 12 blocks):
@@ -87,6 +91,7 @@ class FrameCallback:
             return None
         entry = self.stored.install(func, code, slots)
         if entry is not None:
+            entry[2].extra["owner"] = self._token
             STATE.compiled_codes.add(code)
             if self.observer is not None:
                 self.observer.entry(entry[2])
@@ -147,6 +152,7 @@ class FrameCallback:
                         code.co_qualname, type(e).__name__, e)
             STATE.compiled_codes.add(code)
             return _C.SKIP
+        entry[2].extra["owner"] = self._token
         STATE.compiled_codes.add(code)
         if self.observer is not None:
             self.observer.entry(entry[2])
@@ -324,7 +330,7 @@ def optimize(backend="eager", nopython: bool = False, *, disable: bool = False, 
     accepted as kiln.compile accepts it."""
     if disable:
         return _NotOptimized()
-    return OptimizeContext(FrameCallback(backend, fullgraph=nopython))
+    return OptimizeContext(_shared_callback(backend, nopython, None, None))
 
 
 class _NotOptimized:

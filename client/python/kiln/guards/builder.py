@@ -116,7 +116,11 @@ class GuardSet:
         of its ID_MATCH guards weakly, and the death of one drops the tree's entry from that
         code's cache: the entry could never pass again, and what it holds (a graph module with
         a deleted model's weights) is freed with it."""
-        on_dead, manager_ref = entry_dropper(code) if code is not None else (None, None)
+        # An entry specialised to a module that dies (a copy.deepcopy of the model made on
+        # every call) is for a module that will never come again: the code's next capture
+        # guards its modules by structure (eval_frame's shared_module_codes).
+        modules = any(g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module) for g in self)
+        on_dead, manager_ref = entry_dropper(code, modules) if code is not None else (None, None)
         manager = _C.GuardManager(on_dead=on_dead)
         if manager_ref is not None:
             manager_ref.append(weakref.ref(manager))
@@ -127,10 +131,13 @@ class GuardSet:
         return manager
 
 
-def entry_dropper(code):
+def entry_dropper(code, share_modules: bool = False):
     """The on_dead callback of an entry's guard tree (see GuardSet.build), and the list its
     manager's weak reference goes into once the manager exists. It holds nothing strongly: a
-    callback must not keep the code or the tree alive."""
+    callback must not keep the code or the tree alive. With `share_modules`, the code's later
+    captures guard its modules by structure (kiln.state's shared_module_codes)."""
+    from kiln.state import STATE
+
     code_ref = weakref.ref(code)
     manager_ref = []
     # Held here: at interpreter exit the modules' attributes (sys's included) are gone.
@@ -143,6 +150,8 @@ def entry_dropper(code):
         manager = manager_ref[0]() if manager_ref else None
         if code_now is not None and manager is not None:
             drop_entry(code_now, manager)
+            if share_modules:
+                STATE.shared_module_codes.add(code_now)
 
     return on_dead, manager_ref
 

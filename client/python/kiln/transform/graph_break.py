@@ -1,11 +1,16 @@
 """The code that finishes a frame after its graph when the graph broke: the one instruction the
 capture could not model runs in Python, then a resume function continues the frame."""
 import itertools
+import weakref
 
 from kiln.exc import Unsupported
 from kiln.transform.resume import ResumeRecipe, resume_function, resume_params, with_cells
 
 _resume_ids = itertools.count(1)
+# The resume functions made for each code: a break at the same place with the same stack layout
+# (every entry of the code breaking there: one per instance of a module class, one per set of
+# guards) continues in one resume function, whose own entries are then shared as well.
+_resumes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def break_body(func, code, gb, rebuild, consts):
@@ -24,13 +29,16 @@ def break_body(func, code, gb, rebuild, consts):
     def resume_call(target_offset, stack_vts):
         """A call of a new resume function; `stack_vts` holds trackers, or expressions (str)."""
         is_null = [not isinstance(v, str) and v.is_null for v in stack_vts]
-        n = next(_resume_ids)
-        rname = f"__resume_at_{target_offset}_{n}"
-        try:
-            fn = resume_function(code, func.__globals__, ResumeRecipe(
-                target_offset, tuple(is_null), tuple(unbound), rname))
-        except ValueError as e:
-            raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
+        made = _resumes.setdefault(code, {})
+        key = (target_offset, tuple(is_null), tuple(unbound), id(func.__globals__))
+        fn = made.get(key)
+        if fn is None or fn.__globals__ is not func.__globals__:
+            rname = f"__resume_at_{target_offset}_{next(_resume_ids)}"
+            try:
+                fn = made[key] = resume_function(code, func.__globals__, ResumeRecipe(
+                    target_offset, tuple(is_null), tuple(unbound), rname))
+            except ValueError as e:
+                raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
         resumes.append(fn.__code__)
         args = local_exprs + [v if isinstance(v, str) else rebuild(v)
                               for v in stack_vts if isinstance(v, str) or not v.is_null]
