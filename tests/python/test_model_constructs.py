@@ -213,3 +213,78 @@ def test_map_over_a_function_with_effects_is_left_to_python():
     assert len(seen) == 2
     seen.clear()
     torch.testing.assert_close(got, f(x))  # `before` is 0 in both: the calls came later
+
+
+def _fullgraph(fn, *args):
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(*args),
+                               fn(*args))
+
+
+class _AttrDict(dict):
+    def __getattr__(self, key):
+        return self[key]
+
+
+class _Boxes:
+    def __init__(self, t):
+        self.t = t
+
+    def __len__(self):
+        return self.t.shape[0]
+
+
+class _Items(list):
+    def extra(self):
+        return 1
+
+
+class _Empty:
+    pass
+
+
+def test_user_objects_dunders_getattr_fallback_and_builtin_subclasses():
+    x = torch.randn(3)
+    _fullgraph(lambda c, x: x + c.offset, _AttrDict(offset=5), x)  # __getattr__ fallback
+    _fullgraph(lambda b: len(b) + b.t, _Boxes(torch.ones(2, 4)))  # __len__ inlined
+    _fullgraph(lambda lst: lst[0] + lst[1] * len(lst), _Items([x, x]))  # list subclass
+    _fullgraph(lambda p, x: x + 1 if p else x, _Empty(), x)  # bool() of a plain object
+    _fullgraph(lambda b, x: x + 1 if b else x, _Boxes(torch.ones(0, 4)), x)  # via __len__
+
+
+class _Value:
+    def __init__(self, v):
+        self.v = v
+
+    def __add__(self, other):
+        return _Value(self.v + (other.v if isinstance(other, _Value) else other))
+
+    def __radd__(self, other):
+        return _Value(other + self.v)
+
+    def __mul__(self, other):
+        return _Value(self.v * other.v)
+
+    def __lt__(self, other):
+        return self.v.shape[0] < other.v.shape[0] + 1
+
+
+def test_a_user_class_operator_methods_are_inlined_in_pythons_order():
+    a, b = torch.randn(3), torch.randn(3)
+    _fullgraph(lambda a, b: (_Value(a) + _Value(b) * _Value(a)).v, a, b)
+    _fullgraph(lambda a: (1 + _Value(a) + 2).v, a)  # __radd__, then __add__
+    _fullgraph(lambda a, b: a * 2 if _Value(a) < _Value(b) else a, a, b)
+
+
+def test_torch_functionals_private_helpers_are_inlined_not_ops():
+    import torch.nn.functional as F
+
+    def fn(x):
+        m = F._canonical_mask(mask=None, mask_name="m", other_type=None, other_name="o",
+                              target_type=x.dtype)
+        d = F._none_or_dtype(None)
+        return x + 1 if (m is None and d is None) else x - 1
+
+    _one_graph(fn, torch.ones(2))
+    counter = CompileCounter()
+    kiln.optimize(counter)(fn)(torch.ones(2))
+    assert counter.op_count == 1

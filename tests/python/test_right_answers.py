@@ -841,3 +841,22 @@ def test_object_getattribute_bound_and_unbound_is_the_generic_lookup_across_a_br
     cnt = CompileCounter()
     torch.testing.assert_close(kiln.optimize(cnt)(f)(x, cfg), f(x, cfg))
     assert cnt.frame_count == 2  # both sides of the break captured, not run eagerly
+
+
+class _LazyParam(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.param = torch.nn.UninitializedParameter()
+
+    def forward(self, x):
+        self.param.materialize(x.shape)
+        return x + 1
+
+
+def test_a_module_with_an_uninitialized_parameter_is_unsupported_not_an_internal_error():
+    # Its fake tensor could not be made: a ValueError from inside kiln under fullgraph, an
+    # "internal error" otherwise.
+    x = torch.ones(2)
+    with pytest.raises(kiln.exc.Unsupported):
+        kiln.compile(_LazyParam(), backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(kiln.compile(_LazyParam(), backend="eager")(x), x + 1)

@@ -115,10 +115,17 @@ class OutputGraph:
                     f = stand_in.fake(self.fake_mode, real)
                 except stand_in.CannotStandIn as e:
                     raise Unsupported(str(e)) from None
+            elif isinstance(real, torch.nn.parameter.UninitializedTensorMixin):
+                raise Unsupported("a parameter or buffer that is not initialized yet (a lazy "
+                                  "module before its first call)")
             elif alone and plain_tensor(real):
                 f = fake_of(self.fake_mode, real, real.device)
             else:
-                f = self.fake_mode.from_tensor(real)
+                try:
+                    f = self.fake_mode.from_tensor(real)
+                except Exception as e:  # a tensor no fake can stand for: not a kiln error
+                    raise Unsupported(f"no fake tensor for a {type(real).__name__}: "
+                                      f"{type(e).__name__}: {e}") from None
             self._fakes[id(real)] = f
             self._keepalive.append(real)
         return f

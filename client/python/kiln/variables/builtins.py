@@ -84,6 +84,9 @@ def apply_operator(tx, fn, args):
     if fn is operator.contains:
         container, item = args
         return container.contains(tx, item)
+    dispatched = _user_operator(tx, fn, args)
+    if dispatched is not None:
+        return dispatched
     if any(isinstance(a, TensorVariable) for a in args):
         # A tensor operand makes it a tensor op; tensors inside a tuple or list operand do not
         # (`t += (x,)` concatenates).
@@ -130,6 +133,73 @@ def apply_operator(tx, fn, args):
             raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
         return ConstantVariable(same if fn is operator.eq else not same)
     raise Unsupported(f"{fn.__name__} of {', '.join(map(repr, args))}")
+
+
+# Binary operators and their special methods: (method, reflected method).
+_DUNDERS = {
+    operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+    operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+    operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+    operator.pow: ("__pow__", "__rpow__"), operator.matmul: ("__matmul__", "__rmatmul__"),
+    operator.and_: ("__and__", "__rand__"), operator.or_: ("__or__", "__ror__"),
+    operator.xor: ("__xor__", "__rxor__"), operator.lshift: ("__lshift__", "__rlshift__"),
+    operator.rshift: ("__rshift__", "__rrshift__"),
+    operator.lt: ("__lt__", "__gt__"), operator.le: ("__le__", "__ge__"),
+    operator.gt: ("__gt__", "__lt__"), operator.ge: ("__ge__", "__le__"),
+}
+
+
+def _python_dunder(vt, name):
+    """The Python function `name` of the class of a user object (one kiln does not model as a
+    tensor, container or constant), or None."""
+    if isinstance(vt, (TensorVariable, ConstantVariable, BaseListVariable, ConstDictVariable)):
+        return None
+    try:
+        cls = vt.python_type()
+    except Unsupported:
+        return None
+    if not isinstance(cls, type) or cls.__module__ == "builtins":
+        return None
+    fn = inspect.getattr_static(cls, name, None)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def _user_operator(tx, fn, args):
+    """`a op b` where an operand's class defines the operator in Python: its method inlined in
+    Python's order (the right operand's reflected method first when its class is a proper
+    subclass of the left one's, and in turn when one returns NotImplemented). None where no
+    operand has one."""
+    names = _DUNDERS.get(fn)
+    if names is None:
+        names = _DUNDERS.get(_BINARY_OF_INPLACE.get(fn))
+        if names is None:
+            return None
+        inplace = _python_dunder(args[0], f"__i{names[0][2:]}")
+        if inplace is not None:
+            result = tx.inline_call(inplace, list(args), {})
+            if not (result.is_python_constant() and
+                    result.as_python_constant() is NotImplemented):
+                return result
+    if len(args) != 2:
+        return None
+    a, b = args
+    forward, reflected = _python_dunder(a, names[0]), _python_dunder(b, names[1])
+    if forward is None and reflected is None:
+        return None
+    order = [(forward, a, b), (reflected, b, a)]
+    try:
+        if reflected is not None and b.python_type() is not a.python_type() and \
+                issubclass(b.python_type(), a.python_type()):
+            order.reverse()
+    except (Unsupported, TypeError):
+        pass
+    for method, left, right in order:
+        if method is None:
+            continue
+        result = tx.inline_call(method, [left, right], {})
+        if not (result.is_python_constant() and result.as_python_constant() is NotImplemented):
+            return result
+    raise Unsupported(f"{fn.__name__} of {a} and {b}: the special methods return NotImplemented")
 
 
 def _as_sequence(vt):

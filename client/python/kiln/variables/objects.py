@@ -22,6 +22,9 @@ from kiln.variables.nn_module import construct_module
 from kiln.variables.side_effects import mutations_of
 
 
+_ABSENT = object()
+
+
 class PythonModuleVariable(VariableTracker):
     """An imported module (math, a user's helpers). Every attribute read is guarded like a global
     of the frame."""
@@ -125,7 +128,29 @@ class UserDefinedObjectVariable(VariableTracker):
             # A Python __getattribute__ (transformers' configs map attribute names): inlined;
             # its super().__getattribute__ ends in generic_getattr.
             return tx.inline_call(getattribute, [self, ConstantVariable(name)], {})
+        fallback = self._dunder("__getattr__")
+        if fallback is not None and self._missing(tx, name):
+            # What the generic lookup does not find goes to the class's __getattr__.
+            return tx.inline_call(fallback, [self, ConstantVariable(name)], {})
         return self.generic_getattr(tx, name)
+
+    def _missing(self, tx, name) -> bool:
+        """Whether the generic lookup finds nothing for `name` (no pending store, nothing in the
+        instance dict, nothing on the class), guarded so."""
+        if self.source is None or mutations_of(tx.output).load(self.value, name) is not None:
+            return False
+        cls = type(self.value)
+        try:
+            d = object.__getattribute__(self.value, "__dict__")
+        except AttributeError:
+            d = None
+        if (d is not None and name in d) or \
+                inspect.getattr_static(cls, name, _ABSENT) is not _ABSENT:
+            return False
+        if d is not None:
+            tx.output.guards.add(InstanceDictSource(self.source), "NO_ITEM", name)
+        tx.output.guards.add(class_source(cls), "NO_HASATTR", name)
+        return True
 
     def generic_getattr(self, tx, name):
         """object.__getattribute__(value, name): pending stores, the instance dict, then the
@@ -165,11 +190,67 @@ class UserDefinedObjectVariable(VariableTracker):
         fn = inspect.getattr_static(type(self.value), name, None)
         return fn if isinstance(fn, types.FunctionType) else None
 
+    def _builtin_container(self):
+        """The list, tuple or dict the class derives from, where the object is one read from
+        outside the frame and the class keeps that container's own item access and length."""
+        if self.source is None:
+            return None
+        for base in (dict, list, tuple):
+            if isinstance(self.value, base) and all(
+                    inspect.getattr_static(type(self.value), n, None) is
+                    inspect.getattr_static(base, n) for n in ("__getitem__", "__len__")):
+                return base
+        return None
+
     def getitem(self, tx, index):
         fn = self._dunder("__getitem__")
-        if fn is None:
-            raise Unsupported(f"indexing a {type(self.value).__qualname__}")
-        return tx.inline_call(fn, [self, index], {})
+        if fn is not None:
+            return tx.inline_call(fn, [self, index], {})
+        base = self._builtin_container()
+        if base is not None and index.is_python_constant():
+            # A list or dict subclass that only adds methods: its items read and guarded as a
+            # plain list's or dict's are.
+            key = index.as_python_constant()
+            if base is dict and not is_guardable_constant(key):
+                raise Unsupported(f"indexing a {type(self.value).__qualname__} with {key!r}")
+            if base is not dict and type(key) is not int:
+                raise Unsupported(f"indexing a {type(self.value).__qualname__} with {key!r}")
+            try:
+                item = self.value[key]
+            except (KeyError, IndexError):
+                raise Unsupported(f"{type(self.value).__qualname__}[{key!r}] raises") from None
+            if base is not dict:
+                tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
+            return tx.wrap(item, ItemSource(self.source, key))
+        raise Unsupported(f"indexing a {type(self.value).__qualname__}")
+
+    def length(self, tx):
+        fn = self._dunder("__len__")
+        if fn is not None:
+            n = tx.inline_call(fn, [self], {})
+            if not n.is_python_constant() or type(n.as_python_constant()) is not int:
+                raise Unsupported(f"len() of a {type(self.value).__qualname__} that is not a "
+                                  "known int")
+            return n.as_python_constant()
+        if self._builtin_container() is not None:
+            tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
+            return len(self.value)
+        raise Unsupported(f"len() of a {type(self.value).__qualname__}")
+
+    def truth(self, tx):
+        """bool(obj): its class's __bool__, else its length, else True (TYPE_MATCH pins a class
+        that has neither)."""
+        cls = type(self.value)
+        fn = self._dunder("__bool__")
+        if fn is not None:
+            return tx.inline_call(fn, [self], {}).truth(tx)
+        has_bool = inspect.getattr_static(cls, "__bool__", None) is not None
+        has_len = inspect.getattr_static(cls, "__len__", None) is not None
+        if not has_bool and has_len:
+            return self.length(tx) != 0
+        if not has_bool and not has_len:
+            return True
+        raise Unsupported(f"bool() of a {cls.__qualname__}")
 
     def contains(self, tx, item):
         fn = self._dunder("__contains__")

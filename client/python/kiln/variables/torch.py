@@ -93,7 +93,10 @@ def is_graph_op(fn) -> bool:
                        torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
     if isinstance(fn, types.FunctionType):
-        return getattr(fn, "__module__", "") in _GRAPH_OP_MODULES
+        # torch.nn.functional's private Python helpers (_canonical_mask, _none_or_dtype) are
+        # not ops: inlined, what they compute (often nothing, for None arguments) is recorded.
+        return getattr(fn, "__module__", "") in _GRAPH_OP_MODULES and \
+            not fn.__name__.startswith("_")
     return False
 
 
