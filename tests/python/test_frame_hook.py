@@ -454,3 +454,23 @@ def test_eager_then_after_runs_after_the_frame_returned_or_raised(monkeypatch):
     region = _C.FrameRegion(fn, lambda func, code, slots: (_C.EAGER, failing_after))
     assert region(torch.ones(2)).tolist() == [3.0, 3.0]
     assert [str(e) for e in unraisable] == ["from after"]
+
+
+def test_raise_on_backend_error_makes_a_failing_backend_raise(monkeypatch):
+    def broken(gm, example_inputs):
+        raise RuntimeError("duck!")
+
+    monkeypatch.setattr(kiln.config, "raise_on_backend_error", True)
+    with pytest.raises(kiln.exc.BackendCompilerFailed, match="duck"):
+        kiln.optimize(broken)(lambda x: x + 1)(torch.randn(2))
+
+
+def test_counters_count_frames_captured_and_compiled():
+    kiln.counters.clear()
+
+    def f(x):
+        return x * 2
+
+    kiln.optimize("eager")(f)(torch.randn(2))
+    assert kiln.counters["frames"]["total"] >= 1
+    assert kiln.counters["frames"]["ok"] == 1

@@ -59,6 +59,11 @@ log = frozenset(p.strip() for p in os.environ.get("KILN_LOG", "").split(",") if 
 guard_nn_module_constants = True
 
 
+# A backend that raises makes the frame's call raise kiln.exc.BackendCompilerFailed instead of
+# warning once and running the frame eagerly. KILN_RAISE_ON_BACKEND_ERROR=1.
+raise_on_backend_error = os.environ.get("KILN_RAISE_ON_BACKEND_ERROR", "0") == "1"
+
+
 def logs(topic: str) -> bool:
     """True when `topic` output is asked for, by KILN_LOG or by `debug`."""
     return debug or topic in log or "all" in log

@@ -14,7 +14,7 @@ from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_
 from kiln.capture.skip_files import is_skipped, skip_code
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       NothingToCompile, RecompileError, Unsupported)
-from kiln.state import STATE
+from kiln.state import STATE, counters
 
 log = logging.getLogger("kiln")
 
@@ -115,6 +115,7 @@ class FrameCallback:
         """Captures and compiles the frame: the hook's entry, or SKIP when it runs eagerly."""
         if self._before_capture is not None:
             self._before_capture()
+        counters["frames"]["total"] += 1
         try:
             from kiln.convert_frame import convert_frame  # the tracer: not for stored captures
 
@@ -138,7 +139,7 @@ class FrameCallback:
             STATE.compiled_codes.add(code)
             return _C.SKIP
         except BackendCompilerFailed as e:
-            if self.fullgraph:
+            if self.fullgraph or config.raise_on_backend_error:
                 raise
             log.warning("kiln: %s; running %s eagerly", e, code.co_qualname)
             STATE.compiled_codes.add(code)
@@ -153,6 +154,7 @@ class FrameCallback:
             STATE.compiled_codes.add(code)
             return _C.SKIP
         entry[2].extra["owner"] = self._token
+        counters["frames"]["ok"] += 1
         STATE.compiled_codes.add(code)
         if self.observer is not None:
             self.observer.entry(entry[2])

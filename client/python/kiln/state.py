@@ -3,6 +3,7 @@ objects kiln made entries for or gave up on, the warnings already given, what th
 backend loaded, and the daemon client with its settings. kiln.reset() resets it (and the frame
 hook's entries of those code objects). Settings the user chooses live in kiln.config; this is
 what kiln itself accumulates, and what it read from the environment."""
+import collections
 import threading
 import weakref
 from typing import TYPE_CHECKING, List
@@ -155,3 +156,7 @@ class ProcessState:
 
 
 STATE = ProcessState()
+
+# Event counts, as torch._dynamo.utils.counters keeps them: counters["frames"]["total"] (frames
+# the hook asked kiln to capture) and ["ok"] (those that got an entry). Never reset by kiln.
+counters = collections.defaultdict(collections.Counter)

@@ -45,7 +45,7 @@ _DTYPES = {
     torch.bfloat16: "DTYPE_BFLOAT16", torch.int8: "DTYPE_INT8", torch.int16: "DTYPE_INT16",
     torch.int32: "DTYPE_INT32", torch.int64: "DTYPE_INT64", torch.uint8: "DTYPE_UINT8",
     torch.bool: "DTYPE_BOOL", torch.complex64: "DTYPE_COMPLEX64",
-    torch.complex128: "DTYPE_COMPLEX128",
+    torch.complex128: "DTYPE_COMPLEX128", torch.uint64: "DTYPE_UINT64",
 }
 _DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
 _MEMORY_FORMATS = {
