@@ -215,47 +215,103 @@ class LenCheck : public LeafCheck {
   Py_ssize_t length_;
 };
 
+// ("dict_keys", keys): the value is a dict whose keys, in the order iterating it yields them, are
+// `keys`. An exact dict is read in its own order; a subclass in the order iter(value) yields,
+// which for an OrderedDict is kept apart from the dict under it (move_to_end reorders the one,
+// not the other, and leaves the dict's version tag as it was).
 class DictKeysCheck : public LeafCheck {
  public:
   DictKeysCheck(PyObject* keys, std::string description)  // keys: a tuple
       : LeafCheck(std::move(description), kContainer), keys_(Py_NewRef(keys)) {}
   ~DictKeysCheck() override { Py_DECREF(keys_); }
+  // Node::Run skips checks on exact dicts only, whose order the version tag does follow.
   Stability stability() const override { return Stability::kSameDict; }
 
   bool Run(PyObject* value, std::string* why) const override {
-    if (!PyDict_CheckExact(value)) {
+    if (!PyDict_Check(value)) {
       if (why) *why = "expected a dict, got " + TypeName(Py_TYPE(value));
       return false;
     }
-    bool ok = PyDict_GET_SIZE(value) == PyTuple_GET_SIZE(keys_);
-    Py_ssize_t pos = 0;
-    PyObject* key;
-    PyObject* unused;
-    for (Py_ssize_t i = 0; ok && PyDict_Next(value, &pos, &key, &unused); ++i) {
-      PyObject* expected = PyTuple_GET_ITEM(keys_, i);
-      if (key == expected) continue;  // interned names: the usual case
-      ok = false;
-      if (Py_TYPE(key) != Py_TYPE(expected)) break;
-      Py_INCREF(key);  // __eq__ may run Python code that mutates the dict
-      int eq = PyObject_RichCompareBool(key, expected, Py_EQ);
-      Py_DECREF(key);
-      if (eq < 0) {
-        std::string error = TakeError(why != nullptr);
-        if (why) *why = "comparing keys raised " + error;
-        return false;
-      }
-      ok = eq == 1;
-    }
-    if (!ok && why) {
+    const int match =
+        PyDict_CheckExact(value) ? MatchDictOrder(value, why) : MatchIterationOrder(value, why);
+    if (match == 0 && why) {
       PyObject* actual = PySequence_Tuple(value);
       if (actual == nullptr) PyErr_Clear();
       *why = "expected keys " + Repr(keys_) + ", got " + (actual ? Repr(actual) : "?");
       Py_XDECREF(actual);
     }
-    return ok;
+    return match == 1;
   }
 
  private:
+  // The Match functions return 1 when the keys are `keys_` in order, 0 when they are not, and -1
+  // (with *why set when `why` is not null, and no exception left set) when reading them raised.
+
+  // An exact dict's keys in its own order, without running Python code but a key's __eq__.
+  int MatchDictOrder(PyObject* dict, std::string* why) const {
+    const Py_ssize_t n = PyTuple_GET_SIZE(keys_);
+    if (PyDict_GET_SIZE(dict) != n) return 0;
+    Py_ssize_t pos = 0;
+    Py_ssize_t i = 0;
+    PyObject* key;
+    PyObject* unused;
+    for (; i < n && PyDict_Next(dict, &pos, &key, &unused); ++i) {
+      PyObject* expected = PyTuple_GET_ITEM(keys_, i);
+      if (key == expected) continue;  // interned names: the usual case
+      Py_INCREF(key);                 // __eq__ may run Python code that mutates the dict
+      const int eq = KeysEqual(key, expected, why);
+      Py_DECREF(key);
+      if (eq != 1) return eq;
+    }
+    // An __eq__ that added or removed keys leaves the dict other than it was compared.
+    return i == n && PyDict_GET_SIZE(dict) == n ? 1 : 0;
+  }
+
+  // A subclass's keys in the order iter(dict) yields them, which may run Python code (a
+  // subclass's __iter__; an OrderedDict's own iterator raises when the dict changes under it).
+  int MatchIterationOrder(PyObject* dict, std::string* why) const {
+    PyObject* it = PyObject_GetIter(dict);
+    if (it == nullptr) return Raised("iterating the keys", why);
+    const Py_ssize_t n = PyTuple_GET_SIZE(keys_);
+    Py_ssize_t i = 0;
+    int match = 1;
+    while (match == 1) {
+      PyObject* key = PyIter_Next(it);
+      if (key == nullptr) {
+        if (PyErr_Occurred()) {
+          match = Raised("iterating the keys", why);
+        } else if (i != n) {
+          match = 0;  // fewer keys than expected
+        }
+        break;
+      }
+      if (i == n) {
+        match = 0;  // more keys than expected
+      } else {
+        PyObject* expected = PyTuple_GET_ITEM(keys_, i++);
+        match = key == expected ? 1 : KeysEqual(key, expected, why);
+      }
+      Py_DECREF(key);
+    }
+    Py_DECREF(it);
+    return match;
+  }
+
+  // 1 when `key` (a reference the caller holds) equals `expected` and is of its type (1, 1.0 and
+  // True are one dict key, but a trace that read the key saw one of them), 0 when not, -1 when
+  // __eq__ raised.
+  static int KeysEqual(PyObject* key, PyObject* expected, std::string* why) {
+    if (Py_TYPE(key) != Py_TYPE(expected)) return 0;
+    const int eq = PyObject_RichCompareBool(key, expected, Py_EQ);
+    return eq < 0 ? Raised("comparing keys", why) : eq;
+  }
+
+  static int Raised(const char* what, std::string* why) {
+    std::string error = TakeError(why != nullptr);
+    if (why) *why = std::string(what) + " raised " + error;
+    return -1;
+  }
+
   PyObject* keys_;
 };
 

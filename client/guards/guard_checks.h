@@ -43,8 +43,9 @@ class LeafCheck {
 
   // What keeps a check's last answer valid (see Node::Run's fast path): kSameObject, the value
   // is the same object as then (its identity, or an immutable constant, decides the answer);
-  // kSameDict, the value is a dict with the same version tag as then (its keys or length
-  // decide it); kNothing, the check must run again.
+  // kSameDict, the value is an exact dict with the same version tag as then (its keys or length
+  // decide it; Node::Run never skips checks on a subclass, since the tag does not follow an
+  // OrderedDict's order); kNothing, the check must run again.
   enum class Stability { kNothing, kSameObject, kSameDict };
   virtual Stability stability() const { return Stability::kNothing; }
 

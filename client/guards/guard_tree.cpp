@@ -102,7 +102,9 @@ class Node {
   bool Run(PyObject* value, const Eval& eval) {
     uint64_t version = 0;
     bool unchanged = false;
-    // Exact dicts only: a subclass's __getitem__ may answer otherwise for the same contents.
+    // Exact dicts only: a subclass's __getitem__ may answer otherwise for the same contents, and
+    // an OrderedDict keeps its order apart from the dict under it (move_to_end reorders its keys
+    // and leaves the version tag as it was), so that its keys must be compared every time.
     if (eval.why == nullptr && value != nullptr && PyDict_CheckExact(value)) {
       version = DictVersion(value);
       unchanged = version != 0 && version == seen_version_;

@@ -43,7 +43,11 @@ class Node;
 //                          traced graph computes.
 //   ("len", n)             x is a list, tuple or dict (or a subclass, such as torch.Size, measured
 //                          by its C-level size) and len(x) == n
-//   ("dict_keys", keys)    x is exactly a dict whose keys, in order, equal the tuple `keys`
+//   ("dict_keys", keys)    x is a dict (or a subclass) whose keys, in the order iterating x yields
+//                          them, equal the tuple `keys`: an exact dict's own order, a subclass's
+//                          iter(x) (an OrderedDict's order, which move_to_end changes without
+//                          reordering the dict under it). Keys compare by type and ==. It does not
+//                          tell a dict from an OrderedDict: pair it with ("type", t).
 //   ("tensor", example)    TENSOR_MATCH: x has the example's exact Python type, dispatch keys (as
 //                          adjusted by the thread's included/excluded keys), dtype, device,
 //                          requires_grad, sizes and strides. The example is not kept alive.
@@ -63,10 +67,12 @@ class Node;
 //
 // Within a node cheap checks run before tensor checks, and a node's checks run before its
 // children are read, so a type check on L['self'] protects the attribute reads below it. Children
-// that fail often move towards the front of their node. A node whose value is a dict skips, while
-// the dict's version tag is the one it last passed with, the checks that only its contents decide
-// (its keys and length; the identity and constant checks of its items): a module's constants and
-// parameters cost one comparison until the module changes.
+// that fail often move towards the front of their node. A node whose value is exactly a dict
+// skips, while the dict's version tag is the one it last passed with, the checks that only its
+// contents decide (its keys and length; the identity and constant checks of its items): a module's
+// constants and parameters cost one comparison until the module changes. A dict subclass is
+// checked in full every time: its __getitem__ may answer otherwise, and an OrderedDict's order is
+// not followed by its version tag.
 //
 // Not thread-safe beyond what the GIL gives: every method must be called with the GIL held.
 class GuardTree {
