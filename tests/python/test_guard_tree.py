@@ -715,3 +715,150 @@ def test_an_entry_whose_guarded_objects_die_at_interpreter_exit_prints_nothing()
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+# --- dict_keys of an OrderedDict (and other dict subclasses): the order iteration yields ----------
+
+ABC = ("a", "b", "c")
+
+
+def _keys_guard(source=L0, name="L['d']"):
+    return (source, ("dict_keys", ABC), f"{name} DICT_KEYS ['a', 'b', 'c']")
+
+
+def test_dict_keys_passes_an_ordered_dict_with_the_same_keys_in_the_same_order():
+    g = manager(_keys_guard())
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    assert g.check((od,), frame_func) and g.check((od,), frame_func)
+    assert g.failure_reason((od,), frame_func) is None
+    assert not g.check((collections.OrderedDict(b=2, a=1, c=3),), frame_func)
+    assert "expected a dict, got list" in g.failure_reason(([("a", 1)],), frame_func)
+    assert not g.check((types.MappingProxyType({"a": 1, "b": 2, "c": 3}),), frame_func)
+
+
+def _reorder(od, change):
+    if change == "move_to_end":
+        od.move_to_end("a")
+    elif change == "move_to_front":
+        od.move_to_end("c", last=False)
+    elif change == "insertion":
+        od["d"] = 4
+    elif change == "deletion":
+        del od["b"]
+    else:  # popped and put back: the same keys, the same dict size, another order
+        od["a"] = od.pop("a")
+
+
+_AFTER = {"move_to_end": ("b", "c", "a"), "move_to_front": ("c", "a", "b"),
+          "insertion": ("a", "b", "c", "d"), "deletion": ("a", "c"),
+          "pop_and_reinsert": ("b", "c", "a")}
+
+
+@pytest.mark.parametrize("change", list(_AFTER))
+def test_dict_keys_fails_once_an_ordered_dicts_order_or_keys_change(change):
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    g = manager(_keys_guard(), (("item", L0, "a"), ("constant", 1), "L['d']['a'] CONSTANT_MATCH 1"))
+    assert g.check((od,), frame_func) and g.check((od,), frame_func)
+    _reorder(od, change)
+    assert not g.check((od,), frame_func)
+    assert g.failure_reason((od,), frame_func) == (
+        f"L['d'] DICT_KEYS ['a', 'b', 'c']: expected keys {ABC!r}, got {_AFTER[change]!r}")
+
+
+@pytest.mark.parametrize("change", ["move_to_end", "move_to_front"])
+def test_an_ordered_dict_reordered_inside_an_unchanged_dict_fails_its_keys_guard(change):
+    # move_to_end changes neither the OrderedDict's version tag nor its parent's: the fast path
+    # over the unchanged parent must not take the OrderedDict's keys as unchanged too.
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    features = {"feats": od}
+    feats = ("item", L0, "feats")
+    g = manager((L0, ("type", dict), "L['x'] TYPE_MATCH dict"),
+                (L0, ("dict_keys", ("feats",)), "L['x'] DICT_KEYS ['feats']"),
+                (feats, ("type", collections.OrderedDict), "L['x']['feats'] TYPE_MATCH"),
+                _keys_guard(feats, "L['x']['feats']"))
+    assert g.check((features,), frame_func) and g.check((features,), frame_func)
+    _reorder(od, change)
+    assert not g.check((features,), frame_func)
+    assert "L['x']['feats'] DICT_KEYS" in g.failure_reason((features,), frame_func)
+
+
+def test_dict_keys_with_a_type_match_fails_a_plain_dict_with_the_same_keys():
+    g = manager((L0, ("type", collections.OrderedDict), "L['d'] TYPE_MATCH OrderedDict"),
+                _keys_guard())
+    assert g.check((collections.OrderedDict(a=1, b=2, c=3),), frame_func)
+    assert not g.check(({"a": 1, "b": 2, "c": 3},), frame_func)
+    assert g.failure_reason(({"a": 1, "b": 2, "c": 3},), frame_func) == (
+        "L['d'] TYPE_MATCH OrderedDict: expected type collections.OrderedDict, got dict")
+    # The keys alone do not tell the two apart: that is the type check's part.
+    assert manager(_keys_guard()).check(({"a": 1, "b": 2, "c": 3},), frame_func)
+
+
+def test_dict_keys_of_a_dict_subclass_follow_its_own_iteration_order():
+    class Reversed(dict):
+        def __iter__(self):
+            return reversed(list(dict.__iter__(self)))
+
+    g = manager((L0, ("dict_keys", ("c", "b", "a")), "L['d'] DICT_KEYS ['c', 'b', 'a']"))
+    assert g.check((Reversed(a=1, b=2, c=3),), frame_func)
+    assert not g.check((Reversed(c=3, b=2, a=1),), frame_func)
+
+
+class _CountingKey(str):
+    """A key equal to another str key of its class only through __eq__, which it counts."""
+    compared = 0
+    on_compare = None
+
+    def __eq__(self, other):
+        _CountingKey.compared += 1
+        if _CountingKey.on_compare is not None:
+            _CountingKey.on_compare()
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_unchanged_exact_dict_skips_its_keys_check_and_an_ordered_dict_never_does():
+    # The guard's key and the dict's are equal but not the same object: comparing them calls
+    # __eq__, which counts the comparisons the check makes.
+    g = manager((L0, ("dict_keys", (_CountingKey("k"),)), "L['d'] DICT_KEYS ['k']"))
+    d = {_CountingKey("k"): 1}
+    _CountingKey.compared = 0
+    assert g.check((d,), frame_func) and g.check((d,), frame_func)
+    assert _CountingKey.compared == 1  # the second check saw the same version tag
+    d[next(iter(d))] = 2  # a new version: compared again
+    assert g.check((d,), frame_func)
+    assert _CountingKey.compared == 2
+
+    od = collections.OrderedDict(d)
+    _CountingKey.compared = 0
+    for _ in range(3):
+        assert g.check((od,), frame_func)
+    assert _CountingKey.compared == 3
+
+
+@pytest.mark.parametrize("kind", [dict, collections.OrderedDict])
+def test_dict_keys_fails_when_a_key_comparison_changes_the_dict(kind):
+    d = kind([(_CountingKey("a"), 1), (_CountingKey("b"), 2)])
+    g = manager((L0, ("dict_keys", (_CountingKey("a"), _CountingKey("b"))), "L['d'] DICT_KEYS"))
+    added = iter(range(100))
+    _CountingKey.on_compare = lambda: d.__setitem__(f"added{next(added)}", 0)
+    try:
+        assert not g.check((d,), frame_func)
+        assert sys.exc_info() == (None, None, None)
+    finally:
+        _CountingKey.on_compare = None
+    assert len(d) > 2
+
+
+def test_ordered_dict_keys_check_leaks_no_references():
+    g = manager(_keys_guard())
+    same = collections.OrderedDict(a=1, b=2, c=3)
+    reordered = collections.OrderedDict(b=2, a=1, c=3)
+    longer = collections.OrderedDict(a=1, b=2, c=3, d=4)
+    before = [sys.getrefcount(same), sys.getrefcount(reordered), sys.getrefcount(longer)]
+    for _ in range(1000):
+        assert g.check((same,), frame_func)
+        assert not g.check((reordered,), frame_func) and not g.check((longer,), frame_func)
+        assert g.failure_reason((longer,), frame_func) is not None
+    after = [sys.getrefcount(same), sys.getrefcount(reordered), sys.getrefcount(longer)]
+    assert after == before
