@@ -306,3 +306,31 @@ def test_disable_not_recursive_holds_where_a_module_call_reaches_the_method(inne
     m, x = _Outer(), torch.randn(3)
     torch.testing.assert_close(kiln.compile(m, backend=cnt)(x), m(x))
     assert cnt.frame_count == 2 and torch.cos not in _targets(cnt)
+
+
+def test_nested_compiled_regions_the_outermost_decides_and_is_traced_through():
+    from kiln.testing import CompileCounter
+
+    def fn(x):
+        return x * 2 + 1
+
+    inner_cnt, outer_cnt = CompileCounter(), CompileCounter()
+    nested = kiln.optimize(outer_cnt)(kiln.optimize(inner_cnt)(fn))
+    x = torch.randn(3)
+    torch.testing.assert_close(nested(x), fn(x))
+    assert (inner_cnt.frame_count, outer_cnt.frame_count) == (0, 1)
+    # A compiled function called from a captured frame is traced into: one graph.
+    inner = kiln.compile(fn, backend="eager")
+    cnt = CompileCounter()
+    out = kiln.optimize(cnt, nopython=True)(lambda x: torch.relu(inner(x)))(x)
+    torch.testing.assert_close(out, torch.relu(fn(x)))
+    assert cnt.frame_count == 1 and cnt.op_count == 3
+
+
+def test_a_disabled_function_called_under_fullgraph_names_itself():
+    @kiln.disable
+    def off(x):
+        return x + 100
+
+    with pytest.raises(kiln.exc.Unsupported, match="off, which kiln.disable"):
+        kiln.optimize("eager", nopython=True)(lambda x: off(x * 2))(torch.randn(2))

@@ -6,6 +6,7 @@ import types
 
 import torch
 
+from kiln import _C
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource, InstanceAttrSource, ItemSource, LocalSource
@@ -13,8 +14,8 @@ from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILT
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        ResumeIterator, ResumeIteratorVariable, TupleVariable)
-from kiln.variables.functions import (OpaqueCallableVariable, UserFunctionVariable,
-                                      UserMethodVariable)
+from kiln.variables.functions import (FrameRegionVariable, OpaqueCallableVariable,
+                                      UserFunctionVariable, UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
@@ -104,9 +105,16 @@ def wrap(tx, value, source, guard: bool = True):
         if _is_modelled_builtin(value):  # Python-level functions run at trace time
             return BuiltinVariable(value, source)
         return UserFunctionVariable(value, source)
+    if type(value) is _C.FrameRegion:
+        add("ID_MATCH", value)
+        return FrameRegionVariable(value, source)
     if isinstance(value, types.MethodType):
         self_source = AttrSource(source, "__self__") if source is not None else None
         obj = wrap(tx, value.__self__, self_source, guard)
+        if type(value.__func__) is _C.FrameRegion:
+            if g:
+                out.guards.add(AttrSource(source, "__func__"), "ID_MATCH", value.__func__)
+            return FrameRegionVariable(value.__func__, None, obj)
         if isinstance(value.__func__, types.FunctionType):
             if g:
                 out.guards.add(AttrSource(source, "__func__"), "ID_MATCH", value.__func__)

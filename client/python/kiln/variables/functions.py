@@ -194,3 +194,38 @@ class OpaqueCallableVariable(ValueVariable):
     def call_function(self, tx, args, kwargs):
         raise Unsupported(f"call of {getattr(self.value, '__qualname__', self.value)}, "
                           "which kiln does not trace")
+
+
+class FrameRegionVariable(VariableTracker):
+    """A callable kiln.compile/kiln.optimize or kiln.disable made (kiln._C.FrameRegion), called
+    inside a captured frame: a compiled one is traced into as the function it wraps (the
+    outermost compile decides, as under torch.compile), a disabled one is a graph break.
+    `obj`: the object a region used as a method is bound to."""
+
+    def __init__(self, region, source=None, obj=None):
+        super().__init__(source)
+        self.region = region
+        self.obj = obj
+
+    def python_type(self):
+        return type(self.region)
+
+    def identity(self, tx):
+        return self.region
+
+    def call_function(self, tx, args, kwargs):
+        target = self.region.fn
+        name = getattr(target, "__qualname__", type(target).__qualname__)
+        if self.region.callback is None:
+            raise Unsupported(f"call of {name}, which kiln.disable() leaves to Python")
+        args = [self.obj, *args] if self.obj is not None else list(args)
+        # The region's identity is guarded, and with it what it wraps.
+        return tx.wrap(target, None).call_function(tx, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        if self.obj is not None:
+            return f"{codegen.constant(self.region)}.__get__({codegen(self.obj)})"
+        return super().reconstruct(codegen)
+
+    def __repr__(self):
+        return f"FrameRegionVariable({getattr(self.region.fn, '__qualname__', '?')})"
