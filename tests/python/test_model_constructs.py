@@ -288,3 +288,18 @@ def test_torch_functionals_private_helpers_are_inlined_not_ops():
     counter = CompileCounter()
     kiln.optimize(counter)(fn)(torch.ones(2))
     assert counter.op_count == 1
+
+
+def test_a_graph_inputs_grad_and_a_tensors_class_are_read():
+    def f(x, w):
+        g = w.grad
+        name = x.__class__.__name__
+        return (x * 2 if g is None else x + g), name
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for grad in (None, torch.ones(3), torch.full((3,), 5.0)):
+        w.grad = grad  # guarded: a new value of .grad is read, None to a tensor recompiles
+        got, want = compiled(x, w), f(x, w)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] == "Tensor"

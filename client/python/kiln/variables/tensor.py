@@ -103,6 +103,15 @@ class TensorVariable(VariableTracker):
             return ConstantVariable(value)
         if name in _TENSOR_ATTRS:
             return tx.output.call("call_function", getattr, (self, ConstantVariable(name)), {})
+        if name == "__class__":  # pinned by TENSOR_MATCH (a graph op's result: a Tensor)
+            return tx.wrap(self.python_type(), None)
+        if name == "grad" and self.source is not None and \
+                tx.output.real_tensor(self) is not None:
+            # A graph input's gradient, as it is when the frame runs: an input itself (or None),
+            # guarded where it is read.
+            from kiln.guards.source import AttrSource
+
+            return tx.wrap(tx.output.real_tensor(self).grad, AttrSource(self.source, "grad"))
         if name in ("grad", "data", "_base", "grad_fn"):
             raise Unsupported(f"tensor attribute .{name}")
         if not hasattr(torch.Tensor, name):
