@@ -303,3 +303,32 @@ def test_a_graph_inputs_grad_and_a_tensors_class_are_read():
         got, want = compiled(x, w), f(x, w)
         torch.testing.assert_close(got[0], want[0])
         assert got[1] == want[1] == "Tensor"
+
+
+def test_an_ordered_dict_from_outside_is_read_in_its_own_order_and_updated_in_place():
+    import collections
+
+    def f(feats, x):
+        total = x
+        for k, v in feats.items():
+            total = total * 2 + v.sum()
+        feats["seen"] = total.detach()
+        return total, list(feats)
+
+    def make():
+        torch.manual_seed(0)
+        return collections.OrderedDict(a=torch.randn(2), b=torch.randn(3))
+
+    x = torch.randn(1)
+    compiled = kiln.compile(f, backend="eager")
+    for reorder in (False, True):
+        got_in, want_in = make(), make()
+        if reorder:  # move_to_end reorders without changing the dict: guarded, recompiles
+            got_in.move_to_end("a")
+            want_in.move_to_end("a")
+        got, want = compiled(got_in, x), f(want_in, x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] and list(got_in) == list(want_in)
+        assert type(got_in) is collections.OrderedDict
+        torch.testing.assert_close(got_in["seen"], want_in["seen"])
+    _one_graph(lambda feats, x: f(feats, x)[0], make(), x)

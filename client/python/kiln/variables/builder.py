@@ -1,6 +1,7 @@
 """Turning values read from outside the frame into trackers, with the guards that make the
 trace valid for the next call; and wrapping the results of graph ops."""
 import builtins
+import collections
 import enum
 import types
 
@@ -64,7 +65,7 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return NNModuleVariable(value, source)
     is_namedtuple = isinstance(value, tuple) and hasattr(type(value), "_fields")
-    if is_namedtuple or type(value) in (tuple, list, dict):
+    if is_namedtuple or type(value) in (tuple, list, dict, collections.OrderedDict):
         # One tracker per container object, whatever the path it is reached by (f(l, l), a list
         # that contains itself): the object's identity and contents are one.
         seen = out.containers.get(value, g)
@@ -87,12 +88,12 @@ def wrap(tx, value, source, guard: bool = True):
         vt.items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
                     for i, v in enumerate(value)]
         return vt
-    if type(value) is dict:
+    if type(value) in (dict, collections.OrderedDict):
         if not all(is_guardable_constant(k) for k in value):
             raise Unsupported("a dict with non-constant keys")
-        add("TYPE_MATCH", dict)
-        add("DICT_KEYS", tuple(value))
-        vt = ConstDictVariable({}, source)
+        add("TYPE_MATCH", type(value))
+        add("DICT_KEYS", tuple(value))  # in an OrderedDict's own order
+        vt = ConstDictVariable({}, source, user_type=type(value))
         out.containers.remember(value, g, vt)
         vt.items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
                     for k, v in value.items()}
