@@ -82,7 +82,8 @@ class ContainerVariable(VariableTracker):
         a plain list or dict, read under guards and through this one tracker (another tracker of
         the same object would not see the mutation). False where it is not."""
         if not (type(self) in (ListVariable, ConstDictVariable) and self.source is not None
-                and self.python_type() in (list, dict) and self.outside_guarded
+                and self.python_type() in (list, dict, collections.OrderedDict)
+                and self.outside_guarded
                 and self.outside_memo.other_tracker(self) is None):
             return False
         self.mutable = True
