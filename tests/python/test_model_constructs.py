@@ -331,4 +331,5 @@ def test_an_ordered_dict_from_outside_is_read_in_its_own_order_and_updated_in_pl
         assert got[1] == want[1] and list(got_in) == list(want_in)
         assert type(got_in) is collections.OrderedDict
         torch.testing.assert_close(got_in["seen"], want_in["seen"])
-    _one_graph(lambda feats, x: f(feats, x)[0], make(), x)
+    explained = kiln.explain(f)(make(), x)  # one graph, no break: the dict's update replayed
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
