@@ -14,6 +14,8 @@
 // Instructions are dispatched through a table of member functions indexed by opcode, one per
 // opcode (Translator::Op*), built from the running interpreter's opcode names. Values are
 // asked only what the tracker protocol declares (kiln/variables/base.py).
+// The sources: translator.h (the Translator, private to them), executor.cpp (the loop, binding
+// and inlining, this binding), host.cpp (what is read of Python), ops_*.cpp (handlers by family).
 // Trackers call back: output, symbolic_locals, code, wrap, inline_call, inline_nested,
 // inline_generator, make_super, load_deref, store_deref.
 #ifndef KILN_CAPTURE_EXECUTOR_H_
