@@ -333,3 +333,26 @@ def test_an_ordered_dict_from_outside_is_read_in_its_own_order_and_updated_in_pl
         torch.testing.assert_close(got_in["seen"], want_in["seen"])
     explained = kiln.explain(f)(make(), x)  # one graph, no break: the dict's update replayed
     assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+
+
+def test_forward_hooks_and_pre_hooks_are_called_around_forward():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    seen = []
+    lin.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    lin.register_forward_hook(lambda m, args, out: out + 1)
+    lin.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] + 1,), kwargs),
+                                  with_kwargs=True)
+    lin.register_forward_hook(lambda m, args, kwargs, out: out * 3, with_kwargs=True)
+    lin.register_forward_hook(lambda m, args, out: None)  # returns None: out stays
+
+    def f(x):
+        return lin(x).relu()
+
+    x = torch.randn(2, 4)
+    _one_graph(f, x)
+    handle = lin.register_forward_hook(lambda m, args, out: out - 100)  # guarded: recompiles
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+    handle.remove()
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
+    assert not seen

@@ -11,11 +11,12 @@ from kiln import config
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSource,
-                                ModuleMemberSource, ObjectSource, TypeSource)
+                                ItemSource, ModuleMemberSource, ObjectSource, TypeSource)
 from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import class_source, guard_class_member
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListIteratorVariable, ListVariable, TupleVariable
+from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, ListVariable,
+                                       TupleVariable)
 from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 from kiln.variables.side_effects import mutations_of
 
@@ -172,23 +173,66 @@ class NNModuleVariable(VariableTracker):
         raise Unsupported(f"attribute {type(mod).__name__}.{name} of kind "
                           f"{type(static).__name__}")
 
-    def _has_hooks(self) -> bool:
-        m = self.module
-        return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                    or getattr(m, "_backward_pre_hooks", None)
-                    or _nn_hooks._global_forward_hooks or _nn_hooks._global_forward_pre_hooks
-                    or _nn_hooks._global_backward_hooks)
-
     def call_function(self, tx, args, kwargs):
-        if self._has_hooks():
-            raise Unsupported(f"call of {type(self.module).__name__} with hooks")
-        if self.source is not None:
-            # A hook registered later must not be skipped by the compiled graph.
-            for hooks in ("_forward_hooks", "_forward_pre_hooks"):
-                tx.output.guards.add(InstanceAttrSource(self.source, hooks), "LEN_MATCH", 0)
+        m = self.module
+        if m._backward_hooks or getattr(m, "_backward_pre_hooks", None) or \
+                _nn_hooks._global_forward_hooks or _nn_hooks._global_forward_pre_hooks or \
+                _nn_hooks._global_backward_hooks:
+            raise Unsupported(f"call of {type(m).__name__} with backward or global hooks")
         for name, hooks in (("forward hooks", _nn_hooks._global_forward_hooks),
                             ("forward pre-hooks", _nn_hooks._global_forward_pre_hooks)):
             tx.output.guards.add(ObjectSource(hooks, f"<global {name}>"), "LEN_MATCH", 0)
+        if not (m._forward_hooks or m._forward_pre_hooks):
+            if self.source is not None:
+                # A hook registered later must not be skipped by the compiled graph.
+                for hooks in ("_forward_hooks", "_forward_pre_hooks"):
+                    tx.output.guards.add(InstanceAttrSource(self.source, hooks), "LEN_MATCH", 0)
+            return self._call_forward(tx, args, kwargs)
+        # Forward hooks and pre-hooks (Python functions): called around forward as
+        # Module._call_impl calls them, each inlined.
+        pre = self._hooks(tx, "_forward_pre_hooks")
+        pre_kwargs = set(m._forward_pre_hooks_with_kwargs)
+        args, kwargs = list(args), dict(kwargs)
+        for hook_id, hook in pre:
+            if hook_id in pre_kwargs:
+                result = hook.call_function(tx, [self, TupleVariable(args),
+                                                 ConstDictVariable(kwargs)], {})
+                if not (result.is_python_constant() and result.as_python_constant() is None):
+                    new_args, new_kwargs = result.unpack(tx)
+                    args, kwargs = new_args.unpack(tx), dict(new_kwargs.items)
+            else:
+                result = hook.call_function(tx, [self, TupleVariable(args)], {})
+                if not (result.is_python_constant() and result.as_python_constant() is None):
+                    args = result.unpack(tx) if result.python_type() is tuple else [result]
+        out = self._call_forward(tx, args, kwargs)
+        post_kwargs = set(m._forward_hooks_with_kwargs)
+        for hook_id, hook in self._hooks(tx, "_forward_hooks"):
+            if hook_id in post_kwargs:
+                result = hook.call_function(tx, [self, TupleVariable(args),
+                                                 ConstDictVariable(kwargs), out], {})
+            else:
+                result = hook.call_function(tx, [self, TupleVariable(args), out], {})
+            if not (result.is_python_constant() and result.as_python_constant() is None):
+                out = result
+        return out
+
+    def _hooks(self, tx, registry):
+        """(id, tracker) of the hooks in the module's `registry` dict, keys and hooks guarded
+        (with the registries saying which take keyword arguments)."""
+        hooks = self.module.__dict__[registry]
+        if self.source is None:
+            raise Unsupported(f"hooks of a module with no source")
+        src = InstanceAttrSource(self.source, registry)
+        tx.output.guards.add(src, "TYPE_MATCH", type(hooks))
+        tx.output.guards.add(src, "DICT_KEYS", tuple(hooks))
+        for also in ("_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs",
+                     "_forward_hooks_always_called"):
+            if also in self.module.__dict__:
+                tx.output.guards.add(InstanceAttrSource(self.source, also), "DICT_KEYS",
+                                     tuple(self.module.__dict__[also]))
+        return [(k, tx.wrap(h, ItemSource(src, k))) for k, h in hooks.items()]
+
+    def _call_forward(self, tx, args, kwargs):
         if "forward" in self.module.__dict__:
             # An instance's own forward (a hook library's wrapper): Module.__call__ calls it as
             # it is, without self.
