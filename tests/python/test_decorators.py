@@ -178,7 +178,7 @@ def test_torch_compiler_assume_constant_result_is_read_too():
     assert cnt.frame_count == 1 and _limit not in _targets(cnt)
 
 
-def test_assume_constant_result_with_a_tensor_argument_is_a_graph_break_with_the_eager_answer():
+def test_assume_constant_result_with_a_tensor_argument_runs_on_its_value_once_and_keeps_it():
     @kiln.assume_constant_result
     def norm(t):
         return float(t.norm())
@@ -190,7 +190,68 @@ def test_assume_constant_result_with_a_tensor_argument_is_a_graph_break_with_the
     x, y = torch.randn(6), torch.randn(6)
     opt = kiln.optimize(cnt)(fn)
     torch.testing.assert_close(opt(x), fn(x))
-    torch.testing.assert_close(opt(y), fn(y))  # the value is not taken from the first call
+    # As the program promised (and as torch.compile does): the value taken at capture stays.
+    torch.testing.assert_close(opt(y), y / float(x.norm()))
+    assert cnt.frame_count == 1 and norm not in _targets(cnt)
+
+
+@kiln.assume_constant_result
+def _positives(t):
+    return int((t > 0).sum())
+
+
+def _doubled_then_counted(x, w):
+    x.mul_(2)  # an update of an input before the call: the function sees it
+    y = torch.nn.functional.dropout(torch.mm(x, w), 0.5, training=True)
+    return y * _positives(y) + _positives(x)
+
+
+def test_assume_constant_result_of_computed_tensors_sees_the_program_s_values_and_changes_none():
+    cnt = CompileCounter()
+    opt = kiln.optimize(cnt)(_doubled_then_counted)
+    x, w = torch.randn(5, 4), torch.randn(4, 3)
+    mine, theirs = x.clone(), x.clone()
+    torch.manual_seed(0)
+    got = opt(mine, w)
+    torch.manual_seed(0)
+    want = _doubled_then_counted(theirs, w)
+    # The graph computed the helper's arguments on copies, under the random state it starts
+    # from: the caller's tensor is doubled once, and the dropout mask is eager's.
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(mine, theirs)
+    assert torch.is_grad_enabled()
+    assert cnt.frame_count == 1 and _positives not in _targets(cnt)
+
+
+class _Nonzeros(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+
+    @kiln.assume_constant_result
+    def where(self, t):
+        return {"rows": (torch.nonzero(t), t.sum()), "none": None}
+
+    def forward(self, x):
+        found = self.where(self.linear(x))
+        rows, total = found["rows"]
+        return [r * total for r in rows], found["none"]
+
+
+@pytest.mark.parametrize("aten_graph", [False, True])
+def test_assume_constant_result_returning_tensors_is_a_constant_of_an_exported_graph(aten_graph):
+    model = _Nonzeros()
+    x = torch.randn(2, 2)
+    with torch.no_grad():
+        want = model(x)
+        gm, _ = kiln.export(model, x, aten_graph=aten_graph)
+        got = gm(x)
+        assert len(got[0]) == len(want[0]) and got[1] is None
+        for g, w in zip(got[0], want[0]):
+            torch.testing.assert_close(g, w)
+        # Another input: the tensors taken at capture, as TorchDynamo's export bakes them in.
+        for g, w in zip(gm(torch.randn(2, 2))[0], want[0]):
+            torch.testing.assert_close(g, w)
 
 
 @kiln.disable()

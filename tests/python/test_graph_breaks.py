@@ -180,35 +180,6 @@ def test_export_fails_on_bar_and_succeeds_on_resnet18():
     assert any("TENSOR_MATCH" in g for g in guards)
 
 
-def _dupes(x):
-    y = x + 1
-    return y, y
-
-
-def _structured(x, k: int):
-    y = x * k
-    return {"y": y, "k": k, "pair": (y.sin(), None), "x": x}
-
-
-@pytest.mark.parametrize("fn,args", [(_dupes, (torch.randn(3),)),
-                                     (_structured, (torch.randn(3), 2))],
-                         ids=["a_tensor_returned_twice", "dict_with_constants_and_an_input"])
-def test_an_exported_graph_returns_what_the_function_returns(fn, args):
-    gm, _ = kiln.export(fn, *args)
-    inputs = [a for a in args if isinstance(a, torch.Tensor)]
-    got, want = gm(*inputs), fn(*args)
-    flat_got, spec_got = torch.utils._pytree.tree_flatten(got)
-    flat_want, spec_want = torch.utils._pytree.tree_flatten(want)
-    assert spec_got == spec_want
-    for g, w in zip(flat_got, flat_want):
-        if isinstance(w, torch.Tensor):
-            torch.testing.assert_close(g, w)
-        else:
-            assert g == w
-    if fn is _dupes:
-        assert got[0] is got[1]  # one tensor returned twice, as the function does
-
-
 def _aten_ops(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
@@ -225,10 +196,6 @@ def test_an_aten_graph_export_has_only_aten_ops_and_the_function_s_answers():
         x2 = torch.randn(2, 3, 64, 64)
         torch.testing.assert_close(gm(x2), model(x2), rtol=1e-4, atol=1e-4)
     assert any("TENSOR_MATCH" in g for g in guards)
-    # The structure the function returns, through the ATen graph too.
-    got = kiln.export(_structured, torch.randn(3), 2, aten_graph=True)[0](torch.ones(3))
-    assert got["k"] == 2 and got["pair"][1] is None
-    torch.testing.assert_close(got["y"], torch.full((3,), 2.0))
 
 
 def _two_transposes(x):

@@ -140,6 +140,10 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
                         "forward and a backward graph)")
                 params = attr_tensors(gm)
                 sources = [output.attr_sources[name] for name in params]
+                if any(s is None for s in sources):
+                    raise stored_capture.NotStorable(
+                        "the graph holds a tensor no frame has (an assume_constant_result "
+                        "function's result)")
                 device = next((stand_in.device_of(t) for t in [*params.values(), *(
                     i.example for i in output.inputs)]), torch.device("cpu"))
                 graph = stored_capture.describe_graph(artifact, sources,

@@ -55,9 +55,12 @@ def disallow_in_graph(fn):
 
 
 def assume_constant_result(fn):
-    """`fn`'s result is taken as a constant: a call with constant arguments runs once at
-    capture, and the graph and its guards hold the value it returned. The program promises it
-    does not change: nothing checks it again. Returns `fn`."""
+    """`fn`'s result is taken as a constant: a call runs once at capture, and the graph and its
+    guards hold the value it returned (a tensor as a constant of the graph). Tensor arguments
+    are given as the program has them at that point: a graph input's own tensor, or what the
+    graph so far computes from the real inputs (run on copies of them). The program promises
+    the result does not change: nothing checks it again, and later calls with other tensor
+    values get the same one (as under torch.compile and its export). Returns `fn`."""
     return _mark(fn, CONSTANT)
 
 

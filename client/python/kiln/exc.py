@@ -46,5 +46,11 @@ class RecompileError(KilnError):
     """A compile was needed while the stance forbids it ("fail_on_recompile")."""
 
 
+class ExportOptionError(ValueError, AssertionError):
+    """kiln.export was given options that do not go together (a decomposition table without
+    aten_graph, a tracing mode kiln does not export). A ValueError, and the AssertionError that
+    torch._dynamo.export raises for them, so that programs written for it catch it."""
+
+
 class InvalidBackend(KilnError):
     """kiln.compile was given a backend name that is not registered."""

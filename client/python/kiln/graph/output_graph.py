@@ -99,6 +99,11 @@ class OutputGraph:
         # identity, with their parameters and buffers as graph inputs: one entry serves every
         # instance of a block class (kiln.variables.nn_module).
         self.unspecialized_modules = False
+        # Where the program is, for the nodes recorded now: a callable returning the user's
+        # stack as traceback text (outermost frame first, the line being captured last), or
+        # None. The executor sets it; each node it creates carries the text as its
+        # stack_trace, as TorchDynamo's nodes do (export, make_fx with preserved meta).
+        self.where = None
 
     # -- values ------------------------------------------------------------------------------
 
@@ -179,17 +184,60 @@ class OutputGraph:
         vt = self._attr_by_id.get(id(real))
         if vt is not None:
             return vt
-        target = self.unique_name(_source_var_name(source))
-        self.attrs[target] = real
-        self.attr_sources[target] = source
-        node = self.graph.get_attr(target)
-        self._real_by_node[node] = real
+        node = self._get_attr(_source_var_name(source), real, source)
         example = self.fake(real, alone=True)
         node.meta["example_value"] = example
         vt = self._make_tensor(node, example, source)
         vt.python_class = type(real)  # the attribute is this very tensor (ID_MATCH on its module)
         self._attr_by_id[id(real)] = vt
         return vt
+
+    def add_constant(self, value: torch.Tensor):
+        """A get_attr node for a tensor the capture computed once and the graph holds as it is
+        (what an assume_constant_result function returned): the graph module keeps it, and no
+        frame has it, so its attr_sources entry is None."""
+        node = self._get_attr("tensor_constant", value, None)
+        example = self.fake(value)
+        node.meta["example_value"] = example
+        return self._make_tensor(node, example, None)
+
+    def _get_attr(self, name: str, real: torch.Tensor, source):
+        target = self.unique_name(name)
+        self.attrs[target] = real
+        self.attr_sources[target] = source
+        node = self.graph.get_attr(target)
+        self._located(node)
+        self._real_by_node[node] = real
+        return node
+
+    def real_values(self, nodes: list) -> list:
+        """The values `nodes` hold at this point of the program, for a capture that needs them
+        in full (the arguments of an assume_constant_result function, as TorchDynamo's
+        get_real_value): a graph input's or attribute's real tensor; otherwise what the graph
+        built so far computes, run by torch.fx.Interpreter on copies of its inputs and
+        attributes. The copies take the graph's in-place updates (a tensor read after
+        `x.add_(1)` has its new value) and leave the program's own tensors untouched; the
+        random state is restored after the run, and the grad mode too (the graph may set it).
+        A whole graph is run once per call: meant for the rare value, not for every op."""
+        if not call_nodes(self.graph) and all(n in self._real_by_node for n in nodes):
+            return [self._real_by_node[n] for n in nodes]
+        env, copies = {}, {}
+        with torch.no_grad():
+            for node, real in self._real_by_node.items():
+                copy = copies.get(id(real))
+                if copy is None:  # one copy per tensor object, however many nodes read it
+                    copy = copies[id(real)] = real.clone()
+                env[node] = copy
+        cuda = sorted({t.device.index or 0 for t in copies.values() if t.device.type == "cuda"})
+        interpreter = torch.fx.Interpreter(torch.nn.Module(), garbage_collect_values=False,
+                                           graph=self.graph)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+                interpreter.run(initial_env=env, enable_io_processing=False)
+        except Exception as e:  # the program would raise at this op too
+            raise Unsupported(f"running the graph so far on the real inputs failed: "
+                              f"{type(e).__name__}: {e}") from None
+        return [interpreter.env[n] for n in nodes]
 
     # -- checkpoints (graph breaks roll back what a failed instruction recorded) ----------------
 
@@ -211,6 +259,7 @@ class OutputGraph:
         self._input_by_id = {k: vt for k, vt in self._input_by_id.items() if vt.node in live}
         for target in set(self.attrs) - set(attrs):
             real = self.attrs.pop(target)
+            self.attr_sources.pop(target, None)
             self._attr_by_id.pop(id(real), None)
 
     # -- ops -----------------------------------------------------------------------------------
@@ -233,6 +282,7 @@ class OutputGraph:
             {k: v.as_fx_arg() for k, v in kwargs.items()},
             name=self.unique_name(_target_name(target)))
         node.meta["example_value"] = result
+        self._located(node)
         # An in-place op (or out=) returns the very tensor it was given: its tracker says so.
         same_as = next((arg for arg, fake in zip((*args, *kwargs.values()),
                                                  (*fake_args, *fake_kwargs.values()))
@@ -257,7 +307,16 @@ class OutputGraph:
     def getitem_node(self, node, index: int, example):
         n = self.graph.call_function(operator.getitem, (node, index))
         n.meta["example_value"] = example
+        self._located(n)
         return n
+
+    def _located(self, node) -> None:
+        """Gives `node` the user's stack where it was recorded (node.stack_trace, which is
+        node.meta["stack_trace"]), when the executor says where that is."""
+        if self.where is not None:
+            text = self.where()
+            if text:
+                node.stack_trace = text
 
     def count_calls(self) -> int:
         return len(call_nodes(self.graph))
