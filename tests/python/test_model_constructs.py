@@ -356,3 +356,29 @@ def test_forward_hooks_and_pre_hooks_are_called_around_forward():
     handle.remove()
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
     assert not seen
+
+
+def test_item_is_a_value_the_graph_computes_under_capture_scalar_outputs(monkeypatch):
+    monkeypatch.setattr(kiln.config, "capture_scalar_outputs", True)
+
+    def f(a, b):
+        s = a[0].item() + b[0].item()
+        return a * s + 1, s * 2, torch.max(a).int().item()
+
+    cnt = CompileCounter()
+    compiled = kiln.optimize(cnt, nopython=True)(f)
+    for _ in range(3):  # new values, one graph: the numbers are computed, not guarded
+        a, b = torch.randn(3), torch.randn(3)
+        got, want = compiled(a, b), f(a, b)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] and type(got[1]) is float
+        assert got[2] == want[2] and type(got[2]) is int
+    assert cnt.frame_count == 1
+
+    def sized(a):  # a size or a branch needs the value: still a graph break
+        return torch.zeros(int(a.sum().item())) + (1 if a.sum().item() > 0 else 2)
+
+    with pytest.raises(kiln.exc.Unsupported):
+        kiln.optimize("eager", nopython=True)(sized)(torch.ones(3))
+    torch.testing.assert_close(kiln.compile(sized, backend="eager")(torch.ones(3)),
+                               sized(torch.ones(3)))

@@ -64,6 +64,13 @@ guard_nn_module_constants = True
 raise_on_backend_error = os.environ.get("KILN_RAISE_ON_BACKEND_ERROR", "0") == "1"
 
 
+# Tensor.item() in a captured frame is a value the graph computes (a graph output where the
+# frame returns it, an operand of later tensor arithmetic) instead of a graph break, as
+# torch._dynamo.config.capture_scalar_outputs. Branching on it, or using it as a size, still
+# breaks. KILN_CAPTURE_SCALAR_OUTPUTS=1.
+capture_scalar_outputs = os.environ.get("KILN_CAPTURE_SCALAR_OUTPUTS", "0") == "1"
+
+
 def logs(topic: str) -> bool:
     """True when `topic` output is asked for, by KILN_LOG or by `debug`."""
     return debug or topic in log or "all" in log

@@ -15,7 +15,7 @@ from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
-from kiln.variables.tensor import TensorVariable, wrap_op_result
+from kiln.variables.tensor import ScalarVariable, TensorVariable, wrap_op_result
 
 
 @dataclass
@@ -42,7 +42,7 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     kiln.exc.Unsupported when the frame cannot be captured even in part (or breaks while
     `may_break` is False). `unspecialized_modules`: see OutputGraph."""
     t0 = time.perf_counter()
-    output = OutputGraph(TensorVariable, wrap_op_result)
+    output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None

@@ -77,9 +77,11 @@ class OutputGraph:
     argument's tracker when the op returned that argument itself); arguments of ops are
     trackers read through their protocol (as_fx_arg, as_fake_arg)."""
 
-    def __init__(self, make_tensor, wrap_result):
+    def __init__(self, make_tensor, wrap_result, make_scalar=None):
         self._make_tensor = make_tensor
         self._wrap_result = wrap_result
+        # The tracker class of a graph-computed number (kiln.variables.tensor.ScalarVariable).
+        self._make_scalar = make_scalar
         self.graph = torch.fx.Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self.guards = GuardSet()
@@ -268,6 +270,10 @@ class OutputGraph:
         """Records `target(*args, **kwargs)` (kind: call_function or call_method; arguments are
         trackers), computes its fake result and wraps it. Non-tensor results (sizes, dtypes)
         become constants and leave no node behind."""
+        if self._make_scalar is not None and target not in _TAKES_SCALARS and any(
+                isinstance(a, self._make_scalar) for a in (*args, *kwargs.values())):
+            # A stand-in value would decide this op's sizes (torch.zeros(n)) or branches.
+            raise Unsupported(f"{_target_name(target)} of a value Tensor.item() read")
         fake_args = tuple(a.as_fake_arg() for a in args)
         fake_kwargs = {k: v.as_fake_arg() for k, v in kwargs.items()}
         result = shortcut(self.fake_mode, kind, target, fake_args, fake_kwargs)
@@ -288,6 +294,16 @@ class OutputGraph:
                                                  (*fake_args, *fake_kwargs.values()))
                         if fake is result and isinstance(result, torch.Tensor)), None)
         return self._wrap_result(self, node, result, same_as)
+
+    def record_scalar(self, kind: str, target, args: tuple, python_type: type):
+        """A node computing a Python number no fake can stand for (Tensor.item() under
+        capture_scalar_outputs; arithmetic on such numbers): its tracker, a ScalarVariable."""
+        if self._make_scalar is None:
+            raise Unsupported(f"{_target_name(target)}: this graph takes no computed numbers")
+        node = self.graph.create_node(kind, target, tuple(a.as_fx_arg() for a in args), {},
+                                      name=self.unique_name(_target_name(target)))
+        self._located(node)
+        return self._make_scalar(node, python_type)
 
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:
@@ -363,6 +379,18 @@ def _contains_tensor(value) -> bool:
     if isinstance(value, (tuple, list)):
         return any(_contains_tensor(v) for v in value)
     return False
+
+
+# Elementwise arithmetic whose result's metadata does not depend on a number operand's value
+# (only on its Python type): what a graph-computed number may be an operand of.
+_TAKES_SCALARS = {
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+    operator.mod, operator.pow, operator.neg, operator.lt, operator.le, operator.gt,
+    operator.ge, operator.eq, operator.ne,
+    torch.add, torch.sub, torch.mul, torch.div, torch.true_divide, torch.pow, torch.rsub,
+    "add", "sub", "mul", "div", "true_divide", "pow", "rsub", "__add__", "__radd__",
+    "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__pow__",
+}
 
 
 def _target_name(target) -> str:

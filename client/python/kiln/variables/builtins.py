@@ -15,7 +15,7 @@ from kiln.variables.base import VariableTracker, any_tensor, constant_args
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
                                        ListVariable, SliceVariable, TupleVariable)
-from kiln.variables.tensor import TensorVariable
+from kiln.variables.tensor import ScalarVariable, TensorVariable
 
 _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
                                       operator.truth, operator.index, operator.not_}
@@ -87,6 +87,20 @@ def apply_operator(tx, fn, args):
     dispatched = _user_operator(tx, fn, args)
     if dispatched is not None:
         return dispatched
+    if any(isinstance(a, ScalarVariable) for a in args) and \
+            not any(isinstance(a, TensorVariable) for a in args):
+        # Arithmetic on a number the graph computes (Tensor.item()): a node of its own, whose
+        # Python type is the operator's on stand-ins of the operands' types.
+        if fn not in _TENSOR_OPERATORS or not all(
+                isinstance(a, ScalarVariable) or a.is_python_constant() for a in args):
+            raise Unsupported(f"{fn.__name__} of a value Tensor.item() read")
+        try:
+            kind = type(fn(*(a.as_fake_arg() for a in args)))
+        except Exception as e:
+            raise Unsupported(f"{fn.__name__} of a value Tensor.item() read: {e}") from None
+        if kind not in (bool, int, float):
+            raise Unsupported(f"{fn.__name__} of a value Tensor.item() read")
+        return tx.output.record_scalar("call_function", fn, tuple(args), kind)
     if any(isinstance(a, TensorVariable) for a in args):
         # A tensor operand makes it a tensor op; tensors inside a tuple or list operand do not
         # (`t += (x,)` concatenates).

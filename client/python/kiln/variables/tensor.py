@@ -3,6 +3,7 @@ import operator
 
 import torch
 
+from kiln import config
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import VariableTracker
@@ -132,6 +133,12 @@ class TensorMethodVariable(VariableTracker):
         self.name = name
 
     def call_function(self, tx, args, kwargs):
+        if self.name == "item" and not args and not kwargs and config.capture_scalar_outputs:
+            dtype = self.tensor.example.dtype
+            kind = bool if dtype is torch.bool else (
+                float if dtype.is_floating_point else int if not dtype.is_complex else None)
+            if kind is not None and self.tensor.example.numel() == 1:
+                return tx.output.record_scalar("call_method", "item", (self.tensor,), kind)
         if self.name in _UNSUPPORTED_METHODS:
             # Raised at the call, not the attribute load, so the graph can break at the call.
             raise Unsupported(f"Tensor.{self.name}() needs the tensor's data")
@@ -148,6 +155,40 @@ class TensorMethodVariable(VariableTracker):
 
     def __repr__(self):
         return f"TensorMethodVariable({self.name})"
+
+
+# What a graph-computed number stands for while fakes run (Tensor.item() under
+# capture_scalar_outputs): only ops whose result's metadata does not depend on it may take it.
+_SCALAR_STAND_INS = {bool: True, int: 1, float: 1.0}
+
+
+class ScalarVariable(VariableTracker):
+    """A Python number the graph computes (`t.item()` with config.capture_scalar_outputs): an
+    operand of tensor arithmetic and of other such numbers, or a graph output; its value is
+    unknown at trace time, so branching on it is a graph break."""
+
+    def __init__(self, node, kind: type):
+        super().__init__(None)
+        self.node = node
+        self.kind = kind
+
+    def python_type(self):
+        return self.kind
+
+    def as_fx_arg(self):
+        return self.node
+
+    def as_fake_arg(self):
+        return _SCALAR_STAND_INS[self.kind]
+
+    def truth(self, tx):
+        raise Unsupported("data-dependent branch on a value Tensor.item() read")
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.tensor(self)  # one of the graph's outputs
+
+    def __repr__(self):
+        return f"ScalarVariable({self.node.name}: {self.kind.__name__})"
 
 
 def wrap_op_result(output, node, result, same_as=None):
