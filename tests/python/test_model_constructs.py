@@ -382,3 +382,30 @@ def test_item_is_a_value_the_graph_computes_under_capture_scalar_outputs(monkeyp
         kiln.optimize("eager", nopython=True)(sized)(torch.ones(3))
     torch.testing.assert_close(kiln.compile(sized, backend="eager")(torch.ones(3)),
                                sized(torch.ones(3)))
+
+
+def test_a_function_the_frame_makes_keeps_its_names_and_annotations():
+    # torch.nn.modules.utils' _ntuple: `parse.__name__ = name`; a returned function with
+    # annotations was rebuilt without them (the frame ran eagerly).
+    def nested_name(x):
+        def g(v):
+            return v * 2
+
+        g.__name__ = "h"
+        return g(x), g, g.__name__
+
+    def annotated(x):
+        def fn2(a: int, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+        return fn2, x * 2
+
+    x = torch.randn(3)
+    got = kiln.compile(nested_name, backend="eager", fullgraph=True)(x)
+    want = nested_name(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert (got[1].__name__, got[1].__qualname__, got[2]) == \
+        (want[1].__name__, want[1].__qualname__, want[2])
+    fn, _ = kiln.compile(annotated, backend="eager", fullgraph=True)(x)
+    assert fn.__annotations__ == annotated(x)[0].__annotations__
+    torch.testing.assert_close(fn(1, x), 1 + x)

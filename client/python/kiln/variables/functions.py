@@ -205,6 +205,8 @@ class NestedFunctionVariable(VariableTracker):
         self.closure = closure  # list of CellVariable, or None
         self.f_globals = f_globals
         self.annotations = annotations  # what MAKE_FUNCTION was given, or None
+        # Names the frame assigned (torch.nn.modules.utils' `parse.__name__ = name`).
+        self.names = {"__name__": code.co_name, "__qualname__": qualname}
 
     def python_type(self):
         return types.FunctionType
@@ -212,11 +214,26 @@ class NestedFunctionVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return tx.inline_nested(self, args, kwargs)
 
+    def var_getattr(self, tx, name):
+        if name in self.names:
+            return ConstantVariable(self.names[name])
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        if name == "__module__":
+            return ConstantVariable(self.f_globals.get("__name__"))
+        if name == "__defaults__":
+            return self.defaults if self.defaults is not None else ConstantVariable(None)
+        raise Unsupported(f"attribute {name!r} of {self.qualname}")
+
+    def store_attr(self, tx, name, value):
+        if name not in ("__name__", "__qualname__", "__doc__") or not value.is_python_constant():
+            raise Unsupported(f"assignment to {self.qualname}.{name}")
+        self.names[name] = value.as_python_constant()
+
     def reconstruct(self, codegen) -> str:
         """The function the frame made, made again after the graph (one object however often
-        it is reached): its code, globals and defaults, over the cells codegen.cell gives."""
-        if self.annotations is not None:
-            raise Unsupported(f"rebuilding {self.qualname}, which has annotations")
+        it is reached): its code, globals, defaults and annotations, over the cells
+        codegen.cell gives, with the names the frame gave it."""
 
         def build():
             cells = "None"
@@ -224,18 +241,26 @@ class NestedFunctionVariable(VariableTracker):
                 cells = "(" + "".join(codegen.cell(c) + ", " for c in self.closure) + ")"
             defaults = codegen(self.defaults) if self.defaults is not None else "None"
             kwdefaults = codegen(self.kwdefaults) if self.kwdefaults is not None else "None"
+            annotations = codegen(self.annotations) if self.annotations is not None else "None"
             return (f"{codegen.constant(make_function)}({codegen.constant(self.code)}, "
-                    f"{codegen.constant(self.f_globals)}, {defaults}, {kwdefaults}, {cells})")
+                    f"{codegen.constant(self.f_globals)}, {defaults}, {kwdefaults}, {cells}, "
+                    f"{annotations}, {codegen.constant(self.names)})")
 
         return codegen.temp(self, build)
 
 
-def make_function(code, f_globals, defaults, kwdefaults, closure):
+def make_function(code, f_globals, defaults, kwdefaults, closure, annotations=None,
+                  names=None):
     """What MAKE_FUNCTION makes of these (the transformed code's rebuild of a function the frame
-    made; annotations excepted, which a rebuilt function never had)."""
+    made); `names`: __name__ and kin as the frame left them."""
     fn = types.FunctionType(code, f_globals, code.co_name, defaults, closure)
     if kwdefaults is not None:
         fn.__kwdefaults__ = kwdefaults
+    if annotations is not None:  # MAKE_FUNCTION's flattened (name, value, ...) or a dict
+        fn.__annotations__ = annotations if isinstance(annotations, dict) else dict(
+            zip(annotations[::2], annotations[1::2]))
+    for name, value in (names or {}).items():
+        setattr(fn, name, value)
     return fn
 
 
