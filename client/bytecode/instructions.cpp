@@ -160,6 +160,7 @@ std::shared_ptr<Decoded> DecodeUncached(py::handle code) {
     d->index_of_offset.emplace(i, static_cast<int>(d->instructions.size()));
     d->instructions.push_back(inst);
   }
+  d->exception_table = ParseExceptionTable(code.attr("co_exceptiontable").cast<std::string>());
   for (size_t k = 0; k < d->instructions.size(); ++k) {
     Instruction& inst = d->instructions[k];
     inst.next_offset = k + 1 < d->instructions.size() ? d->instructions[k + 1].offset : n;
@@ -188,6 +189,10 @@ int Decoded::IndexOf(int offset) const {
   return it == index_of_offset.end() ? -1 : it->second;
 }
 
+const ExceptionEntry* Decoded::HandlerAt(int offset) const {
+  return bytecode::HandlerAt(exception_table, offset);
+}
+
 const py::str& OpName(int opcode) { return Tables().names[opcode & 0xFF]; }
 
 const Decoded& Decode(py::handle code) {
@@ -210,12 +215,13 @@ const Decoded& Decode(py::handle code) {
 void RegisterPython(py::module_& m) {
   py::class_<PyInstruction>(m, "Instruction",
                             "One decoded instruction (CACHE entries are not instructions).")
-      .def_property_readonly("opname",
-                             [](const PyInstruction& i) { return OpName(i.opcode); })
+      .def_property_readonly("opname", [](const PyInstruction& i) { return OpName(i.opcode); })
       .def_readonly("opcode", &PyInstruction::opcode)
-      .def_property_readonly("arg", [](const PyInstruction& i) -> py::object {
-        return i.arg < 0 ? py::object(py::none()) : py::object(py::int_(i.arg));
-      })
+      .def_property_readonly("arg",
+                             [](const PyInstruction& i) -> py::object {
+                               return i.arg < 0 ? py::object(py::none())
+                                                : py::object(py::int_(i.arg));
+                             })
       .def_readonly("argval", &PyInstruction::argval)
       .def_readonly("offset", &PyInstruction::offset)
       .def_readonly("starts_line", &PyInstruction::starts_line)
@@ -236,6 +242,19 @@ void RegisterPython(py::module_& m) {
         return out;
       },
       py::arg("code"), "The instructions of a code object as kiln's executor decodes them.");
+  m.def(
+      "exception_table",
+      [](py::bytes table) {
+        py::list out;
+        for (const ExceptionEntry& e : ParseExceptionTable(std::string(table))) {
+          out.append(py::make_tuple(e.start / 2, e.end / 2, e.target / 2,
+                                    e.depth * 2 + (e.lasti ? 1 : 0)));
+        }
+        return out;
+      },
+      py::arg("table"),
+      "The entries (start, end, target, depth << 1 | lasti) of a co_exceptiontable, in code "
+      "units, end exclusive.");
 }
 
 py::object InstructionObject(const Instruction& i) {

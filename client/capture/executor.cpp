@@ -99,6 +99,11 @@ const std::array<OpInfo, 256>& OpTable() {
         {"IMPORT_FROM", &T::OpImportFrom},
         {"LOAD_ASSERTION_ERROR", &T::OpLoadAssertionError},
         {"RAISE_VARARGS", &T::OpRaiseVarargs},
+        {"RERAISE", &T::OpReraise},
+        {"PUSH_EXC_INFO", &T::OpPushExcInfo},
+        {"POP_EXCEPT", &T::OpPopExcept},
+        {"CHECK_EXC_MATCH", &T::OpCheckExcMatch},
+        {"WITH_EXCEPT_START", &T::OpWithExceptStart},
         {"KW_NAMES", &T::OpKwNames},
         {"CALL", &T::OpCall},
         {"CALL_FUNCTION_EX", &T::OpCallFunctionEx},
@@ -200,9 +205,31 @@ Snapshot Translator::TakeSnapshot() {
   return s;
 }
 
+// A resume function starts outside every try block and handler: neither the handlers nor the
+// exception being handled are rebuilt there.
 bool Translator::CanBreakAt(const Snapshot& s, const Instruction& inst) {
-  return s.mutations == host_->mutation_count().cast<long>() &&
-         !host_->offset_in_exception_table(code_, inst.offset).cast<bool>();
+  return s.mutations == host_->mutation_count().cast<long>() && handlers_open_ == 0 &&
+         decoded_->HandlerAt(inst.offset) == nullptr;
+}
+
+bool Translator::Catch(const Instruction& inst, const py::object& traced) {
+  if (!generator_items_.is_none()) {
+    // A generator runs to its end where it is made: eager's consumer meets its exception only
+    // once its iteration gets that far, if ever.
+    Unsupported(Str(traced.attr("reason")) + " inside a generator (kiln runs it to its end)");
+  }
+  const bytecode::ExceptionEntry* entry = decoded_->HandlerAt(inst.offset);
+  if (entry == nullptr) return false;
+  const int target = decoded_->IndexOf(entry->target);
+  if (target < 0 || stack_.size() < static_cast<size_t>(entry->depth)) {
+    Unsupported("an exception handler kiln cannot enter");
+  }
+  stack_.erase(stack_.begin() + entry->depth, stack_.end());
+  if (entry->lasti) Push(Constant(py::int_(inst.offset / 2)));  // in code units, as CPython's
+  Push(traced.attr("value"));
+  kw_names_ = py::none();
+  ip_ = target;
+  return true;
 }
 
 py::object Translator::Run() {
@@ -223,12 +250,15 @@ py::object Translator::Run() {
     } catch (py::error_already_set& e) {
       if (!e.matches(host_->Unsupported)) throw;
       py::object exc = e.value();
+      const bool traced = e.matches(host_->TracedException);
+      if (traced && Catch(inst, exc)) continue;
       const bool located = exc.attr("located").cast<bool>();
       if (!located) {
         exc.attr("located") = true;
         py::str where(Where());
         exc.attr("source_line") = where;
         exc.attr("args") = py::make_tuple(py::str(Str(exc.attr("reason")) + "\n" + Str(where)));
+        if (traced) exc.attr("value").attr("where") = where;  // where a re-raise says it began
       }
       if (snapshot && CanBreakAt(*snapshot, inst)) {
         lineno_ = snapshot->lineno;
@@ -325,6 +355,7 @@ py::object Translator::RunChild(py::object code, py::object f_globals, py::dict 
   auto [obj, tx] = Make(host_);
   tx->Init(code, f_globals, bound, output_, source, depth_ + 1);
   tx->cells_ = cells;
+  tx->exc_info_ = exc_info_;
   if (generator) {
     py::list items;
     tx->generator_items_ = items;

@@ -18,6 +18,22 @@
 // and inlining, this binding), host.cpp (what is read of Python), ops_*.cpp (handlers by family).
 // Trackers call back: output, symbolic_locals, code, wrap, inline_call, inline_nested,
 // inline_generator, make_super, load_deref, store_deref.
+//
+// Exceptions the traced code raises are modelled where the trace knows for certain that they
+// are raised: a tracker raises host.TracedException (an Unsupported carrying the tracker of the
+// exception object, kiln.variables.exceptions) where Python would raise and its guards make that
+// sure (a missing key of a dict whose keys are guarded), and RAISE_VARARGS and RERAISE raise it
+// for an exception the frame made. Run() looks the raising instruction up in the frame's
+// exception table as CPython's exception_unwind does: covered, the stack is cut to the entry's
+// depth, the instruction's offset pushed for a lasti entry, the exception pushed, and the
+// handler runs (PUSH_EXC_INFO, CHECK_EXC_MATCH, POP_EXCEPT, RERAISE, `except E as e`'s stores);
+// not covered, it leaves Run() for the caller's executor (the CALL that inlined the frame),
+// which looks up its own table, and so on. One no traced frame handles is Unsupported as
+// before: a graph break at the root's CALL, where eager then raises it for real. A graph break
+// never resumes inside a try block or a handler. What is not modelled exactly stays plain
+// Unsupported: an exception reaching a `with` block's __exit__ (WITH_EXCEPT_START), exception
+// groups, any exception inside a generator (run to its end when it is made), an AttributeError
+// out of an attribute of a class with __getattr__ (which CPython would then call).
 #ifndef KILN_CAPTURE_EXECUTOR_H_
 #define KILN_CAPTURE_EXECUTOR_H_
 

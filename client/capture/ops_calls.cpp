@@ -70,8 +70,64 @@ bool Translator::OpLoadAssertionError(const Instruction& inst) {
   Unsupported("assert failed at trace time");
 }
 
+// Raising: the exception's TracedException goes up to Run, which hands it to a handler (Catch).
 bool Translator::OpRaiseVarargs(const Instruction& inst) {
-  Unsupported("raise statement reached at trace time");
+  if (inst.arg == 0) {  // `raise`: the exception being handled, again
+    if (!py::isinstance(exc_info_, host_->ExceptionVariable)) {
+      Unsupported("raise with no exception that the trace is handling");
+    }
+    Raise(exc_info_.attr("traced")());
+  }
+  if (inst.arg == 1) {
+    host_->raise_exception(Self(), Pop());
+  } else {
+    py::object cause = Pop();
+    host_->raise_exception(Self(), Pop(), cause);
+  }
+  Unsupported("raise_exception returned");
+}
+
+bool Translator::OpReraise(const Instruction& inst) {
+  // The argument only moves the traceback's line (f_lasti, from the value below): the handler
+  // is looked up at this instruction, as CPython's exception_unwind does.
+  py::object exc = Pop();
+  if (!py::isinstance(exc, host_->ExceptionVariable)) Unsupported("RERAISE of " + Repr(exc));
+  Raise(exc.attr("traced")());
+}
+
+bool Translator::OpPushExcInfo(const Instruction& inst) {
+  py::object exc = Pop();
+  Push(exc_info_);
+  Push(exc);
+  exc_info_ = exc;
+  ++handlers_open_;
+  return false;
+}
+
+bool Translator::OpPopExcept(const Instruction& inst) {
+  exc_info_ = Pop();
+  --handlers_open_;
+  return false;
+}
+
+bool Translator::OpCheckExcMatch(const Instruction& inst) {
+  py::object classes = AsConstant(Pop());
+  py::object cls = Peek(1).attr("python_type")();
+  // What CPython's check_except_type_valid lets through (else a TypeError, not modelled).
+  bool valid = PyExceptionClass_Check(classes.ptr());
+  if (PyTuple_Check(classes.ptr())) {
+    valid = true;
+    for (py::handle item : py::reinterpret_borrow<py::tuple>(classes)) {
+      valid = valid && PyExceptionClass_Check(item.ptr());
+    }
+  }
+  if (!valid) Unsupported("except over " + Repr(classes) + ", which are not exception classes");
+  Push(Constant(py::bool_(PyErr_GivenExceptionMatches(cls.ptr(), classes.ptr()) != 0)));
+  return false;
+}
+
+bool Translator::OpWithExceptStart(const Instruction& inst) {
+  Unsupported(Repr(Peek(1)) + " inside a `with` block, whose __exit__ would see it");
 }
 
 bool Translator::OpReturnGenerator(const Instruction& inst) {

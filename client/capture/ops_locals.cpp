@@ -167,10 +167,19 @@ bool Translator::OpLoadClosure(const Instruction& inst) {
   return false;
 }
 
+py::object Translator::GetAttr(const py::object& obj, py::handle name) {
+  try {
+    return obj.attr("var_getattr")(Self(), name);
+  } catch (py::error_already_set& e) {
+    if (e.matches(host_->TracedException)) host_->check_attribute_error(obj, e.value());
+    throw;
+  }
+}
+
 bool Translator::OpLoadAttr(const Instruction& inst) {
   py::handle argval(inst.argval);
   py::object obj = Pop();
-  py::object attr = obj.attr("var_getattr")(Self(), argval);
+  py::object attr = GetAttr(obj, argval);
   if (PY_VERSION_HEX >= 0x030C0000 && (inst.arg & 1)) Push(host_->NullVariable());
   Push(attr);
   return false;
@@ -194,7 +203,7 @@ bool Translator::OpLoadMethod(const Instruction& inst) {
   // 3.11
   py::object obj = Pop();
   Push(host_->NullVariable());
-  Push(obj.attr("var_getattr")(Self(), argval));
+  Push(GetAttr(obj, argval));
   return false;
 }
 

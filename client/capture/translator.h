@@ -30,12 +30,13 @@ constexpr int kCoAsyncGenerator = 0x200;
 // hands it (kiln.capture.host.CaptureHost, which names each one): the executor imports nothing
 // of kiln's by name.
 struct Host {
-  py::object Unsupported, GraphBreak, Checkpoint;
+  py::object Unsupported, TracedException, GraphBreak, Checkpoint;
   py::object VariableTracker, NullVariable, ConstantVariable, TupleVariable, ListVariable,
       SetVariable, ConstDictVariable, SliceVariable, ListIteratorVariable, CellVariable,
-      NestedFunctionVariable, SuperVariable;
-  py::object wrap, apply_operator, mark_checkpoint, mutation_count, mutations_of;
-  py::object traces_into, is_torch_file, can_split, offset_in_exception_table;
+      NestedFunctionVariable, SuperVariable, ExceptionVariable;
+  py::object wrap, apply_operator, raise_exception, check_attribute_error;
+  py::object mark_checkpoint, mutation_count, mutations_of;
+  py::object traces_into, is_torch_file, can_split;
   py::object LocalSource, GlobalSource, ClosureSource, FrameCellSource, ObjectSource, AttrSource,
       ItemSource;
 
@@ -144,6 +145,7 @@ class Translator {
     depth_ = depth;
     decoded_ = &bytecode::Decode(code_);
     lineno_ = code_.attr("co_firstlineno").cast<int>();
+    exc_info_ = host_->NullVariable();
   }
 
   py::handle Self() const { return self_; }
@@ -219,6 +221,12 @@ class Translator {
                       bool generator);
   Snapshot TakeSnapshot();
   bool CanBreakAt(const Snapshot& s, const Instruction& inst);
+  // Hands the exception `traced` (a TracedException) raised by `inst` to the handler the
+  // frame's exception table names for it, as CPython's exception_unwind does; false where none
+  // covers `inst` (it leaves the frame, for the caller's executor to look up in turn).
+  bool Catch(const Instruction& inst, const py::object& traced);
+  // `obj.name` as LOAD_ATTR and its kin read it (see check_attribute_error).
+  py::object GetAttr(const py::object& obj, py::handle name);
 
   // Runs one instruction; true when the frame returned (its value in return_value_).
   bool Step(const Instruction& inst);
@@ -248,6 +256,11 @@ class Translator {
   bool OpImportFrom(const Instruction& inst);
   bool OpLoadAssertionError(const Instruction& inst);
   bool OpRaiseVarargs(const Instruction& inst);
+  bool OpReraise(const Instruction& inst);
+  bool OpPushExcInfo(const Instruction& inst);
+  bool OpPopExcept(const Instruction& inst);
+  bool OpCheckExcMatch(const Instruction& inst);
+  bool OpWithExceptStart(const Instruction& inst);
   bool OpKwNames(const Instruction& inst);
   bool OpCall(const Instruction& inst);
   bool OpCallFunctionEx(const Instruction& inst);
@@ -319,12 +332,18 @@ class Translator {
   // CellVariable for a nested function's cell of an enclosing translator.
   py::dict cells_;
   py::object return_value_;
+  // The exception being handled (sys.exc_info()'s, per thread in CPython: a callee starts with
+  // its caller's): a tracker of one the trace raised, or NULL for none the trace knows of (the
+  // root frame's caller may be handling one).
+  py::object exc_info_;
+  int handlers_open_ = 0;  // PUSH_EXC_INFOs not yet matched by POP_EXCEPT
 
  public:
   // The garbage collector's view (a CellVariable in the locals holds its translator: a cycle).
   int Traverse(visitproc visit, void* arg) const {
-    for (const py::object* o : {&code_, &f_globals_, &output_, &kw_names_, &generator_items_,
-                                &f_builtins_, &globals_source_.dict_source, &return_value_}) {
+    for (const py::object* o :
+         {&code_, &f_globals_, &output_, &kw_names_, &generator_items_, &f_builtins_,
+          &globals_source_.dict_source, &return_value_, &exc_info_}) {
       Py_VISIT(o->ptr());
     }
     Py_VISIT(symbolic_locals_.ptr());
@@ -334,7 +353,7 @@ class Translator {
   }
   void Clear() {
     for (py::object* o : {&code_, &f_globals_, &output_, &kw_names_, &generator_items_,
-                          &f_builtins_, &globals_source_.dict_source, &return_value_}) {
+                          &f_builtins_, &globals_source_.dict_source, &return_value_, &exc_info_}) {
       *o = py::object();
     }
     symbolic_locals_ = py::dict();

@@ -16,6 +16,19 @@ class Unsupported(KilnError):
         super().__init__(f"{msg}\n{source_line}" if source_line else msg)
 
 
+class TracedException(Unsupported):
+    """The traced code raises an exception that the trace knows it raises (the guards make it
+    certain): a missing key of a guarded dict, `raise ValueError(...)`. `value` is the tracker of
+    the exception object (kiln.variables.exceptions). The executor runs the handler that the
+    exception table of the raising frame, or of a caller it inlined that frame into, names for
+    the raising instruction; one that no traced frame handles is Unsupported like any other, and
+    eager then raises it for real."""
+
+    def __init__(self, value, msg: str, *, source_line: str = ""):
+        super().__init__(msg, source_line=source_line)
+        self.value = value
+
+
 class NothingToCompile(Unsupported):
     """The whole frame was captured and it runs no torch op and changes nothing kiln would
     replay: the original code is what a transformed one would run, so the code is left to

@@ -8,6 +8,7 @@ from typing import Dict, List
 from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker, constant_args, walked, walking
 from kiln.variables.constant import BoundBuiltinMethod, ConstantVariable
+from kiln.variables.exceptions import traced_exception
 from kiln.variables.functions import BoundContainerMethod
 
 class _MutationState(threading.local):
@@ -98,6 +99,12 @@ class ContainerVariable(VariableTracker):
     def owned_by_frame(self):
         self.mutable = True
 
+    def _items_known(self) -> bool:
+        """Whether the trace knows for certain which items there are: the frame made the
+        container, or read it under guards (its length, its keys), so that a missing key or
+        index raises as surely in eager."""
+        return (self.source is None and self.outside_object is None) or self.outside_guarded
+
     def contains_tensor(self) -> bool:
         if walked(self):
             return False
@@ -168,7 +175,13 @@ class BaseListVariable(ContainerVariable):
             return type(self)(self.items[key])
         try:
             return self.items[key]
-        except (IndexError, TypeError) as e:
+        except IndexError:
+            if type(key) is int and self._items_known():
+                kind = "list" if issubclass(self.python_type(), list) else "tuple"
+                raise traced_exception(IndexError, f"{kind} index out of range") from None
+            raise Unsupported(f"{self.python_type().__name__} index {key!r} out of "
+                              "range") from None
+        except TypeError as e:
             raise Unsupported(f"{self.python_type().__name__} index {key!r}: {e}") from None
 
     def var_getattr(self, tx, name):
@@ -357,9 +370,16 @@ class ConstDictVariable(ContainerVariable):
     def delitem(self, tx, index):
         key = index.as_python_constant()
         if key not in self.items:
-            raise Unsupported(f"KeyError {key!r} while tracing")
+            raise self._key_error(key)
         self._check_mutable()
         del self.items[key]
+
+    def _key_error(self, key):
+        """What looking up `key`, absent, raises: the KeyError itself where the items are known
+        (and the dict has no __missing__), else Unsupported."""
+        if self._items_known() and not hasattr(self.user_type, "__missing__"):
+            return traced_exception(KeyError, key)
+        return Unsupported(f"KeyError {key!r} while tracing")
 
     def replay(self, codegen, target: str) -> str:
         """The statement that gives the dict from outside the frame its final items, in their
@@ -406,7 +426,7 @@ class ConstDictVariable(ContainerVariable):
     def getitem(self, tx, index):
         key = index.as_python_constant()
         if key not in self.items:
-            raise Unsupported(f"KeyError {key!r} while tracing")
+            raise self._key_error(key)
         return self.items[key]
 
     def setitem(self, tx, index, value):
@@ -433,6 +453,8 @@ class ConstDictVariable(ContainerVariable):
             return ConstantVariable(args[0].as_python_constant() in self.items)
         if name == "__getitem__":
             return self.getitem(tx, args[0])
+        if name == "pop" and len(args) == 1 and args[0].as_python_constant() not in self.items:
+            raise self._key_error(args[0].as_python_constant())  # before any mutation
         if name in ("update", "pop", "setdefault", "clear", "__setitem__"):
             self._check_mutable()
             if name == "update":

@@ -14,6 +14,7 @@ from kiln.variables.class_attr import (class_attr, class_source, is_data_descrip
                                        object_setattr, plain_getattr)
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListVariable
+from kiln.variables.exceptions import ExceptionVariable, traced_exception
 from kiln.variables.fresh_object import ObjectSetattrVariable, can_construct, construct
 from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
                                       UserMethodVariable)
@@ -95,6 +96,8 @@ class UserDefinedClassVariable(VariableTracker):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
         if issubclass(self.cls, torch.nn.Module):
             return construct_module(tx, self.cls, args, kwargs)
+        if issubclass(self.cls, BaseException) and not kwargs:
+            return ExceptionVariable.make(self.cls, args)
         if can_construct(self.cls):
             return construct(tx, self.cls, self.source, args, kwargs)
         raise Unsupported(f"constructing {self.cls.__qualname__} inside a compiled frame")
@@ -132,6 +135,10 @@ class UserDefinedObjectVariable(VariableTracker):
         if fallback is not None and self._missing(tx, name):
             # What the generic lookup does not find goes to the class's __getattr__.
             return tx.inline_call(fallback, [self, ConstantVariable(name)], {})
+        if fallback is None and plain_getattr(type(self.value)) and self._missing(tx, name):
+            # Absent from the instance and the class, so guarded: the generic lookup raises.
+            raise traced_exception(AttributeError, f"{type(self.value).__name__!r} object has "
+                                                   f"no attribute {name!r}")
         return self.generic_getattr(tx, name)
 
     def _missing(self, tx, name) -> bool:
@@ -406,7 +413,9 @@ class InstanceDictVariable(VariableTracker):
             return found
         if name == "get":
             return args[1] if len(args) > 1 else ConstantVariable(None)
-        raise Unsupported(f"KeyError {args[0].as_python_constant()!r} while tracing")
+        if type(self._dict()) is not dict:
+            raise Unsupported(f"KeyError {args[0].as_python_constant()!r} while tracing")
+        raise traced_exception(KeyError, args[0].as_python_constant())  # its key set is guarded
 
     def getitem(self, tx, index):
         return self.call_method(tx, "__getitem__", [index], {})
@@ -480,7 +489,9 @@ def _dict_read(tx, obj, name, args, kwargs):
         return ConstantVariable(False)
     if name == "get":
         return args[1] if len(args) > 1 else ConstantVariable(None)
-    raise Unsupported(f"KeyError {key!r} while tracing")
+    if hasattr(type(value), "__missing__"):  # what dict.__getitem__ calls on a subclass
+        raise Unsupported(f"KeyError {key!r} while tracing")
+    raise traced_exception(KeyError, key)  # its key set is guarded
 
 
 def _guard_key_set(tx, source, value: dict):
