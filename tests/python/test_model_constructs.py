@@ -409,3 +409,19 @@ def test_a_function_the_frame_makes_keeps_its_names_and_annotations():
     fn, _ = kiln.compile(annotated, backend="eager", fullgraph=True)(x)
     assert fn.__annotations__ == annotated(x)[0].__annotations__
     torch.testing.assert_close(fn(1, x), 1 + x)
+
+
+def test_a_namedtuple_made_in_the_frame():
+    import collections
+
+    point = collections.namedtuple("point", ["a", "b", "c"], defaults=[7])
+
+    def f(a, b):
+        t = point(a, b=a + b)
+        return t.b * t.c + t[0], t
+
+    x = torch.randn(3)
+    got = kiln.compile(f, backend="eager", fullgraph=True)(x, x)
+    want = f(x, x)
+    torch.testing.assert_close(got[0], want[0])
+    assert type(got[1]) is point and got[1].c == 7

@@ -13,7 +13,7 @@ from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListVariable
+from kiln.variables.containers import ListVariable, NamedTupleVariable
 from kiln.variables.exceptions import ExceptionVariable, traced_exception
 from kiln.variables.fresh_object import ObjectSetattrVariable, can_construct, construct
 from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
@@ -24,6 +24,16 @@ from kiln.variables.side_effects import mutations_of
 
 
 _ABSENT = object()
+
+
+def _is_plain_namedtuple(cls) -> bool:
+    """A class collections.namedtuple made, not one that overrides what it wrote."""
+    if not (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        return False
+    new = cls.__dict__.get("__new__")
+    new = getattr(new, "__func__", None)  # a staticmethod over the generated function
+    return (cls.__bases__ == (tuple,) and isinstance(new, types.FunctionType) and
+            new.__module__ == f"namedtuple_{cls.__name__}")
 
 
 class PythonModuleVariable(VariableTracker):
@@ -88,6 +98,16 @@ class UserDefinedClassVariable(VariableTracker):
         return class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
 
     def call_function(self, tx, args, kwargs):
+        if _is_plain_namedtuple(self.cls):
+            # The generated __new__ binds the fields (defaults applied) into a tuple of them.
+            try:
+                bound = inspect.signature(self.cls).bind(*args, **kwargs)
+            except TypeError as e:
+                raise Unsupported(f"{self.cls.__qualname__}(): {e}") from None
+            bound.apply_defaults()
+            items = [v if isinstance(v, VariableTracker) else tx.wrap(v, None)
+                     for v in bound.arguments.values()]
+            return NamedTupleVariable(items, self.cls)
         if self.cls is collections.OrderedDict:
             from kiln.variables.builtins import construct_dict
 
