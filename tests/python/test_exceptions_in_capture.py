@@ -59,6 +59,7 @@ def test_environ_get_recompiles_when_the_variable_is_set_and_unset_again(unset_v
     del os.environ[unset_var]
     torch.testing.assert_close(fn(x), x * 2)
     assert cnt.frame_count == 2  # the first entry serves again
+    assert_one_graph_no_break(sdpa_scale, x)
     os.environ[unset_var] = "5"
     assert_one_graph_no_break(sdpa_scale, x)
 
@@ -252,6 +253,7 @@ def property_then_getattr(x, obj):
     return x + v
 
 
+# Guards of what stays as it was: these ran eagerly before and still do, with eager's answer.
 @pytest.mark.parametrize("fn, args", [
     (in_a_with_block, ({},)),  # __exit__ would see the exception
     (from_a_generator, ({},)),  # eager's consumer meets it only where it iterates to it
