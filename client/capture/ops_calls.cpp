@@ -130,6 +130,42 @@ bool Translator::OpWithExceptStart(const Instruction& inst) {
   Unsupported(Repr(Peek(1)) + " inside a `with` block, whose __exit__ would see it");
 }
 
+// `yield from` inside a generator the executor runs to its end (a generator expression, a
+// class's __iter__): delegating to an iterator the trace holds, one item a SEND. What is sent
+// in is always None (YIELD_VALUE's), and an iterator returns None when it is done.
+bool Translator::OpGetYieldFromIter(const Instruction& inst) {
+  if (generator_items_.is_none()) Unsupported("yield from");
+  py::object obj = Pop();
+  Push(host_->ListIteratorVariable.attr("of")(Self(), obj));
+  return false;
+}
+
+bool Translator::OpSend(const Instruction& inst) {
+  Pop();  // the value sent in: None
+  py::object receiver = Peek(1);
+  if (!py::isinstance(receiver, host_->ListIteratorVariable)) {
+    Unsupported("yield from " + Repr(receiver));
+  }
+  py::object item = receiver.attr("next_item")();
+  if (!item.is_none()) {
+    Push(item);
+    return false;
+  }
+  // Done: what `yield from` evaluates to, past the loop; 3.12 leaves the receiver for END_SEND.
+  if (PY_VERSION_HEX < 0x030C0000) Pop();
+  Push(Constant(py::none()));
+  JumpTo(inst);
+  return false;
+}
+
+bool Translator::OpEndSend(const Instruction& inst) {
+  // 3.12
+  py::object value = Pop();
+  Pop();  // the receiver
+  Push(value);
+  return false;
+}
+
 bool Translator::OpReturnGenerator(const Instruction& inst) {
   if (generator_items_.is_none()) Unsupported("generator function");
   Push(Constant(py::none()));

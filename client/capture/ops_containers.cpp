@@ -138,6 +138,12 @@ bool Translator::OpSetUpdate(const Instruction& inst) {
   return false;
 }
 
+bool Translator::OpSetAdd(const Instruction& inst) {
+  py::object value = Pop();
+  Peek(inst.arg).attr("value").attr("add")(AsConstant(value));  // the comprehension's own set
+  return false;
+}
+
 bool Translator::OpMapAdd(const Instruction& inst) {
   py::object value = Pop();
   py::object key = Pop();

@@ -161,6 +161,22 @@ bool Translator::OpStoreDeref(const Instruction& inst) {
   return false;
 }
 
+bool Translator::OpDeleteDeref(const Instruction& inst) {
+  // `del name` of a cell variable of this code (its value is a local here; a function made
+  // over it reads it through CellVariable). A free variable's cell belongs to another frame.
+  py::object name = Arg(inst);
+  py::tuple cellvars = code_.attr("co_cellvars");
+  for (py::handle v : cellvars) {
+    if (!v.equal(name) || cells_.contains(name)) continue;
+    if (!symbolic_locals_.contains(name)) {
+      Unsupported("NameError: " + Repr(name) + " deleted before assignment");
+    }
+    PyDict_DelItem(symbolic_locals_.ptr(), name.ptr());
+    return false;
+  }
+  Unsupported("del of free variable " + Repr(name) + " of an enclosing function");
+}
+
 bool Translator::OpLoadClosure(const Instruction& inst) {
   py::handle argval(inst.argval);
   Push(host_->CellVariable(Self(), argval));

@@ -246,6 +246,7 @@ class Translator {
   bool OpLoadGlobal(const Instruction& inst);
   bool OpLoadDeref(const Instruction& inst);
   bool OpStoreDeref(const Instruction& inst);
+  bool OpDeleteDeref(const Instruction& inst);
   bool OpLoadClosure(const Instruction& inst);
   bool OpLoadAttr(const Instruction& inst);
   bool OpLoadSuperAttr(const Instruction& inst);
@@ -268,6 +269,9 @@ class Translator {
   bool OpBeforeWith(const Instruction& inst);
   bool OpReturnGenerator(const Instruction& inst);
   bool OpYieldValue(const Instruction& inst);
+  bool OpGetYieldFromIter(const Instruction& inst);
+  bool OpSend(const Instruction& inst);
+  bool OpEndSend(const Instruction& inst);
   bool OpReturnValue(const Instruction& inst);
   bool OpReturnConst(const Instruction& inst);
   bool OpPopTop(const Instruction& inst);
@@ -299,6 +303,7 @@ class Translator {
   bool OpListExtend(const Instruction& inst);
   bool OpListToTuple(const Instruction& inst);
   bool OpSetUpdate(const Instruction& inst);
+  bool OpSetAdd(const Instruction& inst);
   bool OpMapAdd(const Instruction& inst);
   bool OpDictUpdate(const Instruction& inst);
   bool OpUnpackSequence(const Instruction& inst);

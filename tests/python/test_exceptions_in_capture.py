@@ -2,7 +2,8 @@
 guarded dict (os.environ.get of an unset variable), a missing attribute, `raise ValueError` in an
 inlined call caught by its caller. Each is one graph with no break where the frame broke or ran
 eagerly before; what the trace cannot model exactly (a `with` block's __exit__, a generator)
-still runs eagerly, and an exception no traced frame catches reaches the caller as eager's."""
+still runs eagerly, and an exception no traced frame catches reaches the caller as eager's.
+Last, opcodes the same library code reaches: a set comprehension, `yield from`, `del` of a cell."""
 import os
 
 import pytest
@@ -264,3 +265,64 @@ def test_what_the_trace_does_not_model_exactly_runs_as_eager(fn, args):
     c, _ = compiled(fn)
     torch.testing.assert_close(c(x, *args), fn(x, *args))
     assert torch.is_grad_enabled()
+
+
+# -- opcodes the same library code reaches: SET_ADD, yield from, DELETE_DEREF ------------------
+
+
+def set_comprehension(x, names):
+    # transformers' ModelOutput.__setattr__ checks names against a set comprehension.
+    upper = {n.upper() for n in names if n}
+    return x * len(upper) + ("A" in upper)
+
+
+def test_set_comprehension_is_one_graph():
+    x = torch.randn(4)
+    names = ["a", "b", "a", ""]
+    fn, cnt = compiled(set_comprehension)
+    torch.testing.assert_close(fn(x, names), set_comprehension(x, names))
+    assert cnt.frame_count == 1
+    assert_one_graph_no_break(set_comprehension, x, names)
+
+
+class Bag:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        yield 0
+        done = yield from self.items  # an iterator's `yield from` is None
+        yield from (done is None,)
+
+
+def delegating_iter(x):
+    return x + sum(Bag([1, 2])), list(Bag((3,)))
+
+
+def test_yield_from_in_an_inlined_iter_is_one_graph():
+    x = torch.randn(4)
+    fn, cnt = compiled(delegating_iter)
+    got, want = fn(x), delegating_iter(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] == [0, 3, True]
+    assert cnt.frame_count == 1
+    assert_one_graph_no_break(delegating_iter, x)
+
+
+def deleted_cell(x):
+    y = x + 1
+    get = lambda: y * 2  # noqa: E731
+    z = get()
+    del y  # DELETE_DEREF: `y` is a cell the lambda closes over
+    return z, get
+
+
+def test_del_of_a_cell_variable_is_one_graph_and_empties_the_cell():
+    x = torch.randn(4)
+    fn, cnt = compiled(deleted_cell)
+    z, get = fn(x)
+    torch.testing.assert_close(z, deleted_cell(x)[0])
+    with pytest.raises(NameError):  # as eager's: the rebuilt function's cell is empty
+        get()
+    assert cnt.frame_count == 1
+    assert_one_graph_no_break(deleted_cell, x)
