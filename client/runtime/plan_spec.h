@@ -28,6 +28,7 @@ enum class WireDType : int32_t {
   kBool = 10,
   kComplex64 = 11,
   kComplex128 = 12,
+  kUInt64 = 13,
 };
 enum class WireDeviceKind : int32_t { kUnspecified = 0, kCpu = 1, kCuda = 2 };
 enum class WireMemoryFormat : int32_t {

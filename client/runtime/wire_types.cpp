@@ -31,6 +31,8 @@ std::optional<c10::ScalarType> ScalarTypeOf(WireDType dtype) {
       return c10::ScalarType::ComplexFloat;
     case WireDType::kComplex128:
       return c10::ScalarType::ComplexDouble;
+    case WireDType::kUInt64:
+      return c10::ScalarType::UInt64;
     case WireDType::kUnspecified:
       break;
   }

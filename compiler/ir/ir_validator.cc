@@ -186,6 +186,7 @@ int ElementSize(kiln::v1::DType dtype) {
       return 4;
     case kiln::v1::DTYPE_FLOAT64:
     case kiln::v1::DTYPE_INT64:
+    case kiln::v1::DTYPE_UINT64:
     case kiln::v1::DTYPE_COMPLEX64:
       return 8;
     case kiln::v1::DTYPE_COMPLEX128:

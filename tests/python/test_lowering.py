@@ -528,13 +528,32 @@ def test_a_fused_attention_kernel_in_a_gpu_trace_lowers_to_aten_attention(kind, 
 def test_a_fused_attention_kernel_whose_other_results_matter_is_not_rewritten(variant,
                                                                                 monkeypatch):
     # The log-sum-exp read, or dropout's random state: not what scaled_dot_product_attention
-    # returns; a mask with the causal flag: what it refuses. The kernel stays as it is (an op
-    # kilnd refuses: the graph runs eagerly) rather than being computed otherwise.
+    # returns; a mask with the causal flag: what it refuses. The kernel stays as it is (a library
+    # call of the plan) rather than being computed otherwise.
     args = fake_cuda_attention_inputs(monkeypatch)
     lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention("efficient", **variant)), args)
     ops = [n.op for n in lo.graph.nodes]
     assert "aten::_scaled_dot_product_efficient_attention" in ops
     assert "aten::scaled_dot_product_attention" not in ops
+
+
+@pytest.mark.parametrize("kind", ["cudnn", "efficient", "flash"])
+def test_a_training_graphs_fused_attention_lowers_with_every_tensor_result(kind, monkeypatch):
+    # AOT autograd's forward graph of attention on a GPU keeps the kernel: its log-sum-exp and
+    # random state are saved for the backward. Each tensor result is a value (the flash kernel's
+    # seed and offset uint64 ones), its int sizes none.
+    args = fake_cuda_attention_inputs(monkeypatch)
+    lo = lowering.lower(torch.fx.symbolic_trace(FusedAttention(kind, read_logsumexp=True)), args)
+    node = lo.graph.nodes[0]
+    schema = getattr(aten, f"_scaled_dot_product_{kind}_attention").default._schema
+    tensors = [r for r in schema.returns if isinstance(r.type, torch.TensorType)]
+    assert node.op == schema.name and len(node.outputs) == len(tensors)
+    assert len(tensors) < len(schema.returns) or kind == "efficient"  # sizes are no value
+    dtypes = {protocol.messages().graph.DType.Name(o.meta.dtype) for o in node.outputs}
+    if kind == "flash":
+        assert "DTYPE_UINT64" in dtypes
+    declared = {s.op: s for s in lo.graph.schemas}[node.op]
+    assert "nondeterministic_seeded" in declared.tags
 
 
 def _bn_inputs(device, dtype, layout, affine=True):

@@ -28,6 +28,7 @@ using kiln::testing::FromProto;
 
 static_assert(static_cast<int>(WireDType::kBFloat16) == kiln::v1::DTYPE_BFLOAT16);
 static_assert(static_cast<int>(WireDType::kComplex128) == kiln::v1::DTYPE_COMPLEX128);
+static_assert(static_cast<int>(WireDType::kUInt64) == kiln::v1::DTYPE_UINT64);
 static_assert(static_cast<int>(WireDeviceKind::kCuda) == kiln::v1::DEVICE_KIND_CUDA);
 static_assert(static_cast<int>(WireMemoryFormat::kChannelsLast3d) ==
               kiln::v1::MEMORY_FORMAT_CHANNELS_LAST_3D);
