@@ -425,3 +425,25 @@ def test_a_namedtuple_made_in_the_frame():
     want = f(x, x)
     torch.testing.assert_close(got[0], want[0])
     assert type(got[1]) is point and got[1].c == 7
+
+
+def test_functools_partial_from_outside_and_made_in_the_frame():
+    # transformers' GELUTanh: self.act = functools.partial(F.gelu, approximate="tanh").
+    import functools
+
+    act = functools.partial(torch.nn.functional.gelu, approximate="tanh")
+
+    def scale(x, k, shift=0.0):
+        return x * k + shift
+
+    def f(x):
+        twice = functools.partial(scale, k=2.0)
+        return act(x) + twice(x, shift=1.0), twice
+
+    x = torch.randn(4)
+    _one_graph(lambda x: f(x)[0], x)
+    got = kiln.compile(f, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(got[0], f(x)[0])
+    assert isinstance(got[1], functools.partial) and got[1](x, shift=0.0).equal(x * 2.0)
+    act.keywords["approximate"] = "none"  # a partial's keywords are guarded
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x)[0], f(x)[0])

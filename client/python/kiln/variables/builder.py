@@ -3,6 +3,7 @@ trace valid for the next call; and wrapping the results of graph ops."""
 import builtins
 import collections
 import enum
+import functools
 import types
 
 import torch
@@ -16,7 +17,7 @@ from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        ResumeIterator, ResumeIteratorVariable, TupleVariable)
 from kiln.variables.functions import (FrameRegionVariable, OpaqueCallableVariable,
-                                      UserFunctionVariable, UserMethodVariable)
+                                      PartialVariable, UserFunctionVariable, UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
@@ -106,6 +107,14 @@ def wrap(tx, value, source, guard: bool = True):
         if _is_modelled_builtin(value):  # Python-level functions run at trace time
             return BuiltinVariable(value, source)
         return UserFunctionVariable(value, source)
+    if type(value) is functools.partial and source is not None:
+        if not all(isinstance(k, str) for k in value.keywords):
+            raise Unsupported("a functools.partial with keywords that are not names")
+        add("TYPE_MATCH", functools.partial)
+        return PartialVariable(wrap(tx, value.func, AttrSource(source, "func"), guard),
+                               wrap(tx, value.args, AttrSource(source, "args"), guard).items,
+                               wrap(tx, value.keywords, AttrSource(source, "keywords"),
+                                    guard).items, source)
     if type(value) is _C.FrameRegion:
         add("ID_MATCH", value)
         return FrameRegionVariable(value, source)

@@ -462,6 +462,12 @@ def _reduce(tx, fn, iterable, *initial):
     return acc
 
 
+def _partial(tx, func, *args, **keywords):
+    from kiln.variables.functions import PartialVariable
+
+    return PartialVariable(func, args, keywords)
+
+
 def _iter(tx, obj):
     return ListIteratorVariable.of(tx, obj)
 
@@ -551,6 +557,7 @@ _HANDLERS = {
     itertools.starmap: _starmap,
     itertools.chain: _chain,
     functools.reduce: _reduce,
+    functools.partial: _partial,
 }
 
 _PURE_BUILTINS = {int, float, str, repr, round, divmod, pow, range, chr, ord, hex, oct, bin,

@@ -1,4 +1,5 @@
 """Python functions the executor inlines, and bound methods of values it models itself."""
+import functools
 import types
 
 import torch
@@ -344,3 +345,43 @@ class FrameRegionVariable(VariableTracker):
 
     def __repr__(self):
         return f"FrameRegionVariable({getattr(self.region.fn, '__qualname__', '?')})"
+
+
+class PartialVariable(VariableTracker):
+    """functools.partial(func, *args, **keywords): read from outside the frame (its func, args
+    and keywords each guarded where they were read) or made in it; a call is func's with the
+    stored arguments first."""
+
+    def __init__(self, func, args, keywords, source=None):
+        super().__init__(source)
+        self.func = func  # trackers
+        self.args = list(args)
+        self.keywords = dict(keywords)
+        self.fresh_object = source is None
+
+    def python_type(self):
+        return functools.partial
+
+    def identity(self, tx):
+        if self.fresh_object:
+            return self
+        raise Unsupported("identity of a functools.partial from outside the frame")
+
+    def call_function(self, tx, args, kwargs):
+        return self.func.call_function(tx, [*self.args, *args], {**self.keywords, **kwargs})
+
+    def var_getattr(self, tx, name):
+        if name == "func":
+            return self.func
+        raise Unsupported(f"attribute {name!r} of a functools.partial")
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        args = "".join(f", {codegen(a)}" for a in self.args)
+        kw = "".join(f", {k}={codegen(v)}" for k, v in self.keywords.items())
+        return codegen.temp(self, lambda: f"{codegen.constant(functools.partial)}("
+                                          f"{codegen(self.func)}{args}{kw})")
+
+    def __repr__(self):
+        return f"PartialVariable({self.func})"
