@@ -447,3 +447,15 @@ def test_functools_partial_from_outside_and_made_in_the_frame():
     assert isinstance(got[1], functools.partial) and got[1](x, shift=0.0).equal(x * 2.0)
     act.keywords["approximate"] = "none"  # a partial's keywords are guarded
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x)[0], f(x)[0])
+
+
+def test_a_slice_argument_is_a_guarded_constant():
+    def f(items, i, t):
+        return items[i] + [100], t[i]
+
+    x = torch.randn(5)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for sl in (slice(0, 2), slice(1, 4), slice(None, None, 2)):
+        got, want = compiled(list(range(5)), sl, x), f(list(range(5)), sl, x)
+        assert got[0] == want[0]
+        torch.testing.assert_close(got[1], want[1])

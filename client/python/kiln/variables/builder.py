@@ -53,8 +53,10 @@ def wrap(tx, value, source, guard: bool = True):
     if type(value) is torch.Size:
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
-    if type(value) is range:  # immutable: its three numbers say all
-        add("TYPE_MATCH", range)
+    if type(value) in (range, slice) and all(
+            v is None or is_guardable_constant(v) for v in (value.start, value.stop, value.step)):
+        # Immutable: their three parts say all.
+        add("TYPE_MATCH", type(value))
         if g:
             for part in ("start", "stop", "step"):
                 out.guards.add(AttrSource(source, part), "CONSTANT_MATCH", getattr(value, part))
