@@ -31,6 +31,7 @@ std::shared_ptr<const Host> Host::Of(const py::object& obj) {
            {&Host::apply_operator, "apply_operator"},
            {&Host::raise_exception, "raise_exception"},
            {&Host::check_attribute_error, "check_attribute_error"},
+           {&Host::enter_context, "enter_context"},
            {&Host::mark_checkpoint, "mark_checkpoint"},
            {&Host::mutation_count, "mutation_count"},
            {&Host::mutations_of, "mutations_of"},

@@ -60,9 +60,9 @@ bool Translator::OpMakeFunction(const Instruction& inst) {
 }
 
 bool Translator::OpBeforeWith(const Instruction& inst) {
-  py::object ctx = Pop();
-  Push(ctx.attr("enter")(Self()));
-  Push(Constant(py::none()));  // what __enter__ returned
+  py::tuple entered = host_->enter_context(Self(), Pop());  // (the bound __exit__, __enter__'s)
+  Push(entered[0]);
+  Push(entered[1]);
   return false;
 }
 

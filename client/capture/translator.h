@@ -34,7 +34,7 @@ struct Host {
   py::object VariableTracker, NullVariable, ConstantVariable, TupleVariable, ListVariable,
       SetVariable, ConstDictVariable, SliceVariable, ListIteratorVariable, CellVariable,
       NestedFunctionVariable, SuperVariable, ExceptionVariable;
-  py::object wrap, apply_operator, raise_exception, check_attribute_error;
+  py::object wrap, apply_operator, raise_exception, check_attribute_error, enter_context;
   py::object mark_checkpoint, mutation_count, mutations_of;
   py::object traces_into, is_torch_file, can_split;
   py::object LocalSource, GlobalSource, ClosureSource, FrameCellSource, ObjectSource, AttrSource,

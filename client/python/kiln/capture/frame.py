@@ -13,6 +13,7 @@ from kiln import _C
 from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
+from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
 from kiln.variables.tensor import ScalarVariable, TensorVariable, wrap_op_result
@@ -48,6 +49,7 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     graph_break = None
     returned = None
     grad_enabled = torch.is_grad_enabled()
+    autocast = autocast_mark()
     try:
         returned = tx.run()
     except GraphBreak as gb:
@@ -56,7 +58,10 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
         output.restore(graph_ckpt)
         mutations_of(output).restore(mutations_ckpt)
     finally:
-        torch._C._set_grad_enabled(grad_enabled)  # `with no_grad()` in the trace switched it
+        # `with no_grad()` or `with autocast()` in the trace switched them; a capture that ended
+        # inside the block left them so.
+        unwind_autocast(autocast)
+        torch._C._set_grad_enabled(grad_enabled)
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged

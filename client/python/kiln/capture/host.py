@@ -1,10 +1,10 @@
 """Everything the symbolic executor (kiln._C.Translator, client/capture/executor.cpp) uses of
 kiln's Python side, in one object handed to it when a capture starts: the errors it raises,
 the trackers it makes itself (constants, containers, NULL, cells, nested functions, raised
-exceptions), the
-tracker factory for values read from outside the frame, the operator semantics, the sources it
-builds for guards, the mutation bookkeeping of graph-break checkpoints, and which files it may
-inline. The executor imports nothing of kiln's by name: this module is where the ties show.
+exceptions), how `with` enters a value, the tracker factory for values read from outside the
+frame, the operator semantics, the sources it builds for guards, the mutation bookkeeping of
+graph-break checkpoints, and which files it may inline. The executor imports nothing of kiln's
+by name: this module is where the ties show.
 
 Everything else it asks of a value goes through the tracker protocol (kiln.variables.base)."""
 from kiln.capture.code_layout import can_split
@@ -19,6 +19,7 @@ from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListIteratorVariable, ListVariable,
                                        SetVariable, SliceVariable, TupleVariable,
                                        mark_checkpoint, mutation_count)
+from kiln.variables.ctx_manager import enter_context
 from kiln.variables.exceptions import (ExceptionVariable, check_attribute_error,
                                        raise_exception)
 from kiln.variables.functions import CellVariable, NestedFunctionVariable
@@ -54,6 +55,7 @@ class CaptureHost:
         self.apply_operator = apply_operator
         self.raise_exception = raise_exception
         self.check_attribute_error = check_attribute_error
+        self.enter_context = enter_context
         # Graph-break checkpoints: container mutations and held attribute stores.
         self.mark_checkpoint = mark_checkpoint
         self.mutation_count = mutation_count

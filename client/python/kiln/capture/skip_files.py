@@ -64,9 +64,10 @@ def is_skipped(code, func=None) -> bool:
 
 
 # Standard-library modules whose functions are pure enough to trace into (reading an enum's
-# value, typing.cast, a dataclass helper); the rest of the standard library has effects kiln
-# would lose (logging handlers, time, I/O) and is called at a graph break instead.
-_TRACEABLE_STDLIB = ("typing.py", "enum.py", "dataclasses.py", "abc.py",
+# value, typing.cast, a dataclass helper, contextlib.nullcontext's methods); the rest of the
+# standard library has effects kiln would lose (logging handlers, time, I/O) and is called at a
+# graph break instead.
+_TRACEABLE_STDLIB = ("typing.py", "enum.py", "dataclasses.py", "abc.py", "contextlib.py",
                      os.path.join("collections", "__init__.py"))
 
 

@@ -3,7 +3,7 @@ transformed code's writer (kiln/transform) may ask of a tracker, each defaulting
 Unsupported, so that a tracker says what it models by overriding and nothing probes for
 methods. Modelled on TorchDynamo's variables/base.py."""
 import contextlib
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from kiln.exc import Unsupported
 from kiln.guards.source import Source
@@ -133,8 +133,11 @@ class VariableTracker:
         """The value is an argument CPython made for this very call (*args, **kwargs): nothing
         outside the frame can see it, so the frame may mutate it."""
 
-    def enter(self, tx) -> "VariableTracker":
-        """`with value:` (BEFORE_WITH): enters, and returns the bound __exit__."""
+    def enter(self, tx) -> Tuple["VariableTracker", "VariableTracker"]:
+        """`with value:` (BEFORE_WITH): enters, and returns (the bound __exit__, what __enter__
+        returned); the block's end calls that __exit__ with three Nones. An object whose class
+        has Python __enter__ and __exit__ needs no override: the executor inlines them
+        (kiln.variables.ctx_manager.enter_context)."""
         raise Unsupported(f"`with` over {self}")
 
     # -- after the graph -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ from kiln.graph import stand_in
 from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.ctx_manager import GradModeVariable
+from kiln.variables.ctx_manager import CONTEXT_MANAGER_CLASSES, context_manager
 from kiln.variables.functions import call_marked
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
@@ -144,8 +144,8 @@ class TorchVariable(ValueVariable):
         if fn is torch.is_tensor:
             cls = args[0].python_type()
             return ConstantVariable(isinstance(cls, type) and issubclass(cls, torch.Tensor))
-        if fn in (torch.no_grad, torch.enable_grad) and not args and not kwargs:
-            return GradModeVariable(fn is torch.enable_grad)
+        if fn in CONTEXT_MANAGER_CLASSES:  # no_grad, enable_grad, autocast
+            return context_manager(tx, fn, args, kwargs)
         if isinstance(fn, type):
             return self._construct(tx, fn, args, kwargs)
         if is_graph_op(fn):

@@ -1,0 +1,212 @@
+"""`with` blocks inside the captured frame: contextlib.nullcontext, a user's class with Python
+__enter__/__exit__ (inlined, its state kept as eager keeps it), and torch.autocast recorded into
+the graph (torch.amp._enter_autocast/_exit_autocast nodes), which runs right with the "eager"
+and "aot_eager" backends and gives eager's dtypes. Each was a graph break or an eager frame."""
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+import kiln
+from kiln.backends.registry import lookup_backend
+from kiln.testing import CompileCounter
+
+
+def compiled(fn, backend=None):
+    """`fn` compiled, and a CompileCounter of its graphs (which `backend`, a registered name,
+    then compiles)."""
+    cnt = CompileCounter()
+
+    def counted(gm, example_inputs):
+        cnt(gm, example_inputs)
+        return lookup_backend(backend)(gm, example_inputs) if backend else gm.forward
+
+    return kiln.optimize(counted)(fn), cnt
+
+
+def assert_one_graph_no_break(fn, *args):
+    out = kiln.explain(fn)(*args)
+    assert out.graph_break_count == 0, [str(r) for r in out.break_reasons]
+    assert out.graph_count == 1
+    return out
+
+
+def scaled(x, scale):
+    with contextlib.nullcontext(x * scale) as y:  # enters to its argument
+        z = y + 1
+    return z
+
+
+def test_nullcontext_enters_to_its_argument_in_one_graph():
+    x = torch.randn(4)
+    fn, cnt = compiled(scaled)
+    torch.testing.assert_close(fn(x, 3), scaled(x, 3))
+    assert cnt.frame_count == 1
+    assert_one_graph_no_break(scaled, x, 3)
+
+
+class Depth:
+    """A context manager with state: how deep, how often entered."""
+
+    def __init__(self):
+        self.depth = 0
+        self.entered = 0
+
+    def __enter__(self):
+        self.depth += 1
+        self.entered += 1
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.depth -= 1
+        return False
+
+
+def in_tracker(x, tracker):
+    with tracker as t:
+        y = x * (t.depth + 1)
+        with tracker:
+            y = y + t.depth
+    return y + tracker.depth
+
+
+def test_a_user_context_manager_from_outside_keeps_its_state_as_eager():
+    x = torch.randn(4)
+    eager_tracker, tracker = Depth(), Depth()
+    fn, cnt = compiled(in_tracker)
+    for _ in range(2):
+        torch.testing.assert_close(fn(x, tracker), in_tracker(x, eager_tracker))
+    assert (tracker.depth, tracker.entered) == (eager_tracker.depth, eager_tracker.entered)
+    assert tracker.entered == 4 and tracker.depth == 0
+    assert cnt.frame_count == 2  # `entered` is an int the guards pin: the second call recompiles
+    assert_one_graph_no_break(in_tracker, x, Depth())
+
+
+def made_in_frame(x):
+    tracker = Depth()
+    with tracker:
+        y = x * tracker.depth
+    return y, tracker.entered
+
+
+def test_a_user_context_manager_made_in_the_frame():
+    x = torch.randn(4)
+    fn, cnt = compiled(made_in_frame)
+    got, want = fn(x), made_in_frame(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] == 1
+    assert_one_graph_no_break(made_in_frame, x)
+
+
+def mixed_precision(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+        # timm's efficientvit: a float32 region inside the autocast one.
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            z = y.float() @ w
+    return y, z, (y.float() + z).relu().sum()
+
+
+def test_autocast_bfloat16_on_cpu_is_recorded_into_one_graph():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    out = assert_one_graph_no_break(mixed_precision, x, w)
+    targets = [n.target for n in out.graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.amp._enter_autocast) == 2
+    assert targets.count(torch.amp._exit_autocast) == 2
+    assert not torch.is_autocast_enabled("cpu")  # capture left it as it found it
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_autocast_graph_gives_eagers_dtypes_and_values(backend):
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    fn, cnt = compiled(mixed_precision, backend)
+    got = fn(x, w)
+    want = mixed_precision(x, w)
+    assert cnt.frame_count == 1
+    assert [t.dtype for t in got] == [t.dtype for t in want] == [
+        torch.bfloat16, torch.float32, torch.float32]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e)
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def loss(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.linear(x, w).relu()
+    return y.float().square().mean()
+
+
+def test_autocast_training_step_through_aot_autograd_matches_eager():
+    x = torch.randn(8, 8)
+    w_eager = torch.randn(8, 8, requires_grad=True)
+    w = w_eager.detach().clone().requires_grad_()
+    loss(x, w_eager).backward()
+    fn, cnt = compiled(loss, "aot_eager")
+    fn(x, w).backward()
+    torch.testing.assert_close(w.grad, w_eager.grad)
+    assert cnt.frame_count == 1
+
+
+@torch.autocast("cpu", dtype=torch.bfloat16)
+def decorated(x, w):
+    return x @ w
+
+
+def calls_decorated(x, w):
+    return decorated(x, w) + 1
+
+
+def test_an_autocast_decorator_is_one_graph():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    fn, cnt = compiled(calls_decorated)
+    got, want = fn(x, w), calls_decorated(x, w)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    assert cnt.frame_count == 1
+
+
+def cpu_amp(x, w):
+    with torch.cpu.amp.autocast():  # deprecated spelling, bfloat16 by default
+        return x @ w
+
+
+def test_torch_cpu_amp_autocast_is_one_graph():
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        fn, cnt = compiled(cpu_amp)
+        assert fn(x, w).dtype == cpu_amp(x, w).dtype == torch.bfloat16
+        assert cnt.frame_count == 1
+
+
+def prints_inside(x, w):
+    y = x.relu()
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = y @ w
+        print(end="")  # not modelled, nor a break inside the block: the frame runs eagerly
+    return y
+
+
+def breaks_inside(x, w):
+    with torch.autocast("cpu", dtype=torch.float16):
+        y = helper_that_prints(x @ w)  # the inlined call's print: a break at this CALL
+    return y
+
+
+def helper_that_prints(y):
+    print(end="")
+    return y + 1
+
+
+# A guard of what stays as it was (these frames ran eagerly before too): the capture entered the
+# region while tracing and must leave it, or the eager run and every later one would cast.
+@pytest.mark.parametrize("fn", [prints_inside, breaks_inside])
+def test_a_capture_that_ends_inside_autocast_leaves_autocast_as_it_was(fn):
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    c, cnt = compiled(fn)
+    got = c(x, w)
+    assert got.dtype == fn(x, w).dtype == torch.float16
+    assert not torch.is_autocast_enabled("cpu")
+    assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    torch.testing.assert_close(c(x, w), fn(x, w))
