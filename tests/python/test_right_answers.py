@@ -860,3 +860,32 @@ def test_a_module_with_an_uninitialized_parameter_is_unsupported_not_an_internal
     with pytest.raises(kiln.exc.Unsupported):
         kiln.compile(_LazyParam(), backend="eager", fullgraph=True)(x)
     torch.testing.assert_close(kiln.compile(_LazyParam(), backend="eager")(x), x + 1)
+
+
+def _sum_items_setting_later_value(x, d):
+    out = x
+    for k, v in d.items():
+        out = out + v
+        if k == "a":
+            d["b"] = v * 100  # the items view yields b's new value later
+    return out
+
+
+def _double_values_over_keys(x, d):
+    out = x
+    for k in d:
+        d[k] = d[k] * 2  # the keys stay: eager iterates on
+        out = out + d[k]
+    return out
+
+
+@pytest.mark.parametrize("fn", [_sum_items_setting_later_value, _double_values_over_keys])
+def test_a_dict_view_iterated_while_its_dict_changes_reads_it_live(fn):
+    # dict.items() was a copy of the items when the loop began: a value assigned inside the loop
+    # to a key not reached yet was never seen (a wrong answer).
+    x = torch.zeros(2)
+    got_d = {"a": torch.ones(2), "b": torch.ones(2) * 3}
+    want_d = {k: v.clone() for k, v in got_d.items()}
+    torch.testing.assert_close(kiln.compile(fn, backend="eager")(x, got_d), fn(x, want_d))
+    for k in want_d:
+        torch.testing.assert_close(got_d[k], want_d[k])

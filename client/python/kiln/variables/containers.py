@@ -437,13 +437,18 @@ class ConstDictVariable(ContainerVariable):
         return BoundContainerMethod(self, name)
 
     def call_method(self, tx, name, args, kwargs):
-        if name == "items":
-            return ListVariable([TupleVariable([ConstantVariable(k), v])
-                                 for k, v in self.items.items()])
-        if name == "keys":
-            return ListVariable([ConstantVariable(k) for k in self.items])
-        if name == "values":
-            return ListVariable(list(self.items.values()))
+        if name in ("items", "keys", "values"):
+            if name == "items":
+                view = ListVariable([TupleVariable([ConstantVariable(k), v])
+                                     for k, v in self.items.items()])
+            elif name == "keys":
+                view = ListVariable([ConstantVariable(k) for k in self.items])
+            else:
+                view = ListVariable(list(self.items.values()))
+            # A view reads the dict live as it is iterated: the copy is iterated as long as the
+            # dict keeps its keys (and, for values and items, its values).
+            view.view_of = (self, name == "keys")
+            return view
         if name == "get":
             key = args[0].as_python_constant()
             if key in self.items:
@@ -508,20 +513,20 @@ class ListIteratorVariable(VariableTracker):
         # The containers whose items `items` copies (enumerate(lst), zip, iter(dict)), with
         # their versions then: eager's iterator reads them live (a list that grows is seen, a
         # dict that changes size raises), so a copy is only right while they are unchanged.
-        self._watch = [(c, c.version) for c in _containers_of(over)]
+        self._watch = [(c, _state_of(c, keys_only)) for c, keys_only in _containers_of(over)]
 
     @classmethod
     def of(cls, tx, obj: VariableTracker) -> "ListIteratorVariable":
         """iter(obj): an iterator is its own iterator; a list is iterated live."""
         if isinstance(obj, ListIteratorVariable):
             return obj
-        if type(obj) is ListVariable:
+        if type(obj) is ListVariable and getattr(obj, "view_of", None) is None:
             return cls([], origin=obj)
         return cls(obj.unpack(tx), over=(obj,))
 
     def _check_unchanged(self):
-        for container, version in self._watch:
-            if container.version != version:
+        for container, state in self._watch:
+            if _state_of(container, isinstance(state, tuple)) != state:
                 raise Unsupported("a container changed while an iterator over it was in use "
                                   "(eager reads it live)")
 
@@ -642,18 +647,30 @@ class ResumeIteratorVariable(ListIteratorVariable):
         return f"ResumeIteratorVariable(at {self.index} of {len(self.items)})"
 
 
-def _containers_of(values) -> List["ContainerVariable"]:
-    """The containers whose items iterating over `values` reads: themselves, or the list a live
-    list iterator reads."""
+def _containers_of(values) -> list:
+    """(container, keys_only) for each container whose items iterating over `values` reads:
+    themselves (a dict iterated over its keys, which eager reads live and refuses to go on over
+    when they change), the dict a view copied, or the list a live list iterator reads."""
     out = []
     for v in values:
-        if isinstance(v, ContainerVariable):
-            out.append(v)
+        view = getattr(v, "view_of", None)
+        if view is not None:
+            out.append(view)
+        elif isinstance(v, ConstDictVariable):
+            out.append((v, True))
+        elif isinstance(v, ContainerVariable):
+            out.append((v, False))
         elif isinstance(v, ListIteratorVariable):
-            out.extend(c for c, _ in v._watch)
+            out.extend((c, isinstance(state, tuple)) for c, state in v._watch)
             if v.origin is not None:
-                out.append(v.origin)
+                out.append((v.origin, False))
     return out
+
+
+def _state_of(container, keys_only: bool):
+    """What an iterator over `container` depends on: its keys (a dict's keys, a keys view), or
+    every mutation (its version)."""
+    return tuple(container.items) if keys_only else container.version
 
 
 def iterator_at(items: list, index: int):

@@ -8,7 +8,6 @@ from kiln import decorators
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource
-from kiln.variables import containers  # which imports this module: read at call time
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
 
@@ -385,3 +384,8 @@ class PartialVariable(VariableTracker):
 
     def __repr__(self):
         return f"PartialVariable({self.func})"
+
+
+# containers imports this module (BoundContainerMethod): imported last, whichever of the two
+# is imported first.
+from kiln.variables import containers  # noqa: E402
