@@ -12,6 +12,7 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 
 #include <algorithm>
 #include <array>
@@ -101,6 +102,9 @@ StatusOr<c10::IValue> ConvertConstant(const CallArg& a, const c10::Argument& for
   switch (a.kind) {
     case K::kNone:
       if (f.optional || kind == TK::NoneType) return c10::IValue();
+      // An undefined tensor, as autograd passes one: the backward of attention without a mask
+      // (its attn_bias is a Tensor, not a Tensor?), traced as None.
+      if (kind == TK::TensorType) return c10::IValue(at::Tensor());
       return mismatch("None");
     case K::kInt:
       if (IsIntLike(f.type)) return c10::IValue(a.i);
@@ -250,6 +254,20 @@ at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m,
 }
 
 // Whether an argument may be aliased by the op's result (a view: "Tensor(a) self").
+// Whether a call draws from the random generator: its op has torch's nondeterministic_seeded
+// tag, unless its dropout probability (attention's dropout_p) is a constant 0, as in every
+// inference call of scaled_dot_product_attention.
+bool DrawsRandomNumbers(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack) {
+  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const auto& formals = op.schema().arguments();
+  for (size_t i = 0; i < formals.size() && i < stack.size(); ++i) {
+    if (formals[i].name() == "dropout_p" && stack[i].isDouble() && stack[i].toDouble() == 0.0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 bool MayAlias(const c10::Argument& formal) {
   return formal.alias_info() != nullptr && !formal.alias_info()->isWrite();
 }
@@ -580,7 +598,8 @@ Status Plan::Builder::Steps(const std::vector<StepSpec>& specs, const char* list
       KILN_RETURN_IF_ERROR(Release(l.release, &step));
       ++plan_.num_library_calls_;
       if (plan_.first_random_step_.empty() &&
-          std::get<LibraryStep>(step.body).op.hasTag(at::Tag::nondeterministic_seeded)) {
+          DrawsRandomNumbers(std::get<LibraryStep>(step.body).op,
+                             std::get<LibraryStep>(step.body).stack)) {
         plan_.first_random_step_ = step.label;
       }
     }
@@ -703,11 +722,20 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle) return Invalid(where + ": no such operator in the dispatcher");
   const c10::FunctionSchema& schema = handle->schema();
-  if (!spec.schema.empty() && c10::toString(schema) != spec.schema) {
+  if (!spec.schema.empty()) {
     // The daemon admitted the op for the schema the graph declared: another torch's op of the
-    // same name may do something else.
-    return Invalid(where + ": the dispatcher's schema is " + c10::toString(schema) +
-                   ", the plan was made for " + spec.schema);
+    // same name may do something else. Compared as parsed schemas (torch's text of a schema
+    // parses back to it), not as text: formatting a schema through an ostream crossed into
+    // torch crashed on the CPython 3.12 + torch 2.11 host, as c10::str did.
+    std::optional<c10::FunctionSchema> declared;
+    try {
+      declared = torch::jit::parseSchema(spec.schema);
+    } catch (const c10::Error&) {
+    }
+    if (!declared || !(*declared == schema)) {
+      return Invalid(where + ": the dispatcher's schema is not the one the plan was made for, " +
+                     spec.schema);
+    }
   }
   const auto& formals = schema.arguments();
   LibraryStep step{*handle, std::vector<c10::IValue>(formals.size()), {}, {}, {}};
@@ -801,9 +829,10 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
     KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
     step.outputs.push_back(s);
   }
-  step.relayout = plan_.device_.is_cuda() && !list_return &&
-                  std::none_of(schema.returns().begin(), schema.returns().end(),
-                               [](const c10::Argument& r) { return r.alias_info() != nullptr; });
+  step.fresh_results =
+      !list_return && std::none_of(schema.returns().begin(), schema.returns().end(),
+                                   [](const c10::Argument& r) { return r.alias_info() != nullptr; });
+  step.relayout = plan_.device_.is_cuda() && step.fresh_results;
   return step;
 }
 
@@ -926,7 +955,13 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
     }
     const int s = l.outputs[next++];
     vals[s] = v.isTensor() ? v.toTensor() : at::Tensor();
-    if (l.relayout && vals[s].defined() && !HasLayout(vals[s], metas_[s])) {
+    if (l.fresh_results && vals[s].defined() && vals[s].scalar_type() != metas_[s].dtype &&
+        vals[s].layout() == at::kStrided) {
+      // A result whose real kernel and fake disagree on its dtype (CUDA's batch norm in training
+      // form returns the new running statistics in their own dtype, its fake in float32): the
+      // steps after it were traced, and planned, for the fake's, and read it cast so.
+      vals[s] = CopyWithLayout(vals[s], metas_[s], metas_[s].dtype);
+    } else if (l.relayout && vals[s].defined() && !HasLayout(vals[s], metas_[s])) {
       // A kernel whose layout the trace could not know (the attention op picks its kernel for
       // the real inputs, and its kernels lay results out differently): every reader, views and
       // plan outputs included, sees the metadata's layout.

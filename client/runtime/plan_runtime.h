@@ -170,7 +170,7 @@ class Plan {
   std::string FirstCallOf(const std::vector<std::string>& ops) const;
 
   // The label of the first step (prologue or per call) whose op draws random numbers (torch's
-  // nondeterministic_seeded tag), or "". A run of such a plan moves the generator as eager's
+  // nondeterministic_seeded tag, unless its dropout_p is a constant 0), or "". A run of such a plan moves the generator as eager's
   // does: one made ahead of the program's calls (a warm-up, a CUDA graph's capture) would shift
   // the numbers its calls draw.
   const std::string& first_random_step() const { return first_random_step_; }
@@ -207,6 +207,8 @@ class Plan {
     // Results are new tensors (no return aliases an argument) of a CUDA plan: one whose layout
     // is not its metadata's is copied into it (see RunLibrary).
     bool relayout = false;
+    // No result is a list or aliases an argument: one whose dtype is not its metadata's is cast.
+    bool fresh_results = false;
     // The schema returns numbers beside its tensors, which bind to no slot.
     bool skips_numbers = false;
   };

@@ -33,6 +33,14 @@ def train_like_eager(caplog, make_model, loss_of, batches, seed=None, rtol=1e-4,
     loss and its backward inside the compiled function) from the same weights, checking each
     step's loss and gradients and the final parameters and buffers; returns the library ops of
     the plans. With `seed`, each step draws from a generator seeded alike for both."""
+    if device == "cuda":  # TF32 would round eager's and kiln's (other) kernels apart
+        tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        try:
+            return train_like_eager(caplog, make_model, loss_of, batches, seed, rtol, atol,
+                                    "cuda:0")
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(0)
     eager = make_model().to(device)
     trained = make_model().to(device)
@@ -185,3 +193,26 @@ def test_cross_entropy_training_step_on_a_gpu_compiles_both_graphs(caplog):
     ops = train_like_eager(caplog, SmallConvNet, lambda m, x, y: F.cross_entropy(m(x), y),
                            image_batches(), device="cuda", rtol=1e-3, atol=1e-4)
     assert {"aten::nll_loss_forward", "aten::nll_loss_backward"} <= ops
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_training_on_a_gpu_keeps_the_fused_kernels(caplog, dtype):
+    # On a GPU the trace keeps the kernel scaled_dot_product_attention picked (flash for
+    # bfloat16; memory-efficient or cuDNN for float32), whose log-sum-exp, sizes and random state
+    # the backward reads: a library call with several results, some of them numbers.
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    batches = [(torch.randn(2, 64, 64).to(dtype), torch.randn(2, 64, 64).to(dtype))
+               for _ in range(2)]
+    ops = train_like_eager(caplog, lambda: AttentionBlock(dim=64, heads=2).to(dtype),
+                           lambda m, x, t: F.mse_loss(m(x).float(), t.float()), batches,
+                           device="cuda", rtol=tol, atol=tol)
+    assert [op for op in ops if "_attention" in op and op.endswith("_backward")], ops
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_dropout_on_a_gpu_draws_eagers_numbers(caplog):
+    batches = [(torch.randn(8, 12), torch.randint(0, 3, (8,))) for _ in range(3)]
+    ops = train_like_eager(caplog, DropoutMlp, lambda m, x, y: F.cross_entropy(m(x), y), batches,
+                           seed=99, device="cuda", rtol=1e-3, atol=1e-4)
+    assert "aten::native_dropout" in ops
