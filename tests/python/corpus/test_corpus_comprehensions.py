@@ -35,8 +35,7 @@ def dict_comp_of_powers(x):
     return {f"p{k}": x ** k for k in range(1, 4)}
 
 
-@corpus((3,), frames=1, xfail="kiln: a set comprehension runs the frame eagerly ('kiln cannot "
-         "rebuild NestedFunctionVariable() after the graph')")
+@corpus((3,), frames=1)
 def set_comp_of_shapes(x):
     dims = {d * 2 for d in (1, 2, 2, 3)}
     return x * len(dims)
