@@ -459,3 +459,16 @@ def test_a_slice_argument_is_a_guarded_constant():
         got, want = compiled(list(range(5)), sl, x), f(list(range(5)), sl, x)
         assert got[0] == want[0]
         torch.testing.assert_close(got[1], want[1])
+
+
+def test_dict_update_with_pairs():
+    def f(x, d):
+        out = dict(a=x)
+        out.update(d.items())
+        out.update([("c", x * 3)], e=x * 5)
+        return out
+
+    x = torch.randn(2)
+    _one_graph(lambda x, d: sum(f(x, d).values()), x, {"b": torch.ones(2)})
+    got, want = kiln.compile(f, backend="eager")(x, {"b": x}), f(x, {"b": x})
+    assert list(got) == list(want)

@@ -466,8 +466,10 @@ class ConstDictVariable(ContainerVariable):
                 other = args[0] if args else None
                 if isinstance(other, ConstDictVariable):
                     self.items.update(other.items)
-                elif other is not None:
-                    raise Unsupported("dict.update with a non-dict")
+                elif other is not None:  # an iterable of (key, value) pairs
+                    for pair in other.unpack(tx):
+                        k, v = pair.unpack(tx)
+                        self.items[k.as_python_constant()] = v
                 for k, v in kwargs.items():
                     self.items[k] = v
                 return ConstantVariable(None)
