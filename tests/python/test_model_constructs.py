@@ -472,3 +472,19 @@ def test_dict_update_with_pairs():
     _one_graph(lambda x, d: sum(f(x, d).values()), x, {"b": torch.ones(2)})
     got, want = kiln.compile(f, backend="eager")(x, {"b": x}), f(x, {"b": x})
     assert list(got) == list(want)
+
+
+def test_islice_over_containers_and_lazily_over_iterators():
+    import itertools
+
+    def f(x):
+        tmp1, tmp2 = [x + 1, x + 2], (x + 3, x + 4)
+        a, b = list(itertools.islice(itertools.chain(tmp1, tmp2), 1, 3))
+        c = list(itertools.islice([x, x * 2, x * 3, x * 4], 0, None, 2))
+        it = iter([x, x * 2, x * 3, x * 4, x * 5])
+        s = itertools.islice(it, 1, 4, 2)
+        first = next(s)
+        after = next(it)  # islice took only what it yielded from `it`
+        return a + b + sum(c) + first * 10 + after * 100
+
+    _one_graph(f, torch.randn(3))

@@ -14,7 +14,7 @@ from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker, any_tensor, constant_args
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
-                                       ListVariable, SliceVariable, TupleVariable)
+                                       ListVariable, SliceVariable, TupleVariable, note_mutation)
 from kiln.variables.tensor import ScalarVariable, TensorVariable
 
 _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
@@ -449,6 +449,61 @@ def _chain(tx, *iterables):
     return ListIteratorVariable([v for it in iterables for v in it.unpack(tx)], over=iterables)
 
 
+def _islice(tx, iterable, *bounds):
+    """itertools.islice(iterable, [start,] stop[, step]): of a list, tuple or other container
+    the items it yields; of an iterator a lazy one (_IsliceIterator)."""
+    try:
+        spec = slice(*[b.as_python_constant() for b in bounds])
+    except Unsupported:
+        raise Unsupported("islice() with bounds that are not constants") from None
+    start, stop, step = spec.start or 0, spec.stop, spec.step or 1
+    if start < 0 or (stop is not None and stop < 0) or step < 1:
+        raise Unsupported("islice() with bounds Python refuses")
+    if isinstance(iterable, ListIteratorVariable):
+        return _IsliceIterator(iterable, start, stop, step)
+    items = iterable.unpack(tx)
+    return ListIteratorVariable(items[start:stop:step], over=(iterable,))
+
+
+class _IsliceIterator(ListIteratorVariable):
+    """islice over an iterator: takes the inner iterator's items only as its own are taken, as
+    CPython's islice does (it never reads past what it yields, nor past `stop`)."""
+
+    def __init__(self, inner, start, stop, step):
+        super().__init__([])
+        self.inner, self.stop, self.step = inner, stop, step
+        self.read = 0  # items taken from `inner`
+        self.next_at = start  # index of the next item to yield
+
+    def next_item(self):
+        note_mutation(self.serial)  # its position is state, as a list iterator's
+        while self.read < self.next_at:
+            if self.inner.next_item() is None:
+                return None
+            self.read += 1
+        if self.stop is not None and self.read >= self.stop:
+            return None
+        item = self.inner.next_item()
+        if item is None:
+            return None
+        self.read += 1
+        self.next_at += self.step
+        if self.stop is not None and self.next_at > self.stop:
+            self.next_at = self.stop
+        return item
+
+    def unpack(self, tx):
+        out = []
+        item = self.next_item()
+        while item is not None:
+            out.append(item)
+            item = self.next_item()
+        return out
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported("an islice() over an iterator outliving the graph")
+
+
 def _reduce(tx, fn, iterable, *initial):
     items = iterable.unpack(tx)
     if initial:
@@ -556,6 +611,7 @@ _HANDLERS = {
     filter: _filter,
     itertools.starmap: _starmap,
     itertools.chain: _chain,
+    itertools.islice: _islice,
     functools.reduce: _reduce,
     functools.partial: _partial,
 }
