@@ -488,3 +488,17 @@ def test_islice_over_containers_and_lazily_over_iterators():
         return a + b + sum(c) + first * 10 + after * 100
 
     _one_graph(f, torch.randn(3))
+
+
+def test_membership_in_a_frozenset_of_functions():
+    funcs = frozenset([torch.add])
+
+    def fn(x, func):
+        if func in funcs:
+            x = torch.add(x, 1.0)
+        return torch.mul(x, 1.0)
+
+    x = torch.randn(1)
+    for func in (torch.add, torch.sub):
+        torch.testing.assert_close(
+            kiln.compile(fn, backend="eager", fullgraph=True)(x, func), fn(x, func))

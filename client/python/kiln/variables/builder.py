@@ -53,6 +53,10 @@ def wrap(tx, value, source, guard: bool = True):
     if type(value) is torch.Size:
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
+    if type(value) is frozenset and not any(isinstance(v, torch.Tensor) for v in value):
+        # Immutable: its identity pins its members.
+        add("ID_MATCH", value)
+        return ConstantVariable(value, source)
     if type(value) in (range, slice) and all(
             v is None or is_guardable_constant(v) for v in (value.start, value.stop, value.step)):
         # Immutable: their three parts say all.
