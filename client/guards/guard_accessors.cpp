@@ -37,7 +37,8 @@ bool Accessor::SameAs(const Accessor& other) const {
     case Access::kGlobal:
     case Access::kBuiltin:
     case Access::kAttr:
-    case Access::kItem: {
+    case Access::kItem:
+    case Access::kDictItem: {
       // 1, 1.0 and True are equal keys of a dict but different items of other mappings.
       if (arg_ == other.arg_) return true;
       if (Py_TYPE(arg_) != Py_TYPE(other.arg_)) return false;
@@ -111,6 +112,20 @@ PyObject* Accessor::Read(PyObject* parent, const Frame& frame, std::string* why)
                                                    : PyTuple_GET_ITEM(parent, i));
       }
       return ReadKey(parent, why);
+    case Access::kDictItem: {
+      if (!PyDict_Check(parent)) {
+        if (why) *why = Name() + ": expected a dict, got " + TypeName(Py_TYPE(parent));
+        return nullptr;
+      }
+      PyObject* value = PyDict_GetItemWithError(parent, arg_);
+      if (value != nullptr) return Py_NewRef(value);
+      if (PyErr_Occurred()) {
+        Failed(why);
+      } else if (why) {
+        *why = Name() + " is not in the dict";
+      }
+      return nullptr;
+    }
     case Access::kType:
       return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(parent)));
   }
@@ -137,6 +152,8 @@ std::string Accessor::Name() const {
       return "__dict__";
     case Access::kItem:
       return "item [" + Repr(arg_) + "]";
+    case Access::kDictItem:
+      return "dict item [" + Repr(arg_) + "]";
     case Access::kType:
       return "type()";
   }

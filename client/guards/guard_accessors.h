@@ -29,6 +29,7 @@ enum class Access : uint8_t {
   kAttr,
   kInstanceDict,
   kItem,
+  kDictItem,  // a dict's (or a dict subclass's) own storage, never its Python __getitem__
   kType,
 };
 

@@ -106,10 +106,13 @@ Status ParseSourceAt(PyObject* source, int depth, std::vector<Accessor>* path) {
     path->emplace_back(Access::kAttr, 0, name);
     return Status::OK();
   }
-  if (KindIs(kind, "item")) {
-    KILN_RETURN_IF_ERROR(Arity(source, 3, "('item', parent, key)"));
+  if (KindIs(kind, "item") || KindIs(kind, "dict_item")) {
+    const bool item = KindIs(kind, "item");
+    KILN_RETURN_IF_ERROR(Arity(source, 3, item ? "('item', parent, key)"
+                                               : "('dict_item', parent, key)"));
     KILN_RETURN_IF_ERROR(ParseSourceAt(PyTuple_GET_ITEM(source, 1), depth + 1, path));
-    path->emplace_back(Access::kItem, 0, Py_NewRef(PyTuple_GET_ITEM(source, 2)));
+    path->emplace_back(item ? Access::kItem : Access::kDictItem, 0,
+                       Py_NewRef(PyTuple_GET_ITEM(source, 2)));
     return Status::OK();
   }
   if (KindIs(kind, "instance_dict") || KindIs(kind, "type")) {
@@ -121,8 +124,8 @@ Status ParseSourceAt(PyObject* source, int depth, std::vector<Accessor>* path) {
   }
   return Invalid(
       "unknown source kind '" + std::string(kind) +
-      "' (expected local, global, builtin, closure, object, attr, instance_dict, item or "
-      "type)");
+      "' (expected local, global, builtin, closure, object, attr, instance_dict, item, "
+      "dict_item or type)");
 }
 
 }  // namespace

@@ -28,6 +28,8 @@ class Node;
 //   ("attr", parent, name)     getattr(parent, name)
 //   ("instance_dict", parent)  parent.__dict__, read from the object without descriptors
 //   ("item", parent, key)      parent[key]
+//   ("dict_item", parent, key) dict.__getitem__(parent, key): a dict's (or dict subclass's) own
+//                              storage, never a Python __getitem__ of its class
 //   ("type", parent)           type(parent)
 //
 // A check says what must hold of that value:

@@ -862,3 +862,19 @@ def test_ordered_dict_keys_check_leaks_no_references():
         assert g.failure_reason((longer,), frame_func) is not None
     after = [sys.getrefcount(same), sys.getrefcount(reordered), sys.getrefcount(longer)]
     assert after == before
+
+
+def test_a_dict_item_source_reads_a_dict_subclass_s_storage_without_its_getitem():
+    class Loud(dict):
+        def __getitem__(self, key):
+            raise AssertionError("the guard ran the class's __getitem__")
+
+    d = Loud(a=1)
+    m = _C.GuardManager()
+    m.add(("dict_item", ("local", 0), "a"), ("constant", 1), "d['a'] == 1")
+    assert m.check((d,), None)
+    d2 = Loud(a=2)
+    assert not m.check((d2,), None)
+    assert "2" in m.failure_reason((d2,), None)
+    assert not m.check((Loud(),), None)  # absent
+    assert not m.check(([1],), None)  # not a dict

@@ -502,3 +502,13 @@ def test_membership_in_a_frozenset_of_functions():
     for func in (torch.add, torch.sub):
         torch.testing.assert_close(
             kiln.compile(fn, backend="eager", fullgraph=True)(x, func), fn(x, func))
+
+
+def test_a_model_output_from_outside_is_read_as_its_dict():
+    generic = pytest.importorskip("transformers.utils.generic")
+    out = generic.ModelOutput(a=torch.randn(10), b=torch.randn(10), c=torch.randn(10))
+    for fn in (lambda x: x["a"] + 1, lambda x: x.a + 1, lambda x: x.to_tuple()[0] + 1,
+               lambda x: x[0] + 1, lambda x: sum(v.sum() for v in x.values()) + len(x.keys())):
+        cnt = CompileCounter()
+        torch.testing.assert_close(kiln.optimize(cnt, nopython=True)(fn)(out), fn(out))
+        assert cnt.frame_count == 1

@@ -217,6 +217,28 @@ class ItemSource(Source):
         return (self.base, type(self.key), self.key)
 
 
+class DictItemSource(Source):
+    """An item of a dict subclass's own storage (dict.__getitem__), read without the class's
+    Python __getitem__ (a ModelOutput's runs Python that reads the source again)."""
+
+    __slots__ = ("base", "key")
+
+    def __init__(self, base: Source, key):
+        self.base = base
+        self.key = key
+
+    name = property(lambda self: f"dict.__getitem__({self.base.name}, {self.key!r})")
+
+    def _guard_path(self):
+        return ("dict_item", self.base.guard_path(), self.key)
+
+    def expr(self, consts):
+        return f"{consts.ref(dict.__getitem__)}({self.base.expr(consts)}, {self.key!r})"
+
+    def _key(self):
+        return (self.base, type(self.key), self.key)
+
+
 class ModuleMemberSource(Source):
     """An nn.Module's submodule, parameter or buffer: read from its registry dict, not through
     nn.Module.__getattr__, so guards stay in C++."""

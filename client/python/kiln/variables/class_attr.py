@@ -2,6 +2,7 @@
 class-level data to guard), and stores below a class's own __setattr__: shared by the trackers
 of instances from outside the frame (objects), made in the frame (fresh_object, model_output)
 and of modules (nn_module)."""
+import collections
 import enum
 import inspect
 import types
@@ -10,8 +11,14 @@ from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource, ObjectSource
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
+from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
+                                      UserMethodVariable)
 from kiln.variables.side_effects import mutations_of
+
+
+# dict methods that only read it.
+_DICT_READS = {"keys", "values", "items", "get", "__contains__", "copy", "__len__",
+               "__getitem__"}
 
 
 def class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_source=None):
@@ -57,6 +64,12 @@ def class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_s
         return tx.wrap(static, source)
     if isinstance(static, type):
         return tx.wrap(static, None)
+    if isinstance(static, types.MethodDescriptorType) and static.__name__ in _DICT_READS and \
+            getattr(static, "__objclass__", None) in (dict, collections.OrderedDict) and \
+            hasattr(self_vt, "dict_view"):
+        # dict's own reading methods on a dict subclass from outside (a ModelOutput's
+        # .items()): over the dict's items, read and guarded as a dict's are.
+        return BoundContainerMethod(self_vt.dict_view(tx), static.__name__)
     if (isinstance(static, types.MemberDescriptorType) and self_vt is not None
             and self_vt.source is not None and hasattr(self_vt, "value") and plain_getattr(cls)):
         # A __slots__ attribute of an object from outside (dataclasses' Field.name): read and

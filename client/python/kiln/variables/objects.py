@@ -7,13 +7,13 @@ import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import (AttrSource, InstanceAttrSource, InstanceDictSource, ItemSource,
-                                TypeSource)
+from kiln.guards.source import (AttrSource, DictItemSource, InstanceAttrSource,
+                                InstanceDictSource, ItemSource, TypeSource)
 from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListVariable, NamedTupleVariable
+from kiln.variables.containers import ConstDictVariable, ListVariable, NamedTupleVariable
 from kiln.variables.exceptions import ExceptionVariable, traced_exception
 from kiln.variables.fresh_object import ObjectSetattrVariable, can_construct, construct
 from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
@@ -250,6 +250,19 @@ class UserDefinedObjectVariable(VariableTracker):
                 tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
             return tx.wrap(item, ItemSource(self.source, key))
         raise Unsupported(f"indexing a {type(self.value).__qualname__}")
+
+    def dict_view(self, tx):
+        """The items of a dict subclass from outside the frame, as a read-only dict tracker:
+        its keys guarded in its own iteration order, each value read through its item."""
+        if self.source is None or not isinstance(self.value, dict) or \
+                not all(is_guardable_constant(k) for k in self.value):
+            raise Unsupported(f"reading a {type(self.value).__qualname__} as a dict")
+        tx.output.guards.add(self.source, "DICT_KEYS", tuple(self.value))
+        view = ConstDictVariable({k: tx.wrap(dict.__getitem__(self.value, k),
+                                             DictItemSource(self.source, k))
+                                  for k in self.value}, self.source, user_type=dict)
+        view.mutable = False
+        return view
 
     def length(self, tx):
         fn = self._dunder("__len__")
