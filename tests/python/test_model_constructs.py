@@ -512,3 +512,33 @@ def test_a_model_output_from_outside_is_read_as_its_dict():
         cnt = CompileCounter()
         torch.testing.assert_close(kiln.optimize(cnt, nopython=True)(fn)(out), fn(out))
         assert cnt.frame_count == 1
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x + x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class _ByInstance(torch.nn.Module):
+    def forward(self, x):
+        return _Twice().apply(x)  # the old spelling
+
+
+class _ByStoredApply(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fn = _Twice.apply
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("module", [_ByInstance, _ByStoredApply])
+def test_autograd_function_apply_through_an_instance_or_a_stored_apply(module):
+    m = module()
+    _fullgraph(lambda x: m(x) * 3, torch.ones(2, 3))

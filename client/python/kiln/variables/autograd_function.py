@@ -109,3 +109,26 @@ class _CtxNoOp(VariableTracker):
 
     def call_function(self, tx, args, kwargs):
         return ConstantVariable(None)
+
+
+class AutogradFunctionInstanceVariable(VariableTracker):
+    """`Fn()`, an instance of a torch.autograd.Function subclass made in the frame to call its
+    apply (the old spelling): its apply is the class's."""
+
+    fresh_object = True
+
+    def __init__(self, cls, cls_source=None):
+        super().__init__(None)
+        self.cls = cls
+        self.cls_source = cls_source
+
+    def python_type(self):
+        return self.cls
+
+    def var_getattr(self, tx, name):
+        if name == "apply":
+            return AutogradFunctionApplyVariable(self.cls, self.cls_source)
+        raise Unsupported(f"attribute {name!r} of a {self.cls.__qualname__} made in the frame")
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.temp(self, lambda: f"{codegen.constant(self.cls)}()")

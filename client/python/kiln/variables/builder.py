@@ -124,6 +124,15 @@ def wrap(tx, value, source, guard: bool = True):
     if type(value) is _C.FrameRegion:
         add("ID_MATCH", value)
         return FrameRegionVariable(value, source)
+    if isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type) and \
+            issubclass(value.__self__, torch.autograd.Function) and value.__name__ == "apply":
+        # Fn.apply kept as a value (self.fn = Fn.apply): the Function's apply.
+        from kiln.variables.autograd_function import AutogradFunctionApplyVariable
+
+        self_source = AttrSource(source, "__self__") if source is not None else None
+        if self_source is not None and g:
+            out.guards.add(self_source, "ID_MATCH", value.__self__)
+        return AutogradFunctionApplyVariable(value.__self__, self_source)
     if isinstance(value, types.MethodType):
         self_source = AttrSource(source, "__self__") if source is not None else None
         obj = wrap(tx, value.__self__, self_source, guard)

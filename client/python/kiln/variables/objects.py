@@ -98,6 +98,14 @@ class UserDefinedClassVariable(VariableTracker):
         return class_attr(tx, self.cls, name, None, source, cls_source=cls_source)
 
     def call_function(self, tx, args, kwargs):
+        if issubclass(self.cls, torch.autograd.Function) and not args and not kwargs and \
+                inspect.getattr_static(self.cls, "__init__") is \
+                inspect.getattr_static(torch.autograd.Function, "__init__"):
+            # The old spelling CustomFunc().apply(x): an instance only to reach apply (its
+            # __init__ only issues a DeprecationWarning, which Python hides by default).
+            from kiln.variables.autograd_function import AutogradFunctionInstanceVariable
+
+            return AutogradFunctionInstanceVariable(self.cls, self.source)
         if _is_plain_namedtuple(self.cls):
             # The generated __new__ binds the fields (defaults applied) into a tuple of them.
             try:
