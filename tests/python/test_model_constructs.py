@@ -542,3 +542,20 @@ class _ByStoredApply(torch.nn.Module):
 def test_autograd_function_apply_through_an_instance_or_a_stored_apply(module):
     m = module()
     _fullgraph(lambda x: m(x) * 3, torch.ones(2, 3))
+
+
+def test_an_lru_cached_availability_check_is_called_once_at_capture():
+    import functools
+
+    calls = []
+
+    @functools.lru_cache
+    def is_feature_available(name="x"):
+        calls.append(name)
+        return True
+
+    def f(x):
+        return x * 2 if is_feature_available() else x
+
+    _one_graph(f, torch.randn(3))
+    assert calls == ["x"]  # called once, as eager's first call would, then cached

@@ -16,8 +16,9 @@ from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILT
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        ResumeIterator, ResumeIteratorVariable, TupleVariable)
-from kiln.variables.functions import (FrameRegionVariable, OpaqueCallableVariable,
-                                      PartialVariable, UserFunctionVariable, UserMethodVariable)
+from kiln.variables.functions import (FrameRegionVariable, LruCacheVariable,
+                                      OpaqueCallableVariable, PartialVariable,
+                                      UserFunctionVariable, UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
@@ -121,6 +122,9 @@ def wrap(tx, value, source, guard: bool = True):
                                wrap(tx, value.args, AttrSource(source, "args"), guard).items,
                                wrap(tx, value.keywords, AttrSource(source, "keywords"),
                                     guard).items, source)
+    if isinstance(value, functools._lru_cache_wrapper):
+        add("ID_MATCH", value)
+        return LruCacheVariable(value, source)
     if type(value) is _C.FrameRegion:
         add("ID_MATCH", value)
         return FrameRegionVariable(value, source)

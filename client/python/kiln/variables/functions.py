@@ -386,6 +386,39 @@ class PartialVariable(VariableTracker):
         return f"PartialVariable({self.func})"
 
 
+class LruCacheVariable(VariableTracker):
+    """A functools.lru_cache wrapper (transformers' is_torch_*_available()): called with constant
+    arguments it is called at capture, as the program's first call would call it, and what it
+    returns, a constant, is the cache's answer from then on; anything else is a graph break
+    (its function inlined would run on every call, where the cache runs it once)."""
+
+    def __init__(self, wrapper, source=None):
+        super().__init__(source)
+        self.wrapper = wrapper
+
+    def python_type(self):
+        return type(self.wrapper)
+
+    def identity(self, tx):
+        return self.wrapper
+
+    def call_function(self, tx, args, kwargs):
+        const = constant_args(args, kwargs)
+        name = getattr(self.wrapper, "__qualname__", "an lru_cache function")
+        if const is None:
+            raise Unsupported(f"call of {name} (lru_cache) with values that are not constants")
+        try:
+            result = self.wrapper(*const[0], **const[1])
+        except Exception as e:
+            raise Unsupported(f"{name} raised {type(e).__name__} at capture") from None
+        if not is_guardable_constant(result):
+            raise Unsupported(f"{name} (lru_cache) returned a {type(result).__name__}")
+        return ConstantVariable(result)
+
+    def __repr__(self):
+        return f"LruCacheVariable({getattr(self.wrapper, '__qualname__', '?')})"
+
+
 # containers imports this module (BoundContainerMethod): imported last, whichever of the two
 # is imported first.
 from kiln.variables import containers  # noqa: E402
