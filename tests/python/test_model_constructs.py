@@ -559,3 +559,12 @@ def test_an_lru_cached_availability_check_is_called_once_at_capture():
 
     _one_graph(f, torch.randn(3))
     assert calls == ["x"]  # called once, as eager's first call would, then cached
+
+
+def test_fx_tracing_flag_and_shape_as_tensor():
+    def f(x, y):
+        if torch.fx._symbolic_trace.is_fx_tracing():
+            return x - 1
+        return y + 1 + torch._shape_as_tensor(x)[0]
+
+    _one_graph(f, torch.randn(3), torch.randn(3))

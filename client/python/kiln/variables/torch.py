@@ -7,11 +7,13 @@ import sys
 import types
 
 import torch
+import torch.fx._symbolic_trace as _fx_trace
 import torch.fx.experimental.proxy_tensor  # noqa: F401  (for _is_make_fx_tracing)
 
 from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.guards.builder import is_guardable_constant
+from kiln.guards.source import AttrSource, ObjectSource
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.ctx_manager import CONTEXT_MANAGER_CLASSES, context_manager
@@ -58,6 +60,8 @@ def _folded_value(fn):
     return False, None
 
 
+_is_fx_tracing = getattr(_fx_trace, "is_fx_tracing", None)
+
 # Calls with effects outside the graph (global state, RNG seeding, printing).
 _UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
                 torch.seed, torch.use_deterministic_algorithms, torch.set_printoptions}
@@ -98,6 +102,23 @@ def is_graph_op(fn) -> bool:
         return getattr(fn, "__module__", "") in _GRAPH_OP_MODULES and \
             not fn.__name__.startswith("_")
     return False
+
+
+def _fx_tracing(tx):
+    """torch.fx's is_fx_tracing(): its thread's flag (set while symbolic_trace runs), read and
+    guarded; the warning it logs once (an lru_cache) logged as the program's first call would."""
+    tls = _fx_trace._is_fx_tracing_tls
+    holder = ObjectSource(tls, "<torch.fx tracing flag>")
+    if hasattr(tls, "flag"):
+        value = tls.flag
+        tx.output.guards.add(AttrSource(holder, "flag"), "CONSTANT_MATCH", value)
+    else:
+        value = False
+        tx.output.guards.add(holder, "NO_HASATTR", "flag")
+    warn = getattr(_fx_trace, "is_fx_tracing_warning", None)
+    if callable(warn):
+        warn()
+    return ConstantVariable(bool(value))
 
 
 def _refuse_machine_question(value, called: bool) -> None:
@@ -144,6 +165,14 @@ class TorchVariable(ValueVariable):
         if fn is torch.is_tensor:
             cls = args[0].python_type()
             return ConstantVariable(isinstance(cls, type) and issubclass(cls, torch.Tensor))
+        if fn is torch._shape_as_tensor and len(args) == 1 and not kwargs and \
+                hasattr(args[0], "example"):
+            # A tensor of the sizes, which are constants under static shapes.
+            shape = ConstantVariable(list(args[0].example.shape))
+            return tx.output.call("call_function", torch.tensor, (shape,),
+                                  {"dtype": ConstantVariable(torch.int64)})
+        if fn is _is_fx_tracing and getattr(_fx_trace, "_is_fx_tracing_tls", None) is not None:
+            return _fx_tracing(tx)
         if fn in CONTEXT_MANAGER_CLASSES:  # no_grad, enable_grad, autocast
             return context_manager(tx, fn, args, kwargs)
         if isinstance(fn, type):
