@@ -210,3 +210,26 @@ def test_a_capture_that_ends_inside_autocast_leaves_autocast_as_it_was(fn):
     assert not torch.is_autocast_enabled("cpu")
     assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     torch.testing.assert_close(c(x, w), fn(x, w))
+
+
+def test_set_grad_enabled_as_a_context_manager_and_as_a_plain_call():
+    def in_with(x):
+        with torch.set_grad_enabled(False):
+            y = x * 2
+        z = y + x
+        return y.requires_grad, z.requires_grad, z
+
+    def plain(x):  # leaves grad mode off after the frame: kiln runs the frame as written
+        torch.set_grad_enabled(False)
+        return x * 2
+
+    x = torch.randn(3, requires_grad=True)
+    got = kiln.compile(in_with, backend="eager", fullgraph=True)(x)
+    want = in_with(x)
+    assert got[:2] == want[:2]
+    torch.testing.assert_close(got[2], want[2])
+    try:
+        out = kiln.compile(plain, backend="eager")(x)
+        assert not out.requires_grad and not torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(True)

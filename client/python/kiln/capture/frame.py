@@ -13,7 +13,8 @@ from kiln import _C
 from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
-from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
+from kiln.exc import Unsupported
+from kiln.variables.ctx_manager import autocast_mark, unentered_grad_switches, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
 from kiln.variables.tensor import ScalarVariable, TensorVariable, wrap_op_result
@@ -62,6 +63,9 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
         # inside the block left them so.
         unwind_autocast(autocast)
         torch._C._set_grad_enabled(grad_enabled)
+    if unentered_grad_switches(output):
+        raise Unsupported("torch.set_grad_enabled called outside a `with` (the mode it leaves "
+                          "after the frame is not replayed)")
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged

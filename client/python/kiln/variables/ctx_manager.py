@@ -66,6 +66,8 @@ def context_manager(tx, cls, args, kwargs) -> VariableTracker:
         if args or kwargs:
             raise Unsupported(f"torch.{cls.__name__} with arguments")
         return GradModeVariable(cls is torch.enable_grad)
+    if cls is torch.set_grad_enabled:
+        return SetGradEnabledVariable.construct(tx, args, kwargs)
     return AutocastVariable.construct(tx, cls, args, kwargs)
 
 
@@ -98,6 +100,46 @@ class GradModeExitVariable(VariableTracker):
         return ConstantVariable(None)
 
 
+class SetGradEnabledVariable(VariableTracker):
+    """torch.set_grad_enabled(mode): switches grad mode when made, as its constructor does, and
+    as a context manager restores the mode it found on exit. Only its `with` form is modelled:
+    made but never entered, it leaves the mode switched after the frame, which the transformed
+    code does not replay (capture_frame refuses the frame, see unentered_grad_switches)."""
+
+    def __init__(self, prior: bool):
+        super().__init__(None)
+        self.prior = prior
+
+    @classmethod
+    def construct(cls, tx, args, kwargs):
+        const = constant_args(args, kwargs)
+        if const is None or len(const[0]) + len(const[1]) != 1:
+            raise Unsupported("torch.set_grad_enabled with other than one constant argument")
+        mode = bool((const[0] or list(const[1].values()))[0])
+        made = cls(torch.is_grad_enabled())
+        _set_grad(tx, mode)
+        _unentered(tx.output).add(made)
+        return made
+
+    def python_type(self):
+        return torch.set_grad_enabled
+
+    def enter(self, tx):
+        _unentered(tx.output).discard(self)
+        return GradModeExitVariable(self.prior), ConstantVariable(None)
+
+
+def _unentered(output) -> set:
+    if not hasattr(output, "unentered_grad_switches"):
+        output.unentered_grad_switches = set()
+    return output.unentered_grad_switches
+
+
+def unentered_grad_switches(output) -> bool:
+    """Whether the capture made a torch.set_grad_enabled it never entered in a `with`."""
+    return bool(getattr(output, "unentered_grad_switches", None))
+
+
 def _set_grad(tx, enabled: bool):
     tx.output.call("call_function", torch._C._set_grad_enabled, (ConstantVariable(enabled),), {})
 
@@ -109,7 +151,8 @@ def _set_grad(tx, enabled: bool):
 _AUTOCAST_CLASSES = {torch.amp.autocast: None, torch.cpu.amp.autocast: "cpu",
                      torch.cuda.amp.autocast: "cuda"}
 
-CONTEXT_MANAGER_CLASSES = frozenset({torch.no_grad, torch.enable_grad, *_AUTOCAST_CLASSES})
+CONTEXT_MANAGER_CLASSES = frozenset({torch.no_grad, torch.enable_grad, torch.set_grad_enabled,
+                                     *_AUTOCAST_CLASSES})
 
 
 class AutocastVariable(VariableTracker):

@@ -63,7 +63,7 @@ def _folded_value(fn):
 _is_fx_tracing = getattr(_fx_trace, "is_fx_tracing", None)
 
 # Calls with effects outside the graph (global state, RNG seeding, printing).
-_UNSUPPORTED = {torch.manual_seed, torch.set_grad_enabled, torch.set_default_dtype,
+_UNSUPPORTED = {torch.manual_seed, torch.set_default_dtype,
                 torch.seed, torch.use_deterministic_algorithms, torch.set_printoptions}
 
 
