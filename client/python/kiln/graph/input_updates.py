@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln.graph.ir import LoweringError, _bound_arguments
+from kiln.graph.aten_nodes import LoweringError, _bound_arguments
 
 aten = torch.ops.aten
 

@@ -9,22 +9,13 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from kiln.graph.aten_nodes import LoweringError, _bound_arguments  # noqa: F401
+
 aten = torch.ops.aten
-
-
-class LoweringError(Exception):
-    """The graph uses something the kiln.v1 IR cannot express (the graph then runs eagerly)."""
 
 
 def _contiguous(shape) -> Tuple[int, ...]:
     return tuple(torch._prims_common.make_contiguous_strides_for(tuple(shape)))
-
-
-def _bound_arguments(node: torch.fx.Node) -> dict:
-    """Every argument of an ATen op's call node by its schema's names, defaults filled in."""
-    return {a.name: (node.args[i] if i < len(node.args) else
-                     node.kwargs.get(a.name, a.default_value))
-            for i, a in enumerate(node.target._schema.arguments)}
 
 
 # kiln's ops that are aten's under another name (lowering's _attention_op and _metadata_ops): the
@@ -32,6 +23,13 @@ def _bound_arguments(node: torch.fx.Node) -> dict:
 _AS_ATEN = {"kiln::attention": ("scaled_dot_product_attention", "default"),
             "kiln::batch_norm_eval": ("_native_batch_norm_legit_no_training", "default"),
             "kiln::hardswish": ("hardswish", "default")}
+
+
+def _layer_norm_stats_dtype(input) -> torch.dtype:
+    """The dtype of layer norm's mean and rstd as lowering's _layer_norm_as_traced computes them."""
+    if input.device.type in ("cpu", "mtia"):
+        return input.dtype
+    return torch.float32
 
 
 def _pb():
@@ -287,8 +285,6 @@ class _Builder:
             if x.dtype != f32:
                 out, = self.call(aten._to_copy.default, (out,), {"dtype": x.dtype},
                                  [_Meta.contiguous(x.shape, x.dtype, x.device)])
-        from kiln.graph.lowering import _layer_norm_stats_dtype
-
         if _layer_norm_stats_dtype(x) != f32:
             low = _Meta.contiguous(stats.shape, x.dtype, x.device)
             if 1 in used:

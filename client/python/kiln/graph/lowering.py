@@ -20,9 +20,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.graph import input_updates
 # The IR half of the lowering; its public names are also this module's.
-from kiln.graph.ir import (LoweringError, _bound_arguments, _contiguous, device_from_pb,  # noqa: F401
-                           dtype_from_pb, dtype_to_pb, memory_format_from_pb, meta_to_pb, op_name,
-                           to_ir)
+from kiln.graph.ir import (LoweringError, _bound_arguments, _contiguous,  # noqa: F401
+                           _layer_norm_stats_dtype, device_from_pb, dtype_from_pb, dtype_to_pb,
+                           memory_format_from_pb, meta_to_pb, op_name, to_ir)
 
 aten = torch.ops.aten
 
@@ -381,13 +381,6 @@ def _layer_norm_simple(input) -> bool:
     for `input` (which that function's own checks let through: contiguous, of a float dtype
     its parameters share): a non-empty one."""
     return input.is_contiguous() and input.numel() > 0
-
-
-def _layer_norm_stats_dtype(input) -> torch.dtype:
-    """The dtype of layer norm's mean and rstd as _layer_norm_as_traced computes them."""
-    if input.device.type in ("cpu", "mtia"):
-        return input.dtype
-    return torch.float32
 
 
 def _layer_norm_fake(input, normalized_shape, weight, bias, eps):

@@ -229,3 +229,18 @@ def constant_args(args, kwargs):
 
 def any_tensor(values) -> bool:
     return any(v.contains_tensor() for v in values)
+
+
+class BoundContainerMethod(VariableTracker):
+    """A method of a list/tuple/dict tracker, modelled by the tracker's call_method."""
+
+    def __init__(self, obj: VariableTracker, name: str):
+        super().__init__(None)
+        self.obj = obj
+        self.name = name
+
+    def call_function(self, tx, args, kwargs):
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen(self.obj)}.{self.name}"

@@ -10,9 +10,9 @@ import types
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource, ObjectSource
+from kiln.variables.base import BoundContainerMethod
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
-                                      UserMethodVariable)
+from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 from kiln.variables.side_effects import mutations_of
 
 

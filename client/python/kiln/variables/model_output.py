@@ -20,7 +20,7 @@ from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import class_attr
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListVariable, TupleVariable, new_serial, note_mutation
-from kiln.variables.functions import BoundContainerMethod
+from kiln.variables.base import BoundContainerMethod
 from kiln.variables.tensor import TensorVariable
 
 # What @dataclass (with its default options) writes into a class's namespace.

@@ -9,15 +9,14 @@ from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, DictItemSource, InstanceAttrSource,
                                 InstanceDictSource, ItemSource, TypeSource)
-from kiln.variables.base import VariableTracker
+from kiln.variables.base import BoundContainerMethod, VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ConstDictVariable, ListVariable, NamedTupleVariable
 from kiln.variables.exceptions import ExceptionVariable, traced_exception
 from kiln.variables.fresh_object import ObjectSetattrVariable, can_construct, construct
-from kiln.variables.functions import (BoundContainerMethod, UserFunctionVariable,
-                                      UserMethodVariable)
+from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 from kiln.variables.model_output import ModelOutputVariable, is_model_output_class
 from kiln.variables.nn_module import construct_module
 from kiln.variables.side_effects import mutations_of

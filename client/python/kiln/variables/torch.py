@@ -17,7 +17,7 @@ from kiln.guards.source import AttrSource, ObjectSource
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.ctx_manager import CONTEXT_MANAGER_CLASSES, context_manager
-from kiln.variables.functions import call_marked
+from kiln.variables.marked_calls import call_marked
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
 _GRAPH_OP_MODULES = ("torch.nn.functional", "torch.functional", "torch", "torch._tensor",
