@@ -436,3 +436,54 @@ def test_a_list_that_grows_while_enumerate_iterates_it_gives_eagers_answer(with_
     got, want = [1.0, 2.0], [1.0, 2.0]
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x, got), f(x, want))
     assert got == want
+
+
+def _resume_functions(entries):
+    return {c for e in entries for c in (e.info.resume_codes or ())}
+
+
+def test_a_loop_whose_every_turn_breaks_shares_its_resume_functions():
+    # A break in a resume function made a resume function of that resume function: a new code
+    # per turn of the loop (torchvision's batched NMS: one per class, hundreds of graphs). It
+    # continues in the resume function of the original code at the same place, so every turn
+    # after the first is an entry of one resume function.
+    torch.manual_seed(0)
+    layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(6))
+
+    def f(x, blocks):
+        for block in blocks:
+            x = _break_here(block(x))
+        return x
+
+    x = torch.randn(4)
+    cnt = CompileCounter()
+    compiled = kiln.optimize(cnt)(f)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, layers), f(x, layers))
+    assert cnt.frame_count == 6  # one graph per turn, none again on the second call
+    first = _resume_functions(kiln.debug.cache_entries(f))
+    assert len(first) == 1
+    (resume,) = first
+    entries = kiln.debug.cache_entries(resume)
+    # Turns 2-6 and the loop's exit (no op: an entry all the same, not a skipped code).
+    assert len(entries) == 6
+    assert _resume_functions(entries) == {resume}
+
+
+def test_a_local_dead_after_a_break_is_not_passed_to_the_resume_function():
+    # `k` is never read after the break: the resume function does not take it, so it neither
+    # guards its value nor recompiles when it changes.
+    def f(x, items):
+        k = len(items)
+        y = x * k
+        y = _break_here(y)
+        return y + 1
+
+    x = torch.randn(3)
+    compiled = kiln.optimize(CompileCounter())(f)
+    for n in (1, 2, 3):
+        torch.testing.assert_close(compiled(x, [0] * n), f(x, [0] * n))
+    (resume,) = _resume_functions(kiln.debug.cache_entries(f))
+    entries = kiln.debug.cache_entries(resume)
+    assert len(entries) == 1
+    assert [g for g in entries[0].guards if "L['k']" in g] == ["L['k'] CONSTANT_MATCH None"]

@@ -17,6 +17,7 @@ from kiln.graph import stand_in
 from kiln.graph.output_graph import realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
+from kiln.transform.resume import resume_origin
 from kiln.variables.side_effects import replay_statements, stores_named
 
 log = logging.getLogger("kiln")
@@ -43,9 +44,11 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     consts = ConstTable()
     op_count = output.count_calls()
     if (op_count == 0 and capture.graph_break is None and not fullgraph
-            and not output.attribute_stores and not output.container_stores):
+            and not output.attribute_stores and not output.container_stores
+            and resume_origin(code)[0] is code):
         # A config's __getattribute__, a dataclass's __setattr__: an entry per argument value
-        # would only fill the cache up to its limit.
+        # would only fill the cache up to its limit. Not a resume function: every break at
+        # one place shares it (the last turn of a loop that breaks has no op, the others do).
         raise NothingToCompile(f"{code.co_qualname} runs no torch op: left to Python")
     graph_break = capture.graph_break
     # Values read from sources are read once, before anything the transformed code runs that

@@ -804,8 +804,9 @@ _UNBOUND = object()
 def _resume(code, func, recipe: list):
     """The resume function a record's recipe names, made again from the live code: the same
     code object as the capturing process made, so its own stored capture is found by its key."""
-    from kiln.transform.resume import ResumeRecipe, resume_function
+    from kiln.transform.resume import ResumeRecipe, resume_function, resume_origin
 
+    code = resume_origin(code)[0]  # a resume function's breaks continue its origin's code
     offset, is_null, unbound, name = recipe
     if not (type(offset) is int and type(name) is str and name.startswith("__resume_at_") and
             all(type(b) is bool for b in is_null) and all(type(u) is str for u in unbound)):

@@ -191,7 +191,21 @@ def break_inside_no_grad_block_runs_frame_eagerly(x):
 
 
 @corpus((4,), frames=1, breaks=1)
-def break_in_frame_with_closure_runs_eagerly_callee_captured(x):
+def break_in_frame_with_a_live_closure_runs_eagerly_callee_captured(x):
+    scale = 2.0
+
+    def inner(v):
+        return v * scale
+
+    y = inner(x)
+    print("corpus: closure frame")
+    return inner(y) + 1
+
+
+@corpus((4,), frames=2, breaks=1)
+def break_in_frame_with_a_dead_closure_resumes_without_it(x):
+    # `inner` is never read after the break: the resume function does not take it, so the
+    # closure the capture cannot rebuild does not stop the frame from splitting.
     scale = 2.0
 
     def inner(v):

@@ -3,8 +3,10 @@ capture could not model runs in Python, then a resume function continues the fra
 import itertools
 import weakref
 
+from kiln.capture.code_layout import live_locals
 from kiln.exc import Unsupported
-from kiln.transform.resume import ResumeRecipe, resume_function, resume_params, with_cells
+from kiln.transform.resume import (ResumeRecipe, resume_function, resume_origin, resume_params,
+                                   with_cells)
 
 _resume_ids = itertools.count(1)
 # The resume functions made for each code: a break at the same place with the same stack layout
@@ -15,20 +17,27 @@ _resumes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def break_body(func, code, gb, rebuild, consts):
     """Statements that finish the frame after its graph: run the breaking instruction in
-    Python, then return what a resume function computes from there."""
+    Python, then return what a resume function computes from there. In a resume function, the
+    rest is a resume function of the code that one continues (resume_origin): the stack values
+    it took as parameters are dead locals by now."""
     inst = gb.inst
     ckpt = gb.checkpoint
     stack = list(ckpt.stack)
+    code, shift = resume_origin(code)
     varnames = resume_params(code)  # cell variables are the frame's locals too
-    unbound = [n for n in varnames if n not in ckpt.locals]
-    local_exprs = [rebuild(ckpt.locals[n]) if n in ckpt.locals else "None" for n in varnames]
     next_offset = inst.next_offset
     body = []
     resumes = []
 
     def resume_call(target_offset, stack_vts):
-        """A call of a new resume function; `stack_vts` holds trackers, or expressions (str)."""
+        """A call of a new resume function; `stack_vts` holds trackers, or expressions (str).
+        It takes the locals live there (a dead one is unbound: not rebuilt, not guarded)."""
         is_null = [not isinstance(v, str) and v.is_null for v in stack_vts]
+        target_offset -= shift
+        live = live_locals(code, target_offset)
+        unbound = [n for n in varnames if n not in ckpt.locals or
+                   (n not in live and n not in code.co_cellvars)]
+        local_exprs = ["None" if n in unbound else rebuild(ckpt.locals[n]) for n in varnames]
         made = _resumes.setdefault(code, {})
         key = (target_offset, tuple(is_null), tuple(unbound), id(func.__globals__))
         fn = made.get(key)

@@ -16,12 +16,17 @@ prologue.
 """
 import dis
 import types
-from typing import NamedTuple, Sequence
+import weakref
+from typing import NamedTuple, Sequence, Tuple
 
 from kiln.capture.code_layout import parse_exception_table
 
 _OP = dis.opmap
 _NO_LOCATION = 15  # line table entry code: no source position
+
+# Each resume code made -> (the code it continues, the bytes its prologue adds before that
+# code's body).
+_origins: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _emit(out: bytearray, opname: str, arg: int = 0):
@@ -172,7 +177,17 @@ def resume_function(code: types.CodeType, globals_: dict, recipe: ResumeRecipe):
     closure = tuple(types.CellType() for _ in rcode.co_freevars) or None
     fn = types.FunctionType(rcode, globals_, recipe.name, None, closure)
     fn.__kiln_resume__ = recipe
+    _origins[rcode] = (code, len(rcode.co_code) - len(code.co_code))
     return fn
+
+
+def resume_origin(code: types.CodeType) -> Tuple[types.CodeType, int]:
+    """(the code `code` continues, how many bytes later its body starts in `code`): for a
+    resume code, the code it was made from (never itself a resume code), else (code, 0). A break
+    in a resume function continues in a resume function of that code, at the same place in its
+    body: a loop whose every iteration breaks runs the same few resume functions, however many
+    times it turns, as TorchDynamo's ContinueExecutionCache does."""
+    return _origins.get(code, (code, 0))
 
 
 def with_cells(resume, cells_of):
