@@ -28,6 +28,7 @@ bool Accessor::SameAs(const Accessor& other) const {
     case Access::kRoot:
     case Access::kInstanceDict:
     case Access::kType:
+    case Access::kWeakRef:
       return true;
     case Access::kLocal:
     case Access::kClosure:
@@ -128,6 +129,13 @@ PyObject* Accessor::Read(PyObject* parent, const Frame& frame, std::string* why)
     }
     case Access::kType:
       return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(parent)));
+    case Access::kWeakRef:
+      // Only weakref.ref itself: a subclass may override __call__.
+      if (!PyWeakref_CheckRefExact(parent)) {
+        if (why) *why = Name() + ": expected a weakref.ref, got " + TypeName(Py_TYPE(parent));
+        return nullptr;
+      }
+      return Py_NewRef(PyWeakref_GetObject(parent));
   }
   return nullptr;
 }
@@ -156,6 +164,8 @@ std::string Accessor::Name() const {
       return "dict item [" + Repr(arg_) + "]";
     case Access::kType:
       return "type()";
+    case Access::kWeakRef:
+      return "weakref()";
   }
   return "?";
 }

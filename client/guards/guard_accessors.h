@@ -31,6 +31,7 @@ enum class Access : uint8_t {
   kItem,
   kDictItem,  // a dict's (or a dict subclass's) own storage, never its Python __getitem__
   kType,
+  kWeakRef,  // what a weakref.ref refers to (None once it died): calling it
 };
 
 // One step of a source, from a parent value (or the frame, at the root) to a child.

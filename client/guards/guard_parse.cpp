@@ -115,17 +115,20 @@ Status ParseSourceAt(PyObject* source, int depth, std::vector<Accessor>* path) {
                        Py_NewRef(PyTuple_GET_ITEM(source, 2)));
     return Status::OK();
   }
-  if (KindIs(kind, "instance_dict") || KindIs(kind, "type")) {
-    const bool dict = KindIs(kind, "instance_dict");
-    KILN_RETURN_IF_ERROR(Arity(source, 2, dict ? "('instance_dict', parent)" : "('type', parent)"));
+  if (KindIs(kind, "instance_dict") || KindIs(kind, "type") || KindIs(kind, "weakref")) {
+    const Access access = KindIs(kind, "instance_dict") ? Access::kInstanceDict
+                          : KindIs(kind, "type")        ? Access::kType
+                                                        : Access::kWeakRef;
+    const std::string form = "('" + std::string(kind) + "', parent)";
+    KILN_RETURN_IF_ERROR(Arity(source, 2, form.c_str()));
     KILN_RETURN_IF_ERROR(ParseSourceAt(PyTuple_GET_ITEM(source, 1), depth + 1, path));
-    path->emplace_back(dict ? Access::kInstanceDict : Access::kType, 0, nullptr);
+    path->emplace_back(access, 0, nullptr);
     return Status::OK();
   }
   return Invalid(
       "unknown source kind '" + std::string(kind) +
       "' (expected local, global, builtin, closure, object, attr, instance_dict, item, "
-      "dict_item or type)");
+      "dict_item, type or weakref)");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ class Node;
 //   ("dict_item", parent, key) dict.__getitem__(parent, key): a dict's (or dict subclass's) own
 //                              storage, never a Python __getitem__ of its class
 //   ("type", parent)           type(parent)
+//   ("weakref", parent)        parent(): what a weakref.ref (exactly) refers to, None once dead
 //
 // A check says what must hold of that value:
 //

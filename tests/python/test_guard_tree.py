@@ -878,3 +878,27 @@ def test_a_dict_item_source_reads_a_dict_subclass_s_storage_without_its_getitem(
     assert "2" in m.failure_reason((d2,), None)
     assert not m.check((Loud(),), None)  # absent
     assert not m.check(([1],), None)  # not a dict
+
+
+def test_a_weakref_source_reads_what_the_reference_refers_to():
+    class Obj:
+        pass
+
+    class Ref(weakref.ref):
+        def __call__(self):
+            raise AssertionError("the guard called a subclass's __call__")
+
+    a, b = Obj(), Obj()
+    m = _C.GuardManager()
+    m.add(("weakref", ("local", 0)), ("id", a), "r() is a")
+    assert m.check((weakref.ref(a),), None)
+    assert not m.check((weakref.ref(b),), None)
+    assert not m.check((Ref(a),), None)  # not weakref.ref itself
+    assert "weakref.ref" in m.failure_reason((a,), None)
+    dead = Obj()
+    r = weakref.ref(dead)
+    none = _C.GuardManager()
+    none.add(("weakref", ("local", 0)), ("constant", None), "r() is None")
+    assert not none.check((r,), None)
+    del dead
+    assert none.check((r,), None)

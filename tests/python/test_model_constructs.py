@@ -561,6 +561,43 @@ def test_an_lru_cached_availability_check_is_called_once_at_capture():
     assert calls == ["x"]  # called once, as eager's first call would, then cached
 
 
+def test_a_typing_subscript_in_jit_annotate_is_made_at_capture():
+    # timm's crossvit: torch.jit.annotate(List[torch.Tensor], []). List[...] is typing's
+    # lru_cache called with a class: made at capture (typing constructs are immutable), not a
+    # break in every block.
+    from typing import List, Optional
+
+    def f(x):
+        outs = torch.jit.annotate(List[torch.Tensor], [])
+        outs.append(x * 2)
+        maybe = torch.jit.annotate(Optional[torch.Tensor], None)
+        return outs[0] + 1 if maybe is None else x
+
+    _fullgraph(f, torch.randn(3))
+
+
+def test_an_rnn_reads_its_weak_references_to_its_weights_in_the_graph():
+    # nn.LSTM checks its flat weights through weak references before each call (ref() is
+    # weight): two breaks per LSTM (timm's sequencer: 21 graphs). The reference's referent is
+    # read and guarded through it; a weight replaced after the capture fails that guard, and
+    # the LSTM then re-reads its weights as eager does.
+    torch.manual_seed(0)
+    m = torch.nn.LSTM(8, 8, batch_first=True, bidirectional=True).eval()
+    x = torch.randn(2, 5, 8)
+
+    def f(x):
+        return m(x)[0] * 2
+
+    with torch.no_grad():
+        explained = kiln.explain(f)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+        compiled = kiln.compile(f, backend="eager")
+        torch.testing.assert_close(compiled(x), f(x))
+        m.weight_hh_l0 = torch.nn.Parameter(torch.randn_like(m.weight_hh_l0))
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), f(x))
+
+
 def test_fx_tracing_flag_and_shape_as_tensor():
     def f(x, y):
         if torch.fx._symbolic_trace.is_fx_tracing():

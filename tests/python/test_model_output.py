@@ -72,3 +72,43 @@ def test_output_missing_field_reads_its_default():
         return out.hidden_states is None, len(out), out.to_tuple()
 
     _check(f, torch.randn(3))
+
+
+def test_output_whose_class_overrides_to_tuple_is_built_in_the_graph():
+    # CLIPOutput overrides to_tuple (flattening its nested outputs): its construction ran
+    # ModelOutput's __setattr__ (super().__setitem__: a break in CLIP's forward). The class is
+    # modelled, and its own to_tuple is inlined over the tracker.
+    from transformers.modeling_outputs import BaseModelOutput
+    from transformers.models.clip.modeling_clip import CLIPOutput
+
+    def f(x):
+        text = BaseModelOutput(last_hidden_state=x + 1)
+        out = CLIPOutput(logits_per_image=x * 2, text_model_output=text)
+        return out.to_tuple(), list(out.keys()), out.text_model_output.last_hidden_state
+
+    _check(f, torch.randn(2, 3))
+
+
+def test_output_built_from_a_tuple_of_tensors_sets_its_first_field():
+    # DETR's BackboneOutput(feature_maps=(...)): __post_init__ reads a non-tensor first field as
+    # (key, value) pairs when it can; tensors are not pairs, so it is the field's value. An
+    # empty tuple leaves the output empty.
+    from transformers.modeling_outputs import BackboneOutput
+
+    def f(x):
+        out = BackboneOutput(feature_maps=(x, x * 2))
+        empty = BackboneOutput(feature_maps=())
+        return (out.feature_maps, list(out.keys()), out[0], len(empty), empty.feature_maps,
+                list(empty.keys()))
+
+    _check(f, torch.randn(2, 3))
+
+
+def test_output_built_from_key_value_pairs_is_left_to_python():
+    from transformers.modeling_outputs import BackboneOutput
+
+    def f(x):
+        return BackboneOutput(feature_maps=[("feature_maps", x * 2)])
+
+    with pytest.raises(kiln.exc.Unsupported, match="non-tensor first field"):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(2))

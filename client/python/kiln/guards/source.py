@@ -327,3 +327,24 @@ class TypeSource(Source):
 
     def _key(self):
         return self.base
+
+
+class WeakRefCallSource(Source):
+    """base(): what a weakref.ref refers to, None once it died (torch.nn.RNN keeps its flat
+    weights so)."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Source):
+        self.base = base
+
+    name = property(lambda self: f"{self.base.name}()")
+
+    def _guard_path(self):
+        return ("weakref", self.base.guard_path())
+
+    def expr(self, consts):
+        return f"{self.base.expr(consts)}()"
+
+    def _key(self):
+        return self.base

@@ -6,10 +6,11 @@ import threading
 from typing import Dict, List
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker, constant_args, walked, walking
+from kiln.variables.base import (BoundContainerMethod, VariableTracker, constant_args, walked,
+                                 walking)
 from kiln.variables.constant import BoundBuiltinMethod, ConstantVariable
 from kiln.variables.exceptions import traced_exception
-from kiln.variables.base import BoundContainerMethod
+
 
 class _MutationState(threading.local):
     """Per thread (captures in two threads must not count each other's mutations):

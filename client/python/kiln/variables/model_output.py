@@ -16,11 +16,11 @@ from collections import OrderedDict
 from typing import Dict, List
 
 from kiln.exc import Unsupported
-from kiln.variables.base import VariableTracker
+from kiln.variables.base import BoundContainerMethod, VariableTracker
 from kiln.variables.class_attr import class_attr
 from kiln.variables.constant import ConstantVariable
-from kiln.variables.containers import ListVariable, TupleVariable, new_serial, note_mutation
-from kiln.variables.base import BoundContainerMethod
+from kiln.variables.containers import (BaseListVariable, ListVariable, TupleVariable, new_serial,
+                                       note_mutation)
 from kiln.variables.tensor import TensorVariable
 
 # What @dataclass (with its default options) writes into a class's namespace.
@@ -69,11 +69,32 @@ def is_model_output_class(cls) -> bool:
         if "__dataclass_fields__" not in klass.__dict__:
             return False
         extra = set(klass.__dict__) - _DATACLASS_WRITTEN - set(klass.__dataclass_fields__)
-        if extra & _MODELLED or any(callable(klass.__dict__[k]) for k in extra
-                                    if not k.startswith("__")):
+        if any(not _overridable(k, klass.__dict__[k]) for k in extra):
             return False
     init = cls.__dict__.get("__init__")
     return _is_generated_init(init) or _kwargs_renamer(init, meta) is not None
+
+
+def _overridable(name: str, value) -> bool:
+    """Whether a subclass may define `name` and still be modelled: a plain function read as a
+    method of the instance (inlined, over this tracker), to_tuple included (CLIPOutput's
+    flattens its nested outputs); not a dunder, not one of the dict's methods (`**output` and
+    the modelled ones call those), nor another modelled method."""
+    if name.startswith("__"):
+        return not callable(value) and not isinstance(value, (property, classmethod,
+                                                              staticmethod))
+    if name == "to_tuple":
+        return isinstance(value, types.FunctionType)
+    return (not hasattr(OrderedDict, name) and name not in _MODELLED
+            and (isinstance(value, types.FunctionType) or not callable(value)))
+
+
+def _subclass_defines(cls, name: str) -> bool:
+    """Whether a class between `cls` and ModelOutput defines `name` (_overridable's)."""
+    base = _model_output_base()
+    mro = cls.__mro__
+    return any(name in klass.__dict__ and name not in _DATACLASS_WRITTEN
+               for klass in mro[:mro.index(base)])
 
 
 def _is_generated_init(init) -> bool:
@@ -164,8 +185,15 @@ class ModelOutputVariable(VariableTracker):
         # tensor, ModelOutput treats the first field as an iterator of (key, value) pairs.
         first = values[fields[0].name]
         others_none = all(_is_none(values[f.name]) for f in fields[1:])
+        # A tuple or list of values (DETR's BackboneOutput(feature_maps=(...))) whose first item
+        # is not a (str, value) pair is set as the first field, as a tensor is; an empty one
+        # leaves the output empty.
         if others_none and not isinstance(first, TensorVariable) and not _is_none(first):
-            raise Unsupported(f"{cls.__qualname__} built from a non-tensor first field")
+            elements = _sequence_items(first)
+            if elements is None or (elements and _is_pair(elements[0])):
+                raise Unsupported(f"{cls.__qualname__} built from a non-tensor first field")
+            if not elements:
+                values[fields[0].name] = ConstantVariable(None)
         items = {f.name: values[f.name] for f in fields if not _is_none(values[f.name])}
         return cls_(cls, items, dict(values))
 
@@ -186,6 +214,8 @@ class ModelOutputVariable(VariableTracker):
             return self.attrs[name]
         if name == "__class__":
             return tx.wrap(self.output_cls, None)
+        if _subclass_defines(self.output_cls, name):
+            return class_attr(tx, self.output_cls, name, self)
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__",
                     "__setitem__", "__contains__", "__len__"):
             return BoundContainerMethod(self, name)
@@ -277,6 +307,24 @@ def rebuild_model_output(cls, items, attrs):
     for k, v in attrs:
         object.__setattr__(obj, k, v)
     return obj
+
+
+def _sequence_items(vt):
+    """The items of a tuple or list (a tracker's, or a constant's as trackers), else None."""
+    if isinstance(vt, BaseListVariable):
+        return vt.items
+    if vt.is_python_constant() and type(vt.as_python_constant()) in (tuple, list):
+        return [ConstantVariable(v) for v in vt.as_python_constant()]
+    return None
+
+
+def _is_pair(vt) -> bool:
+    """Whether __post_init__ might read `vt` as a (key, value) pair."""
+    items = _sequence_items(vt)
+    if items is None:
+        return not isinstance(vt, (TensorVariable, ConstantVariable))
+    return len(items) == 2 and not (items[0].is_python_constant() and
+                                    not isinstance(items[0].as_python_constant(), str))
 
 
 def _is_none(vt) -> bool:

@@ -2,13 +2,14 @@
 import collections
 import inspect
 import types
+import weakref
 
 import torch
 
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, DictItemSource, InstanceAttrSource,
-                                InstanceDictSource, ItemSource, TypeSource)
+                                InstanceDictSource, ItemSource, TypeSource, WeakRefCallSource)
 from kiln.variables.base import BoundContainerMethod, VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
@@ -327,6 +328,9 @@ class UserDefinedObjectVariable(VariableTracker):
         call = inspect.getattr_static(type(self.value), "__call__", None)
         if isinstance(call, types.FunctionType):
             return tx.inline_call(call, [self, *args], kwargs, fn_source=None)
+        if type(self.value) is weakref.ref and self.source is not None and not (args or kwargs):
+            # What it refers to, read and guarded through the reference (None once it died).
+            return tx.wrap(self.value(), WeakRefCallSource(self.source))
         raise Unsupported(f"call of a {type(self.value).__qualname__} object")
 
     def __repr__(self):
