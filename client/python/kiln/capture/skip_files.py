@@ -57,8 +57,9 @@ def is_skipped(code, func=None) -> bool:
         return True
     if filename.startswith("<") and filename.startswith(("<frozen", "<kiln")):
         return True
-    for pkg in _THIRD_PARTY_SKIPPED:
-        if f"{os.sep}site-packages{os.sep}{pkg}{os.sep}" in filename:
+    for pkg in _THIRD_PARTY_SKIPPED:  # a package, or a single-module distribution
+        if f"{os.sep}site-packages{os.sep}{pkg}{os.sep}" in filename or \
+                filename.endswith(f"{os.sep}site-packages{os.sep}{pkg}.py"):
             return True
     return False
 

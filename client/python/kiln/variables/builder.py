@@ -4,6 +4,7 @@ import builtins
 import collections
 import enum
 import functools
+import inspect
 import types
 
 import torch
@@ -128,9 +129,13 @@ def wrap(tx, value, source, guard: bool = True):
     if type(value) is _C.FrameRegion:
         add("ID_MATCH", value)
         return FrameRegionVariable(value, source)
-    if isinstance(value, types.BuiltinMethodType) and isinstance(value.__self__, type) and \
-            issubclass(value.__self__, torch.autograd.Function) and value.__name__ == "apply":
-        # Fn.apply kept as a value (self.fn = Fn.apply): the Function's apply.
+    if isinstance(value, (types.BuiltinMethodType, types.MethodType)) and \
+            isinstance(value.__self__, type) and \
+            issubclass(value.__self__, torch.autograd.Function) and value.__name__ == "apply" and \
+            inspect.getattr_static(value.__self__, "apply") is \
+            inspect.getattr_static(torch.autograd.Function, "apply"):
+        # Fn.apply kept as a value (self.fn = Fn.apply): the Function's apply (a builtin method
+        # of the class, or torch's Python classmethod bound to it, by torch's version).
         from kiln.variables.autograd_function import AutogradFunctionApplyVariable
 
         self_source = AttrSource(source, "__self__") if source is not None else None

@@ -7,6 +7,7 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
+from kiln.variables import typing_values
 from kiln.variables.marked_calls import call_marked
 
 
@@ -281,7 +282,7 @@ class LruCacheVariable(VariableTracker):
         const = constant_args(args, kwargs)
         name = getattr(self.wrapper, "__qualname__", "an lru_cache function")
         if const is None:
-            const = _typing_args(tx, self.wrapper, args, kwargs)
+            const = typing_values.arguments(tx, self.wrapper, args, kwargs)
         if const is None:
             raise Unsupported(f"call of {name} (lru_cache) with values that are not constants")
         try:
@@ -290,36 +291,9 @@ class LruCacheVariable(VariableTracker):
             raise Unsupported(f"{name} raised {type(e).__name__} at capture") from None
         if is_guardable_constant(result):
             return ConstantVariable(result)
-        if _is_typing_value(result):
+        if typing_values.is_typing_value(result):
             return tx.wrap(result, None, guard=False)
         raise Unsupported(f"{name} (lru_cache) returned a {type(result).__name__}")
 
     def __repr__(self):
         return f"LruCacheVariable({getattr(self.wrapper, '__qualname__', '?')})"
-
-
-def _is_typing_value(value) -> bool:
-    """A typing construct (List, List[Tensor], Optional[int]...): immutable, made of what it
-    was subscripted with."""
-    return type(value).__module__ == "typing"
-
-
-def _typing_args(tx, wrapper, args, kwargs):
-    """(args, kwargs) of a call of typing's own cache (`List[torch.Tensor]` in
-    torch.jit.annotate(List[torch.Tensor], [])) as the objects they are, when each is a
-    constant, a class or a typing construct (each identity guarded); else None."""
-    if getattr(wrapper, "__module__", None) != "typing":
-        return None
-    values = []
-    for vt in (*args, *kwargs.values()):
-        if vt.is_python_constant():
-            values.append(vt.as_python_constant())
-            continue
-        try:
-            value = vt.identity(tx)
-        except Unsupported:
-            return None
-        if not (isinstance(value, type) or _is_typing_value(value)):
-            return None
-        values.append(value)
-    return values[:len(args)], dict(zip(kwargs, values[len(args):]))

@@ -10,6 +10,7 @@ from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, DictItemSource, InstanceAttrSource,
                                 InstanceDictSource, ItemSource, TypeSource, WeakRefCallSource)
+from kiln.variables import typing_values
 from kiln.variables.base import BoundContainerMethod, VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
@@ -238,6 +239,10 @@ class UserDefinedObjectVariable(VariableTracker):
         return None
 
     def getitem(self, tx, index):
+        if typing_values.is_typing_value(self.value):
+            made = typing_values.subscript(tx, self.value, index)
+            if made is not None:
+                return made
         fn = self._dunder("__getitem__")
         if fn is not None:
             return tx.inline_call(fn, [self, index], {})
