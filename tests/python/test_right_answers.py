@@ -889,3 +889,19 @@ def test_a_dict_view_iterated_while_its_dict_changes_reads_it_live(fn):
     torch.testing.assert_close(kiln.compile(fn, backend="eager")(x, got_d), fn(x, want_d))
     for k in want_d:
         torch.testing.assert_close(got_d[k], want_d[k])
+
+
+def test_a_dict_items_loop_that_replaces_values_is_captured_reading_them_live():
+    # It ran eagerly ("a container changed while an iterator over it was in use"): the loop's
+    # iterator now reads each value when it reaches its key, and only a change of the keys
+    # stops the capture.
+    from kiln.testing import CompileCounter
+
+    x = torch.zeros(2)
+    got_d = {"a": torch.ones(2), "b": torch.ones(2) * 3}
+    want_d = {k: v.clone() for k, v in got_d.items()}
+    cnt = CompileCounter()
+    got = kiln.compile(_sum_items_setting_later_value, backend=cnt)(x, got_d)
+    torch.testing.assert_close(got, _sum_items_setting_later_value(x, want_d))
+    torch.testing.assert_close(got_d["b"], want_d["b"])
+    assert cnt.frame_count == 1

@@ -449,6 +449,7 @@ class ConstDictVariable(ContainerVariable):
             # A view reads the dict live as it is iterated: the copy is iterated as long as the
             # dict keeps its keys (and, for values and items, its values).
             view.view_of = (self, name == "keys")
+            view.view_kind = name
             return view
         if name == "get":
             key = args[0].as_python_constant()
@@ -517,6 +518,10 @@ class ListIteratorVariable(VariableTracker):
         # their versions then: eager's iterator reads them live (a list that grows is seen, a
         # dict that changes size raises), so a copy is only right while they are unchanged.
         self._watch = [(c, _state_of(c, keys_only)) for c, keys_only in _containers_of(over)]
+        # Over a dict's items() or values(): (the dict, the view's kind, its keys). Eager's
+        # iterator reads each value when it gets there (a value replaced while the dict is
+        # iterated is seen), and only a change of the keys stops it.
+        self.live_dict = None
 
     @classmethod
     def of(cls, tx, obj: VariableTracker) -> "ListIteratorVariable":
@@ -525,6 +530,12 @@ class ListIteratorVariable(VariableTracker):
             return obj
         if type(obj) is ListVariable and getattr(obj, "view_of", None) is None:
             return cls([], origin=obj)
+        if getattr(obj, "view_kind", None) in ("items", "values"):
+            d = obj.view_of[0]
+            it = cls([], over=())
+            it._watch = [(d, _state_of(d, True))]
+            it.live_dict = (d, obj.view_kind, list(d.items))
+            return it
         return cls(obj.unpack(tx), over=(obj,))
 
     def _check_unchanged(self):
@@ -535,6 +546,11 @@ class ListIteratorVariable(VariableTracker):
 
     @property
     def items(self) -> List[VariableTracker]:
+        if self.live_dict is not None:
+            d, kind, keys = self.live_dict
+            if kind == "values":
+                return [d.items[k] for k in keys]
+            return [TupleVariable([ConstantVariable(k), d.items[k]]) for k in keys]
         return self.origin.items if self.origin is not None else self._items
 
     def python_type(self):

@@ -16,6 +16,7 @@ call, what __enter__ returned), the block, then a call of that __exit__ with thr
 
 An exception inside the block, which __exit__ would see, is not modelled (the executor's
 WITH_EXCEPT_START is Unsupported)."""
+import contextlib
 import inspect
 import threading
 import types
@@ -112,6 +113,9 @@ class SetGradEnabledVariable(VariableTracker):
 
     @classmethod
     def construct(cls, tx, args, kwargs):
+        if _plain_switches.breaking:
+            raise Unsupported("torch.set_grad_enabled called outside a `with`: it runs where "
+                              "the program calls it")
         const = constant_args(args, kwargs)
         if const is None or len(const[0]) + len(const[1]) != 1:
             raise Unsupported("torch.set_grad_enabled with other than one constant argument")
@@ -127,6 +131,26 @@ class SetGradEnabledVariable(VariableTracker):
     def enter(self, tx):
         _unentered(tx.output).discard(self)
         return GradModeExitVariable(self.prior), ConstantVariable(None)
+
+
+class _PlainSwitches(threading.local):
+    """Whether the capture running in this thread breaks at every torch.set_grad_enabled call
+    (capture_frame's second try, when the first made one it never entered)."""
+    breaking = False
+
+
+_plain_switches = _PlainSwitches()
+
+
+@contextlib.contextmanager
+def grad_switches_break():
+    """Every torch.set_grad_enabled call the capture meets is a graph break: the call runs in
+    Python, switching the mode there as the program does."""
+    _plain_switches.breaking = True
+    try:
+        yield
+    finally:
+        _plain_switches.breaking = False
 
 
 def _unentered(output) -> set:
