@@ -481,6 +481,7 @@ void RegisterPython(py::module_& m) {
       .def("load_deref", &Translator::LoadDeref)
       .def("closure_cell", &Translator::ClosureCell, py::arg("name"))
       .def("store_deref", &Translator::StoreDeref)
+      .def_property_readonly("next_opcode", &Translator::NextOpcode)
       .def_readonly("output", &Translator::output_)
       .def_readonly("code", &Translator::code_)
       .def_readonly("symbolic_locals", &Translator::symbolic_locals_);

@@ -99,6 +99,12 @@ class Translator {
                          py::object host, bool may_break);
 
   py::object Run();
+  // The opcode of the instruction after the one running (-1 at the end of the code): a tracker
+  // made by a CALL reads what the program does with it next (`with` it, or keep it).
+  int NextOpcode() const {
+    const auto& insts = decoded_->instructions;
+    return ip_ >= 0 && static_cast<size_t>(ip_) < insts.size() ? insts[ip_].opcode : -1;
+  }
 
   py::object InlineCall(py::object fn, py::sequence args, py::dict kwargs, bool generator);
   py::object InlineNested(py::object nested, py::sequence args, py::dict kwargs);

@@ -118,14 +118,7 @@ PyObject* Accessor::Read(PyObject* parent, const Frame& frame, std::string* why)
         if (why) *why = Name() + ": expected a dict, got " + TypeName(Py_TYPE(parent));
         return nullptr;
       }
-      PyObject* value = PyDict_GetItemWithError(parent, arg_);
-      if (value != nullptr) return Py_NewRef(value);
-      if (PyErr_Occurred()) {
-        Failed(why);
-      } else if (why) {
-        *why = Name() + " is not in the dict";
-      }
-      return nullptr;
+      return ReadKey(parent, why);  // the storage: never a subclass's __getitem__
     }
     case Access::kType:
       return Py_NewRef(reinterpret_cast<PyObject*>(Py_TYPE(parent)));
@@ -171,13 +164,14 @@ std::string Accessor::Name() const {
 }
 
 PyObject* Accessor::ReadKey(PyObject* container, std::string* why) const {
-  if (PyDict_CheckExact(container)) {
+  if (kind_ == Access::kDictItem || PyDict_CheckExact(container)) {
     PyObject* value = PyDict_GetItemWithError(container, arg_);
     if (value != nullptr) return Py_NewRef(value);
     if (PyErr_Occurred()) {
       Failed(why);
     } else if (why) {
-      *why = Name() + (kind_ == Access::kItem ? " is not in the dict" : " is not defined");
+      const bool item = kind_ == Access::kItem || kind_ == Access::kDictItem;
+      *why = Name() + (item ? " is not in the dict" : " is not defined");
     }
     return nullptr;
   }

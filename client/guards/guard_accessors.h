@@ -60,8 +60,9 @@ class Accessor {
   std::string Name() const;
 
  private:
-  // container[arg_]; exact dicts (globals, builtins, __dict__, module registries) skip
-  // PyObject_GetItem, and a missing key of one fails without creating a KeyError.
+  // container[arg_]; exact dicts (globals, builtins, __dict__, module registries), and any dict
+  // a kDictItem step reads, skip PyObject_GetItem, and a missing key of one fails without
+  // creating a KeyError.
   PyObject* ReadKey(PyObject* container, std::string* why) const;
 
   void Failed(std::string* why) const;

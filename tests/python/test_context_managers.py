@@ -233,3 +233,28 @@ def test_set_grad_enabled_as_a_context_manager_and_as_a_plain_call():
         assert not out.requires_grad and not torch.is_grad_enabled()
     finally:
         torch.set_grad_enabled(True)
+
+
+def test_a_plain_set_grad_enabled_call_is_a_graph_break_and_the_mode_holds_after_it():
+    # TorchDynamo's test_grad_mode_guard: the mode switched by a plain call and switched back
+    # later in the frame. The calls run in Python at breaks: the graphs around them are captured
+    # under the mode eager has there, and the frame leaves the mode as eager does.
+    from kiln.testing import CompileCounter
+
+    def fn(a, b):
+        prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        a = a + 1
+        ret = a + b
+        torch.set_grad_enabled(prev)
+        return ret, ret * 2
+
+    a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    cnt = CompileCounter()
+    compiled = kiln.compile(fn, backend=cnt)
+    for _ in range(3):
+        got, want = compiled(a, b), fn(a, b)
+        assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [False, False]
+        torch.testing.assert_close(got, want)
+        assert torch.is_grad_enabled()
+    assert cnt.frame_count == 2  # a + 1, a + b between the calls; ret * 2 after them

@@ -1,5 +1,6 @@
 """Python constructs today's model families use (torchvision, timm, transformers), each captured
 without a graph break or an eager frame and compared with eager on random inputs."""
+import collections
 import dataclasses
 
 import pytest
@@ -338,7 +339,6 @@ def test_an_ordered_dict_from_outside_is_read_in_its_own_order_and_updated_in_pl
 def test_forward_hooks_and_pre_hooks_are_called_around_forward():
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
-    seen = []
     lin.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
     lin.register_forward_hook(lambda m, args, out: out + 1)
     lin.register_forward_pre_hook(lambda m, args, kwargs: ((args[0] + 1,), kwargs),
@@ -355,7 +355,32 @@ def test_forward_hooks_and_pre_hooks_are_called_around_forward():
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
     handle.remove()
     torch.testing.assert_close(kiln.compile(f, backend="eager")(x), f(x))
-    assert not seen
+
+
+class _Scaled(torch.nn.Module):
+    def forward(self, x, scale=1.0):
+        return x * scale
+
+
+def test_a_pre_hook_that_edits_kwargs_in_place_is_seen_by_forward_and_the_later_hooks():
+    # _call_impl hands the hooks and forward one kwargs dict: a pre-hook that sets a key and
+    # returns None changes what forward gets (kiln passed forward the dict from before).
+    m = _Scaled()
+
+    def pre(mod, args, kwargs):
+        kwargs["scale"] = 3.0
+
+    m.register_forward_pre_hook(pre, with_kwargs=True)
+    m.register_forward_hook(lambda mod, args, kwargs, out: out + kwargs["scale"],
+                            with_kwargs=True)
+    _fullgraph(lambda x: m(x, scale=2.0), torch.randn(3))
+
+
+def test_a_pre_hook_returning_a_namedtuple_gives_forward_its_items():
+    Args = collections.namedtuple("Args", ["x"])
+    m = _Scaled()
+    m.register_forward_pre_hook(lambda mod, args: Args(args[0] + 1))
+    _fullgraph(lambda x: m(x), torch.randn(3))
 
 
 def test_item_is_a_value_the_graph_computes_under_capture_scalar_outputs(monkeypatch):
@@ -544,6 +569,76 @@ def test_autograd_function_apply_through_an_instance_or_a_stored_apply(module):
     _fullgraph(lambda x: m(x) * 3, torch.ones(2, 3))
 
 
+_WEIGHT = torch.randn(3, requires_grad=True)
+
+
+class _ScaleByGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * _WEIGHT  # apply runs forward with grad mode off: no gradient to _WEIGHT
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 100
+
+
+class _FromDict(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, d):
+        return d["x"] * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return None
+
+
+def test_autograd_function_forward_runs_with_grad_mode_off_as_apply_runs_it():
+    def f(x):
+        return _ScaleByGlobal.apply(x)
+
+    x = torch.randn(3)
+    got, want = kiln.compile(f, backend="eager")(x), f(x)
+    assert got.requires_grad == want.requires_grad is False
+    torch.testing.assert_close(got, want)
+
+
+class _Refuses(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        raise ValueError("refused")
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_grad_mode_is_back_on_after_an_autograd_function_forward_that_raised():
+    def f(x, w):
+        try:
+            _Refuses.apply(x)
+        except ValueError:
+            pass
+        return x * w
+
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    got, want = kiln.compile(f, backend="eager")(x, w), f(x, w)
+    assert got.requires_grad == want.requires_grad is True
+    torch.testing.assert_close(got, want)
+
+
+def test_autograd_function_given_a_dict_of_tensors_that_need_grad_records_no_gradient():
+    # A tensor inside a dict is no input of the Function's autograd node: eager's result needs
+    # no gradient, and the inlined forward (grad mode off) computes one that needs none too.
+    def f(x):
+        return _FromDict.apply({"x": x}).sum()
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):  # eager: no grad_fn
+        f(x).backward()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        kiln.compile(f, backend="eager")(x).backward()
+
+
 def test_an_lru_cached_availability_check_is_called_once_at_capture():
     import functools
 
@@ -562,18 +657,33 @@ def test_an_lru_cached_availability_check_is_called_once_at_capture():
 
 
 def test_a_typing_subscript_in_jit_annotate_is_made_at_capture():
-    # timm's crossvit: torch.jit.annotate(List[torch.Tensor], []). List[...] is typing's
-    # lru_cache called with a class: made at capture (typing constructs are immutable), not a
-    # break in every block.
-    from typing import List, Optional
+    # timm's crossvit: torch.jit.annotate(List[torch.Tensor], []). List[...] runs typing's
+    # cache (an lru_cache on 3.11, a dict keyed by functions on 3.12): made at capture instead
+    # (typing constructs are immutable), not a break in every block.
+    from typing import Dict, List, Optional, Union
 
     def f(x):
         outs = torch.jit.annotate(List[torch.Tensor], [])
         outs.append(x * 2)
         maybe = torch.jit.annotate(Optional[torch.Tensor], None)
-        return outs[0] + 1 if maybe is None else x
+        named = torch.jit.annotate(Dict[str, torch.Tensor], {"y": x})
+        none = torch.jit.annotate(Union[int, None], None)
+        return outs[0] + named["y"] if maybe is None and none is None else x
 
     _fullgraph(f, torch.randn(3))
+
+
+def test_a_typing_construct_swapped_for_another_of_its_type_recompiles():
+    # typing.List and typing.Tuple are objects of one class: the subscript made at capture
+    # holds only while the global is the same object.
+    import typing
+
+    scope = {"typing": typing, "ALIAS": typing.List}
+    exec("def f(x):\n    return x + 1, ALIAS[int]\n", scope)
+    compiled = kiln.compile(scope["f"], backend="eager")
+    assert compiled(torch.ones(1))[1] == typing.List[int]
+    scope["ALIAS"] = typing.Tuple
+    assert compiled(torch.ones(1))[1] == typing.Tuple[int] == scope["f"](torch.ones(1))[1]
 
 
 def test_an_rnn_reads_its_weak_references_to_its_weights_in_the_graph():
@@ -596,6 +706,23 @@ def test_an_rnn_reads_its_weak_references_to_its_weights_in_the_graph():
         m.weight_hh_l0 = torch.nn.Parameter(torch.randn_like(m.weight_hh_l0))
         for _ in range(2):
             torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_an_lru_cached_check_is_not_answered_while_capturing_for_another_device(monkeypatch):
+    # Capturing CPU tensors as a GPU's (kiln.graph.stand_in): this machine's answer to
+    # is_torch_cuda_available() is not the GPU machine's, so it is not baked into the record.
+    import functools
+
+    @functools.lru_cache
+    def is_cuda_available():
+        return torch.cuda.is_available()
+
+    def f(x):
+        return x * 2 if is_cuda_available() else x + 1
+
+    monkeypatch.setattr(kiln.config, "capture_cpu_as", "cuda:0")
+    with pytest.raises(kiln.exc.Unsupported, match="lru_cache.*while capturing for cuda:0"):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
 
 
 def test_fx_tracing_flag_and_shape_as_tensor():

@@ -84,7 +84,8 @@ def test_output_whose_class_overrides_to_tuple_is_built_in_the_graph():
     def f(x):
         text = BaseModelOutput(last_hidden_state=x + 1)
         out = CLIPOutput(logits_per_image=x * 2, text_model_output=text)
-        return out.to_tuple(), list(out.keys()), out.text_model_output.last_hidden_state
+        return (out.to_tuple(), list(out.keys()), out.text_model_output.last_hidden_state,
+                out[1], out[:2])  # indexing reads the class's own to_tuple
 
     _check(f, torch.randn(2, 3))
 

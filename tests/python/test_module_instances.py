@@ -157,3 +157,26 @@ def test_two_optimize_wrappers_with_one_backend_share_entries_and_count_only_the
     for other in others:  # each its own backend: entries of the others do not count
         torch.testing.assert_close(kiln.optimize(other)(f)(x), f(x))
     assert [c.frame_count for c in others] == [1] * 9
+
+
+def test_another_object_dying_drops_the_entry_but_keeps_modules_specialized():
+    # The entry's guard tree drops it when any object it holds by identity dies; only a module's
+    # death means the code's modules come and go (a deepcopy per call), so only that one makes
+    # its later captures guard modules by structure.
+    import gc
+
+    from kiln.state import STATE
+
+    m = torch.nn.Linear(3, 3)
+
+    def f(x, fn):
+        return m(x) + fn(x)
+
+    fn = lambda v: v * 2  # noqa: E731
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(f, backend="eager")(x, fn), f(x, fn))
+    assert len(kiln.debug.cache_entries(f)) == 1
+    del fn
+    gc.collect()
+    assert kiln.debug.cache_entries(f) == []
+    assert f.__code__ not in STATE.shared_module_codes

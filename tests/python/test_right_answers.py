@@ -905,3 +905,123 @@ def test_a_dict_items_loop_that_replaces_values_is_captured_reading_them_live():
     torch.testing.assert_close(got, _sum_items_setting_later_value(x, want_d))
     torch.testing.assert_close(got_d["b"], want_d["b"])
     assert cnt.frame_count == 1
+
+
+def _map_then_the_rest(x, xs):
+    it = iter(xs)
+    first = next(map(lambda v: v * 2, it))  # eager's map took one item of `it`
+    return first + x, list(it)
+
+
+def _any_then_the_rest(x, flags):
+    it = iter(flags)
+    hit = any(it)  # eager's any() stops at the first True
+    return x + 1, hit, list(it)
+
+
+def _zip_then_the_rest(x, xs):
+    it = iter(xs)
+    pairs = zip(it, [0])  # eager's zip takes one item of `it`, then a second, and stops
+    return [a + x for a, _ in pairs], list(it)
+
+
+@pytest.mark.parametrize("fn, second", [(_map_then_the_rest, None),
+                                        (_any_then_the_rest, [False, True, False, True]),
+                                        (_zip_then_the_rest, None)])
+def test_an_iterator_a_lazy_builtin_took_items_from_has_eager_s_items_left(fn, second):
+    # map(), zip(), enumerate(), any()... take their iterator's items one by one: kiln's took
+    # all of them at once, and the iterator read again afterwards was empty (a wrong answer).
+    x = torch.randn(3)
+    arg = second if second is not None else [torch.randn(3) for _ in range(4)]
+    got, want = kiln.compile(fn, backend="eager")(x, arg), fn(x, arg)
+    torch.testing.assert_close(got, want)
+
+
+class _Counter:
+    calls = 0
+
+
+_COUNTER = _Counter()
+
+
+def _map_appending_to_a_list_made_in_the_frame(x, xs):
+    acc = []
+    first = next(map(lambda v: acc.append(v) or v * 2, xs))  # eager: one call, one append
+    return first + x, len(acc)
+
+
+def _map_storing_an_attribute_stored_before(x, xs):
+    _COUNTER.calls = 1
+    first = next(map(lambda v: setattr(_COUNTER, "calls", _COUNTER.calls + 1) or v, xs))
+    return first + x, _COUNTER.calls
+
+
+@pytest.mark.parametrize("fn", [_map_appending_to_a_list_made_in_the_frame,
+                                _map_storing_an_attribute_stored_before])
+def test_map_over_a_function_with_effects_calls_it_as_eager_does(fn):
+    # map() over a list ran its function on every item at once, and the check that it had no
+    # effects missed a list made after the last checkpoint and an attribute stored twice.
+    x, xs = torch.randn(3), [torch.randn(3) for _ in range(3)]
+    _COUNTER.calls = 0
+    want = fn(x, xs)
+    want_calls, _COUNTER.calls = _COUNTER.calls, 0
+    got = kiln.compile(fn, backend="eager")(x, xs)
+    torch.testing.assert_close(got, want)
+    assert _COUNTER.calls == want_calls
+
+
+@kiln.disable
+def _opaque(v):
+    return v
+
+
+def _items_loop_with_a_break_setting_a_later_value(x, d):
+    out = x
+    for k, v in d.items():
+        out = _opaque(out + v)  # a graph break inside the loop
+        if k == "a":
+            d["c"] = v * 100  # read by the loop's last turn, after the break
+    return out
+
+
+def test_a_dict_items_loop_interrupted_by_a_break_reads_later_values_live():
+    x = torch.zeros(2)
+    d = {"a": torch.ones(2), "b": torch.ones(2) * 3, "c": torch.ones(2)}
+    got_d, want_d = {k: v.clone() for k, v in d.items()}, {k: v.clone() for k, v in d.items()}
+    got = kiln.compile(_items_loop_with_a_break_setting_a_later_value, backend="eager")(x, got_d)
+    torch.testing.assert_close(got, _items_loop_with_a_break_setting_a_later_value(x, want_d))
+
+
+class _Vec:
+    def __init__(self, t):
+        self.t = t
+
+    def __add__(self, other):
+        if not isinstance(other, _Vec) or self.t.numel() == 0:
+            return NotImplemented
+        return _Vec(self.t + other.t)
+
+    def __radd__(self, other):
+        return _Vec(self.t * 100)
+
+
+class _VecSub(_Vec):  # inherits __radd__: Python calls the left operand's __add__ first
+    pass
+
+
+def _add_vectors(x, right_cls, left_empty):
+    a = _Vec(x[:0] if left_empty else x)
+    try:
+        return (a + right_cls(x)).t
+    except TypeError:  # two objects of one class: no reflected call after NotImplemented
+        return x - 7
+
+
+@pytest.mark.parametrize("right_cls, left_empty", [(_VecSub, False), (_Vec, True)])
+def test_user_operators_follow_pythons_order_of_special_methods(right_cls, left_empty):
+    # The reflected method went first for any subclass on the right (Python: only one that
+    # overrides it), and was tried after NotImplemented for two objects of one class.
+    x = torch.randn(3)
+    compiled = kiln.compile(_add_vectors, backend="eager")
+    torch.testing.assert_close(compiled(x, right_cls, left_empty),
+                               _add_vectors(x, right_cls, left_empty))

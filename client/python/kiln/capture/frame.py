@@ -13,9 +13,7 @@ from kiln import _C
 from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
-from kiln.exc import Unsupported
-from kiln.variables.ctx_manager import (autocast_mark, grad_switches_break,
-                                        unentered_grad_switches, unwind_autocast)
+from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
 from kiln.variables.tensor import ScalarVariable, TensorVariable, wrap_op_result
@@ -43,26 +41,8 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
                   ) -> Capture:
     """Captures the frame of `func` (code `code`) about to run with argument `slots`. Raises
     kiln.exc.Unsupported when the frame cannot be captured even in part (or breaks while
-    `may_break` is False). `unspecialized_modules`: see OutputGraph. A torch.set_grad_enabled
-    made and never entered in a `with` leaves the mode switched after the frame, which the
-    transformed code does not replay: the frame is captured again with a graph break at each
-    such call (which then runs in Python)."""
+    `may_break` is False). `unspecialized_modules`: see OutputGraph."""
     t0 = time.perf_counter()
-    capture = _capture(func, code, slots, may_break, unspecialized_modules)
-    if unentered_grad_switches(capture[0]):
-        if not may_break:
-            raise Unsupported("torch.set_grad_enabled called outside a `with` (the mode it "
-                              "leaves after the frame is not replayed)")
-        with grad_switches_break():
-            capture = _capture(func, code, slots, may_break, unspecialized_modules)
-    output, returned, graph_break, tx = capture
-    output.guards.add(None, "GLOBAL_STATE")
-    output.guard_distinct_inputs()
-    finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
-    return Capture(output, returned, graph_break, time.perf_counter() - t0, tx)
-
-
-def _capture(func, code, slots, may_break, unspecialized_modules):
     output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
@@ -82,4 +62,7 @@ def _capture(func, code, slots, may_break, unspecialized_modules):
         # inside the block left them so.
         unwind_autocast(autocast)
         torch._C._set_grad_enabled(grad_enabled)
-    return output, returned, graph_break, tx
+    output.guards.add(None, "GLOBAL_STATE")
+    output.guard_distinct_inputs()
+    finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
+    return Capture(output, returned, graph_break, time.perf_counter() - t0, tx)

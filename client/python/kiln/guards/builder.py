@@ -119,7 +119,8 @@ class GuardSet:
         # An entry specialised to a module that dies (a copy.deepcopy of the model made on
         # every call) is for a module that will never come again: the code's next capture
         # guards its modules by structure (eval_frame's shared_module_codes).
-        modules = any(g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module) for g in self)
+        modules = [g.value for g in self
+                   if g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module)]
         on_dead, manager_ref = entry_dropper(code, modules) if code is not None else (None, None)
         manager = _C.GuardManager(on_dead=on_dead)
         if manager_ref is not None:
@@ -131,14 +132,16 @@ class GuardSet:
         return manager
 
 
-def entry_dropper(code, share_modules: bool = False):
+def entry_dropper(code, modules=()):
     """The on_dead callback of an entry's guard tree (see GuardSet.build), and the list its
     manager's weak reference goes into once the manager exists. It holds nothing strongly: a
-    callback must not keep the code or the tree alive. With `share_modules`, the code's later
-    captures guard its modules by structure (kiln.state's shared_module_codes)."""
+    callback must not keep the code or the tree alive. When one of `modules` (the entry's
+    module identities) is what died, the code's later captures guard its modules by structure
+    (kiln.state's shared_module_codes); another object's death only drops the entry."""
     from kiln.state import STATE
 
     code_ref = weakref.ref(code)
+    module_refs = [weakref.ref(m) for m in modules]
     manager_ref = []
     # Held here: at interpreter exit the modules' attributes (sys's included) are gone.
     drop_entry, is_finalizing = _C.drop_entry, sys.is_finalizing
@@ -150,7 +153,7 @@ def entry_dropper(code, share_modules: bool = False):
         manager = manager_ref[0]() if manager_ref else None
         if code_now is not None and manager is not None:
             drop_entry(code_now, manager)
-            if share_modules:
+            if any(r() is None for r in module_refs):
                 STATE.shared_module_codes.add(code_now)
 
     return on_dead, manager_ref

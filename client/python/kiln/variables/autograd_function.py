@@ -10,6 +10,7 @@ from kiln.exc import Unsupported
 from kiln.variables.base import VariableTracker
 from kiln.variables.class_attr import guard_class_member
 from kiln.variables.constant import ConstantVariable
+from kiln.variables.ctx_manager import set_grad_mode
 from kiln.variables.tensor import TensorVariable
 
 _BASE_SETUP_CONTEXT = inspect.getattr_static(torch.autograd.Function, "setup_context", None)
@@ -47,10 +48,21 @@ class AutogradFunctionApplyVariable(VariableTracker):
         setup = inspect.getattr_static(cls, "setup_context", None)
         if setup is not None and setup is not _BASE_SETUP_CONTEXT:
             # The forward-without-ctx style: setup_context would only fill a ctx no one reads.
-            return tx.inline_call(forward, list(args), kwargs, fn_source=None)
-        # No gradient is recorded: apply() is forward's result, its ctx read by no backward.
-        ctx = FunctionCtxVariable(cls)
-        return tx.inline_call(forward, [ctx, *args], kwargs, fn_source=None)
+            call_args = list(args)
+        else:
+            # No gradient is recorded: apply() is forward's result, its ctx read by no backward.
+            call_args = [FunctionCtxVariable(cls), *args]
+        # apply runs forward with grad mode off, as the graph then does: what forward computes
+        # from a tensor that needs a gradient (a global weight) does not.
+        prior = torch.is_grad_enabled()
+        if prior:
+            set_grad_mode(tx, False)
+        try:
+            return tx.inline_call(forward, call_args, kwargs, fn_source=None)
+        finally:
+            # Also when forward raises: a traced `except` around apply goes on with grad mode on.
+            if prior:
+                set_grad_mode(tx, True)
 
     def reconstruct(self, codegen) -> str:
         cls = codegen.source(self.cls_source) if self.cls_source is not None else \
@@ -62,6 +74,9 @@ class AutogradFunctionApplyVariable(VariableTracker):
 
 
 def _needs_grad(vt) -> bool:
+    """Whether an argument is a tensor that needs a gradient, or a tuple or list holding one.
+    A tensor inside another object is no input of the Function's autograd node: forward, run
+    with grad mode off, computes what eager does from it."""
     if isinstance(vt, TensorVariable):
         return bool(getattr(vt.as_fake_arg(), "requires_grad", False))
     if vt.python_type() in (tuple, list):

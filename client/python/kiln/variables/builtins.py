@@ -163,6 +163,9 @@ _DUNDERS = {
 }
 
 
+_COMPARISONS = {operator.lt, operator.le, operator.gt, operator.ge}
+
+
 def _python_dunder(vt, name):
     """The Python function `name` of the class of a user object (one kiln does not model as a
     tensor, container or constant), or None."""
@@ -202,11 +205,16 @@ def _user_operator(tx, fn, args):
         return None
     order = [(forward, a, b), (reflected, b, a)]
     try:
-        if reflected is not None and b.python_type() is not a.python_type() and \
-                issubclass(b.python_type(), a.python_type()):
-            order.reverse()
-    except (Unsupported, TypeError):
-        pass
+        ta, tb = a.python_type(), b.python_type()
+    except Unsupported:
+        ta = tb = None
+    if ta is not None and ta is tb and fn not in _COMPARISONS:
+        order.pop()  # an arithmetic operator of two objects of one class: no reflected call
+    elif reflected is not None and ta is not None and ta is not tb and \
+            issubclass(tb, ta) and inspect.getattr_static(tb, names[1], None) is not \
+            inspect.getattr_static(ta, names[1], None):
+        # The right operand's class, a subclass, overrides the reflected method: it goes first.
+        order.reverse()
     for method, left, right in order:
         if method is None:
             continue
@@ -395,14 +403,23 @@ def construct_dict(tx, cls, args, kwargs):
     return ConstDictVariable(items, user_type=cls)
 
 
+def _lazily(tx, iterable, by: str):
+    """The items of an argument that `by` (a lazy builtin) takes one by one in eager: an
+    iterator's are all taken now, and the iterator cannot be used again in the graph."""
+    if isinstance(iterable, ListIteratorVariable):
+        return iterable.taken_lazily(tx, by)
+    return iterable.unpack(tx)
+
+
 def _enumerate(tx, obj, start=None):
     first = start.as_python_constant() if start is not None else 0
     return ListIteratorVariable([TupleVariable([ConstantVariable(first + i), v])
-                                 for i, v in enumerate(obj.unpack(tx))], over=(obj,))
+                                 for i, v in enumerate(_lazily(tx, obj, "enumerate()"))],
+                                over=(obj,))
 
 
 def _zip(tx, *iterables, **kwargs):
-    columns = [it.unpack(tx) for it in iterables]
+    columns = [_lazily(tx, it, "zip()") for it in iterables]
     return ListIteratorVariable([TupleVariable(list(row)) for row in zip(*columns)],
                                 over=iterables)
 
@@ -415,24 +432,27 @@ def _calls_without_effects(tx, fn, rows):
     """[fn(*row) for row in rows], where calling fn changes nothing the program could see in
     between (no container mutated, no attribute stored): map() and filter() call it lazily, as
     their items are taken, and here it runs when they are made."""
-    from kiln.variables.containers import mutation_count
+    from kiln.variables.containers import counting_every_mutation, mutation_count
     from kiln.variables.side_effects import mutations_of
 
-    before = (mutation_count(), mutations_of(tx.output).checkpoint())
-    results = [fn.call_function(tx, list(row), {}) for row in rows]
-    after = (mutation_count(), mutations_of(tx.output).checkpoint())
-    if before[0] != after[0] or before[1].keys() != after[1].keys():
+    stores = mutations_of(tx.output)
+    with counting_every_mutation():
+        before = (mutation_count(), stores.checkpoint())
+        results = [fn.call_function(tx, list(row), {}) for row in rows]
+        after = (mutation_count(), stores.checkpoint())
+    if before[0] != after[0] or before[1].keys() != after[1].keys() or any(
+            after[1][k] is not v for k, v in before[1].items()):
         raise Unsupported("map()/filter() over a function with effects (eager calls it lazily)")
     return results
 
 
 def _map(tx, fn, *iterables):
-    rows = list(zip(*(it.unpack(tx) for it in iterables)))
+    rows = list(zip(*(_lazily(tx, it, "map()") for it in iterables)))
     return ListIteratorVariable(_calls_without_effects(tx, fn, rows), over=iterables)
 
 
 def _filter(tx, fn, iterable):
-    items = iterable.unpack(tx)
+    items = _lazily(tx, iterable, "filter()")
     if fn.is_python_constant() and fn.as_python_constant() is None:
         keep = [v.truth(tx) for v in items]
     else:
@@ -441,12 +461,13 @@ def _filter(tx, fn, iterable):
 
 
 def _starmap(tx, fn, iterable):
-    rows = [row.unpack(tx) for row in iterable.unpack(tx)]
+    rows = [row.unpack(tx) for row in _lazily(tx, iterable, "starmap()")]
     return ListIteratorVariable(_calls_without_effects(tx, fn, rows), over=(iterable,))
 
 
 def _chain(tx, *iterables):
-    return ListIteratorVariable([v for it in iterables for v in it.unpack(tx)], over=iterables)
+    return ListIteratorVariable([v for it in iterables for v in _lazily(tx, it, "chain()")],
+                                over=iterables)
 
 
 def _islice(tx, iterable, *bounds):
@@ -551,7 +572,7 @@ def _type(tx, obj):
 
 def _all_any(fn):
     def handler(tx, obj):
-        return ConstantVariable(fn(v.truth(tx) for v in obj.unpack(tx)))
+        return ConstantVariable(fn(v.truth(tx) for v in _lazily(tx, obj, f"{fn.__name__}()")))
 
     return handler
 

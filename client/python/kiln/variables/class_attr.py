@@ -16,9 +16,9 @@ from kiln.variables.functions import UserFunctionVariable, UserMethodVariable
 from kiln.variables.side_effects import mutations_of
 
 
-# dict methods that only read it.
-_DICT_READS = {"keys", "values", "items", "get", "__contains__", "copy", "__len__",
-               "__getitem__"}
+# dict methods that only read it, and whose result is the same for a subclass (copy is not:
+# OrderedDict's makes an instance of the subclass).
+_DICT_READS = {"keys", "values", "items", "get", "__contains__", "__getitem__"}
 
 
 def class_attr(tx, cls, name, self_vt, source=None, source_is_plain=False, cls_source=None):

@@ -1,5 +1,6 @@
 """Tuples, lists, dicts, slices and iterators built or read by the frame."""
 import collections
+import contextlib
 import itertools
 import reprlib
 import threading
@@ -41,6 +42,18 @@ def mark_checkpoint():
 
 def mutation_count() -> int:
     return _state.mutations
+
+
+@contextlib.contextmanager
+def counting_every_mutation():
+    """Within it, a mutation of any tracker made before it counts (mutation_count), however
+    late after the last checkpoint that tracker was made; one made within it does not."""
+    saved = _state.checkpoint_serial
+    _state.checkpoint_serial = _state.next_serial + 1
+    try:
+        yield
+    finally:
+        _state.checkpoint_serial = saved
 
 
 def note_mutation(serial: int):
@@ -522,6 +535,9 @@ class ListIteratorVariable(VariableTracker):
         # iterator reads each value when it gets there (a value replaced while the dict is
         # iterated is seen), and only a change of the keys stops it.
         self.live_dict = None
+        # What took every item left at once where eager takes them one by one (zip, map,
+        # enumerate, any...: see taken_lazily): eager's iterator would still hold some.
+        self.drained_by = None
 
     @classmethod
     def of(cls, tx, obj: VariableTracker) -> "ListIteratorVariable":
@@ -556,7 +572,21 @@ class ListIteratorVariable(VariableTracker):
     def python_type(self):
         return type(iter([])) if self.origin is not None else type(iter(()))
 
+    def taken_lazily(self, tx, by: str) -> List[VariableTracker]:
+        """Every item left, for a consumer that eager runs lazily (zip(), map(), any()...): the
+        iterator is used up here where eager's would have yielded only as many as were asked
+        for, so a later use of it cannot be modelled."""
+        items = self.unpack(tx)
+        self.drained_by = by
+        return items
+
+    def _check_not_drained(self):
+        if self.drained_by is not None:
+            raise Unsupported(f"an iterator that {self.drained_by} took in full here, used "
+                              "again (eager's takes its items one by one)")
+
     def next_item(self):
+        self._check_not_drained()
         self._check_unchanged()
         items = self.items
         if self.index >= len(items):
@@ -567,6 +597,7 @@ class ListIteratorVariable(VariableTracker):
         return item
 
     def unpack(self, tx):
+        self._check_not_drained()
         self._check_unchanged()
         rest = self.items[self.index:]
         if rest:
@@ -578,9 +609,16 @@ class ListIteratorVariable(VariableTracker):
         return self
 
     def reconstruct(self, codegen) -> str:
+        self._check_not_drained()
         self._check_unchanged()  # a copy of items the program changed since: not eager's
         # One object however often it is reached (a local and the argument of next(), say):
         # advancing one advances the other.
+        if self.live_dict is not None:
+            # Over the dict itself, at its position: eager's reads the values it has not yet
+            # reached when it gets there (a resume function runs such a loop in Python).
+            d, kind, _ = self.live_dict
+            return codegen.temp(self, lambda: f"{codegen.constant(iterator_at)}("
+                                              f"{codegen(d)}.{kind}(), {self.index})")
         if codegen.at_break:
             # A loop a graph break interrupts goes on in a resume function, which kiln captures
             # in turn: there the iterator is one it can read and guard (ResumeIterator).
@@ -683,6 +721,8 @@ def _containers_of(values) -> list:
             out.extend((c, isinstance(state, tuple)) for c, state in v._watch)
             if v.origin is not None:
                 out.append((v.origin, False))
+            if v.live_dict is not None:  # a copy of its items holds the values as they are now
+                out.append((v.live_dict[0], False))
     return out
 
 

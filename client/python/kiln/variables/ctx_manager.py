@@ -17,6 +17,7 @@ call, what __enter__ returned), the block, then a call of that __exit__ with thr
 An exception inside the block, which __exit__ would see, is not modelled (the executor's
 WITH_EXCEPT_START is Unsupported)."""
 import contextlib
+import dis
 import inspect
 import threading
 import types
@@ -85,7 +86,7 @@ class GradModeVariable(VariableTracker):
 
     def enter(self, tx):
         prior = torch.is_grad_enabled()
-        _set_grad(tx, self.enabled)
+        set_grad_mode(tx, self.enabled)
         return GradModeExitVariable(prior), ConstantVariable(None)
 
 
@@ -97,15 +98,15 @@ class GradModeExitVariable(VariableTracker):
         self.prior = prior
 
     def call_function(self, tx, args, kwargs):
-        _set_grad(tx, self.prior)
+        set_grad_mode(tx, self.prior)
         return ConstantVariable(None)
 
 
 class SetGradEnabledVariable(VariableTracker):
-    """torch.set_grad_enabled(mode): switches grad mode when made, as its constructor does, and
-    as a context manager restores the mode it found on exit. Only its `with` form is modelled:
-    made but never entered, it leaves the mode switched after the frame, which the transformed
-    code does not replay (capture_frame refuses the frame, see unentered_grad_switches)."""
+    """torch.set_grad_enabled(mode) entered by the `with` right after the call: switches grad
+    mode when made, as its constructor does, and restores the mode it found on exit. Made and
+    kept or dropped, it would leave the mode switched after the frame, which the transformed
+    code does not replay: such a call is a graph break, which runs it in Python."""
 
     def __init__(self, prior: bool):
         super().__init__(None)
@@ -113,7 +114,7 @@ class SetGradEnabledVariable(VariableTracker):
 
     @classmethod
     def construct(cls, tx, args, kwargs):
-        if _plain_switches.breaking:
+        if tx.next_opcode != _BEFORE_WITH:
             raise Unsupported("torch.set_grad_enabled called outside a `with`: it runs where "
                               "the program calls it")
         const = constant_args(args, kwargs)
@@ -121,50 +122,22 @@ class SetGradEnabledVariable(VariableTracker):
             raise Unsupported("torch.set_grad_enabled with other than one constant argument")
         mode = bool((const[0] or list(const[1].values()))[0])
         made = cls(torch.is_grad_enabled())
-        _set_grad(tx, mode)
-        _unentered(tx.output).add(made)
+        set_grad_mode(tx, mode)
         return made
 
     def python_type(self):
         return torch.set_grad_enabled
 
     def enter(self, tx):
-        _unentered(tx.output).discard(self)
         return GradModeExitVariable(self.prior), ConstantVariable(None)
 
 
-class _PlainSwitches(threading.local):
-    """Whether the capture running in this thread breaks at every torch.set_grad_enabled call
-    (capture_frame's second try, when the first made one it never entered)."""
-    breaking = False
+_BEFORE_WITH = dis.opmap["BEFORE_WITH"]
 
 
-_plain_switches = _PlainSwitches()
-
-
-@contextlib.contextmanager
-def grad_switches_break():
-    """Every torch.set_grad_enabled call the capture meets is a graph break: the call runs in
-    Python, switching the mode there as the program does."""
-    _plain_switches.breaking = True
-    try:
-        yield
-    finally:
-        _plain_switches.breaking = False
-
-
-def _unentered(output) -> set:
-    if not hasattr(output, "unentered_grad_switches"):
-        output.unentered_grad_switches = set()
-    return output.unentered_grad_switches
-
-
-def unentered_grad_switches(output) -> bool:
-    """Whether the capture made a torch.set_grad_enabled it never entered in a `with`."""
-    return bool(getattr(output, "unentered_grad_switches", None))
-
-
-def _set_grad(tx, enabled: bool):
+def set_grad_mode(tx, enabled: bool):
+    """Grad mode switched at this point of the trace (a node of the graph, and the mode the
+    rest of the trace runs under)."""
     tx.output.call("call_function", torch._C._set_grad_enabled, (ConstantVariable(enabled),), {})
 
 

@@ -3,11 +3,11 @@ import functools
 import types
 
 from kiln.exc import Unsupported
+from kiln.graph import stand_in
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
-from kiln.variables import typing_values
 from kiln.variables.marked_calls import call_marked
 
 
@@ -281,8 +281,10 @@ class LruCacheVariable(VariableTracker):
     def call_function(self, tx, args, kwargs):
         const = constant_args(args, kwargs)
         name = getattr(self.wrapper, "__qualname__", "an lru_cache function")
-        if const is None:
-            const = typing_values.arguments(tx, self.wrapper, args, kwargs)
+        if stand_in.target() is not None:
+            # Its answer would be this machine's (transformers' is_torch_cuda_available()).
+            raise Unsupported(f"call of {name} (lru_cache) while capturing for "
+                              f"{stand_in.target()}")
         if const is None:
             raise Unsupported(f"call of {name} (lru_cache) with values that are not constants")
         try:
@@ -291,8 +293,6 @@ class LruCacheVariable(VariableTracker):
             raise Unsupported(f"{name} raised {type(e).__name__} at capture") from None
         if is_guardable_constant(result):
             return ConstantVariable(result)
-        if typing_values.is_typing_value(result):
-            return tx.wrap(result, None, guard=False)
         raise Unsupported(f"{name} (lru_cache) returned a {type(result).__name__}")
 
     def __repr__(self):

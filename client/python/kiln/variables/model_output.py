@@ -232,6 +232,10 @@ class ModelOutputVariable(VariableTracker):
             if key not in self.items:
                 raise Unsupported(f"KeyError {key!r} while tracing")
             return self.items[key]
+        if _subclass_defines(self.output_cls, "to_tuple"):
+            # ModelOutput.__getitem__ of an int or slice is self.to_tuple()[key]: the class's own.
+            flat = self.var_getattr(tx, "to_tuple").call_function(tx, [], {})
+            return flat.getitem(tx, index)
         values = list(self.items.values())
         if isinstance(key, slice):
             return TupleVariable(values[key])

@@ -192,24 +192,27 @@ class NNModuleVariable(VariableTracker):
         # Module._call_impl calls them, each inlined.
         pre = self._hooks(tx, "_forward_pre_hooks")
         pre_kwargs = set(m._forward_pre_hooks_with_kwargs)
-        args, kwargs = list(args), dict(kwargs)
+        # One kwargs dict, as _call_impl has: what a hook changes in it in place, forward and
+        # the later hooks see.
+        args, kw = list(args), ConstDictVariable(dict(kwargs))
         for hook_id, hook in pre:
             if hook_id in pre_kwargs:
-                result = hook.call_function(tx, [self, TupleVariable(args),
-                                                 ConstDictVariable(kwargs)], {})
+                result = hook.call_function(tx, [self, TupleVariable(args), kw], {})
                 if not (result.is_python_constant() and result.as_python_constant() is None):
                     new_args, new_kwargs = result.unpack(tx)
-                    args, kwargs = new_args.unpack(tx), dict(new_kwargs.items)
+                    if not isinstance(new_kwargs, ConstDictVariable):
+                        raise Unsupported("a forward pre-hook returned kwargs that are no dict")
+                    args, kw = new_args.unpack(tx), new_kwargs
             else:
                 result = hook.call_function(tx, [self, TupleVariable(args)], {})
                 if not (result.is_python_constant() and result.as_python_constant() is None):
-                    args = result.unpack(tx) if result.python_type() is tuple else [result]
-        out = self._call_forward(tx, args, kwargs)
+                    args = result.unpack(tx) if issubclass(result.python_type(), tuple) \
+                        else [result]
+        out = self._call_forward(tx, args, dict(kw.items))
         post_kwargs = set(m._forward_hooks_with_kwargs)
         for hook_id, hook in self._hooks(tx, "_forward_hooks"):
             if hook_id in post_kwargs:
-                result = hook.call_function(tx, [self, TupleVariable(args),
-                                                 ConstDictVariable(kwargs), out], {})
+                result = hook.call_function(tx, [self, TupleVariable(args), kw, out], {})
             else:
                 result = hook.call_function(tx, [self, TupleVariable(args), out], {})
             if not (result.is_python_constant() and result.as_python_constant() is None):

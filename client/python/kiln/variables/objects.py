@@ -240,7 +240,7 @@ class UserDefinedObjectVariable(VariableTracker):
 
     def getitem(self, tx, index):
         if typing_values.is_typing_value(self.value):
-            made = typing_values.subscript(tx, self.value, index)
+            made = typing_values.subscript(tx, self, index)
             if made is not None:
                 return made
         fn = self._dunder("__getitem__")
@@ -250,17 +250,16 @@ class UserDefinedObjectVariable(VariableTracker):
         if base is not None and index.is_python_constant():
             # A list or dict subclass that only adds methods: its items read and guarded as a
             # plain list's or dict's are.
+            if base is dict:  # a missing key must not reach a __missing__ (defaultdict's)
+                return _dict_read(tx, self, "__getitem__", [index], {})
             key = index.as_python_constant()
-            if base is dict and not is_guardable_constant(key):
-                raise Unsupported(f"indexing a {type(self.value).__qualname__} with {key!r}")
-            if base is not dict and type(key) is not int:
+            if type(key) is not int:
                 raise Unsupported(f"indexing a {type(self.value).__qualname__} with {key!r}")
             try:
                 item = self.value[key]
             except (KeyError, IndexError):
                 raise Unsupported(f"{type(self.value).__qualname__}[{key!r}] raises") from None
-            if base is not dict:
-                tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
+            tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
             return tx.wrap(item, ItemSource(self.source, key))
         raise Unsupported(f"indexing a {type(self.value).__qualname__}")
 

@@ -2,6 +2,7 @@
 []), Optional[int]): immutable values made of what they are subscripted with, made at capture
 as the program's first call makes them (typing caches them) and held as constants."""
 from kiln.exc import Unsupported
+from kiln.variables.containers import TupleVariable
 
 
 def is_typing_value(value) -> bool:
@@ -9,38 +10,34 @@ def is_typing_value(value) -> bool:
     return type(value).__module__ == "typing"
 
 
+_NOT_ONE = object()  # _value's answer for anything else
+
+
 def _value(tx, vt):
-    """What `vt` is, when it is a constant, a class, a typing construct or a tuple of those
-    (each object's identity guarded); else None."""
+    """What `vt` is, when it is a constant (None included), a class, a typing construct or a
+    tuple of those (each object's identity guarded); else _NOT_ONE."""
     if vt.is_python_constant():
         return vt.as_python_constant()
-    items = getattr(vt, "items", None)
-    if vt.python_type() is tuple and isinstance(items, list):
-        values = tuple(_value(tx, item) for item in items)
-        return None if any(v is None for v in values) else values
+    if isinstance(vt, TupleVariable):
+        values = tuple(_value(tx, item) for item in vt.items)
+        return _NOT_ONE if any(v is _NOT_ONE for v in values) else values
     try:
         value = vt.identity(tx)
     except Unsupported:
-        return None
-    return value if isinstance(value, type) or is_typing_value(value) else None
+        return _NOT_ONE
+    if not (isinstance(value, type) or is_typing_value(value)):
+        return _NOT_ONE
+    if vt.source is not None and not vt.identity_pinned:  # typing.List and Dict share a type
+        tx.output.guards.add(vt.source, "ID_MATCH", value)
+    return value
 
 
-def arguments(tx, wrapper, args, kwargs):
-    """(args, kwargs) of a call of typing's own cache as the objects they are (see _value),
-    when `wrapper` is typing's and each one is such an object; else None."""
-    if getattr(wrapper, "__module__", None) != "typing":
-        return None
-    values = [_value(tx, vt) for vt in (*args, *kwargs.values())]
-    if any(v is None for v in values):
-        return None
-    return values[:len(args)], dict(zip(kwargs, values[len(args):]))
-
-
-def subscript(tx, construct, index):
+def subscript(tx, construct_vt, index):
     """construct[index] made at capture (typing's __getitem__, whose cache differs between
     Python versions, is not traced), or None when the index is not such an object."""
     key = _value(tx, index)
-    if key is None:
+    construct = _value(tx, construct_vt)
+    if key is _NOT_ONE or construct is _NOT_ONE:
         return None
     try:
         result = construct[key]
