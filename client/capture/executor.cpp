@@ -3,6 +3,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "capture/executor.h"
 #include "capture/translator.h"
 
 namespace kiln::capture {
@@ -237,9 +238,35 @@ bool Translator::Catch(const Instruction& inst, const py::object& traced) {
   return true;
 }
 
+namespace {
+
+// While a translator runs, the output graph's `where` is its Where (the nodes it records carry
+// that stack_trace); its caller's again once it returns or raises.
+class WhereScope {
+ public:
+  WhereScope(py::object output, py::object where) : output_(std::move(output)) {
+    prior_ = output_.attr("where");
+    output_.attr("where") = std::move(where);
+  }
+  ~WhereScope() {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // an exception on its way out stays as it was
+    if (PyObject_SetAttrString(output_.ptr(), "where", prior_.ptr()) < 0) PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+  }
+  WhereScope(const WhereScope&) = delete;
+  WhereScope& operator=(const WhereScope&) = delete;
+
+ private:
+  py::object output_, prior_;
+};
+
+}  // namespace
+
 py::object Translator::Run() {
   const std::vector<Instruction>& insts = decoded_->instructions;
   const std::array<OpInfo, 256>& ops = OpTable();
+  WhereScope where(output_, py::reinterpret_borrow<py::object>(self_).attr("where"));
   while (true) {
     if (ip_ < 0 || static_cast<size_t>(ip_) >= insts.size()) {
       Unsupported("execution ran past the end of the code");
@@ -297,8 +324,8 @@ py::dict Translator::BindCode(const py::object& code, py::sequence args_in, py::
   const int flags = code.attr("co_flags").cast<int>();
   py::tuple names = code.attr("co_varnames");
   const std::string co_name = Str(code.attr("co_name"));
-  const bool varargs = flags & kCoVarargs;
-  const bool varkw = flags & kCoVarkeywords;
+  const bool varargs = flags & CO_VARARGS;
+  const bool varkw = flags & CO_VARKEYWORDS;
   py::list args(args_in);
   const int given = static_cast<int>(args.size());
   py::dict bound;
@@ -376,8 +403,8 @@ py::object Translator::InlineCall(py::object fn, py::sequence args, py::dict kwa
                                   bool generator) {
   py::object code = fn.attr("__code__");
   const int flags = code.attr("co_flags").cast<int>();
-  if ((flags & (kCoCoroutine | kCoAsyncGenerator)) ||
-      (static_cast<bool>(flags & kCoGenerator) != generator)) {
+  if ((flags & (CO_COROUTINE | CO_ASYNC_GENERATOR)) ||
+      (static_cast<bool>(flags & CO_GENERATOR) != generator)) {
     Unsupported("call of generator function " + Str(fn.attr("__qualname__")));
   }
   if (depth_ >= kMaxInlineDepth) Unsupported("inlining too deep (recursion?)");
@@ -432,7 +459,7 @@ py::object Translator::InlineNested(py::object nested, py::sequence args, py::di
   // Generator expressions run to exhaustion at trace time; their consumer (any, all, tuple, a
   // for loop) then sees the items. Only side-effect-free bodies get here: anything else is
   // Unsupported inside the body.
-  const bool generator = code.attr("co_flags").cast<int>() & kCoGenerator;
+  const bool generator = code.attr("co_flags").cast<int>() & CO_GENERATOR;
   return RunChild(code, nested.attr("f_globals"), bound, cells, generator);
 }
 
@@ -482,6 +509,7 @@ void RegisterPython(py::module_& m) {
       .def("closure_cell", &Translator::ClosureCell, py::arg("name"))
       .def("store_deref", &Translator::StoreDeref)
       .def_property_readonly("next_opcode", &Translator::NextOpcode)
+      .def("where", &Translator::Where)
       .def_readonly("output", &Translator::output_)
       .def_readonly("code", &Translator::code_)
       .def_readonly("symbolic_locals", &Translator::symbolic_locals_);

@@ -135,9 +135,7 @@ bool Translator::OpWithExceptStart(const Instruction& inst) {
 // in is always None (YIELD_VALUE's), and an iterator returns None when it is done.
 bool Translator::OpGetYieldFromIter(const Instruction& inst) {
   if (generator_items_.is_none()) Unsupported("yield from");
-  py::object obj = Pop();
-  Push(host_->ListIteratorVariable.attr("of")(Self(), obj));
-  return false;
+  return OpGetIter(inst);
 }
 
 bool Translator::OpSend(const Instruction& inst) {

@@ -20,11 +20,6 @@ using bytecode::Decoded;
 using bytecode::Instruction;
 
 constexpr int kMaxInlineDepth = 64;
-constexpr int kCoVarargs = 0x04;
-constexpr int kCoVarkeywords = 0x08;
-constexpr int kCoGenerator = 0x20;
-constexpr int kCoCoroutine = 0x80;
-constexpr int kCoAsyncGenerator = 0x200;
 
 // Everything the executor uses of kiln's Python side, read once from the host object a capture
 // hands it (kiln.capture.host.CaptureHost, which names each one): the executor imports nothing
@@ -50,7 +45,7 @@ struct Stdlib {
   py::object getline, resolve_name, sys_modules, builtins;
   std::vector<py::object> binary_ops;  // dis._nb_ops order
   py::dict compare_ops;
-  py::object is_, is_not, contains, neg, pos, invert, setitem;
+  py::object is_, is_not, contains, neg, pos, invert;
   py::object intrinsic1_names;  // 3.12: opcode._intrinsic1_descs, else None
 };
 

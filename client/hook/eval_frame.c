@@ -4,8 +4,8 @@
 //
 // Contract with the Python side (kiln/eval_frame.py):
 //  * FrameRegion(fn, callback) calls fn with `callback` installed for this thread; callback=None
-//    disables capture inside (kiln.disable). Regions nest: a disabling one always disables, a
-//    compiling one inside another keeps the outer callback. With module_call= (for an nn.Module
+//    disables capture inside (kiln.disable). Regions nest (kiln.compile of a compiled function
+//    unwraps it: the outermost decides). With module_call= (for an nn.Module
 //    fn, see module_forward) it calls fn.forward itself when Module.__call__ would do only that.
 //  * For a frame it has no passing entry for, the hook calls
 //        callback(func, code, slots: tuple)
@@ -451,11 +451,7 @@ slow:
 static PyObject* region_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf,
                                    PyObject* kwnames) {
   FrameRegion* r = (FrameRegion*)self;
-  // A compiled region called where another one is already capturing keeps the outer callback
-  // (the outermost kiln.compile/kiln.optimize decides, as under torch.compile); a disabled one
-  // (kiln.disable) always disables.
-  PyObject* cb = (r->callback != NULL && tls_callback != NULL) ? tls_callback : r->callback;
-  PyObject* prior = swap_callback(Py_XNewRef(cb));
+  PyObject* prior = swap_callback(Py_XNewRef(r->callback));
   PyObject* result;
   PyObject* forward = r->module_call != NULL ? module_forward(r) : NULL;
   if (forward != NULL) {

@@ -1207,24 +1207,27 @@ Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
   // so that the eager fallback runs the graph on what the caller passed.
   std::vector<at::Tensor> targets, sources;
   for (const InputUpdate& u : input_updates_) {
-    const std::string where = "kiln plan: input update of " + Id(ids_[u.input_slot]) + ": ";
+    // Built only for a failure's message: this runs on every call.
+    const auto where = [&] {
+      return "kiln plan: input update of " + Id(ids_[u.input_slot]) + ": ";
+    };
     const at::Tensor& target =
         u.call_index >= 0 ? inputs[static_cast<size_t>(u.call_index)] : originals_[u.input_slot];
     const at::Tensor& value = vals[u.value_slot];
     const ValueMeta& in = metas_[u.input_slot];
     if (!target.defined() || !value.defined()) {
-      return Status::RuntimeError(where + "an undefined tensor");
+      return Status::RuntimeError(where() + "an undefined tensor");
     }
     if (target.scalar_type() != in.dtype || target.sizes() != c10::IntArrayRef(in.sizes) ||
         value.scalar_type() != in.dtype) {
-      return Status::RuntimeError(where + "the input is " +
+      return Status::RuntimeError(where() + "the input is " +
                                   Describe(target.scalar_type(), target.sizes(), target.strides()) +
                                   ", the plan's " + Describe(in.dtype, in.sizes, in.strides));
     }
     if (u.restride) {
       const int64_t bytes = *CheckedStorageBytes(u.new_meta);  // Create checked it fits.
       if (!target.has_storage() || static_cast<int64_t>(target.storage().nbytes()) < bytes) {
-        return Status::RuntimeError(where + "its storage is smaller than its new layout spans");
+        return Status::RuntimeError(where() + "its storage is smaller than its new layout spans");
       }
     }
     targets.push_back(target);

@@ -258,3 +258,38 @@ def test_a_plain_set_grad_enabled_call_is_a_graph_break_and_the_mode_holds_after
         torch.testing.assert_close(got, want)
         assert torch.is_grad_enabled()
     assert cnt.frame_count == 2  # a + 1, a + b between the calls; ret * 2 after them
+
+
+def test_set_grad_enabled_with_a_non_bool_raises_as_eager_does():
+    def f(x):
+        with torch.set_grad_enabled(1):
+            return x * 2
+
+    x = torch.randn(3)
+    with pytest.raises(TypeError):
+        f(x)
+    with pytest.raises(TypeError):
+        kiln.compile(f, backend="eager")(x)
+
+
+@kiln.assume_constant_result
+def _total(t):
+    return t.sum()
+
+
+def test_a_value_computed_inside_an_autocast_block_leaves_torchs_autocast_state_as_it_was():
+    # assume_constant_result runs the graph so far on the real inputs: it entered the open
+    # autocast block and never left it (torch's nesting count stayed one up, so its cast cache
+    # was never cleared).
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+            c = _total(y)
+        return y.float() * c
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    got = kiln.compile(f, backend="eager")(x, w)
+    depth = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    assert depth == 1 and not torch.is_autocast_enabled("cpu")
+    torch.testing.assert_close(got, f(x, w), rtol=1e-2, atol=1e-1)

@@ -395,3 +395,23 @@ def test_a_disabled_function_called_under_fullgraph_names_itself():
 
     with pytest.raises(kiln.exc.Unsupported, match="off, which kiln.disable"):
         kiln.optimize("eager", nopython=True)(lambda x: off(x * 2))(torch.randn(2))
+
+
+def test_a_compiled_function_called_at_run_time_inside_another_region_uses_its_own_backend():
+    # kiln.compile of a compiled function unwraps it (the outermost decides); one called while
+    # another region runs a frame eagerly installs its own callback, as torch.compile's does.
+    from kiln.testing import CompileCounter
+
+    def fn(x):
+        return x * 2 + 1
+
+    inner_cnt, outer_cnt = CompileCounter(), CompileCounter()
+    inner = kiln.optimize(inner_cnt)(fn)
+
+    def helper(x):  # its own frame runs as written (recursive=False): it calls `inner` there
+        return inner(x)
+
+    kiln.disable(helper, recursive=False)
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.optimize(outer_cnt)(lambda x: helper(x) - 1)(x), fn(x) - 1)
+    assert inner_cnt.frame_count == 1

@@ -9,7 +9,6 @@ import torch
 import torch.utils._pytree as pytree
 
 import kiln
-from kiln.graph.output_graph import OutputGraph
 
 
 def _assert_same(got, want):
@@ -103,41 +102,27 @@ def test_a_tensor_read_from_a_global_is_held_by_the_exported_graph():
     assert got[1] is _OFFSET or torch.equal(got[1], _OFFSET)
 
 
-class _Where:
-    """A capture's `where` that says one fixed place: what the executor hands OutputGraph."""
-
-    TEXT = '  File "model.py", line 7, in forward\n    y = x + 1\n'
-
-    def __enter__(self):
-        self.init = OutputGraph.__init__
-        text = self.TEXT
-
-        def init(graph, *args, **kwargs):
-            self.init(graph, *args, **kwargs)
-            graph.where = lambda: text
-
-        OutputGraph.__init__ = init
-        return self
-
-    def __exit__(self, *exc):
-        OutputGraph.__init__ = self.init
-
-
 def _linear_relu(x, linear):
     x = x + 1
     return linear(x.t().relu())
 
 
 def test_exported_nodes_carry_the_stack_the_capture_gives_them_through_aten_graphs_too():
+    # Each node's stack_trace is where the traced code was when it recorded the node: the line
+    # of the function, or of Linear.forward inlined into it; an ATen node keeps its source's.
     x, linear = torch.randn(2, 2), torch.nn.Linear(2, 2)
-    with _Where():
-        gm, _ = kiln.export(_linear_relu, x, linear)
-        aten, _ = kiln.export(_linear_relu, x, linear, aten_graph=True)
-    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
-    assert {n.op for n in nodes} >= {"call_function", "get_attr"}
-    assert all(n.stack_trace == _Where.TEXT for n in nodes)
-    calls = [n for n in aten.graph.nodes if n.op == "call_function"]
-    assert calls and all(n.stack_trace == _Where.TEXT for n in calls)
+    gm, _ = kiln.export(_linear_relu, x, linear)
+    aten, _ = kiln.export(_linear_relu, x, linear, aten_graph=True)
+    for g in (gm, aten):
+        nodes = [n for n in g.graph.nodes if n.op not in ("placeholder", "output")]
+        assert nodes and all(n.stack_trace for n in nodes)
+        added = [n for n in nodes if n.name == "add"]
+        assert added and all("in _linear_relu" in n.stack_trace and "x = x + 1" in n.stack_trace
+                             for n in added)
+        linear_nodes = [n for n in nodes if n.op == "get_attr" or "linear" in str(n.target)
+                        or "addmm" in str(n.target)]
+        assert linear_nodes and all("in forward" in n.stack_trace and "F.linear" in n.stack_trace
+                                    for n in linear_nodes)
     x2 = torch.randn(2, 2)
     for g in (gm, aten):
         torch.testing.assert_close(g(x2, linear), _linear_relu(x2, linear))

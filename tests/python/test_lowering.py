@@ -145,9 +145,10 @@ def test_every_op_of_the_ir_declares_its_schema_and_tags():
     assert len(forward.outputs) == 2  # (output, total_weight), bound in order
 
 
-def test_dropout_draws_as_eager_draws():
+def test_dropout_lowers_to_the_ops_eager_draws_with():
     # AOT autograd's forward graphs call native_dropout: it stays that op (torch's decomposition
-    # would draw with rand_like, other numbers than eager's bernoulli).
+    # would draw with rand_like, other numbers than eager's bernoulli). The numbers themselves
+    # are compared with eager's in test_kiln_training_ops.py.
     gm, ex = capture(lambda x: aten.native_dropout(x, 0.3, True)[0] * 2, torch.randn(8, 8))
     ops = [n.op for n in lowering.lower(gm, ex).graph.nodes]
     assert "aten::native_dropout" in ops and not [op for op in ops if "rand" in op]
@@ -548,7 +549,6 @@ def test_a_training_graphs_fused_attention_lowers_with_every_tensor_result(kind,
     schema = getattr(aten, f"_scaled_dot_product_{kind}_attention").default._schema
     tensors = [r for r in schema.returns if isinstance(r.type, torch.TensorType)]
     assert node.op == schema.name and len(node.outputs) == len(tensors)
-    assert len(tensors) < len(schema.returns) or kind == "efficient"  # sizes are no value
     dtypes = {protocol.messages().graph.DType.Name(o.meta.dtype) for o in node.outputs}
     if kind == "flash":
         assert "DTYPE_UINT64" in dtypes

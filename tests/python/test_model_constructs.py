@@ -383,6 +383,22 @@ def test_a_pre_hook_returning_a_namedtuple_gives_forward_its_items():
     _fullgraph(lambda x: m(x), torch.randn(3))
 
 
+def test_an_int_power_of_an_item_value_has_eager_s_type(monkeypatch):
+    # 2 ** k is an int for k >= 0 and a float below: the stand-in (1) said int.
+    monkeypatch.setattr(kiln.config, "capture_scalar_outputs", True)
+
+    def f(x, n):
+        p = 2 ** n.item()
+        return x * p, isinstance(p, float)
+
+    x = torch.randn(3)
+    for k in (-2, 3):
+        n = torch.tensor(k)
+        got, want = kiln.compile(f, backend="eager")(x, n), f(x, n)
+        assert got[1] == want[1]
+        torch.testing.assert_close(got[0], want[0])
+
+
 def test_item_is_a_value_the_graph_computes_under_capture_scalar_outputs(monkeypatch):
     monkeypatch.setattr(kiln.config, "capture_scalar_outputs", True)
 

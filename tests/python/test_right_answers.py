@@ -1025,3 +1025,25 @@ def test_user_operators_follow_pythons_order_of_special_methods(right_cls, left_
     compiled = kiln.compile(_add_vectors, backend="eager")
     torch.testing.assert_close(compiled(x, right_cls, left_empty),
                                _add_vectors(x, right_cls, left_empty))
+
+
+def _raises_value_error(v):
+    raise ValueError("refused")
+
+
+def _map_of_a_function_that_raises(x, xs):
+    try:
+        items = map(_raises_value_error, xs)  # eager: nothing is called yet
+    except ValueError:
+        return x - 1
+    try:
+        list(items)
+    except ValueError:
+        return x + 1
+    return x
+
+
+def test_map_over_a_function_that_raises_raises_when_its_items_are_taken():
+    x = torch.randn(3)
+    got = kiln.compile(_map_of_a_function_that_raises, backend="eager")(x, [1, 2])
+    torch.testing.assert_close(got, _map_of_a_function_that_raises(x, [1, 2]))

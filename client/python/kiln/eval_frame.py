@@ -169,7 +169,8 @@ def _another_module_instance(entries, slots, func) -> bool:
         if not module_guards:
             continue
         reason = manager.failure_reason(slots, func)
-        if reason and reason.split(": ", 1)[0] in module_guards:
+        # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
+        if reason and any(reason.startswith(text + ": ") for text in module_guards):
             return True
     return False
 
@@ -247,6 +248,11 @@ def _prepare_stored(target, callback) -> None:
 
 
 def _wrap(target, callback):
+    # kiln.compile of what kiln.compile made: the outermost decides (torch.compile unwraps so,
+    # innermost_fn). A region called at run time installs its own callback.
+    while (type(target) is _C.FrameRegion and target.callback is not None) or \
+            isinstance(target, OptimizedModule):
+        target = target._orig_mod if isinstance(target, OptimizedModule) else target.fn
     if isinstance(target, torch.nn.Module):
         wrapped = OptimizedModule(target, callback)
         _prepare_stored(target, callback)

@@ -8,6 +8,7 @@ from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 
 from kiln import eval_frame
 from kiln.exc import ExportOptionError, Unsupported
+from kiln.graph import output_graph
 
 
 class ExportResult(NamedTuple):
@@ -63,7 +64,8 @@ def export(fn, *args, aten_graph: bool = False, decomposition_table=None,
     graph on fake tensors, with `decomposition_table` ({op: function}) applied. tracing_mode
     "real" and "fake" give the same graph (shapes are static); "symbolic" is refused
     (kiln.exc.ExportOptionError, a ValueError). Each node keeps the stack_trace the capture
-    gave it (OutputGraph.where), an ATen node that of the node it came from."""
+    gave it (the executor's location where it recorded the node), an ATen node that of the node
+    it came from."""
     if decomposition_table is not None and not aten_graph:
         raise ExportOptionError("kiln.export: decomposition_table applies to an ATen graph "
                                 "only (aten_graph=True)")
@@ -72,7 +74,8 @@ def export(fn, *args, aten_graph: bool = False, decomposition_table=None,
                                 "static shapes ('real' or 'fake')")
     capture = _Capture()
     callback = eval_frame.FrameCallback(capture.backend, fullgraph=True, observer=capture)
-    result = eval_frame._wrap(fn, callback)(*args, **kwargs)
+    with output_graph.recording_locations():
+        result = eval_frame._wrap(fn, callback)(*args, **kwargs)
     if len(capture.graphs) != 1:
         raise Unsupported(f"export needs exactly one graph, capture made {len(capture.graphs)}"
                           " (a function with no tensor operations has none)")

@@ -804,7 +804,7 @@ _UNBOUND = object()
 def _resume(code, func, recipe: list):
     """The resume function a record's recipe names, made again from the live code: the same
     code object as the capturing process made, so its own stored capture is found by its key."""
-    from kiln.transform.resume import ResumeRecipe, resume_function, resume_origin
+    from kiln.transform.resume import resume_origin, shared_resume
 
     code = resume_origin(code)[0]  # a resume function's breaks continue its origin's code
     offset, is_null, unbound, name = recipe
@@ -812,8 +812,8 @@ def _resume(code, func, recipe: list):
             all(type(b) is bool for b in is_null) and all(type(u) is str for u in unbound)):
         raise NotInstallable(f"malformed resume function {recipe!r}")
     try:
-        return resume_function(code, func.__globals__,
-                               ResumeRecipe(offset, tuple(is_null), tuple(unbound), name))
+        return shared_resume(code, func.__globals__, offset, tuple(is_null), tuple(unbound),
+                             name)
     except (ValueError, IndexError, KeyError) as e:
         raise NotInstallable(f"resume function {name} not made: {e}") from None
 

@@ -4,7 +4,9 @@ module attributes (parameters, buffers) the graph reads.
 Tensor metadata comes from running each op on FakeTensors: shapes, dtypes, devices and strides
 without touching real data or running real kernels.
 """
+import contextlib
 import operator
+import threading
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -68,6 +70,24 @@ class ContainerMemo:
         """The trackers of the outside containers the frame mutated (their `replayed` flag), in
         the order they were read."""
         return [t for t in self._trackers.values() if t.replayed]
+
+
+class _Locations(threading.local):
+    on = False
+
+
+_locations = _Locations()
+
+
+@contextlib.contextmanager
+def recording_locations():
+    """Captures in this thread give each node its stack_trace (kiln.export's graphs): a
+    capture otherwise leaves it out, a string per node it would only spend time on."""
+    prior, _locations.on = _locations.on, True
+    try:
+        yield
+    finally:
+        _locations.on = prior
 
 
 class OutputGraph:
@@ -239,6 +259,8 @@ class OutputGraph:
         except Exception as e:  # the program would raise at this op too
             raise Unsupported(f"running the graph so far on the real inputs failed: "
                               f"{type(e).__name__}: {e}") from None
+        finally:
+            _leave_autocast_blocks(self.graph, interpreter.env)
         return [interpreter.env[n] for n in nodes]
 
     # -- checkpoints (graph breaks roll back what a failed instruction recorded) ----------------
@@ -328,8 +350,9 @@ class OutputGraph:
 
     def _located(self, node) -> None:
         """Gives `node` the user's stack where it was recorded (node.stack_trace, which is
-        node.meta["stack_trace"]), when the executor says where that is."""
-        if self.where is not None:
+        node.meta["stack_trace"]), where the executor says where that is (its translator's
+        `where`), while recording_locations() is on."""
+        if _locations.on and self.where is not None:
             text = self.where()
             if text:
                 node.stack_trace = text
@@ -409,3 +432,16 @@ def _source_var_name(source: Optional[Source]) -> str:
     while "__" in name:
         name = name.replace("__", "_")
     return name.strip("_")
+
+
+def _leave_autocast_blocks(graph, env) -> None:
+    """Exits, innermost first, the autocast blocks a run of `graph` entered and did not leave
+    (the graph so far ends inside a `with torch.autocast()`): the run must not leave torch's
+    autocast state, its nesting count included, other than it found it."""
+    exited = {n.args[0] for n in graph.nodes
+              if n.op == "call_function" and n.target is torch.amp._exit_autocast and n in env}
+    entered = [n for n in graph.nodes
+               if n.op == "call_function" and n.target is torch.amp._enter_autocast and n in env
+               and n not in exited]
+    for node in reversed(entered):
+        torch.amp._exit_autocast(env[node])

@@ -1,18 +1,8 @@
 """The code that finishes a frame after its graph when the graph broke: the one instruction the
 capture could not model runs in Python, then a resume function continues the frame."""
-import itertools
-import weakref
-
 from kiln.capture.code_layout import live_locals
 from kiln.exc import Unsupported
-from kiln.transform.resume import (ResumeRecipe, resume_function, resume_origin, resume_params,
-                                   with_cells)
-
-_resume_ids = itertools.count(1)
-# The resume functions made for each code: a break at the same place with the same stack layout
-# (every entry of the code breaking there: one per instance of a module class, one per set of
-# guards) continues in one resume function, whose own entries are then shared as well.
-_resumes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+from kiln.transform.resume import resume_origin, resume_params, shared_resume, with_cells
 
 
 def break_body(func, code, gb, rebuild, consts):
@@ -38,16 +28,11 @@ def break_body(func, code, gb, rebuild, consts):
         unbound = [n for n in varnames if n not in ckpt.locals or
                    (n not in live and n not in code.co_cellvars)]
         local_exprs = ["None" if n in unbound else rebuild(ckpt.locals[n]) for n in varnames]
-        made = _resumes.setdefault(code, {})
-        key = (target_offset, tuple(is_null), tuple(unbound), id(func.__globals__))
-        fn = made.get(key)
-        if fn is None or fn.__globals__ is not func.__globals__:
-            rname = f"__resume_at_{target_offset}_{next(_resume_ids)}"
-            try:
-                fn = made[key] = resume_function(code, func.__globals__, ResumeRecipe(
-                    target_offset, tuple(is_null), tuple(unbound), rname))
-            except ValueError as e:
-                raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
+        try:
+            fn = shared_resume(code, func.__globals__, target_offset, tuple(is_null),
+                               tuple(unbound))
+        except ValueError as e:
+            raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
         resumes.append(fn.__code__)
         args = local_exprs + [v if isinstance(v, str) else rebuild(v)
                               for v in stack_vts if isinstance(v, str) or not v.is_null]

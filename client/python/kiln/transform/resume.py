@@ -15,18 +15,26 @@ cell by the prologue. The exception table and line table of the body are shifted
 prologue.
 """
 import dis
+import itertools
 import types
 import weakref
-from typing import NamedTuple, Sequence, Tuple
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 from kiln.capture.code_layout import parse_exception_table
 
 _OP = dis.opmap
 _NO_LOCATION = 15  # line table entry code: no source position
 
-# Each resume code made -> (the code it continues, the bytes its prologue adds before that
-# code's body).
+# Each resume code made -> (a weak reference to the code it continues, the bytes its prologue
+# adds before that code's body).
 _origins: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# The resume functions alive for each code, by (offset, stack layout, unbound locals, globals):
+# a break at the same place with the same layout (every entry of the code breaking there: one
+# per instance of a module class, one per set of guards, one per turn of a loop) continues in
+# one resume function, whose own entries are then shared as well. Held weakly both ways: the
+# entries whose transformed code calls a resume function keep it alive.
+_made: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ids = itertools.count(1)
 
 
 def _emit(out: bytearray, opname: str, arg: int = 0):
@@ -177,7 +185,27 @@ def resume_function(code: types.CodeType, globals_: dict, recipe: ResumeRecipe):
     closure = tuple(types.CellType() for _ in rcode.co_freevars) or None
     fn = types.FunctionType(rcode, globals_, recipe.name, None, closure)
     fn.__kiln_resume__ = recipe
-    _origins[rcode] = (code, len(rcode.co_code) - len(code.co_code))
+    _origins[rcode] = (weakref.ref(code), len(rcode.co_code) - len(code.co_code))
+    return fn
+
+
+def shared_resume(code: types.CodeType, globals_: dict, target_offset: int,
+                  stack_is_null: tuple, unbound_locals: tuple, name: Optional[str] = None):
+    """The resume function of `code` at `target_offset` for this stack layout and these unbound
+    locals over `globals_`: the one alive already, or a new one (named `name`, as a stored
+    capture's record names it, else __resume_at_<offset>_<n>). Raises ValueError where none
+    can be made."""
+    made = _made.get(code)
+    if made is None:
+        made = _made[code] = weakref.WeakValueDictionary()
+    key = (target_offset, stack_is_null, unbound_locals, id(globals_))
+    fn = made.get(key)
+    if fn is not None and (name is None or fn.__name__ == name):
+        return fn
+    fn = resume_function(code, globals_, ResumeRecipe(
+        target_offset, stack_is_null, unbound_locals,
+        name or f"__resume_at_{target_offset}_{next(_ids)}"))
+    made.setdefault(key, fn)
     return fn
 
 
@@ -187,7 +215,12 @@ def resume_origin(code: types.CodeType) -> Tuple[types.CodeType, int]:
     in a resume function continues in a resume function of that code, at the same place in its
     body: a loop whose every iteration breaks runs the same few resume functions, however many
     times it turns, as TorchDynamo's ContinueExecutionCache does."""
-    return _origins.get(code, (code, 0))
+    origin = _origins.get(code)
+    if origin is not None:
+        continued = origin[0]()
+        if continued is not None:
+            return continued, origin[1]
+    return code, 0
 
 
 def with_cells(resume, cells_of):

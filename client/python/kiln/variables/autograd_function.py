@@ -16,6 +16,14 @@ from kiln.variables.tensor import TensorVariable
 _BASE_SETUP_CONTEXT = inspect.getattr_static(torch.autograd.Function, "setup_context", None)
 
 
+def has_functions_apply(cls) -> bool:
+    """Whether `cls` is a torch.autograd.Function whose apply is Function's own (modelled by
+    AutogradFunctionApplyVariable), not one it overrides."""
+    return isinstance(cls, type) and issubclass(cls, torch.autograd.Function) and \
+        inspect.getattr_static(cls, "apply") is \
+        inspect.getattr_static(torch.autograd.Function, "apply")
+
+
 def _static_function(cls, name):
     fn = inspect.getattr_static(cls, name, None)
     if isinstance(fn, staticmethod):

@@ -13,6 +13,7 @@ from kiln import _C
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource, InstanceAttrSource, ItemSource, LocalSource
+from kiln.variables.autograd_function import AutogradFunctionApplyVariable, has_functions_apply
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
@@ -130,14 +131,9 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return FrameRegionVariable(value, source)
     if isinstance(value, (types.BuiltinMethodType, types.MethodType)) and \
-            isinstance(value.__self__, type) and \
-            issubclass(value.__self__, torch.autograd.Function) and value.__name__ == "apply" and \
-            inspect.getattr_static(value.__self__, "apply") is \
-            inspect.getattr_static(torch.autograd.Function, "apply"):
+            value.__name__ == "apply" and has_functions_apply(value.__self__):
         # Fn.apply kept as a value (self.fn = Fn.apply): the Function's apply (a builtin method
         # of the class, or torch's Python classmethod bound to it, by torch's version).
-        from kiln.variables.autograd_function import AutogradFunctionApplyVariable
-
         self_source = AttrSource(source, "__self__") if source is not None else None
         if self_source is not None and g:
             out.guards.add(self_source, "ID_MATCH", value.__self__)

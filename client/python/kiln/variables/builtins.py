@@ -10,11 +10,12 @@ import types
 
 import torch
 
-from kiln.exc import Unsupported
+from kiln.exc import TracedException, Unsupported
 from kiln.variables.base import VariableTracker, any_tensor, constant_args
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
                                        ListVariable, SliceVariable, TupleVariable, note_mutation)
+from kiln.variables.exceptions import check_attribute_error
 from kiln.variables.tensor import ScalarVariable, TensorVariable
 
 _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
@@ -94,6 +95,10 @@ def apply_operator(tx, fn, args):
         if fn not in _TENSOR_OPERATORS or not all(
                 isinstance(a, ScalarVariable) or a.is_python_constant() for a in args):
             raise Unsupported(f"{fn.__name__} of a value Tensor.item() read")
+        if fn in (operator.pow, operator.ipow) and all(
+                type(a.as_fake_arg()) in (int, bool) for a in args):
+            # int ** int is an int or a float by the exponent's sign, which the stand-in hides.
+            raise Unsupported(f"{fn.__name__} of ints Tensor.item() read")
         try:
             kind = type(fn(*(a.as_fake_arg() for a in args)))
         except Exception as e:
@@ -335,8 +340,15 @@ def _len(tx, obj):
 
 
 def _getattr(tx, obj, name, default=None):
+    """getattr(obj, name[, default]): LOAD_ATTR's lookup, and its AttributeError as LOAD_ATTR
+    has it (check_attribute_error: a class's __getattr__ would run first)."""
     try:
         return obj.var_getattr(tx, name.as_python_constant())
+    except TracedException as e:
+        check_attribute_error(obj, e)
+        if default is not None and issubclass(e.value.python_type(), AttributeError):
+            return default
+        raise
     except Unsupported:
         if default is not None and not obj.has_attr(tx, name.as_python_constant()):
             return default
@@ -438,7 +450,11 @@ def _calls_without_effects(tx, fn, rows):
     stores = mutations_of(tx.output)
     with counting_every_mutation():
         before = (mutation_count(), stores.checkpoint())
-        results = [fn.call_function(tx, list(row), {}) for row in rows]
+        try:
+            results = [fn.call_function(tx, list(row), {}) for row in rows]
+        except TracedException as e:
+            # Eager raises it when the item is taken, maybe outside a try around map() here.
+            raise Unsupported(f"map()/filter() over a function that raises ({e})") from None
         after = (mutation_count(), stores.checkpoint())
     if before[0] != after[0] or before[1].keys() != after[1].keys() or any(
             after[1][k] is not v for k, v in before[1].items()):

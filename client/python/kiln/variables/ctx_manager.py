@@ -118,9 +118,11 @@ class SetGradEnabledVariable(VariableTracker):
             raise Unsupported("torch.set_grad_enabled called outside a `with`: it runs where "
                               "the program calls it")
         const = constant_args(args, kwargs)
-        if const is None or len(const[0]) + len(const[1]) != 1:
+        if const is None or len(const[0]) + len(const[1]) != 1 or set(const[1]) - {"mode"}:
             raise Unsupported("torch.set_grad_enabled with other than one constant argument")
-        mode = bool((const[0] or list(const[1].values()))[0])
+        mode = (const[0] or list(const[1].values()))[0]
+        if type(mode) is not bool:  # torch's raises TypeError
+            raise Unsupported(f"torch.set_grad_enabled({mode!r}), which is not a bool")
         made = cls(torch.is_grad_enabled())
         set_grad_mode(tx, mode)
         return made

@@ -11,6 +11,9 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import (AttrSource, DictItemSource, InstanceAttrSource,
                                 InstanceDictSource, ItemSource, TypeSource, WeakRefCallSource)
 from kiln.variables import typing_values
+from kiln.variables.autograd_function import (AutogradFunctionApplyVariable,
+                                              AutogradFunctionInstanceVariable,
+                                              has_functions_apply)
 from kiln.variables.base import BoundContainerMethod, VariableTracker
 from kiln.variables.class_attr import (class_attr, class_source, is_data_descriptor,
                                        object_setattr, plain_getattr)
@@ -86,11 +89,7 @@ class UserDefinedClassVariable(VariableTracker):
             return ObjectSetattrVariable()
         if self.cls is object and name == "__getattribute__":
             return ObjectGetattributeVariable()
-        if name == "apply" and issubclass(self.cls, torch.autograd.Function) and \
-                inspect.getattr_static(self.cls, "apply") is \
-                inspect.getattr_static(torch.autograd.Function, "apply"):
-            from kiln.variables.autograd_function import AutogradFunctionApplyVariable
-
+        if name == "apply" and has_functions_apply(self.cls):
             return AutogradFunctionApplyVariable(self.cls, self.source)
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
@@ -104,8 +103,6 @@ class UserDefinedClassVariable(VariableTracker):
                 inspect.getattr_static(torch.autograd.Function, "__init__"):
             # The old spelling CustomFunc().apply(x): an instance only to reach apply (its
             # __init__ only issues a DeprecationWarning, which Python hides by default).
-            from kiln.variables.autograd_function import AutogradFunctionInstanceVariable
-
             return AutogradFunctionInstanceVariable(self.cls, self.source)
         if _is_plain_namedtuple(self.cls):
             # The generated __new__ binds the fields (defaults applied) into a tuple of them.

@@ -107,6 +107,9 @@ TEST(OpAdmissionTest, TagsThatSayTheHostReadsValuesOrMetadataChangesAreRefused) 
                     {"data_dependent_output"})
                 .find("tagged data_dependent_output"),
             std::string::npos);
+  EXPECT_NE(Refusal("aten::my_view", "aten::my_view(Tensor self) -> Tensor", 1, {"inplace_view"})
+                .find("tagged inplace_view"),
+            std::string::npos);
 }
 
 TEST(OpAdmissionTest, TheDenylistRefusesOpsWithEffectsWhateverTheirSchemaSays) {
