@@ -149,3 +149,27 @@ def test_dropout_of_a_model_in_training_mode_draws_eagers_numbers(caplog):
     assert not [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
     art = kiln.debug.artifact(f)
     assert art is not None and "bernoulli" in kiln.debug.format_artifact(art)
+
+
+@pytest.mark.parametrize("pooling", ["adaptive_avg_pool2d", "AdaptiveAvgPool2d"])
+def test_a_value_the_graph_restrides_in_place_is_compiled_as_a_view(caplog, pooling):
+    """ATen's adaptive_avg_pool2d to 1x1 of a channels-last input restrides its mean in place
+    (as_strided_, below functionalization): no write into anything the caller holds, so the graph
+    is compiled, with eager's values and layouts (convnext's and swin's heads)."""
+    pool = torch.nn.AdaptiveAvgPool2d(1)
+
+    def f(x, w):
+        x = torch.nn.functional.gelu(x * 2)
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x, 1) if pooling[0] == "a" \
+            else pool(x)
+        return pooled.flatten(1) @ w, pooled
+
+    x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(8, 3)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln"):
+        expected = f(x, w)
+        out = kiln.compile(f, backend="kiln")(x, w)
+    assert not [r.getMessage() for r in caplog.records if "eagerly" in r.getMessage()]
+    assert len(kiln.debug.artifacts()) == 1
+    torch.testing.assert_close(out, expected)
+    assert out[1].stride() == expected[1].stride()

@@ -1,6 +1,7 @@
-"""An ATen op's call node as the lowering reads it: its arguments bound to its schema's names,
-and the error raised for what the kiln.v1 IR cannot express. Shared by kiln.graph.ir and
-kiln.graph.input_updates, which each other's imports would otherwise make a cycle."""
+"""An ATen op's call node as the lowering reads it: its arguments bound to its schema's names, its
+arguments' fake values, and the error raised for what the kiln.v1 IR cannot express. Shared by
+kiln.graph.ir, kiln.graph.input_updates and kiln.graph.layout, which each other's imports would
+otherwise make a cycle."""
 import torch
 
 
@@ -13,3 +14,10 @@ def _bound_arguments(node: torch.fx.Node) -> dict:
     return {a.name: (node.args[i] if i < len(node.args) else
                      node.kwargs.get(a.name, a.default_value))
             for i, a in enumerate(node.target._schema.arguments)}
+
+
+def meta_values(value):
+    """An FX argument with its nodes replaced by their values (meta["val"]: fake tensors), for
+    running an op on as a trace would."""
+    return torch.fx.node.map_aggregate(
+        value, lambda v: v.meta["val"] if isinstance(v, torch.fx.Node) else v)

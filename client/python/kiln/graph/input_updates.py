@@ -14,14 +14,20 @@ The program's results keep eager's aliasing: one that is the updated input itsel
 (the plan returns the caller's tensor, updated), one that is a view of it is that view of the
 input (computed by the plan as a view of the caller's tensor, so it shows the update). A view the
 IR cannot rebuild on the input (its input's layout changed too) refuses the graph.
+
+A metadata update of a value the graph computes (ATen's adaptive_avg_pool2d restrides its mean in
+place for a channels-last input, below functionalization) is no write at all: functional_restrides
+makes it the view op it amounts to.
 """
 from dataclasses import dataclass
+import contextlib
 from typing import Dict, List, Optional, Tuple
 
 import torch
+from torch._guards import detect_fake_mode
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from kiln.graph.aten_nodes import LoweringError, _bound_arguments
+from kiln.graph.aten_nodes import LoweringError, _bound_arguments, meta_values
 
 aten = torch.ops.aten
 
@@ -157,3 +163,58 @@ def outputs_and_updates(aten_gm: torch.fx.GraphModule, flat_outputs: list):
     updates = aten_gm.meta.get(UPDATES, ())
     returned = len(flat_outputs) - len(updates)
     return flat_outputs[:returned], list(zip(updates, flat_outputs[returned:]))
+
+
+def functional_restrides(gm: torch.fx.GraphModule) -> None:
+    """Rewrites in-place metadata updates (as_strided_, unsqueeze_, transpose_: ATen's
+    inplace_view ops) of values the graph computes into their view ops, whose results the later
+    readers of the value read. Only the value's own tensor changed (its storage did not), so no
+    other value sees it; an update of a graph input is the caller's (returned_as_outputs). The
+    value's metadata is computed again, as the op made it: the trace's fake tensor was updated
+    in place and shows the new layout. The caller recompiles gm."""
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
+                torch.Tag.inplace_view not in node.target.tags:
+            continue
+        base = node.args[0]
+        view = _view_op(node.target)
+        if view is None or not isinstance(base, torch.fx.Node) or base.op != "call_function" or \
+                not isinstance(base.target, torch._ops.OpOverload) or \
+                not isinstance(base.meta.get("val"), torch.Tensor):
+            continue
+        args, kwargs = meta_values(base.args), meta_values(base.kwargs)
+        with detect_fake_mode([base.meta["val"]]) or contextlib.nullcontext():
+            base_val = base.target(*args, **kwargs)
+        with graph.inserting_after(node):
+            replacement = graph.call_function(view, node.args, dict(node.kwargs))
+        replacement.meta = dict(node.meta)
+        node.replace_all_uses_with(replacement)
+        for user in list(base.users):
+            if user is not node and user is not replacement and order.get(user, -1) > order[node]:
+                user.replace_input_with(base, replacement)
+        graph.erase_node(node)
+        order[replacement] = order[node]
+        base.meta["val"] = base_val
+
+
+def _view_op(inplace: torch._ops.OpOverload) -> Optional[torch._ops.OpOverload]:
+    """The view op an in-place metadata update amounts to: its name less the trailing underscore,
+    the overload taking the same arguments (transpose_.default is transpose.int)."""
+    name = inplace._schema.name.split("::")[-1]
+    packet = getattr(aten, name[:-1], None) if name.endswith("_") else None
+    if packet is None:
+        return None
+    wanted = [(a.name, str(a.type)) for a in inplace._schema.arguments]
+    for overload in packet.overloads():
+        op = getattr(packet, overload)
+        returns = op._schema.returns
+        # A view of its input (Tensor(a)): resize_as_ and set_ are tagged too, but their
+        # functional forms allocate.
+        is_view = len(returns) == 1 and returns[0].alias_info is not None and \
+            not returns[0].alias_info.is_write
+        if is_view and [(a.name, str(a.type)) for a in op._schema.arguments] == wanted:
+            return op
+    return None
+

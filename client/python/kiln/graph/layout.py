@@ -18,6 +18,8 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.fx._lazy_graph_module import _make_graph_module
 
+from kiln.graph.aten_nodes import meta_values
+
 aten = torch.ops.aten
 log = logging.getLogger("kiln")
 
@@ -120,19 +122,12 @@ def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModul
     return _make_graph_module(aten_gm, graph)
 
 
-def _val(value):
-    """The fake value of an FX argument (nodes replaced by their metadata), for running an op
-    on."""
-    return torch.fx.node.map_aggregate(
-        value, lambda v: v.meta["val"] if isinstance(v, torch.fx.Node) else v)
-
-
 def _computed(graph: torch.fx.Graph, node: torch.fx.Node, args, kwargs) -> torch.fx.Node:
     """`node` copied into `graph` over new arguments, its value computed again from theirs: the
     op run on fake tensors, as a trace would, without tracing the graph again."""
     copy = graph.call_function(node.target, args, kwargs)
     copy.meta = {k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")}
-    copy.meta["val"] = node.target(*_val(args), **_val(kwargs))
+    copy.meta["val"] = node.target(*meta_values(args), **meta_values(kwargs))
     return copy
 
 

@@ -541,6 +541,7 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
                          decomposition_table=decompositions(), tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
         input_updates.returned_as_outputs(traced)
+        input_updates.functional_restrides(traced)
         traced.graph.eliminate_dead_code()
         if cuda:
             _fused_attention_as_sdpa(traced)
