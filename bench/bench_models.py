@@ -16,7 +16,8 @@ end of the suite):
   kiln.compile(backend="eager") called twice, its outputs against eager's. torch: the same from
   torch._dynamo.explain, dynamo's frame counters and log, torch.compile(backend="eager").
 - speed (eager, kiln, torch; not with --capture-only): kiln.compile (backend "kiln", a fresh
-  kilnd cache) or torch.compile (inductor, a fresh cache): the first call from the compile call,
+  kilnd cache) or torch.compile (inductor in --torch-mode: reduce-overhead on a GPU, default on
+  the CPU; a fresh cache): the first call from the compile call,
   then eager and compiled timed in alternating rounds (bench_cpu_models._paired_ms; CUDA events
   on a GPU): the speedup is the ratio of the process's own pair. eager: eager's first call and
   steady state alone.
@@ -336,10 +337,10 @@ def _last_line(where: str) -> str:
 
 
 def speed_row(name: str, compiler: str, device: str = "cpu", dtype: str = "fp32",
-              min_time: float = 2.0) -> dict:
+              min_time: float = 2.0, torch_mode: str = "default") -> dict:
     """The speed measurement of one model under `compiler` in this process: the first call
     (from the compile call), the compiled output against eager's, and eager and compiled timed
-    in alternating rounds."""
+    in alternating rounds. torch.compile runs in `torch_mode`."""
     import torch
 
     spec = model_configs.MODELS[name]
@@ -371,7 +372,8 @@ def speed_row(name: str, compiler: str, device: str = "cpu", dtype: str = "fp32"
 
                 cm = kiln.compile(model, backend="kiln")
             else:
-                cm = torch.compile(model)
+                rec["torch_mode"] = torch_mode
+                cm = torch.compile(model, mode=None if torch_mode == "default" else torch_mode)
             out = cm(*args, **kwargs)
             _sync(device)
             rec["first_call_s"] = time.perf_counter() - t
@@ -420,7 +422,8 @@ def child(name, compiler, mode, device, dtype, min_time):
     if mode == "capture":
         rec = capture_row(name, compiler, device, dtype)
     else:
-        rec = speed_row(name, compiler, device, dtype, min_time)
+        rec = speed_row(name, compiler, device, dtype, min_time,
+                        os.environ.get("KILN_BENCH_TORCH_MODE", "default"))
     rec["torch"] = torch.__version__
     rec["threads"] = torch.get_num_threads()
     print("RESULT " + json.dumps(rec, default=str), flush=True)
@@ -733,6 +736,11 @@ def main():
     p.add_argument("--threads", type=int, default=None, help="torch threads in each process")
     p.add_argument("--min-time", type=float, default=2.0,
                    help="seconds of timed calls per compiler and model (CPU)")
+    p.add_argument("--torch-mode", default=None,
+                   choices=["default", "reduce-overhead", "max-autotune",
+                            "max-autotune-no-cudagraphs"],
+                   help="torch.compile's mode in the speed rows; default: reduce-overhead on a "
+                        "GPU (its CUDA graphs, as kiln's plans use them), default on the CPU")
     p.add_argument("--jsonl", default=os.path.join(OUT_DIR, "models.jsonl"))
     p.add_argument("--resume", action="store_true", help="skip what --jsonl already holds")
     p.add_argument("--csv", default=os.path.join(OUT_DIR, "models.csv"))
@@ -747,6 +755,9 @@ def main():
     a.dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
     if a.threads:
         os.environ["KILN_BENCH_THREADS"] = str(a.threads)
+    if not a.child:  # the children (speed_row) read it
+        os.environ["KILN_BENCH_TORCH_MODE"] = a.torch_mode or (
+            "reduce-overhead" if a.device == "cuda" else "default")
     if a.child:
         child(*a.child, a.device, a.dtype, a.min_time)
         return
