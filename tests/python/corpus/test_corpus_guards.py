@@ -105,6 +105,16 @@ def int_driving_loop_count_reuses(x, n):
     return x
 
 
+# A 0-d integer tensor argument read as a number (arange's bounds) makes sizes the graph's
+# later ops depend on: the read is data-dependent, a graph break, never a value the capture saw.
+@corpus(sets=[[(3,), lambda: torch.tensor(0), lambda: torch.tensor(3)],
+              [(3,), lambda: torch.tensor(1), lambda: torch.tensor(5)]], frames=3, breaks=1)
+def zero_dim_int_tensor_argument_read_as_a_number(x, lo, hi):
+    x = x * 2
+    a = torch.arange(lo, hi)
+    return x.sum() + x.new_zeros(a.shape[0]) + a
+
+
 @corpus(sets=[[(4, 4)], [(4, 4)]], frames=1)
 def constant_tensor_created_inside(x):
     return x + torch.eye(4)

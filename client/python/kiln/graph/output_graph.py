@@ -153,6 +153,11 @@ class OutputGraph:
                 except Exception as e:  # a tensor no fake can stand for: not a kiln error
                     raise Unsupported(f"no fake tensor for a {type(real).__name__}: "
                                       f"{type(e).__name__}: {e}") from None
+                # A plain FakeTensorMode remembers the value of a 0-d CPU integer tensor, and
+                # an op that reads it as a number (torch.arange(t0, t1)) then bakes it into the
+                # graph, which no guard checks: a value read is data-dependent, as for any
+                # tensor the graph computes.
+                f.item_memo = None
             self._fakes[id(real)] = f
             self._keepalive.append(real)
         return f
