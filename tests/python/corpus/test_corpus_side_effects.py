@@ -270,6 +270,30 @@ def test_random_ops_follow_the_global_generator_like_eager():
     torch.testing.assert_close(got_next, want_next)
 
 
+def _generator_state_calls(x):
+    state = torch.get_rng_state()
+    before = torch.rand(10) + x
+    torch.set_rng_state(state)
+    after = torch.rand(10) + x
+    torch.manual_seed(9000)
+    return before, after, torch.randn(3) * x
+
+
+def test_generator_state_set_inside_the_frame_draws_and_leaves_numbers_as_eager():
+    # get_rng_state, set_rng_state and manual_seed between random ops: the graphs draw the
+    # numbers eager draws, and the generator is left where eager leaves it.
+    x = torch.randn(1)
+    opt = kiln.compile(_generator_state_calls, backend=CompileCounter())
+    for seed in range(3):
+        torch.manual_seed(seed)
+        want, want_next = _generator_state_calls(x), torch.rand(4)
+        torch.manual_seed(seed)
+        got, got_next = opt(x), torch.rand(4)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+        assert torch.equal(got_next, want_next)
+
+
 def _mutate_returns_input(x):
     x.sub_(1)
     return x
