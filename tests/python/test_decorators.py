@@ -322,6 +322,21 @@ def test_run_of_a_function_uses_only_its_compiled_entries_and_leaves_the_stance_
     assert cnt.frame_count == 2
 
 
+def test_a_run_only_function_called_from_a_captured_frame_is_traced_into():
+    # The outermost compiled region decides, as for a compiled function: the run-only wrapper
+    # is traced as the function it wraps (a call of kiln's own wrapper would break the graph).
+    @kiln.run()
+    def sine(x):
+        return torch.sin(x) * 10
+
+    cnt = CompileCounter()
+    outer = kiln.optimize(cnt, nopython=True)(lambda x: torch.relu(sine(x) + 1))
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(outer(x), torch.relu(torch.sin(x) * 10 + 1))
+    assert cnt.frame_count == 1 and cnt.op_count == 4
+    assert torch.sin in _targets(cnt)
+
+
 def test_a_marked_function_that_dies_leaves_no_marking_behind():
     def temporary(a):
         return a

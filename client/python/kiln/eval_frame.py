@@ -416,6 +416,10 @@ class _Stance:
             finally:
                 set_stance(prior)
 
+        # A capture that reaches a call of the wrapper traces `fn` itself: the outermost
+        # compiled region decides, as for a call of a compiled function (torch's
+        # _torchdynamo_inline); the stance only chooses what runs outside a capture.
+        wrapper.__kiln_inline__ = fn
         set_stance(self.prior)
         return wrapper
 

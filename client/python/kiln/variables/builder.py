@@ -113,6 +113,10 @@ def wrap(tx, value, source, guard: bool = True):
         return TorchVariable(value, source)
     if isinstance(value, types.FunctionType):
         add("ID_MATCH", value)
+        inline = value.__dict__.get("__kiln_inline__")
+        if inline is not None:  # kiln.run(fn)'s wrapper: traced as fn (see _Stance)
+            return wrap(tx, inline, AttrSource(source, "__kiln_inline__")
+                        if source is not None else None, guard)
         if _is_modelled_builtin(value):  # Python-level functions run at trace time
             return BuiltinVariable(value, source)
         return UserFunctionVariable(value, source)
