@@ -293,3 +293,133 @@ def test_a_value_computed_inside_an_autocast_block_leaves_torchs_autocast_state_
     torch.autocast_decrement_nesting()
     assert depth == 1 and not torch.is_autocast_enabled("cpu")
     torch.testing.assert_close(got, f(x, w), rtol=1e-2, atol=1e-1)
+
+
+# -- a graph break inside a grad-mode block ------------------------------------------------------
+
+
+# Reads a tensor's data: a graph break, at a call of no Python frame of its own.
+_data_dependent = torch.Tensor.tolist
+
+
+def _grads_like_eager(fn, *args, backend=None):
+    """fn compiled and eager on the same inputs, under the grad mode the caller has: equal
+    values, requires_grad and grad mode afterwards; returns the CompileCounter."""
+    mode = torch.is_grad_enabled()
+    expected = fn(*args)
+    assert torch.is_grad_enabled() == mode
+    opt, cnt = compiled(fn, backend)
+    for _ in range(2):  # the second call runs the entries the first made
+        got = opt(*args)
+        assert torch.is_grad_enabled() == mode
+        for g, e in zip(got, expected):
+            if isinstance(e, torch.Tensor):
+                torch.testing.assert_close(g, e)
+                assert g.requires_grad == e.requires_grad
+            else:
+                assert g == e
+    return cnt
+
+
+@pytest.mark.parametrize("backend", [None, "kiln"])
+@pytest.mark.parametrize("outer_grad", [True, False])
+def test_a_break_inside_no_grad_resumes_inside_the_block(kilnd_cache, backend, outer_grad):
+    """The break's instruction runs without grad, the resume function starts inside the block
+    and leaves it as the program does: values computed after the block require grad again."""
+    def fn(a, b):
+        x = a + b
+        with torch.no_grad():
+            x2 = x + 1
+            total = _data_dependent(x2)
+            x3 = x2 * 2
+            inside = torch.is_grad_enabled()
+        y = x * 3
+        return x2, x3, y, total, inside, torch.is_grad_enabled()
+
+    a = torch.randn(5, requires_grad=True)
+    with torch.set_grad_enabled(outer_grad):
+        cnt = _grads_like_eager(fn, a, torch.randn(5), backend=backend)
+    assert cnt.frame_count == 2
+
+
+def test_nested_grad_blocks_with_a_break_in_the_innermost():
+    def fn(a):
+        with torch.no_grad():
+            with torch.no_grad():
+                x = a + 1
+                with torch.enable_grad():
+                    total = _data_dependent(x)
+                    y = a * 2
+                    mode = torch.is_grad_enabled()
+                z = a * 3
+        return x, y, z, a * 4, total, mode
+
+    cnt = _grads_like_eager(fn, torch.randn(4, requires_grad=True))
+    assert cnt.frame_count == 2
+
+
+def test_a_break_inside_no_grad_that_raises_leaves_grad_mode_as_eager_does():
+    def opaque_failure(t):
+        raise KeyError(f"from inside the block: {t.tolist()}")
+
+    def fn(a):
+        y = a * 2
+        with torch.no_grad():
+            opaque_failure(y)
+        return y
+
+    def later_failure(a):
+        y = a * 2
+        with torch.no_grad():
+            _data_dependent(y)
+            z = {}["missing"]  # in the resume function, inside the block
+        return z
+
+    for program in (fn, later_failure):
+        opt = kiln.compile(program, backend="eager")
+        for _ in range(2):
+            with pytest.raises(KeyError):
+                opt(torch.randn(3, requires_grad=True))
+            assert torch.is_grad_enabled()
+
+
+def test_a_break_inside_a_user_context_manager_runs_the_frame_as_written():
+    """Its __exit__ may suppress the exception: the transformed code cannot stand in for the
+    block's handler, so the frame runs eagerly, with eager's results."""
+    log = []
+
+    class Tracking:
+        def __enter__(self):
+            log.append("enter")
+
+        def __exit__(self, *exc):
+            log.append("exit")
+            return True  # suppresses
+
+    def fn(a):
+        with Tracking():
+            _data_dependent(a)
+            raise ValueError
+        return a + 1
+
+    got = kiln.compile(fn, backend="eager")(torch.ones(2))
+    torch.testing.assert_close(got, torch.ones(2) + 1)
+    assert log == ["enter", "exit"]
+
+
+def test_a_data_dependent_and_breaks_the_graph_instead_of_the_frame():
+    """`p and q` over tensors (JUMP_IF_FALSE_OR_POP on 3.11): the value is tested once, in
+    Python, and the frame resumes on either side of it."""
+    def fn(a, b):
+        ok = a.sum() > b.sum() and a.sum() > 0
+        either = a.sum() < b.sum() or b.sum() > 0
+        return (a + 1 if ok else a - 1), ok, either
+
+    opt, cnt = compiled(fn)
+    for a, b in ((torch.ones(3), -torch.ones(3)), (-torch.ones(3), torch.ones(3)),
+                 (torch.ones(3), 2 * torch.ones(3))):
+        got, want = opt(a, b), fn(a, b)
+        torch.testing.assert_close(got[0], want[0])
+        assert bool(got[1]) == bool(want[1]) and bool(got[2]) == bool(want[2])
+        assert type(got[1]) is type(want[1]) and type(got[2]) is type(want[2])
+    assert cnt.frame_count >= 2

@@ -66,6 +66,12 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         body, resumes = break_body(func, code, graph_break, rebuild, consts)
     # The frame's attribute assignments, after the graph and before anything else runs.
     stores = replay_statements(output, rebuild)
+    if capture.grad_mode[0] != capture.grad_mode[1]:
+        # The graph ends in another grad mode than it began in (inside a `with no_grad()`, or
+        # in a resume function that starts in one): a backend that takes the graph's switches
+        # for its own tracing does not leave the mode switched, the program does.
+        stores.insert(0, f"{consts.ref(torch._C._set_grad_enabled)}"
+                         f"({capture.grad_mode[1]!r})")
     cells = rebuild.fill_cells()  # after every temporary: a value may be one of them
     body = rebuild.prelude + cells + stores + body
     compile_id = next_compile_id()
@@ -76,6 +82,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     call_expr = ""
     t1 = time.perf_counter()
     if op_count > 0:
+        if capture.grad_mode[0] != capture.grad_mode[1]:
+            output.end_in_grad_mode(capture.grad_mode[0])
         gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
         try:

@@ -2,7 +2,6 @@
 graph, the instruction runs in Python and the rest of the frame is captured again."""
 import logging
 import math
-import sys
 import time
 
 import numpy as np
@@ -182,8 +181,8 @@ def break_inside_try_runs_frame_eagerly(x):
     return y
 
 
-@corpus((4,), frames=0, breaks=1)
-def break_inside_no_grad_block_runs_frame_eagerly(x):
+@corpus((4,), frames=2, breaks=1)
+def break_inside_no_grad_block_resumes_inside_the_block(x):
     y = x.exp()
     with torch.no_grad():
         v = y.sum().item()
@@ -414,21 +413,15 @@ def chained_comparison_on_tensor_in_if(x):
     return x
 
 
-# A chained comparison as a value (not an `if`) jumps on the first comparison's tensor too.
-EXPRESSION_JUMP = ("kiln: a conditional jump on a tensor inside an expression (chained "
-                   "comparison or `and` as a value: JUMP_IF_FALSE_OR_POP) runs the whole frame "
-                   "eagerly instead of breaking the graph")
-
-
-@corpus(lambda: torch.ones(3), frames=2, breaks=1,
-        xfail=EXPRESSION_JUMP if sys.version_info < (3, 12) else None)
+# A chained comparison as a value (not an `if`) jumps on the first comparison's tensor too
+# (JUMP_IF_FALSE_OR_POP on 3.11): the graph breaks there.
+@corpus(lambda: torch.ones(3), frames=2, breaks=1)
 def chained_comparison_on_tensor_as_value(x):
     s = x.sum()
     return 0 < s < 5
 
 
-@corpus(lambda: torch.ones(3), frames=2, breaks=1,
-        xfail=EXPRESSION_JUMP if sys.version_info < (3, 12) else None)
+@corpus(lambda: torch.ones(3), frames=2, breaks=1)
 def tensor_and_expression_as_value(x):
     mask = (x > 0).all()
     chosen = mask and x * 2

@@ -28,6 +28,9 @@ class Capture:
     graph_break: where the graph ended before the frame did (the instruction, the stack and
     locals before it, why), with the graph rolled back to that point; None otherwise.
     seconds: how long the capture took.
+    grad_mode: (the grad mode the frame began in, the one the program has where the graph ends:
+    at the return, or at the break), which differ where a graph ends inside a `with
+    torch.no_grad()` or a resume function starts in one.
     translator: the root frame's executor (what owns the frame's cells, for rebuilding the
     functions the frame made: Reconstructor.cell)."""
     output: OutputGraph
@@ -35,6 +38,7 @@ class Capture:
     graph_break: Optional[GraphBreak]
     seconds: float
     translator: object = None
+    grad_mode: tuple = (True, True)
 
 
 def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: bool = False
@@ -50,9 +54,12 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     returned = None
     grad_enabled = torch.is_grad_enabled()
     autocast = autocast_mark()
+    grad_after = None
     try:
         returned = tx.run()
+        grad_after = torch.is_grad_enabled()
     except GraphBreak as gb:
+        grad_after = gb.checkpoint.grad_enabled
         graph_break = gb
         graph_ckpt, mutations_ckpt = gb.checkpoint.graph
         output.restore(graph_ckpt)
@@ -65,4 +72,5 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
-    return Capture(output, returned, graph_break, time.perf_counter() - t0, tx)
+    return Capture(output, returned, graph_break, time.perf_counter() - t0, tx,
+                   (grad_enabled, grad_after))

@@ -9,6 +9,11 @@ class Checkpoint:
 
     __slots__ = ("stack", "locals", "kw_names", "graph")
 
+    @property
+    def grad_enabled(self) -> bool:
+        """The grad mode the trace had there (see OutputGraph.checkpoint)."""
+        return self.graph[0][3]
+
     def __init__(self, stack, locals, kw_names, graph):
         self.stack = stack
         self.locals = locals

@@ -482,7 +482,11 @@ def decompositions():
 def needs_autograd(gm: torch.fx.GraphModule, example_inputs: Sequence) -> bool:
     """True when the graph would record autograd history: the "kiln" backend takes it through
     AOT autograd (a forward and a backward graph, each compiled as an inference graph)."""
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() and not any(
+            n.op == "call_function" and n.target is torch._C._set_grad_enabled and n.args[0]
+            for n in gm.graph.nodes):
+        # Called without grad, and nothing in the graph turns it on (torch.enable_grad(),
+        # or the end of a `with no_grad()` a resume function starts inside).
         return False
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
     tensors += list(attr_tensors(gm).values())

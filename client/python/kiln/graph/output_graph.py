@@ -271,11 +271,13 @@ class OutputGraph:
     # -- checkpoints (graph breaks roll back what a failed instruction recorded) ----------------
 
     def checkpoint(self):
+        """What restore() rolls back to, and the grad mode the trace has there (a graph break
+        inside `with torch.no_grad()` runs its instruction in that mode)."""
         return (list(self.graph.nodes)[-1] if len(self.graph.nodes) else None, len(self.inputs),
-                dict(self.attrs))
+                dict(self.attrs), torch.is_grad_enabled())
 
     def restore(self, ckpt):
-        last, n_inputs, attrs = ckpt
+        last, n_inputs, attrs, _ = ckpt
         nodes = list(self.graph.nodes)
         keep = nodes.index(last) + 1 if last is not None else 0
         for node in reversed(nodes[keep:]):
@@ -321,6 +323,14 @@ class OutputGraph:
                                                  (*fake_args, *fake_kwargs.values()))
                         if fake is result and isinstance(result, torch.Tensor)), None)
         return self._wrap_result(self, node, result, same_as)
+
+    def end_in_grad_mode(self, enabled: bool) -> None:
+        """Ends the graph with grad mode switched to `enabled` (where it began): a graph that
+        stops inside a `with no_grad()` leaves the mode as it found it to whatever runs or
+        traces it; the transformed code sets the program's mode after it."""
+        node = self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,),
+                                      {}, name=self.unique_name("_set_grad_enabled"))
+        node.meta["example_value"] = None
 
     def record_scalar(self, kind: str, target, args: tuple, python_type: type):
         """A node computing a Python number no fake can stand for (Tensor.item() under

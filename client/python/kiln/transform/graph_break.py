@@ -1,6 +1,13 @@
 """The code that finishes a frame after its graph when the graph broke: the one instruction the
-capture could not model runs in Python, then a resume function continues the frame."""
-from kiln.capture.code_layout import live_locals
+capture could not model runs in Python, then a resume function continues the frame.
+
+A break inside `with` blocks (the executor allows no other handler there) runs its instruction
+in the grad mode the program has there (convert_frame sets it), inside a try that calls each block's __exit__, innermost first,
+on an exception and raises it again, as the blocks' own handlers would; the resume function,
+whose code keeps the exception table, takes each __exit__ as the stack value it is and leaves
+the block as the program does. Only an __exit__ that is rebuilt and never suppresses an
+exception qualifies (a grad-mode block's)."""
+from kiln.capture.code_layout import live_locals, with_exits
 from kiln.exc import Unsupported
 from kiln.transform.resume import resume_origin, resume_params, shared_resume, with_cells
 
@@ -13,6 +20,7 @@ def break_body(func, code, gb, rebuild, consts):
     inst = gb.inst
     ckpt = gb.checkpoint
     stack = list(ckpt.stack)
+    guarded = _open_blocks(code, inst, stack, rebuild)
     code, shift = resume_origin(code)
     varnames = resume_params(code)  # cell variables are the frame's locals too
     next_offset = inst.next_offset
@@ -55,7 +63,7 @@ def break_body(func, code, gb, rebuild, consts):
         npos = len(args) - len(kw_names)
         parts = [rebuild(a) for a in args[:npos]]
         parts += [f"{k}={rebuild(v)}" for k, v in zip(kw_names, args[npos:])]
-        body.append(f"__kiln_r = {rebuild(fn)}({', '.join(parts)})")
+        body += guarded(f"__kiln_r = {rebuild(fn)}({', '.join(parts)})")
         body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
     elif inst.opname == "CALL_FUNCTION_EX":
         kwargs_vt = stack[-1] if inst.arg & 1 else None
@@ -66,7 +74,7 @@ def break_body(func, code, gb, rebuild, consts):
             call += f", **{rebuild(kwargs_vt)}"
         if not below.is_null:
             raise Unsupported("CALL_FUNCTION_EX without NULL")
-        body.append(f"__kiln_r = {call})")
+        body += guarded(f"__kiln_r = {call})")
         body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
     elif inst.opname.startswith("POP_JUMP"):
         cond = stack[-1]
@@ -74,9 +82,44 @@ def break_body(func, code, gb, rebuild, consts):
         jump_if_true = "IF_TRUE" in inst.opname
         taken = resume_call(inst.argval, rest)
         fallthrough = resume_call(next_offset, rest)
-        body.append(f"if {rebuild(cond)}:")
+        body += guarded(f"__kiln_t = True if {rebuild(cond)} else False")
+        body.append("if __kiln_t:")
         body.append(f"    return {taken if jump_if_true else fallthrough}")
         body.append(f"return {fallthrough if jump_if_true else taken}")
+    elif inst.opname in ("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"):
+        # `a and b`, `a or b`: the jump keeps the value on the stack, falling through pops it.
+        rest = stack[:-1]
+        body.append(f"__kiln_c = {rebuild(stack[-1])}")
+        body += guarded("__kiln_t = True if __kiln_c else False")
+        taken = resume_call(inst.argval, rest + ["__kiln_c"])
+        fallthrough = resume_call(next_offset, rest)
+        body.append("if __kiln_t:")
+        body.append(f"    return {taken if 'IF_TRUE' in inst.opname else fallthrough}")
+        body.append(f"return {fallthrough if 'IF_TRUE' in inst.opname else taken}")
     else:
         raise Unsupported(f"no graph break at {inst.opname}")
     return body, resumes
+
+
+def _open_blocks(code, inst, stack, rebuild):
+    """The `with` blocks open at the break: a function that wraps the breaking instruction's
+    statement in the code that leaves them on an exception (the transformed code has set the
+    grad mode the program has there: convert_frame)."""
+    exits = []
+    for position in with_exits(code, inst.offset):
+        exit_vt = stack[position] if 0 <= position < len(stack) else None
+        if not getattr(exit_vt, "never_suppresses", False):
+            raise Unsupported(f"a graph break inside a `with` whose __exit__ kiln cannot call "
+                              f"for the program ({exit_vt})")
+        exits.append(rebuild(exit_vt))
+    if not exits:
+        return lambda statement: [statement]
+    def guarded(statement):
+        lines = [statement]
+        for exit_expr in exits:  # innermost first: each block's handler sees what the inner one
+            lines = (["try:"] + ["    " + line for line in lines] +
+                     ["except BaseException as __kiln_e:",
+                      f"    {exit_expr}(type(__kiln_e), __kiln_e, __kiln_e.__traceback__)",
+                      "    raise"])
+        return lines
+    return guarded

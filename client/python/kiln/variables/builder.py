@@ -16,6 +16,7 @@ from kiln.guards.source import AttrSource, InstanceAttrSource, ItemSource, Local
 from kiln.variables.autograd_function import AutogradFunctionApplyVariable, has_functions_apply
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
+from kiln.variables.ctx_manager import GradModeExitVariable, GradModeRestore
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        ResumeIterator, ResumeIteratorVariable, TupleVariable)
 from kiln.variables.functions import (FrameRegionVariable, LruCacheVariable,
@@ -164,6 +165,9 @@ def wrap(tx, value, source, guard: bool = True):
             raise Unsupported("a resumed loop over a list or tuple subclass")
         out.guards.add(InstanceAttrSource(source, "index"), "CONSTANT_MATCH", value.index)
         return ResumeIteratorVariable(value, source, items, out)
+    if type(value) is GradModeRestore:  # a grad-mode `with` a graph break left open
+        add("ID_MATCH", value)
+        return GradModeExitVariable(value.prior, source)
     if isinstance(value, types.CodeType):
         add("ID_MATCH", value)  # immutable: its attributes (co_varnames...) are constants
         return ConstantVariable(value, source)

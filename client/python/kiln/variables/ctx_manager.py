@@ -15,7 +15,8 @@ call, what __enter__ returned), the block, then a call of that __exit__ with thr
   __enter__ inlined at the start, __exit__(None, None, None) at the end.
 
 An exception inside the block, which __exit__ would see, is not modelled (the executor's
-WITH_EXCEPT_START is Unsupported)."""
+WITH_EXCEPT_START is Unsupported). A graph break inside a grad-mode block resumes inside it: its
+__exit__ is a GradModeRestore there (kiln.transform.graph_break)."""
 import contextlib
 import dis
 import inspect
@@ -91,15 +92,46 @@ class GradModeVariable(VariableTracker):
 
 
 class GradModeExitVariable(VariableTracker):
-    """The bound __exit__ that BEFORE_WITH leaves on the stack."""
+    """The bound __exit__ that BEFORE_WITH leaves on the stack. Across a graph break inside the
+    block it is a GradModeRestore (the stack value the resume function takes): it never
+    suppresses an exception, so the transformed code may call it on the way out of the
+    breaking instruction (kiln.transform.graph_break)."""
 
-    def __init__(self, prior: bool):
-        super().__init__(None)
+    never_suppresses = True
+
+    def __init__(self, prior: bool, source=None):
+        super().__init__(source)
         self.prior = prior
 
     def call_function(self, tx, args, kwargs):
         set_grad_mode(tx, self.prior)
         return ConstantVariable(None)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(GradModeRestore.TO[self.prior])
+
+
+class GradModeRestore:
+    """The __exit__ of a grad-mode `with` (torch.no_grad(), enable_grad(), set_grad_enabled())
+    open at a graph break, as the transformed code and the resume function hold it: sets the
+    mode the block found, as torch's __exit__ does, and returns None. One per mode."""
+
+    __slots__ = ("prior",)
+    TO: dict = {}
+
+    def __init__(self, prior: bool):
+        self.prior = prior
+
+    def __call__(self, exc_type=None, exc=None, traceback=None):
+        torch._C._set_grad_enabled(self.prior)
+
+    def __repr__(self):
+        return f"<kiln: restore grad mode {self.prior}>"
+
+
+GradModeRestore.TO.update({mode: GradModeRestore(mode) for mode in (False, True)})
 
 
 class SetGradEnabledVariable(VariableTracker):
