@@ -428,3 +428,74 @@ def test_forward_hook_registered_on_root_after_compile():
     opt(x)
     model.register_forward_hook(_times_ten_hook)
     torch.testing.assert_close(opt(x), model(x))
+
+
+@pytest.fixture
+def imported_helpers(monkeypatch):
+    """A package with a submodule, both registered in sys.modules as an import leaves them."""
+    import sys
+    import types
+
+    package = types.ModuleType("kiln_corpus_pkg")
+    package.__path__ = []
+    helpers = types.ModuleType("kiln_corpus_pkg.helpers")
+    helpers.__package__ = "kiln_corpus_pkg"
+    helpers.SCALE = 2.0
+    helpers.OFFSET = torch.ones(3)
+    package.helpers = helpers
+    monkeypatch.setitem(sys.modules, "kiln_corpus_pkg", package)
+    monkeypatch.setitem(sys.modules, "kiln_corpus_pkg.helpers", helpers)
+    return helpers
+
+
+def _import_in_the_frame(x):
+    import kiln_corpus_pkg.helpers
+    return x * kiln_corpus_pkg.helpers.SCALE + kiln_corpus_pkg.helpers.OFFSET
+
+
+def _from_import_in_the_frame(x):
+    from kiln_corpus_pkg.helpers import OFFSET, SCALE
+    return x * SCALE + OFFSET
+
+
+def _relative_import_in_the_frame(x):
+    from . import helpers
+    return x * helpers.SCALE + helpers.OFFSET
+
+
+def _in_package(fn, package):
+    import types
+    return types.FunctionType(fn.__code__, {"__name__": f"{package}.user",
+                                            "__package__": package, "__builtins__": __builtins__})
+
+
+@pytest.mark.parametrize("program", [
+    _import_in_the_frame, _from_import_in_the_frame,
+    _in_package(_relative_import_in_the_frame, "kiln_corpus_pkg"),
+], ids=["import", "from_import", "relative_import"])
+def test_attributes_of_a_module_imported_in_the_frame_are_guarded(imported_helpers, program):
+    cnt = CompileCounter()
+    opt = kiln.compile(program, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), program(x))
+    imported_helpers.SCALE = 5.0  # a constant the capture read: a new graph
+    torch.testing.assert_close(opt(x), program(x))
+    assert cnt.frame_count == 2
+    imported_helpers.OFFSET = torch.randn(3)  # a tensor the graph takes: read again, same graph
+    torch.testing.assert_close(opt(x), program(x))
+    assert cnt.frame_count == 2
+
+
+def test_module_replaced_in_sys_modules_is_imported_again(imported_helpers, monkeypatch):
+    import sys
+    import types
+
+    cnt = CompileCounter()
+    opt = kiln.compile(_from_import_in_the_frame, backend=cnt)
+    x = torch.randn(3)
+    torch.testing.assert_close(opt(x), _from_import_in_the_frame(x))
+    other = types.ModuleType("kiln_corpus_pkg.helpers")
+    other.SCALE, other.OFFSET = imported_helpers.SCALE, torch.zeros(3)
+    monkeypatch.setitem(sys.modules, "kiln_corpus_pkg.helpers", other)
+    torch.testing.assert_close(opt(x), _from_import_in_the_frame(x))
+    assert cnt.frame_count == 2

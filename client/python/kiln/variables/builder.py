@@ -5,14 +5,17 @@ import collections
 import enum
 import functools
 import inspect
+import sys
 import types
 
 import torch
 
 from kiln import _C
+from kiln.capture.skip_files import is_torch_file
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
-from kiln.guards.source import AttrSource, InstanceAttrSource, ItemSource, LocalSource
+from kiln.guards.source import (AttrSource, InstanceAttrSource, ItemSource, LocalSource,
+                                ObjectSource)
 from kiln.variables.autograd_function import AutogradFunctionApplyVariable, has_functions_apply
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
@@ -156,6 +159,11 @@ def wrap(tx, value, source, guard: bool = True):
             return UserMethodVariable(value.__func__, obj)
         raise Unsupported(f"bound method {value!r}")
     if isinstance(value, types.ModuleType):
+        if source is None and not is_torch_file(tx.code.co_filename):
+            source = _module_source(value)
+            if source is not None:
+                out.guards.add(source, "ID_MATCH", value)
+                return PythonModuleVariable(value, source)
         add("ID_MATCH", value)
         return PythonModuleVariable(value, source)
     if type(value) is ResumeIterator and source is not None:
@@ -185,6 +193,17 @@ def wrap(tx, value, source, guard: bool = True):
         return OpaqueCallableVariable(value, source)
     add("TYPE_MATCH", type(value))
     return UserDefinedObjectVariable(value, source)
+
+
+def _module_source(module):
+    """Where a module reached by no path of the frame (an import inside it, an attribute of an
+    object made there) lives: sys.modules under its name, where an import statement finds it
+    again; None when it is not registered there. Without a source its attributes would be read
+    unguarded (a constant assigned after the capture kept its old value)."""
+    name = getattr(module, "__name__", None)
+    if type(name) is not str or sys.modules.get(name) is not module:
+        return None
+    return ItemSource(AttrSource(ObjectSource(sys, "sys"), "modules"), name)
 
 
 def _from_the_frame(source) -> bool:
