@@ -531,6 +531,38 @@ def test_islice_over_containers_and_lazily_over_iterators():
     _one_graph(f, torch.randn(3))
 
 
+def test_itertools_repeat_with_a_count():
+    # torch.nn.modules.utils._pair / _ntuple: tuple(repeat(x, n)) for a conv's kernel size.
+    import itertools
+
+    def f(x):
+        size = torch.nn.modules.utils._pair(x.shape[0])
+        twice = [t * 2 for t in itertools.repeat(x, 2)]
+        none = tuple(itertools.repeat(x, -1))
+        return torch.zeros(size) + sum(twice) + len(none)
+
+    _one_graph(f, torch.randn(3))
+
+
+def test_itertools_repeat_outliving_the_graph_is_a_repeat_of_what_is_left():
+    import itertools
+
+    def f(x):
+        it = itertools.repeat(x + 1, 3)
+        first = next(it)
+        return first, it, isinstance(it, itertools.repeat)
+
+    x = torch.randn(3)
+    assert kiln.explain(f)(x).graph_break_count == 0
+    kiln.reset()
+    first, it, is_repeat = kiln.compile(f, backend="eager")(x)
+    assert type(it) is itertools.repeat and is_repeat
+    rest = list(it)
+    assert len(rest) == 2 and all(r is first for r in rest)  # the one object, as eager's
+    torch.testing.assert_close(rest[0], x + 1)
+    torch.testing.assert_close(first, x + 1)
+
+
 def test_membership_in_a_frozenset_of_functions():
     funcs = frozenset([torch.add])
 

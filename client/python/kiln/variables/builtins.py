@@ -486,6 +486,35 @@ def _chain(tx, *iterables):
                                 over=iterables)
 
 
+def _repeat(tx, obj, times=None):
+    """itertools.repeat(obj, times): `obj` itself, `times` times (never an infinite one)."""
+    if times is None:
+        raise Unsupported("itertools.repeat() without a count (it never ends)")
+    try:
+        count = operator.index(times.as_python_constant())
+    except (Unsupported, TypeError):
+        raise Unsupported("itertools.repeat() with a count that is not a constant int") from None
+    return _RepeatIterator(obj, max(count, 0))
+
+
+class _RepeatIterator(ListIteratorVariable):
+    """A repeat the frame made: its items are the one object; what outlives the graph is a
+    repeat of that object again, for the times it has left."""
+
+    def __init__(self, obj, times):
+        super().__init__([obj] * times)
+        self.obj = obj
+
+    def python_type(self):
+        return itertools.repeat
+
+    def reconstruct(self, codegen) -> str:
+        self._check_not_drained()
+        left = len(self.items) - self.index
+        return codegen.temp(self, lambda: f"{codegen.constant(itertools.repeat)}("
+                                          f"{codegen(self.obj)}, {left})")
+
+
 def _islice(tx, iterable, *bounds):
     """itertools.islice(iterable, [start,] stop[, step]): of a list, tuple or other container
     the items it yields; of an iterator a lazy one (_IsliceIterator)."""
@@ -648,6 +677,7 @@ _HANDLERS = {
     filter: _filter,
     itertools.starmap: _starmap,
     itertools.chain: _chain,
+    itertools.repeat: _repeat,
     itertools.islice: _islice,
     functools.reduce: _reduce,
     functools.partial: _partial,
