@@ -734,6 +734,31 @@ def test_a_typing_construct_swapped_for_another_of_its_type_recompiles():
     assert compiled(torch.ones(1))[1] == typing.Tuple[int] == scope["f"](torch.ones(1))[1]
 
 
+def test_a_typing_subscript_made_at_capture_outlives_the_graph():
+    # A nested function annotated with List[a local class] returned from the frame: the
+    # subscript's value is rebuilt after the graph as the object typing made (immutable).
+    import typing
+
+    class Node:
+        pass
+
+    def f(x):
+        y = x / 3.0
+
+        def inner(nodes: typing.List[Node]) -> typing.Optional[torch.Tensor]:
+            return y + 1
+
+        return inner, typing.Tuple[Node, int]
+
+    x = torch.randn(3)
+    assert kiln.explain(f)(x).graph_break_count == 0
+    kiln.reset()
+    (inner, pair), (want_inner, want_pair) = kiln.compile(f, backend="eager")(x), f(x)
+    assert inner.__annotations__ == want_inner.__annotations__
+    assert inner.__annotations__["nodes"] is typing.List[Node] and pair is want_pair
+    torch.testing.assert_close(inner([]), want_inner([]))
+
+
 def test_an_rnn_reads_its_weak_references_to_its_weights_in_the_graph():
     # nn.LSTM checks its flat weights through weak references before each call (ref() is
     # weight): two breaks per LSTM (timm's sequencer: 21 graphs). The reference's referent is

@@ -145,6 +145,14 @@ class UserDefinedObjectVariable(VariableTracker):
     def python_type(self):
         return type(self.value)
 
+    def as_python_constant(self):
+        if self.source is None and typing_values.is_typing_value(self.value):
+            # Made at capture (List[Variable] in an annotation): immutable, and what the
+            # program's own subscript gives (typing caches it), so a constant of the transformed
+            # code too. One read from a source is read again from there.
+            return self.value
+        return super().as_python_constant()
+
     def identity(self, tx):
         return self.value
 
