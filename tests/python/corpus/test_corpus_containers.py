@@ -164,6 +164,31 @@ def reversed_list_iteration(x):
 
 
 @corpus((3,), frames=1)
+def reversed_list_grows_while_iterated(x):
+    # A tape walked backwards while its entries append to it: eager's reverse iterator reads
+    # the list live and never reaches what was appended.
+    tape = [x, x + 1]
+    out = x
+    for v in reversed(tape):
+        tape.append(v * 2)
+        out = out * 2 + v
+    return out, tape
+
+
+@corpus((3,), frames=1, breaks=2)
+def reversed_list_item_replaced_across_a_break(x):
+    # The loop goes on in a resume function (which runs it in Python): the item replaced there
+    # before the iterator gets to it is the one it yields.
+    fs = [x, x + 1, x + 2]
+    outs = []
+    for v in reversed(fs):
+        print("corpus: reversed")
+        fs[0] = v * 10
+        outs.append(v)
+    return outs
+
+
+@corpus((3,), frames=1)
 def swap_via_tuple_assignment(x):
     a, b = x, x * 2
     for _ in range(3):
@@ -218,3 +243,23 @@ def list_multiplication_init(x):
 @pytest.mark.parametrize("case", corpus.cases)
 def test_program(case):
     case.run()
+
+
+def test_reverse_list_iterator_outliving_the_graph_goes_on_over_the_list():
+    import kiln
+
+    def f(x, lst):
+        it = reversed(lst)
+        first = next(it)
+        lst[0] = x * 10
+        return first + 1, it
+
+    x = torch.randn(3)
+    assert kiln.explain(f)(x, [x, x]).graph_break_count == 0
+    lst = [x, x + 1, x + 2]
+    first, it = kiln.compile(f, backend="eager")(x, lst)
+    assert type(it) is type(reversed([]))
+    lst[1] = x * 5  # read live, as eager's iterator reads it
+    rest = list(it)
+    assert len(rest) == 2 and rest[0] is lst[1] and rest[1] is lst[0]
+    torch.testing.assert_close(first, x + 3)

@@ -14,7 +14,8 @@ from kiln.exc import TracedException, Unsupported
 from kiln.variables.base import VariableTracker, any_tensor, constant_args
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
-                                       ListVariable, SliceVariable, TupleVariable, note_mutation)
+                                       ListVariable, ReversedListIterator, SliceVariable,
+                                       TupleVariable, note_mutation)
 from kiln.variables.exceptions import check_attribute_error
 from kiln.variables.tensor import ScalarVariable, TensorVariable
 
@@ -437,6 +438,8 @@ def _zip(tx, *iterables, **kwargs):
 
 
 def _reversed(tx, obj):
+    if type(obj) is ListVariable and getattr(obj, "view_of", None) is None:
+        return ReversedListIterator(obj)  # eager's reads the list live
     return ListIteratorVariable(list(reversed(obj.unpack(tx))), over=(obj,))
 
 

@@ -554,6 +554,16 @@ class ListIteratorVariable(VariableTracker):
             return it
         return cls(obj.unpack(tx), over=(obj,))
 
+    def reads(self) -> list:
+        """(container, keys_only) for each container whose items this iterator yields: what a
+        copy of its items (zip over it, say) holds only while they are unchanged."""
+        out = [(c, isinstance(state, tuple)) for c, state in self._watch]
+        if self.origin is not None:
+            out.append((self.origin, False))
+        if self.live_dict is not None:  # a copy of its items holds the values as they are now
+            out.append((self.live_dict[0], False))
+        return out
+
     def _check_unchanged(self):
         for container, state in self._watch:
             if _state_of(container, isinstance(state, tuple)) != state:
@@ -637,6 +647,68 @@ class ListIteratorVariable(VariableTracker):
         return f"ListIteratorVariable(at {self.index} of {len(self.items)})"
 
 
+class ReversedListIterator(ListIteratorVariable):
+    """reversed(lst) of a list: reads the list live from its end, as CPython's reverse list
+    iterator does (an item replaced before the iterator gets there is seen, items appended are
+    not, and once it stops it stays stopped), and is rebuilt after the graph as one over that
+    very list at its position."""
+
+    def __init__(self, lst: "ListVariable"):
+        super().__init__([])
+        self.lst = lst
+        self.position = len(lst.items) - 1  # the index it reads next; -1 once stopped
+
+    def python_type(self):
+        return type(reversed([]))
+
+    def reads(self) -> list:
+        return [(self.lst, False)]
+
+    @property
+    def items(self) -> List[VariableTracker]:
+        """What it has left to yield, while the list stays as it is."""
+        items, i = self.lst.items, self.position
+        return [items[j] for j in range(i, -1, -1)] if i < len(items) else []
+
+    def next_item(self):
+        self._check_not_drained()
+        items, i = self.lst.items, self.position
+        if not 0 <= i < len(items):
+            self.position = -1
+            return None
+        note_mutation(self.serial)
+        self.position = i - 1
+        return items[i]
+
+    def unpack(self, tx):
+        out = []
+        item = self.next_item()
+        while item is not None:
+            out.append(item)
+            item = self.next_item()
+        return out
+
+    def reconstruct(self, codegen) -> str:
+        self._check_not_drained()
+        if self.position >= len(self.lst.items):
+            # Eager's would yield again if the list grew back; one rebuilt starts at its end.
+            raise Unsupported("a reverse list iterator past the end of its shrunk list, "
+                              "outliving the graph")
+        return codegen.temp(self, lambda: f"{codegen.constant(reversed_at)}({codegen(self.lst)}, "
+                                          f"{self.position})")
+
+    def __repr__(self):
+        return f"ReversedListIterator(at {self.position})"
+
+
+def reversed_at(items: list, index: int):
+    """A reverse iterator over `items` that reads `items[index]` next (how the transformed code
+    rebuilds one; -1: one that has stopped)."""
+    it = reversed(items)
+    it.__setstate__(index)
+    return it
+
+
 class ResumeIterator:
     """The iterator of a loop that a graph break interrupted, as the transformed code hands it
     to the resume function: `items` (a list, read live as a list iterator reads it, or a tuple
@@ -718,11 +790,7 @@ def _containers_of(values) -> list:
         elif isinstance(v, ContainerVariable):
             out.append((v, False))
         elif isinstance(v, ListIteratorVariable):
-            out.extend((c, isinstance(state, tuple)) for c, state in v._watch)
-            if v.origin is not None:
-                out.append((v.origin, False))
-            if v.live_dict is not None:  # a copy of its items holds the values as they are now
-                out.append((v.live_dict[0], False))
+            out.extend(v.reads())
     return out
 
 
