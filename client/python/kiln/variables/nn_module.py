@@ -436,7 +436,13 @@ def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":
         const_args = [a.as_python_constant() for a in args]
         const_kwargs = {k: v.as_python_constant() for k, v in kwargs.items()}
     except Unsupported:
-        raise Unsupported(f"constructing {cls.__qualname__} from non-constant arguments") from None
+        const_args = None
+    if const_args is None or not all(map(_is_value, [*const_args, *const_kwargs.values()])):
+        # A container or a module among the arguments is an object the module would hold
+        # (ModuleDict(od), Sequential(relu)): rebuilt from trace-time copies of them, it would
+        # hold the same objects on every call, and not the frame's own.
+        raise Unsupported(f"constructing {cls.__qualname__} from arguments that are not "
+                          "immutable constants")
     try:
         module = cls(*const_args, **const_kwargs)
     except Exception as e:
@@ -446,6 +452,14 @@ def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":
         raise Unsupported(f"constructing {cls.__qualname__} (it has parameters or buffers) "
                           "inside a compiled frame")
     return FreshModuleVariable(module, tuple(const_args), const_kwargs)
+
+
+def _is_value(value) -> bool:
+    """Whether `value` is an immutable constant all the way down (nothing in it has an identity
+    the frame could see)."""
+    if type(value) in (tuple, frozenset, torch.Size):
+        return all(map(_is_value, value))
+    return is_guardable_constant(value) or type(value) in (complex, slice, type(Ellipsis))
 
 
 class FreshModuleVariable(NNModuleVariable):
@@ -459,8 +473,10 @@ class FreshModuleVariable(NNModuleVariable):
         self.fresh_object = True  # made in the frame: the tracker is its identity
 
     def reconstruct(self, codegen) -> str:
-        return (f"{codegen.constant(type(self.module))}(*{codegen.constant(self.args)}, "
-                f"**{codegen.constant(self.kwargs)})")
+        # Built once however often the frame hands it out: each place holds the one module.
+        return codegen.temp(self, lambda: f"{codegen.constant(type(self.module))}("
+                                          f"*{codegen.constant(self.args)}, "
+                                          f"**{codegen.constant(self.kwargs)})")
 
     def __repr__(self):
         return f"FreshModuleVariable({type(self.module).__name__})"
