@@ -178,6 +178,33 @@ def test_a_torchvision_class_is_a_user_class_not_torchs():
     _one_graph(f, torch.randn(2, 2))
 
 
+def test_a_classes_subclasses_are_the_ones_alive_at_each_call():
+    # Registries look their implementations up this way; the list changes as classes are made.
+    class Base:
+        pass
+
+    class First(Base):
+        pass
+
+    def f(x, cls):
+        return x + 1, Base.__subclasses__(), cls.__subclasses__()
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    y, subs, subs_of_first = compiled(x, First)
+    torch.testing.assert_close(y, x + 1)
+    assert subs == [First] and subs_of_first == []
+
+    class Second(Base):
+        pass
+
+    class Third(First):
+        pass
+
+    _, again, subs_of_first = compiled(x, First)
+    assert again == [First, Second] and subs_of_first == [Third]
+    assert again is not subs  # a new list each call, as eager's
+
 def test_map_filter_reduce_and_itertools_over_known_items():
     import functools
     import itertools

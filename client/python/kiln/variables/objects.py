@@ -91,6 +91,9 @@ class UserDefinedClassVariable(VariableTracker):
             return ObjectGetattributeVariable()
         if name == "apply" and has_functions_apply(self.cls):
             return AutogradFunctionApplyVariable(self.cls, self.source)
+        if name == "__subclasses__" and type(self.cls) is type and \
+                inspect.getattr_static(self.cls, name) is _TYPE_SUBCLASSES:
+            return SubclassesMethodVariable(self)
         source = AttrSource(self.source, name) if self.source is not None else None
         if type(self.cls) is not type:
             source = None  # a metaclass may intercept getattr
@@ -130,6 +133,50 @@ class UserDefinedClassVariable(VariableTracker):
 
     def __repr__(self):
         return f"UserDefinedClassVariable({self.cls.__qualname__})"
+
+
+_TYPE_SUBCLASSES = type.__dict__["__subclasses__"]
+
+
+class SubclassesMethodVariable(VariableTracker):
+    """`cls.__subclasses__` where the lookup finds type's own. Its list is the subclasses alive
+    when it is called, which no guard can check: the transformed code calls it (after the
+    graph, or at a graph break) and the trace only hands the list on."""
+
+    def __init__(self, cls_vt: UserDefinedClassVariable):
+        super().__init__(None)
+        self.cls_vt = cls_vt
+
+    def call_function(self, tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported("__subclasses__() takes no arguments")
+        return SubclassListVariable(self.cls_vt)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen(self.cls_vt)}.__subclasses__"
+
+    def __repr__(self):
+        return f"SubclassesMethodVariable({self.cls_vt.cls.__qualname__})"
+
+
+class SubclassListVariable(VariableTracker):
+    """The new list `cls.__subclasses__()` returns, made by the transformed code: the trace
+    knows only that it is a list of its own, not what is in it."""
+
+    fresh_object = True
+
+    def __init__(self, cls_vt: UserDefinedClassVariable):
+        super().__init__(None)
+        self.cls_vt = cls_vt
+
+    def python_type(self):
+        return list
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.temp(self, lambda: f"{codegen(self.cls_vt)}.__subclasses__()")
+
+    def __repr__(self):
+        return f"SubclassListVariable({self.cls_vt.cls.__qualname__})"
 
 
 class UserDefinedObjectVariable(VariableTracker):
