@@ -88,6 +88,7 @@ const std::array<OpInfo, 256>& OpTable() {
         {"STORE_FAST", &T::OpStoreFast},
         {"DELETE_FAST", &T::OpDeleteFast},
         {"LOAD_GLOBAL", &T::OpLoadGlobal},
+        {"STORE_GLOBAL", &T::OpStoreGlobal},
         {"LOAD_DEREF", &T::OpLoadDeref},
         {"STORE_DEREF", &T::OpStoreDeref},
         {"DELETE_DEREF", &T::OpDeleteDeref},

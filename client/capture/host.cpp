@@ -88,6 +88,7 @@ const Stdlib& Std() {
     n->neg = op.attr("neg");
     n->pos = op.attr("pos");
     n->invert = op.attr("invert");
+    n->setitem = op.attr("setitem");
     py::module_ opcode = py::module_::import("opcode");
     n->intrinsic1_names = py::hasattr(opcode, "_intrinsic1_descs")
                               ? py::object(opcode.attr("_intrinsic1_descs"))

@@ -6,6 +6,9 @@ namespace kiln::capture {
 
 py::object Translator::LoadGlobal(const py::object& name) {
   py::dict globals = f_globals_;
+  // A global the trace assigned (StoreGlobal): what it assigned, replayed after the graph.
+  py::object pending = host_->mutations_of(output_).attr("load")(globals, name);
+  if (!pending.is_none()) return pending;
   if (globals.contains(name)) {
     py::object source = globals_source_.For(*host_, name);
     const bool guard = !source.is_none();
@@ -148,6 +151,27 @@ bool Translator::OpDeleteFast(const Instruction& inst) {
 bool Translator::OpLoadGlobal(const Instruction& inst) {
   if (inst.arg & 1) Push(host_->NullVariable());
   Push(LoadGlobal(Arg(inst)));
+  return false;
+}
+
+// `global name; name = value` in the frame or a function it inlined: a pending store into that
+// module's globals dict (its identity is the module's: the entry's guards pin the functions
+// that run here, and so their globals), which later loads read back and the transformed code
+// replays after the graph with operator.setitem, in the order of the frame's other stores.
+bool Translator::OpStoreGlobal(const Instruction& inst) {
+  py::object name = Arg(inst);
+  py::object value = Pop();
+  if (globals_source_.kind == GlobalsSource::kFixed) {
+    Unsupported("assignment to global " + Repr(name) + " of torch's own module");
+  }
+  py::dict globals = f_globals_;
+  py::object module_name =
+      globals.contains("__name__") ? py::object(globals["__name__"]) : py::object(py::str("?"));
+  py::object source = globals_source_.kind == GlobalsSource::kItem
+                          ? globals_source_.dict_source
+                          : host_->ObjectSource(globals, py::str("G@" + Str(module_name)));
+  host_->mutations_of(output_).attr("store")(globals, source, name, value,
+                                             py::arg("setter") = Std().setitem);
   return false;
 }
 

@@ -45,7 +45,7 @@ struct Stdlib {
   py::object getline, resolve_name, sys_modules, builtins;
   std::vector<py::object> binary_ops;  // dis._nb_ops order
   py::dict compare_ops;
-  py::object is_, is_not, contains, neg, pos, invert;
+  py::object is_, is_not, contains, neg, pos, invert, setitem;
   py::object intrinsic1_names;  // 3.12: opcode._intrinsic1_descs, else None
 };
 
@@ -246,6 +246,7 @@ class Translator {
   bool OpStoreFast(const Instruction& inst);
   bool OpDeleteFast(const Instruction& inst);
   bool OpLoadGlobal(const Instruction& inst);
+  bool OpStoreGlobal(const Instruction& inst);
   bool OpLoadDeref(const Instruction& inst);
   bool OpStoreDeref(const Instruction& inst);
   bool OpDeleteDeref(const Instruction& inst);

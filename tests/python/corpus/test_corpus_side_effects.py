@@ -399,3 +399,87 @@ def test_enabled_logger_delivers_every_record():
         assert cnt.frame_count == 2  # logging is a break: x * 2 | log call | y + 1
     finally:
         _ENABLED_LOG.removeHandler(handler)
+
+
+# -- assignments to module globals (STORE_GLOBAL) ------------------------------------------------
+
+_COUNTER = 0
+_SEEN = []
+
+
+def _next_id():
+    global _COUNTER
+    _COUNTER += 1
+    return _COUNTER
+
+
+def _numbers_then_scales(x):
+    global _COUNTER
+    n = _next_id()  # a store in an inlined function, read back by the frame below
+    y = x * n
+    _COUNTER = _COUNTER + 10
+    return y + _COUNTER
+
+
+def _store_then_break(x):
+    global _COUNTER
+    _COUNTER = 7
+    _SEEN.append(_read_counter())  # a graph break: it must see the store
+    return x + _COUNTER
+
+
+def _read_counter():
+    print("corpus: reads the global")
+    return _COUNTER
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_a_global_assigned_in_the_frame_is_read_back_and_left_as_eager_leaves_it(start):
+    global _COUNTER
+    x = torch.randn(3)
+    _COUNTER = start
+    want = _numbers_then_scales(x)
+    want_counter = _COUNTER
+    cnt = CompileCounter()
+    opt = kiln.compile(_numbers_then_scales, backend=cnt)
+    for _ in range(2):
+        _COUNTER = start
+        torch.testing.assert_close(opt(x), want)
+        assert _COUNTER == want_counter
+    assert cnt.frame_count == 1
+
+
+def test_a_global_assigned_before_a_graph_break_is_assigned_when_the_break_runs():
+    global _COUNTER
+    _SEEN.clear()
+    _COUNTER = 0
+    x = torch.randn(3)
+    cnt = CompileCounter()
+    got = kiln.compile(_store_then_break, backend=cnt)(x)
+    torch.testing.assert_close(got, x + 7)
+    assert _SEEN == [7] and _COUNTER == 7
+    assert cnt.frame_count == 1  # x + _COUNTER, after the break
+
+
+def test_a_global_assigned_by_a_function_of_another_module():
+    import types
+
+    module = types.ModuleType("kiln_corpus_other_module")
+    exec("calls = 0\n"
+         "def tick(t):\n"
+         "    global calls\n"
+         "    calls = calls + 1\n"
+         "    return t * calls\n", module.__dict__)
+
+    def f(x):
+        return module.tick(x) + module.tick(x)
+
+    x = torch.randn(2)
+    module.calls = 0
+    want = f(x)
+    module.calls = 0
+    cnt = CompileCounter()
+    got = kiln.compile(f, backend=cnt)(x)
+    torch.testing.assert_close(got, want)
+    assert module.calls == 2 and cnt.frame_count == 1
+    assert kiln.explain(f)(x).graph_break_count == 0

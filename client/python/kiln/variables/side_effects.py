@@ -1,6 +1,8 @@
 """Attribute assignments the frame makes to objects that outlive it (`self.flag = True` on a
-global helper object, `self.steps += 1` on a module): held as pending stores while tracing (later
-reads in the trace see them), and replayed by the transformed code.
+global helper object, `self.steps += 1` on a module), and assignments to module globals
+(`global n; n += 1`: a store into the module's globals dict, replayed with operator.setitem):
+held as pending stores while tracing (later reads in the trace see them), and replayed by the
+transformed code.
 
 Contract with the executor: STORE_ATTR calls `tracker.store_attr(tx, name, value)` where the
 tracker has one; when the root frame returns or breaks, `finish(tx.output)` must be called before
