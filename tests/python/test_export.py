@@ -51,6 +51,24 @@ def test_an_exported_graph_returns_what_the_function_returns(fn, args, aten_grap
         assert got["x"] is other[0]  # an input returned as the input
 
 
+def _items(a, b):
+    # A graph-computed 0.0 / 0 and constant 0s of the same value side by side: the exported
+    # graph must return the computed ones from its inputs and the constants as constants.
+    return a, b[0].item() + a[0].item(), 0.0, b.long()[1].item(), 0, a
+
+
+@pytest.mark.parametrize("aten_graph", [False, True])
+def test_an_exported_graph_returns_the_numbers_it_computes_not_their_values_at_export(
+        monkeypatch, aten_graph):
+    monkeypatch.setattr(kiln.config, "capture_scalar_outputs", True)
+    # Captured on zeros: every item() is 0 there.
+    gm, _ = kiln.export(_items, torch.zeros(4), torch.zeros(4), aten_graph=aten_graph)
+    a, b = torch.randn(4), torch.randn(4) * 10
+    got = gm(a, b)
+    _assert_same(got, _items(a, b))
+    assert got[0] is a and got[5] is a
+
+
 def _scaled(x, unread, k, pair, *, bias):
     return x * k + pair[1] + bias
 

@@ -16,6 +16,19 @@ class ExportResult(NamedTuple):
     guards: List[str]
 
 
+class _GraphScalar:
+    """Stands, in the one run of an exported frame, for a number its graph returns
+    (Tensor.item() under config.capture_scalar_outputs), so that the function's result shows
+    which of its numbers the graph computed: by value or identity one cannot tell a computed
+    0 or True from a constant one. The transformed code only places graph outputs into the
+    result (it computes nothing on them)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 class _Capture:
     def __init__(self):
         self.graphs = []
@@ -29,7 +42,10 @@ class _Capture:
         def run(*args):
             self.inputs = args
             self.outputs = gm.forward(*args)
-            return self.outputs
+            if self.infos and self.infos[-1].extra.get("replayed_stores"):
+                return self.outputs  # export refuses it; what it assigns is the graph's own
+            return tuple(o if isinstance(o, torch.Tensor) else _GraphScalar(i)
+                         for i, o in enumerate(self.outputs))
 
         return run
 
@@ -168,7 +184,8 @@ def _return_as_the_function_does(gm: torch.fx.GraphModule, result, graph_outputs
                                  in_spec):
     """Rewrites `gm` to return `result`'s structure: each tensor in it the graph output the
     function returned it from, or the input (placeholder, leaf) or held tensor it is; each other
-    leaf a constant of the graph."""
+    number the graph computed (a _GraphScalar) its graph output, each other leaf a constant of
+    the graph."""
     graph = gm.graph
     output = next(n for n in graph.nodes if n.op == "output")
     nodes = list(output.args[0])
@@ -186,6 +203,8 @@ def _return_as_the_function_does(gm: torch.fx.GraphModule, result, graph_outputs
                 raise Unsupported("export: the function returns a tensor its graph does not "
                                   "compute")
             values.append(node)
+        elif isinstance(leaf, _GraphScalar):
+            values.append(nodes[leaf.index])
         elif type(leaf) in _CONSTANT_LEAVES:
             values.append(leaf)
         else:
