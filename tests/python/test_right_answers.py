@@ -410,6 +410,19 @@ def test_a_module_with_parameters_built_inside_the_frame_is_not_captured():
         kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(2, 4))
 
 
+def test_a_module_with_random_weights_built_inside_the_frame_draws_them_as_eager_does():
+    def f(x):
+        return torch.nn.Linear(4, 4)(x), torch.randn(3)  # the draws after it too
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.randn(2, 4)
+    for seed in range(3):  # the call that captures and those that run the entry
+        torch.manual_seed(seed)
+        got = compiled(x)
+        torch.manual_seed(seed)
+        _assert_same(got, f(x))
+
+
 # -- values the audit found read without a guard -------------------------------------------------
 
 def _appends(x, acc=[]):  # noqa: B006 (the mutable default is the point)

@@ -443,8 +443,13 @@ def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":
         # hold the same objects on every call, and not the frame's own.
         raise Unsupported(f"constructing {cls.__qualname__} from arguments that are not "
                           "immutable constants")
+    # Built here only to see what it holds: a constructor that draws random weights must leave
+    # the random state as it was (the transformed code builds the module again, or the frame
+    # breaks at the call and Python does).
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else ()
     try:
-        module = cls(*const_args, **const_kwargs)
+        with torch.random.fork_rng(devices=cuda):
+            module = cls(*const_args, **const_kwargs)
     except Exception as e:
         raise Unsupported(f"{cls.__qualname__}() raised {type(e).__name__}: {e}") from None
     if any(True for _ in module.parameters()) or any(
