@@ -14,7 +14,7 @@ from kiln.capture.frame import capture_frame
 from kiln.entry import EntryInfo, next_compile_id
 from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToCompile
 from kiln.graph import stand_in
-from kiln.graph.output_graph import realized
+from kiln.graph.output_graph import plain_alias, realized
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
 from kiln.transform.resume import resume_origin
@@ -95,7 +95,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
             raise BackendCompilerFailed(backend_name, TypeError(
                 f"backend returned {type(compiled).__name__}, not a callable"))
         region = _C.FrameRegion(compiled, None)  # what the graph runs is never captured
-        args = ", ".join(inp.source.expr(consts) for inp in output.inputs)
+        args = ", ".join(f"{consts.ref(plain_alias)}({inp.source.expr(consts)})" if inp.plain
+                         else inp.source.expr(consts) for inp in output.inputs)
         call_expr = f"{consts.ref(region)}({args})"
     t2 = time.perf_counter()
     new_code, src = transformed_code(code, len(slots), call_expr, body, consts)
@@ -143,6 +144,9 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
     with stored_capture.collector_held():
         try:
             graph = None
+            if any(i.plain for i in output.inputs):
+                raise stored_capture.NotStorable("the graph takes a tensor whose class "
+                                                 "overrides __torch_function__")
             if gm is not None:
                 artifact = next((a for a in reversed(STATE.artifacts) if a.plan is compiled), None)
                 if artifact is None:

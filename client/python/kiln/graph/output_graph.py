@@ -26,12 +26,28 @@ from kiln.guards.source import Source
 
 
 class GraphInput:
-    __slots__ = ("node", "source", "example")
+    """`example`: the tensor the capture read at `source`. `plain`: its class overrides
+    __torch_function__, so the graph takes a plain torch.Tensor over it (plain_alias): the
+    capture recorded the override's effects, the graph's ops must not run it again."""
+    __slots__ = ("node", "source", "example", "plain")
 
-    def __init__(self, node, source, example):
+    def __init__(self, node, source, example, plain=False):
         self.node = node
         self.source = source
         self.example = example
+        self.plain = plain
+
+
+def plain_alias(t: torch.Tensor) -> torch.Tensor:
+    """A torch.Tensor over the same data as `t`, in autograd as its alias (as_subclass, which
+    no __torch_function__ intercepts)."""
+    return torch.Tensor.as_subclass(t, torch.Tensor)
+
+
+def overrides_torch_function(t: torch.Tensor) -> bool:
+    """Whether ops on `t` go through its class's __torch_function__ (torch's own check)."""
+    return torch._C._has_torch_function_unary(t) and \
+        type(t) not in (torch.Tensor, torch.nn.Parameter)
 
 
 class ContainerMemo:
@@ -121,6 +137,10 @@ class OutputGraph:
         # identity, with their parameters and buffers as graph inputs: one entry serves every
         # instance of a block class (kiln.variables.nn_module).
         self.unspecialized_modules = False
+        # Whether an op taking a tensor whose class overrides __torch_function__ must go through
+        # the override (kiln.variables.torch_function), so that call() refuses it; off while a
+        # modelled torch.Tensor.__torch_function__ runs the op itself.
+        self.torch_function_enabled = True
         # Where the program is, for the nodes recorded now: a callable returning the user's
         # stack as traceback text (outermost frame first, the line being captured last), or
         # None. The executor sets it; each node it creates carries the text as its
@@ -184,9 +204,10 @@ class OutputGraph:
             return vt
         name = self.unique_name(_source_var_name(source))
         node = self.graph.placeholder(name)
-        example = self.fake(real)
+        plain = overrides_torch_function(real)
+        example = self.fake(plain_alias(real) if plain else real)
         node.meta["example_value"] = example
-        self.inputs.append(GraphInput(node, source, real))
+        self.inputs.append(GraphInput(node, source, real, plain))
         vt = self._make_tensor(node, example, source)
         vt.python_class = type(real)  # pinned by the TENSOR_MATCH guard below
         self._input_by_source[source] = vt
@@ -211,6 +232,9 @@ class OutputGraph:
         vt = self._attr_by_id.get(id(real))
         if vt is not None:
             return vt
+        if overrides_torch_function(real):
+            raise Unsupported(f"a {type(real).__qualname__} (its class overrides "
+                              "__torch_function__) held by a module")
         node = self._get_attr(_source_var_name(source), real, source)
         example = self.fake(real, alone=True)
         node.meta["example_value"] = example
@@ -223,6 +247,9 @@ class OutputGraph:
         """A get_attr node for a tensor the capture computed once and the graph holds as it is
         (what an assume_constant_result function returned): the graph module keeps it, and no
         frame has it, so its attr_sources entry is None."""
+        if overrides_torch_function(value):
+            raise Unsupported(f"a {type(value).__qualname__} (its class overrides "
+                              "__torch_function__) as a constant of the graph")
         node = self._get_attr("tensor_constant", value, None)
         example = self.fake(value)
         node.meta["example_value"] = example
@@ -253,7 +280,8 @@ class OutputGraph:
             for node, real in self._real_by_node.items():
                 copy = copies.get(id(real))
                 if copy is None:  # one copy per tensor object, however many nodes read it
-                    copy = copies[id(real)] = real.clone()
+                    copy = copies[id(real)] = (plain_alias(real) if overrides_torch_function(
+                        real) else real).clone()
                 env[node] = copy
         cuda = sorted({t.device.index or 0 for t in copies.values() if t.device.type == "cuda"})
         interpreter = torch.fx.Interpreter(torch.nn.Module(), garbage_collect_values=False,
@@ -303,6 +331,12 @@ class OutputGraph:
                 isinstance(a, self._make_scalar) for a in (*args, *kwargs.values())):
             # A stand-in value would decide this op's sizes (torch.zeros(n)) or branches.
             raise Unsupported(f"{_target_name(target)} of a value Tensor.item() read")
+        if self.torch_function_enabled and any(
+                a.overrides_torch_function() for a in (*args, *kwargs.values())):
+            # Every op of such a tensor goes through its class's override, which only
+            # kiln.variables.torch_function models.
+            raise Unsupported(f"{_target_name(target)} of a tensor whose class overrides "
+                              "__torch_function__")
         fake_args = tuple(a.as_fake_arg() for a in args)
         fake_kwargs = {k: v.as_fake_arg() for k, v in kwargs.items()}
         result = shortcut(self.fake_mode, kind, target, fake_args, fake_kwargs)

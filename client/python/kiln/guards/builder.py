@@ -28,9 +28,12 @@ class Guard:
         if self.kind == "DICT_KEYS":
             return f"{where} DICT_KEYS {list(self.value)!r}"
         if self.kind == "TENSOR_MATCH":
-            t = self.value
-            return (f"{where} TENSOR_MATCH {type(t).__name__} {t.dtype} {t.device} "
-                    f"size={tuple(t.shape)} stride={t.stride()} requires_grad={t.requires_grad}")
+            # Read below a tensor subclass's __torch_function__: describing runs no user code.
+            with torch._C.DisableTorchFunctionSubclass():
+                t = self.value
+                return (f"{where} TENSOR_MATCH {type(t).__name__} {t.dtype} {t.device} "
+                        f"size={tuple(t.shape)} stride={t.stride()} "
+                        f"requires_grad={t.requires_grad}")
         if self.kind == "ID_MATCH":
             return f"{where} ID_MATCH {_short_repr(self.value)}"
         if self.kind in ("HASATTR", "NO_HASATTR", "NO_ITEM"):

@@ -56,6 +56,12 @@ class VariableTracker:
         """Whether the value is, or holds, a tensor of the graph."""
         return False
 
+    def overrides_torch_function(self) -> bool:
+        """Whether the value is, or a list or tuple of it holds, a tensor whose class overrides
+        __torch_function__ (kiln.variables.torch_function): an op taking it must go through
+        the override."""
+        return False
+
     def as_fx_arg(self):
         """The value as an FX node argument (tensors as their nodes)."""
         return self.as_python_constant()

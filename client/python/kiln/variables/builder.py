@@ -29,6 +29,7 @@ from kiln.variables.nn_module import NNModuleVariable
 from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
                                     UserDefinedObjectVariable)
 from kiln.variables.tensor import TensorVariable
+from kiln.variables import torch_function
 from kiln.variables.torch import TorchVariable, is_torch_object
 
 
@@ -46,7 +47,7 @@ def wrap(tx, value, source, guard: bool = True):
         if source is None:
             raise Unsupported("a tensor with no source (not reachable from the frame)")
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
-            raise Unsupported(f"tensor subclass {type(value).__name__}")
+            torch_function.check_modelled(type(value))
         return out.add_input(value, source)
     if isinstance(value, enum.Enum):
         add("ID_MATCH", value)  # enum members are singletons
@@ -191,6 +192,9 @@ def wrap(tx, value, source, guard: bool = True):
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         add("ID_MATCH", value)
         return OpaqueCallableVariable(value, source)
+    if torch_function.is_tensor_method_descriptor(value):
+        add("ID_MATCH", value)
+        return torch_function.TensorMethodDescriptorVariable(value, source)
     add("TYPE_MATCH", type(value))
     return UserDefinedObjectVariable(value, source)
 

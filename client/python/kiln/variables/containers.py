@@ -137,6 +137,12 @@ class BaseListVariable(ContainerVariable):
         super().__init__(source)
         self.items = list(items)
 
+    def overrides_torch_function(self) -> bool:
+        if walked(self):
+            return False
+        with walking(self):
+            return any(v.overrides_torch_function() for v in self.items)
+
     def values(self):
         return self.items
 

@@ -8,6 +8,7 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import AttrSource
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
 from kiln.variables.constant import ConstantVariable
+from kiln.variables import torch_function
 from kiln.variables.marked_calls import call_marked
 
 
@@ -69,6 +70,8 @@ class UserMethodVariable(VariableTracker):
         marked = call_marked(tx, self.fn, [self.obj, *args], kwargs)
         if marked is not None:
             return marked
+        if torch_function.is_default_torch_function(self.fn):  # super().__torch_function__
+            return torch_function.default_torch_function(tx, [self.obj, *args], kwargs)
         return tx.inline_call(self.fn, [self.obj, *args], kwargs, fn_source=None)
 
     def as_python_constant(self):

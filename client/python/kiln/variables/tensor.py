@@ -1,5 +1,7 @@
 """Tensors: a graph node plus the fake tensor that carries its metadata."""
+import inspect
 import operator
+import types
 
 import torch
 
@@ -9,6 +11,7 @@ from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListVariable, NamedTupleVariable, TupleVariable
+from kiln.variables import torch_function
 
 # Tensor attributes that are plain metadata: answered from the fake value, no graph node.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_sparse",
@@ -63,6 +66,15 @@ class TensorVariable(VariableTracker):
     def contains_tensor(self) -> bool:
         return True
 
+    def overrides_torch_function(self) -> bool:
+        return torch_function.overrides_torch_function(self.python_type())
+
+    def as_subclass(self, cls) -> "TensorVariable":
+        """`Tensor.as_subclass(self, cls)`: a new object of class `cls` over this tensor."""
+        vt = TensorVariable(self.node, self.example)
+        vt.python_class = cls
+        return vt
+
     def as_fx_arg(self):
         return self.node
 
@@ -94,9 +106,25 @@ class TensorVariable(VariableTracker):
         return hasattr(torch.Tensor, name)
 
     def reconstruct(self, codegen) -> str:
-        return codegen.tensor(self)
+        vt = self.same_object()
+        if not vt.overrides_torch_function():
+            return codegen.tensor(self)
+        # The graph has plain tensors: an input is the object the frame read, what the graph
+        # computed an object of the class over the graph's output, one per tracker.
+        if vt.source is not None and vt.node.op == "placeholder":
+            return codegen.source(vt.source)
+        return codegen.temp(vt, lambda: f"{codegen.constant(torch.Tensor.as_subclass)}("
+                                        f"{codegen.tensor(vt)}, "
+                                        f"{codegen.constant(vt.python_class)})")
 
     def var_getattr(self, tx, name):
+        if name != "__class__" and self.overrides_torch_function() and \
+                tx.output.torch_function_enabled and not _is_method(name) and \
+                not torch_function.is_default_torch_function(inspect.getattr_static(
+                    self.python_type(), "__torch_function__").__func__):
+            # Reading a tensor's property goes through its class's override.
+            raise Unsupported(f"attribute .{name} of a {self.python_type().__qualname__}, "
+                              "whose __torch_function__ would see the read")
         if name in _META_ATTRS:
             value = getattr(self.example, name)
             if name == "device":
@@ -133,6 +161,17 @@ class TensorMethodVariable(VariableTracker):
         self.name = name
 
     def call_function(self, tx, args, kwargs):
+        if tx.output.torch_function_enabled and self.tensor.overrides_torch_function():
+            method = getattr(torch.Tensor, self.name)
+            if isinstance(method, types.FunctionType):  # its own has_torch_function dispatches
+                return tx.inline_call(method, [self.tensor, *args], kwargs)
+            if not _is_c_method(self.name):
+                raise Unsupported(f"Tensor.{self.name} of a tensor whose class overrides "
+                                  "__torch_function__")
+            return torch_function.dispatch(
+                tx, torch_function.TensorMethodDescriptorVariable(method),
+                [self.tensor, *args, *kwargs.values()], [self.tensor, *args], kwargs,
+                from_python=False)
         if self.name == "item" and not args and not kwargs and config.capture_scalar_outputs:
             dtype = self.tensor.example.dtype
             kind = bool if dtype is torch.bool else (
@@ -155,6 +194,20 @@ class TensorMethodVariable(VariableTracker):
 
     def __repr__(self):
         return f"TensorMethodVariable({self.name})"
+
+
+def _is_method(name: str) -> bool:
+    """Whether torch.Tensor's `name` is a method (its lookup runs no __torch_function__; a
+    property's read does)."""
+    return _is_c_method(name) or isinstance(inspect.getattr_static(torch.Tensor, name, None),
+                                            types.FunctionType)
+
+
+def _is_c_method(name: str) -> bool:
+    """Whether torch.Tensor's `name` is a method written in C (its call dispatches to
+    __torch_function__ with that method as the function)."""
+    return torch_function.is_tensor_method_descriptor(
+        inspect.getattr_static(torch.Tensor, name, None) and getattr(torch.Tensor, name))
 
 
 # What a graph-computed number stands for while fakes run (Tensor.item() under

@@ -17,6 +17,7 @@ from kiln.guards.source import AttrSource, ObjectSource
 from kiln.variables.base import ValueVariable, constant_args
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.ctx_manager import CONTEXT_MANAGER_CLASSES, context_manager
+from kiln.variables import torch_function
 from kiln.variables.marked_calls import call_marked
 
 # Python-level torch functions that are graph ops: called on fake values, never inlined.
@@ -36,9 +37,6 @@ _FOLDED = {
         (torch._C._get_dispatch_mode, None),
         (torch._C._len_torch_dispatch_stack, 0),
         (torch._C._is_torch_function_mode_enabled, False),
-        (torch.overrides.has_torch_function, False),
-        (torch.overrides.has_torch_function_unary, False),
-        (torch.overrides.has_torch_function_variadic, False),
         (getattr(torch.fx.experimental.proxy_tensor, "_is_make_fx_tracing", None)
          if hasattr(torch.fx, "experimental") else None, False),
     )
@@ -61,6 +59,10 @@ def _folded_value(fn):
 
 
 _is_fx_tracing = getattr(_fx_trace, "is_fx_tracing", None)
+
+# Whether arguments take an override of __torch_function__ (kiln.variables.torch_function).
+_HAS_TORCH_FUNCTION = {torch.overrides.has_torch_function, torch.overrides.has_torch_function_unary,
+                       torch.overrides.has_torch_function_variadic}
 
 # Calls with effects outside the graph (global state, RNG seeding, printing).
 _UNSUPPORTED = {torch.manual_seed, torch.set_default_dtype,
@@ -156,6 +158,21 @@ class TorchVariable(ValueVariable):
         marked = call_marked(tx, fn, args, kwargs)
         if marked is not None:
             return marked
+        if fn in _HAS_TORCH_FUNCTION:
+            return ConstantVariable(torch_function.has_torch_function(tx, fn, args))
+        if fn is torch.overrides.handle_torch_function:
+            return torch_function.handle_torch_function(tx, args, kwargs)
+        if is_graph_op(fn) and tx.output.torch_function_enabled and any(
+                a.overrides_torch_function() for a in (*args, *kwargs.values())):
+            if isinstance(fn, types.FunctionType):
+                # Its Python dispatches where eager's does (has_torch_function, or the ops it
+                # calls).
+                return tx.inline_call(fn, args, kwargs, fn_source=None)
+            if fn in torch.overrides.get_ignored_functions():
+                raise Unsupported(f"{getattr(fn, '__name__', fn)} of a tensor whose class "
+                                  "overrides __torch_function__")
+            return torch_function.dispatch(tx, self, [*args, *kwargs.values()], args, kwargs,
+                                           from_python=False)
         if fn is torch.is_grad_enabled:
             tx.output.guards.add(None, "GLOBAL_STATE")
             return ConstantVariable(torch.is_grad_enabled())
