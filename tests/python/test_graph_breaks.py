@@ -489,3 +489,36 @@ def test_a_local_dead_after_a_break_is_not_passed_to_the_resume_function():
     entries = kiln.debug.cache_entries(resume)
     assert len(entries) == 1
     assert [g for g in entries[0].guards if "L['k']" in g] == ["L['k'] CONSTANT_MATCH None"]
+
+
+@kiln.disable
+def _left_to_python(x):
+    return x
+
+
+def _formats_its_locals(x, name):
+    y = _left_to_python(x + 1)  # a graph break: the rest runs in a resume function
+    label = "spec_{name}".format(**locals())
+    return y * 2, label, sorted(locals())
+
+
+def _formats_its_locals_with_a_closure(x, name):
+    k = 3
+
+    def inner():
+        return k
+
+    y = _left_to_python(x + 1)
+    return y, "{name}".format(**locals()), sorted(locals())
+
+
+@pytest.mark.parametrize("fn", [_formats_its_locals, _formats_its_locals_with_a_closure])
+def test_locals_after_a_graph_break_are_the_programs(fn):
+    """locals() is the traced function's own (a resume function's stack parameters are not the
+    program's); where kiln cannot build it (cells), neither the call nor a break at it runs in
+    the transformed code's frame, whose locals are others."""
+    x = torch.randn(3)
+    want = fn(x, "a")
+    got = kiln.compile(fn, backend="eager")(x, "a")
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:]

@@ -7,6 +7,9 @@ on an exception and raises it again, as the blocks' own handlers would; the resu
 whose code keeps the exception table, takes each __exit__ as the stack value it is and leaves
 the block as the program does. Only an __exit__ that is rebuilt and never suppresses an
 exception qualifies (a grad-mode block's)."""
+import inspect
+import sys
+
 from kiln.capture.code_layout import live_locals, with_exits
 from kiln.exc import Unsupported
 from kiln.transform.resume import resume_origin, resume_params, shared_resume, with_cells
@@ -60,6 +63,9 @@ def break_body(func, code, gb, rebuild, consts):
         if not below.is_null:  # [callable, self, args...]
             args = [fn, *args]
             fn = below
+        if _reads_the_frame(fn, len(args)):
+            raise Unsupported("a graph break at a call that reads the frame itself (locals(), "
+                              "eval, sys._getframe): the transformed code's frame is another")
         npos = len(args) - len(kw_names)
         parts = [rebuild(a) for a in args[:npos]]
         parts += [f"{k}={rebuild(v)}" for k, v in zip(kw_names, args[npos:])]
@@ -123,3 +129,19 @@ def _open_blocks(code, inst, stack, rebuild):
                       "    raise"])
         return lines
     return guarded
+
+
+def _reads_the_frame(fn, nargs: int) -> bool:
+    """Whether calling `fn` (a tracker) with `nargs` arguments reads the calling frame: its
+    locals (locals(), vars() and dir() without arguments, eval and exec without a namespace) or
+    the frame object."""
+    try:
+        value = fn.as_python_constant()
+    except Unsupported:
+        return False
+    try:
+        if value in (locals, sys._getframe, inspect.currentframe):
+            return True
+        return (value in (vars, dir) and nargs == 0) or (value in (eval, exec) and nargs == 1)
+    except TypeError:  # an unhashable, uncomparable object
+        return False

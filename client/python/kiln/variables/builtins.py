@@ -649,6 +649,19 @@ def _super(tx, *args):
     return tx.make_super(args)
 
 
+def _locals(tx):
+    """locals(): a dict of the traced function's bound locals in CPython's order (its variables
+    in co_varnames order). A resume function's stack parameters are not the program's locals.
+    Code with cell or free variables (whose values live in cells) is refused: so is a graph
+    break at the call (kiln.transform.graph_break), which would run it in another frame."""
+    code = tx.code
+    if code.co_cellvars or code.co_freevars:
+        raise Unsupported("locals() in a function with cell or free variables")
+    bound = tx.symbolic_locals
+    return ConstDictVariable({name: bound[name] for name in code.co_varnames
+                              if name in bound and not name.startswith("__kiln_stack_")})
+
+
 _HANDLERS = {
     len: _len,
     isinstance: lambda tx, obj, classes: _isinstance(tx, obj, classes),
@@ -676,6 +689,7 @@ _HANDLERS = {
     callable: _callable,
     sorted: _sorted,
     super: _super,
+    locals: _locals,
     map: _map,
     filter: _filter,
     itertools.starmap: _starmap,
