@@ -28,7 +28,7 @@ def test_every_registry_model_constructs(name):
         with torch.device("meta"):
             model, args, kwargs = spec.build()
     except NotImplementedError as e:
-        if "meta" not in str(e):
+        if "meta" not in str(e).lower():  # torch 2.11 says "Meta tensors", 2.14 "meta"
             raise
         model, args, kwargs = spec.build()
     assert isinstance(model, torch.nn.Module)
