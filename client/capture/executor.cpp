@@ -184,7 +184,8 @@ const std::array<OpInfo, 256>& OpTable() {
       t[code].breakable = it->second == &T::OpCall || it->second == &T::OpCallFunctionEx ||
                           it->second == &T::OpPopJumpIfFalse || it->second == &T::OpPopJumpIfTrue ||
                           it->second == &T::OpJumpIfFalseOrPop ||
-                          it->second == &T::OpJumpIfTrueOrPop;
+                          it->second == &T::OpJumpIfTrueOrPop ||
+                          it->second == &T::OpBinarySubscr;
     }
     return t;
   }());

@@ -374,7 +374,7 @@ using Handler = bool (Translator::*)(const Instruction&);
 
 struct OpInfo {
   Handler handler = &Translator::OpUnknown;
-  bool breakable = false;  // a root frame may break the graph here (a call or a branch)
+  bool breakable = false;  // a root frame may break the graph here (a call, a branch, x[i])
 };
 
 // The handler of each opcode of the running interpreter (executor.cpp).

@@ -510,3 +510,14 @@ def callee_tensor_branch_called_twice_with_keywords(x):
 @pytest.mark.parametrize("case", corpus.cases)
 def test_program(case):
     case.run()
+
+
+# Indexing by a boolean mask (BINARY_SUBSCR whose result's size is the data's): the graph breaks
+# at the subscript, which runs in Python, and the frame goes on in a resume function.
+@corpus((5, 4), (20, 4), frames=2, breaks=2)
+def boolean_mask_indexing_breaks_at_the_subscript(scores, boxes):
+    s = scores.flatten()
+    keep = s > 0.5
+    s = s[keep]
+    b = boxes[keep]
+    return s * 2, b + 1, s.sum()

@@ -301,7 +301,7 @@ class OutputGraph:
     def checkpoint(self):
         """What restore() rolls back to, and the grad mode the trace has there (a graph break
         inside `with torch.no_grad()` runs its instruction in that mode)."""
-        return (list(self.graph.nodes)[-1] if len(self.graph.nodes) else None, len(self.inputs),
+        return (next(iter(reversed(self.graph.nodes)), None), len(self.inputs),
                 dict(self.attrs), torch.is_grad_enabled())
 
     def restore(self, ckpt):

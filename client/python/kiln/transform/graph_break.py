@@ -82,6 +82,10 @@ def break_body(func, code, gb, rebuild, consts):
             raise Unsupported("CALL_FUNCTION_EX without NULL")
         body += guarded(f"__kiln_r = {call})")
         body.append(f"return {resume_call(next_offset, rest + ['__kiln_r'])}")
+    elif inst.opname == "BINARY_SUBSCR":
+        # x[mask] and other indexing whose result the trace cannot know (its size is the data's).
+        body += guarded(f"__kiln_r = {rebuild(stack[-2])}[{rebuild(stack[-1])}]")
+        body.append(f"return {resume_call(next_offset, stack[:-2] + ['__kiln_r'])}")
     elif inst.opname.startswith("POP_JUMP"):
         cond = stack[-1]
         rest = stack[:-1]
