@@ -51,9 +51,14 @@ py::object Translator::Root(py::object func, py::object code, py::sequence slots
                     code.attr("co_kwonlyargcount").cast<int>();  // *args, **kwargs: per call
   const Py_ssize_t n = py::len(slots);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    py::object vt = tx->host_->wrap(obj, slots[i], tx->host_->LocalSource(i, names[i]));
-    if (i >= fresh) vt.attr("owned_by_frame")();  // CPython made it for this call
-    tx->symbolic_locals_[names[i]] = vt;
+    // Wrapped (and guarded) where the trace first reads it: Local().
+    tx->symbolic_locals_[names[i]] = tx->host_->LazyLocal(
+        slots[i], tx->host_->LocalSource(i, names[i]), py::bool_(i >= fresh));
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    // A module argument is wrapped first: its identity guard leads the entry's guards, so that
+    // another instance of its class is told by that guard failing first (FrameCallback).
+    if (tx->host_->wrapped_first(slots[i]).cast<bool>()) tx->Local(names[i]);
   }
   py::object closure = func.attr("__closure__");
   if (!closure.is_none()) {
@@ -541,7 +546,9 @@ void RegisterPython(py::module_& m) {
       .def("where", &Translator::Where)
       .def_readonly("output", &Translator::output_)
       .def_readonly("code", &Translator::code_)
-      .def_readonly("symbolic_locals", &Translator::symbolic_locals_);
+      .def_readonly("symbolic_locals", &Translator::symbolic_locals_)
+      // A local's tracker, an argument wrapped on this first read (LazyLocal).
+      .def("local", [](Translator& t, py::str name) { return t.Local(name); });
 }
 
 }  // namespace kiln::capture

@@ -45,7 +45,7 @@ py::object Translator::LoadDeref(const py::object& name) {
     const bool guard = !source.is_none();
     return host_->wrap(Self(), value, source, py::arg("guard") = guard);
   }
-  if (symbolic_locals_.contains(name)) return symbolic_locals_[name];
+  if (symbolic_locals_.contains(name)) return Local(name);
   Unsupported("free variable " + Repr(name) + " is not available");
 }
 
@@ -103,7 +103,7 @@ py::object Translator::MakeSuper(py::sequence args) {
   if (cls.is_none() || !has_self || !symbolic_locals_.contains(varnames[0])) {
     Unsupported("zero-argument super() outside a method");
   }
-  return host_->SuperVariable(cls, symbolic_locals_[varnames[0]]);
+  return host_->SuperVariable(cls, Local(varnames[0]));
 }
 
 bool Translator::OpLoadConst(const Instruction& inst) {
@@ -111,19 +111,28 @@ bool Translator::OpLoadConst(const Instruction& inst) {
   return false;
 }
 
+py::object Translator::Local(py::handle name) {
+  py::object value = symbolic_locals_[name];
+  if (!py::isinstance(value, host_->LazyLocal)) return value;
+  py::object vt = host_->wrap(Self(), value.attr("value"), value.attr("source"));
+  if (value.attr("owned").cast<bool>()) vt.attr("owned_by_frame")();  // made for this call
+  symbolic_locals_[name] = vt;
+  return vt;
+}
+
 bool Translator::OpLoadFast(const Instruction& inst) {
   py::handle argval(inst.argval);
   if (!symbolic_locals_.contains(argval)) {
     Unsupported("UnboundLocalError: " + Repr(argval) + " read before assignment");
   }
-  Push(symbolic_locals_[argval]);
+  Push(Local(argval));
   return false;
 }
 
 bool Translator::OpLoadFastAndClear(const Instruction& inst) {
   py::handle argval(inst.argval);
   if (symbolic_locals_.contains(argval)) {
-    Push(symbolic_locals_[argval]);
+    Push(Local(argval));
     PyDict_DelItem(symbolic_locals_.ptr(), argval.ptr());
   } else {
     Push(host_->NullVariable());

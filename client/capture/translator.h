@@ -26,12 +26,12 @@ constexpr int kMaxInlineDepth = 64;
 // of kiln's by name.
 struct Host {
   py::object Unsupported, TracedException, GraphBreak, Checkpoint;
-  py::object VariableTracker, NullVariable, ConstantVariable, TupleVariable, ListVariable,
+  py::object VariableTracker, NullVariable, LazyLocal, ConstantVariable, TupleVariable, ListVariable,
       SetVariable, ConstDictVariable, SliceVariable, ListIteratorVariable, CellVariable,
       NestedFunctionVariable, SuperVariable, ExceptionVariable;
   py::object wrap, apply_operator, raise_exception, check_attribute_error, enter_context;
   py::object mark_checkpoint, mutation_count, mutations_of;
-  py::object traces_into, is_torch_file, can_split;
+  py::object traces_into, is_torch_file, can_split, wrapped_first;
   py::object LocalSource, GlobalSource, ClosureSource, FrameCellSource, ObjectSource, AttrSource,
       ItemSource;
 
@@ -207,6 +207,9 @@ class Translator {
   py::object LoadGlobal(const py::object& name);
 
  public:
+  // The tracker of local `name` (bound): an argument of the root frame is wrapped, and so
+  // guarded, on its first read here (it holds a LazyLocal until then).
+  py::object Local(py::handle name);
   py::object Wrap(py::object value, py::object source, bool guard) {
     return host_->wrap(Self(), std::move(value), std::move(source), py::arg("guard") = guard);
   }

@@ -7,12 +7,14 @@ graph-break checkpoints, and which files it may inline. The executor imports not
 by name: this module is where the ties show.
 
 Everything else it asks of a value goes through the tracker protocol (kiln.variables.base)."""
+import torch
+
 from kiln.capture.code_layout import can_split
 from kiln.capture.graph_break import Checkpoint, GraphBreak
 from kiln.capture.skip_files import is_torch_file, traces_into
 from kiln.exc import TracedException, Unsupported
 from kiln.guards import source
-from kiln.variables.base import NullVariable, VariableTracker
+from kiln.variables.base import LazyLocal, NullVariable, VariableTracker
 from kiln.variables.builder import wrap
 from kiln.variables.builtins import apply_operator
 from kiln.variables.constant import ConstantVariable
@@ -39,6 +41,10 @@ class CaptureHost:
         # Trackers the executor makes or recognizes.
         self.VariableTracker = VariableTracker
         self.NullVariable = NullVariable
+        self.LazyLocal = LazyLocal
+        # Arguments wrapped when the frame starts, not on their first read (an nn.Module: see
+        # Translator::Root).
+        self.wrapped_first = lambda value: isinstance(value, torch.nn.Module)
         self.ConstantVariable = ConstantVariable
         self.TupleVariable = TupleVariable
         self.ListVariable = ListVariable

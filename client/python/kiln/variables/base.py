@@ -180,6 +180,21 @@ class ValueVariable(VariableTracker):
         return self.value
 
 
+class LazyLocal(VariableTracker):
+    """An argument of the root frame not read yet: the executor wraps it (and so guards it)
+    when the trace first reads it (Translator::Local). One the trace never reads is only handed
+    on, to a resume function or the frame's cells: read again from the frame's local, unguarded,
+    as the graph does not depend on it (a tensor passed through a break recompiles nothing)."""
+
+    def __init__(self, value, source, owned: bool):
+        super().__init__(source)
+        self.value = value
+        self.owned = owned  # made by CPython for this call (*args, **kwargs)
+
+    def __repr__(self):
+        return f"LazyLocal({self.source.name})"
+
+
 class NullVariable(VariableTracker):
     """The NULL that PUSH_NULL / LOAD_GLOBAL / LOAD_ATTR put below a callable."""
 

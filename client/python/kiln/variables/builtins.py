@@ -658,7 +658,7 @@ def _locals(tx):
     if code.co_cellvars or code.co_freevars:
         raise Unsupported("locals() in a function with cell or free variables")
     bound = tx.symbolic_locals
-    return ConstDictVariable({name: bound[name] for name in code.co_varnames
+    return ConstDictVariable({name: tx.local(name) for name in code.co_varnames
                               if name in bound and not name.startswith("__kiln_stack_")})
 
 

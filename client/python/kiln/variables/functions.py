@@ -167,11 +167,10 @@ class CellVariable(VariableTracker):
         self.name = name
 
     def get(self):
-        value = self.owner_tx.symbolic_locals.get(self.name)
-        if value is None:
+        if self.name not in self.owner_tx.symbolic_locals:
             # A free variable of the owner itself (a closure passed on to a nested function).
             return self.owner_tx.load_deref(self.name)
-        return value
+        return self.owner_tx.local(self.name)
 
     def set(self, value):
         owner = self.owner_tx
