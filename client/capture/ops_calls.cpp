@@ -42,6 +42,10 @@ bool Translator::OpCallFunctionEx(const Instruction& inst) {
   if (!kwargs_vt.is_none()) {
     if (!py::isinstance(kwargs_vt, host_->ConstDictVariable)) Unsupported("** of a non-dict");
     kwargs = py::dict(kwargs_vt.attr("items"));
+    for (const auto& item : kwargs) {
+      // Eager raises TypeError: keywords must be strings (a key may be a tensor here).
+      if (!PyUnicode_Check(item.first.ptr())) Unsupported("** of a dict with a key not a str");
+    }
   }
   Push(fn.attr("call_function")(Self(), args, kwargs));
   return false;

@@ -63,10 +63,10 @@ bool Translator::OpBuildSet(const Instruction& inst) {
 }
 
 bool Translator::OpBuildMap(const Instruction& inst) {
+  // Keys may be constants or objects a dict compares by identity (a tensor, a module): the
+  // tracker keys them as the dict would (ConstDictVariable.built).
   std::vector<py::object> items = PopN(static_cast<size_t>(inst.arg) * 2);
-  py::dict d;
-  for (size_t i = 0; i < items.size(); i += 2) d[AsConstant(items[i])] = items[i + 1];
-  Push(host_->ConstDictVariable(d));
+  Push(host_->ConstDictVariable.attr("built")(Self(), ListOf(items)));
   return false;
 }
 
@@ -147,7 +147,7 @@ bool Translator::OpSetAdd(const Instruction& inst) {
 bool Translator::OpMapAdd(const Instruction& inst) {
   py::object value = Pop();
   py::object key = Pop();
-  Peek(inst.arg).attr("items")[AsConstant(key)] = value;
+  Peek(inst.arg).attr("map_add")(Self(), key, value);
   return false;
 }
 
@@ -155,7 +155,7 @@ bool Translator::OpDictUpdate(const Instruction& inst) {
   py::object value = Pop();
   py::object target = Peek(inst.arg);
   if (!py::isinstance(value, host_->ConstDictVariable)) Unsupported("dict update from a non-dict");
-  target.attr("items").attr("update")(value.attr("items"));
+  target.attr("update_from")(Self(), value);
   return false;
 }
 

@@ -299,9 +299,16 @@ class DictKeysCheck : public LeafCheck {
 
   // 1 when `key` (a reference the caller holds) equals `expected` and is of its type (1, 1.0 and
   // True are one dict key, but a trace that read the key saw one of them), 0 when not, -1 when
-  // __eq__ raised.
+  // __hash__ or __eq__ raised. Hashes are compared first, as a dict compares keys: two distinct
+  // objects hashed by identity (tensors, modules) are distinct keys, never asked __eq__ (a
+  // tensor's compares values).
   static int KeysEqual(PyObject* key, PyObject* expected, std::string* why) {
     if (Py_TYPE(key) != Py_TYPE(expected)) return 0;
+    const Py_hash_t key_hash = PyObject_Hash(key);
+    if (key_hash == -1) return Raised("hashing a key", why);
+    const Py_hash_t expected_hash = PyObject_Hash(expected);
+    if (expected_hash == -1) return Raised("hashing a key", why);
+    if (key_hash != expected_hash) return 0;
     const int eq = PyObject_RichCompareBool(key, expected, Py_EQ);
     return eq < 0 ? Raised("comparing keys", why) : eq;
   }

@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from kiln import _C
-from kiln.guards.source import ItemSource, Source
+from kiln.guards.source import ItemSource, Source, key_repr
 
 
 class Guard:
@@ -26,7 +26,7 @@ class Guard:
         if self.kind == "LEN_MATCH":
             return f"{where} LEN_MATCH {self.value}"
         if self.kind == "DICT_KEYS":
-            return f"{where} DICT_KEYS {list(self.value)!r}"
+            return f"{where} DICT_KEYS [{', '.join(key_repr(k) for k in self.value)}]"
         if self.kind == "TENSOR_MATCH":
             # Read below a tensor subclass's __torch_function__: describing runs no user code.
             with torch._C.DisableTorchFunctionSubclass():

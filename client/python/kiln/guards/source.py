@@ -6,6 +6,8 @@ transformed code, which reloads graph inputs from their sources on every call.
 """
 from typing import Any
 
+import torch
+
 
 def _attr_expr(base: str, attr: str) -> str:
     """`base.attr`, or getattr for names that are not identifiers (Sequential's "0")."""
@@ -198,6 +200,24 @@ class AttrSource(Source):
         return (self.base, self.attr)
 
 
+# The __hash__ of classes whose instances a dict finds by identity (kiln.variables.dict_keys).
+IDENTITY_HASHES = (object.__hash__, torch.Tensor.__hash__)
+
+
+def _keyed_by_identity(key) -> bool:
+    """Whether `key` is an object a dict finds by identity (a tensor, a module), which a source
+    holds itself rather than spelling it."""
+    return key is not None and type(key).__hash__ in IDENTITY_HASHES
+
+
+def key_repr(key) -> str:
+    """A dict key as names and guard descriptions show it: an object found by identity by its
+    class and address (a tensor's repr would print its values)."""
+    if _keyed_by_identity(key):
+        return f"<{type(key).__name__} at {id(key):#x}>"
+    return repr(key)
+
+
 class ItemSource(Source):
     __slots__ = ("base", "key")
 
@@ -205,16 +225,20 @@ class ItemSource(Source):
         self.base = base
         self.key = key
 
-    name = property(lambda self: f"{self.base.name}[{self.key!r}]")
+    name = property(lambda self: f"{self.base.name}[{key_repr(self.key)}]")
 
     def _guard_path(self):
         return ("item", self.base.guard_path(), self.key)
 
     def expr(self, consts):
+        if _keyed_by_identity(self.key):
+            return f"{self.base.expr(consts)}[{consts.ref(self.key)}]"
         return f"{self.base.expr(consts)}[{self.key!r}]"
 
     def _key(self):
-        return (self.base, type(self.key), self.key)
+        # An object found by identity is compared by identity (a tensor's == compares values).
+        key = ("id", id(self.key)) if _keyed_by_identity(self.key) else self.key
+        return (self.base, type(self.key), key)
 
 
 class DictItemSource(Source):

@@ -70,6 +70,14 @@ class VariableTracker:
         """The value as the argument an op runs on at trace time (tensors as fake tensors)."""
         return self.as_python_constant()
 
+    def as_dict_key(self, tx):
+        """The key the value is in a dict the frame holds (kiln.variables.dict_keys): a
+        constant's own value, or an IdentityKey for an object a dict compares by identity (a
+        tensor, a module, an instance of a class that keeps object's __hash__)."""
+        from kiln.variables.dict_keys import tracker_key
+
+        return tracker_key(tx, self)
+
     # -- what one can do with it ---------------------------------------------------------------
 
     def unpack(self, tx) -> List["VariableTracker"]:

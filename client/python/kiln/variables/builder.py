@@ -19,6 +19,7 @@ from kiln.guards.source import (AttrSource, InstanceAttrSource, ItemSource, Loca
 from kiln.variables.autograd_function import AutogradFunctionApplyVariable, has_functions_apply
 from kiln.variables.builtins import BuiltinVariable, KNOWN_BUILTINS, _PURE_BUILTINS
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
+from kiln.variables.dict_keys import IdentityKey, outside_key
 from kiln.variables.ctx_manager import GradModeExitVariable, GradModeRestore
 from kiln.variables.containers import (ConstDictVariable, ListVariable, NamedTupleVariable,
                                        ResumeIterator, ResumeIteratorVariable, TupleVariable)
@@ -80,7 +81,7 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return NNModuleVariable(value, source)
     is_namedtuple = isinstance(value, tuple) and hasattr(type(value), "_fields")
-    if is_namedtuple or type(value) in (tuple, list, dict, collections.OrderedDict):
+    if is_namedtuple or type(value) in (tuple, list) or type(value) in _DICT_TYPES:
         # One tracker per container object, whatever the path it is reached by (f(l, l), a list
         # that contains itself): the object's identity and contents are one.
         seen = out.containers.get(value, g)
@@ -103,16 +104,8 @@ def wrap(tx, value, source, guard: bool = True):
         vt.items = [wrap(tx, v, ItemSource(source, i) if source is not None else None, guard)
                     for i, v in enumerate(value)]
         return vt
-    if type(value) in (dict, collections.OrderedDict):
-        if not all(is_guardable_constant(k) for k in value):
-            raise Unsupported("a dict with non-constant keys")
-        add("TYPE_MATCH", type(value))
-        add("DICT_KEYS", tuple(value))  # in an OrderedDict's own order
-        vt = ConstDictVariable({}, source, user_type=type(value))
-        out.containers.remember(value, g, vt)
-        vt.items = {k: wrap(tx, v, ItemSource(source, k) if source is not None else None, guard)
-                    for k, v in value.items()}
-        return vt
+    if type(value) in _DICT_TYPES:
+        return _wrap_dict(tx, value, source, guard)
     if is_torch_object(value):
         add("ID_MATCH", value)
         return TorchVariable(value, source)
@@ -197,6 +190,39 @@ def wrap(tx, value, source, guard: bool = True):
         return torch_function.TensorMethodDescriptorVariable(value, source)
     add("TYPE_MATCH", type(value))
     return UserDefinedObjectVariable(value, source)
+
+
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
+
+
+def _wrap_dict(tx, value, source, guard: bool):
+    """A dict, OrderedDict or defaultdict read from outside the frame: its keys guarded in its
+    own order (one hashed by identity, a tensor or a module, as that very object), its values
+    read through their items."""
+    out = tx.output
+    g = guard and source is not None
+    keys = {}
+    for i, k in enumerate(value):
+        key = outside_key(k, f"{source.name if source is not None else '?'}.keys()[{i}]")
+        if key is None:
+            raise Unsupported(f"a dict with a {type(k).__name__} key")
+        keys[key] = k
+    if any(type(key) is IdentityKey for key in keys) and source is None:
+        raise Unsupported("a dict keyed by objects, reached by no path of the frame")
+    if g:
+        out.guards.add(source, "TYPE_MATCH", type(value))
+        out.guards.add(source, "DICT_KEYS", tuple(value))  # in an OrderedDict's own order
+    factory = None
+    if type(value) is collections.defaultdict:
+        factory = wrap(tx, value.default_factory,
+                       AttrSource(source, "default_factory") if source is not None else None,
+                       guard)
+    vt = ConstDictVariable({}, source, user_type=type(value), default_factory=factory)
+    out.containers.remember(value, g, vt)
+    vt.items = {key: wrap(tx, dict.__getitem__(value, k),
+                          ItemSource(source, k) if source is not None else None, guard)
+                for key, k in keys.items()}
+    return vt
 
 
 def _module_source(module):

@@ -23,7 +23,7 @@ _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.co
                                       operator.truth, operator.index, operator.not_}
 
 
-def _same_object(tx, a, b) -> bool:
+def same_object(tx, a, b) -> bool:
     """`a is b`, guarded: where neither value's own guards pin which object it is (an instance
     of a user class, a tensor argument), the answer holds only while the objects are the same,
     or distinct, again."""
@@ -75,7 +75,7 @@ def apply_operator(tx, fn, args):
         if not hasattr(type(args[0].as_python_constant()), dunder):
             fn = binary
     if fn in (operator.is_, operator.is_not):
-        same = _same_object(tx, *args)
+        same = same_object(tx, *args)
         return ConstantVariable(same if fn is operator.is_ else not same)
     if fn is operator.not_:
         return ConstantVariable(not args[0].truth(tx))
@@ -148,7 +148,7 @@ def apply_operator(tx, fn, args):
             raise Unsupported(f"{fn.__name__} of a {a.python_type().__qualname__}, which "
                               "compares by value")
         try:
-            same = _same_object(tx, args[0], args[1])
+            same = same_object(tx, args[0], args[1])
         except Unsupported:
             raise Unsupported(f"{fn.__name__} of {args[0]} and {args[1]}") from None
         return ConstantVariable(same if fn is operator.eq else not same)
@@ -403,17 +403,17 @@ def _dict(tx, *args, **kwargs):
 def construct_dict(tx, cls, args, kwargs):
     """dict(...) or collections.OrderedDict(...) made in the frame (a detection model's
     feature maps): a dict tracker of that class."""
-    items = {}
+    made = ConstDictVariable({}, user_type=cls)
     if args:
         src = args[0]
         if isinstance(src, ConstDictVariable):
-            items.update(src.items)
+            made.update_from(tx, src)
         else:
             for pair in src.unpack(tx):
                 k, v = pair.unpack(tx)
-                items[k.as_python_constant()] = v
-    items.update(kwargs)
-    return ConstDictVariable(items, user_type=cls)
+                made.map_add(tx, k, v)
+    made.items.update(kwargs)
+    return made
 
 
 def _lazily(tx, iterable, by: str):

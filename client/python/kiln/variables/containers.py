@@ -10,6 +10,7 @@ from kiln.exc import Unsupported
 from kiln.variables.base import (BoundContainerMethod, VariableTracker, constant_args, walked,
                                  walking)
 from kiln.variables.constant import BoundBuiltinMethod, ConstantVariable
+from kiln.variables.dict_keys import IdentityKey, find_key, key_tracker
 from kiln.variables.exceptions import traced_exception
 
 
@@ -97,7 +98,8 @@ class ContainerVariable(VariableTracker):
         a plain list or dict, read under guards and through this one tracker (another tracker of
         the same object would not see the mutation). False where it is not."""
         if not (type(self) in (ListVariable, ConstDictVariable) and self.source is not None
-                and self.python_type() in (list, dict, collections.OrderedDict)
+                and self.python_type() in (list, dict, collections.OrderedDict,
+                                           collections.defaultdict)
                 and self.outside_guarded
                 and self.outside_memo.other_tracker(self) is None):
             return False
@@ -371,15 +373,58 @@ class SliceVariable(VariableTracker):
 
 
 class ConstDictVariable(ContainerVariable):
-    """A dict whose keys are constants; values are trackers."""
+    """A dict (or OrderedDict, defaultdict); values are trackers. Its keys (`items`' keys) are
+    constants' own values, or IdentityKeys for objects a dict compares by identity (tensors,
+    modules: kiln.variables.dict_keys), found as CPython finds them."""
 
-    def __init__(self, items: Dict, source=None, user_type=dict):
+    def __init__(self, items: Dict, source=None, user_type=dict, default_factory=None):
         super().__init__(source)
         self.items = dict(items)
         self.user_type = user_type
+        # A defaultdict's default_factory (a tracker), called for a key __getitem__ misses.
+        self.default_factory = default_factory
+
+    @classmethod
+    def built(cls, tx, flat: List[VariableTracker]) -> "ConstDictVariable":
+        """BUILD_MAP: the dict of key, value, key, value... in order (a later equal key keeps
+        the first one's place and takes the later value)."""
+        d = cls({})
+        for i in range(0, len(flat), 2):
+            d.items[d._key(tx, flat[i])] = flat[i + 1]
+        return d
+
+    def map_add(self, tx, key, value):
+        """MAP_ADD: a dict comprehension's own dict takes an item."""
+        self.items[self._key(tx, key)] = value
+
+    def update_from(self, tx, other):
+        """DICT_UPDATE / DICT_MERGE: the items of `other`, in its order."""
+        if not isinstance(other, ConstDictVariable):
+            raise Unsupported("dict update from a non-dict")
+        for k, v in list(other.items.items()):
+            self.items[self._key(tx, key_tracker(tx, k))] = v
+
+    def _key(self, tx, vt):
+        """The key `vt` is in this dict: the stored key it finds, if any (a dict keeps the key
+        first stored under an equal one), or its own."""
+        key = vt.as_dict_key(tx)
+        if type(key) is IdentityKey:
+            found = find_key(tx, self.items, key)
+            return key if found is None else found
+        return key
+
+    def key_trackers(self, tx) -> List[VariableTracker]:
+        return [key_tracker(tx, k) for k in self.items]
 
     def values(self):
         return list(self.items.values())
+
+    def contains_tensor(self) -> bool:
+        if walked(self):
+            return False
+        return super().contains_tensor() or any(
+            type(k) is IdentityKey and k.vt is not None and k.vt.contains_tensor()
+            for k in self.items)
 
     def _check_mutable(self):
         if not self.mutable and not self._replay_outside():
@@ -388,81 +433,109 @@ class ConstDictVariable(ContainerVariable):
         note_container_mutation(self)
 
     def delitem(self, tx, index):
-        key = index.as_python_constant()
+        key = self._key(tx, index)
         if key not in self.items:
             raise self._key_error(key)
         self._check_mutable()
         del self.items[key]
 
-    def _key_error(self, key):
+    def _key_error(self, key, missing: bool = False):
         """What looking up `key`, absent, raises: the KeyError itself where the items are known
-        (and the dict has no __missing__), else Unsupported."""
-        if self._items_known() and not hasattr(self.user_type, "__missing__"):
+        (with `missing`, for __getitem__, where the dict has no __missing__), else
+        Unsupported."""
+        if self._items_known() and type(key) is not IdentityKey and not (
+                missing and hasattr(self.user_type, "__missing__")):
             return traced_exception(KeyError, key)
         return Unsupported(f"KeyError {key!r} while tracing")
 
     def replay(self, codegen, target: str) -> str:
         """The statement that gives the dict from outside the frame its final items, in their
         order."""
-        items = ", ".join(f"{codegen.constant(k)}: {codegen(v)}" for k, v in self.items.items())
+        items = ", ".join(f"{_build_key(codegen, k)}: {codegen(v)}"
+                          for k, v in self.items.items())
         return f"{target}.clear(); {target}.update({{{items}}})"
 
     def python_type(self):
         return self.user_type
 
-    def as_python_constant(self):
+    def _constant_items(self, convert) -> dict:
         with walking(self):
-            return {k: v.as_python_constant() for k, v in self.items.items()}
+            return {_constant_key(k): convert(v) for k, v in self.items.items()}
+
+    def as_python_constant(self):
+        items = self._constant_items(lambda v: v.as_python_constant())
+        if self.user_type is collections.defaultdict:
+            return collections.defaultdict(self.default_factory.as_python_constant(), items)
+        return items
 
     def as_fx_arg(self):
-        with walking(self):
-            return {k: v.as_fx_arg() for k, v in self.items.items()}
+        return self._constant_items(lambda v: v.as_fx_arg())
 
     def as_fake_arg(self):
-        with walking(self):
-            return {k: v.as_fake_arg() for k, v in self.items.items()}
+        return self._constant_items(lambda v: v.as_fake_arg())
 
     def contains(self, tx, item):
-        return ConstantVariable(item.as_python_constant() in self.items)
+        return ConstantVariable(self._key(tx, item) in self.items)
 
     def unpack(self, tx):
-        return [ConstantVariable(k) for k in self.items]
+        return self.key_trackers(tx)
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None and (not self.mutable or self.replayed):
             return codegen.source(self.source)
-        if self.user_type not in (dict, collections.OrderedDict):
+        if self.user_type not in (dict, collections.OrderedDict, collections.defaultdict):
             raise Unsupported(f"rebuilding a {self.user_type.__name__}")
 
         def build():
-            items = [f"{codegen.constant(k)}: {codegen(v)}" for k, v in self.items.items()]
+            items = "{" + ", ".join(f"{_build_key(codegen, k)}: {codegen(v)}"
+                                    for k, v in self.items.items()) + "}"
             if self.user_type is dict:
-                return "{" + ", ".join(items) + "}"
+                return items
+            cls = codegen.constant(self.user_type)
+            if self.user_type is collections.defaultdict:
+                return f"{cls}({codegen(self.default_factory)}, {items})"
             # An OrderedDict made in the frame: its order is the order the items were set.
-            return f"{codegen.constant(self.user_type)}({{{', '.join(items)}}})"
+            return f"{cls}({items})"
 
         return codegen.temp(self, build)
 
     def getitem(self, tx, index):
-        key = index.as_python_constant()
-        if key not in self.items:
+        key = self._key(tx, index)
+        if key in self.items:
+            return self.items[key]
+        if self.user_type is collections.defaultdict and self._items_known():
+            return self._missing(tx, key, index)
+        raise self._key_error(key, missing=True)
+
+    def _missing(self, tx, key, index):
+        """defaultdict.__missing__: default_factory's value, stored under the key; KeyError
+        where default_factory is None."""
+        factory = self.default_factory
+        if factory.is_python_constant() and factory.as_python_constant() is None:
             raise self._key_error(key)
-        return self.items[key]
+        value = factory.call_function(tx, [], {})
+        self._check_mutable()
+        # The factory may have stored the key itself: __missing__ overwrites it.
+        self.items[self._key(tx, index)] = value
+        return value
 
     def setitem(self, tx, index, value):
+        key = self._key(tx, index)
         self._check_mutable()
-        self.items[index.as_python_constant()] = value
+        self.items[key] = value
 
     def var_getattr(self, tx, name):
+        if name == "default_factory" and self.user_type is collections.defaultdict:
+            return self.default_factory
         return BoundContainerMethod(self, name)
 
     def call_method(self, tx, name, args, kwargs):
         if name in ("items", "keys", "values"):
             if name == "items":
-                view = ListVariable([TupleVariable([ConstantVariable(k), v])
+                view = ListVariable([TupleVariable([key_tracker(tx, k), v])
                                      for k, v in self.items.items()])
             elif name == "keys":
-                view = ListVariable([ConstantVariable(k) for k in self.items])
+                view = ListVariable(self.key_trackers(tx))
             else:
                 view = ListVariable(list(self.items.values()))
             # A view reads the dict live as it is iterated: the copy is iterated as long as the
@@ -471,49 +544,67 @@ class ConstDictVariable(ContainerVariable):
             view.view_kind = name
             return view
         if name == "get":
-            key = args[0].as_python_constant()
+            key = self._key(tx, args[0])
             if key in self.items:
                 return self.items[key]
             return args[1] if len(args) > 1 else ConstantVariable(None)
         if name == "__contains__":
-            return ConstantVariable(args[0].as_python_constant() in self.items)
+            return self.contains(tx, args[0])
         if name == "__getitem__":
             return self.getitem(tx, args[0])
-        if name == "pop" and len(args) == 1 and args[0].as_python_constant() not in self.items:
-            raise self._key_error(args[0].as_python_constant())  # before any mutation
+        if name == "pop" and len(args) == 1 and self._key(tx, args[0]) not in self.items:
+            raise self._key_error(self._key(tx, args[0]))  # before any mutation
         if name in ("update", "pop", "setdefault", "clear", "__setitem__"):
             self._check_mutable()
             if name == "update":
                 other = args[0] if args else None
                 if isinstance(other, ConstDictVariable):
-                    self.items.update(other.items)
+                    self.update_from(tx, other)
                 elif other is not None:  # an iterable of (key, value) pairs
                     for pair in other.unpack(tx):
                         k, v = pair.unpack(tx)
-                        self.items[k.as_python_constant()] = v
+                        self.items[self._key(tx, k)] = v
                 for k, v in kwargs.items():
                     self.items[k] = v
                 return ConstantVariable(None)
             if name == "pop":
-                key = args[0].as_python_constant()
+                key = self._key(tx, args[0])
                 if key in self.items:
                     return self.items.pop(key)
                 if len(args) > 1:
                     return args[1]
                 raise Unsupported(f"KeyError {key!r} while tracing")
             if name == "setdefault":
-                key = args[0].as_python_constant()
+                key = self._key(tx, args[0])
                 if key not in self.items:
                     self.items[key] = args[1] if len(args) > 1 else ConstantVariable(None)
                 return self.items[key]
             if name == "__setitem__":
-                self.items[args[0].as_python_constant()] = args[1]
+                self.items[self._key(tx, args[0])] = args[1]
                 return ConstantVariable(None)
             self.items.clear()
             return ConstantVariable(None)
         if name == "copy":
-            return ConstDictVariable(self.items, user_type=self.user_type)
+            return ConstDictVariable(self.items, user_type=self.user_type,
+                                     default_factory=self.default_factory)
         raise Unsupported(f"{self.user_type.__name__}.{name}()")
+
+
+def _constant_key(key):
+    """A key of ConstDictVariable.items as the Python object it is, for a dict of constants;
+    Unsupported for one the graph computes or the frame made."""
+    if type(key) is IdentityKey:
+        if key.vt is None:
+            return key.obj  # from outside the frame, pinned by its dict's guard
+        return key.vt.as_python_constant()
+    return key
+
+
+def _build_key(codegen, key) -> str:
+    """A key of ConstDictVariable.items in the transformed code."""
+    if type(key) is IdentityKey:
+        return codegen(key.vt) if key.vt is not None else codegen.constant(key.obj)
+    return codegen.constant(key)
 
 
 class ListIteratorVariable(VariableTracker):
@@ -554,6 +645,7 @@ class ListIteratorVariable(VariableTracker):
             return cls([], origin=obj)
         if getattr(obj, "view_kind", None) in ("items", "values"):
             d = obj.view_of[0]
+            d.key_trackers(tx)  # a key read with a dict from outside gets its tracker now
             it = cls([], over=())
             it._watch = [(d, _state_of(d, True))]
             it.live_dict = (d, obj.view_kind, list(d.items))
@@ -582,7 +674,7 @@ class ListIteratorVariable(VariableTracker):
             d, kind, keys = self.live_dict
             if kind == "values":
                 return [d.items[k] for k in keys]
-            return [TupleVariable([ConstantVariable(k), d.items[k]]) for k in keys]
+            return [TupleVariable([key_tracker(None, k), d.items[k]]) for k in keys]
         return self.origin.items if self.origin is not None else self._items
 
     def python_type(self):

@@ -8,6 +8,7 @@ from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.variables import containers
 from kiln.variables.base import constant_args
+from kiln.variables.dict_keys import IdentityKey
 from kiln.variables.tensor import TensorVariable
 
 
@@ -60,6 +61,9 @@ def _real_arguments(tx, name, args, kwargs):
         if not vt.contains_tensor():
             return vt.as_python_constant()
         if isinstance(vt, containers.ConstDictVariable):
+            if any(type(k) is IdentityKey for k in vt.items):
+                raise Unsupported("a dict keyed by objects, passed to an "
+                                  "assume_constant_result function")
             return vt.user_type((k, value(v)) for k, v in vt.items.items())
         items = [value(v) for v in vt.items]
         if isinstance(vt, containers.NamedTupleVariable):

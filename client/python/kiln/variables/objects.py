@@ -121,6 +121,17 @@ class UserDefinedClassVariable(VariableTracker):
             from kiln.variables.builtins import construct_dict
 
             return construct_dict(tx, self.cls, args, kwargs)
+        if self.cls is collections.defaultdict:
+            from kiln.variables.builtins import construct_dict
+
+            factory = args[0] if args else ConstantVariable(None)
+            if factory.is_python_constant() and not (
+                    factory.as_python_constant() is None or
+                    callable(factory.as_python_constant())):
+                raise Unsupported("a defaultdict whose default_factory is not callable")
+            made = construct_dict(tx, self.cls, args[1:], kwargs)
+            made.default_factory = factory
+            return made
         if is_model_output_class(self.cls):
             return ModelOutputVariable.construct(tx, self.cls, args, kwargs)
         if issubclass(self.cls, torch.nn.Module):
