@@ -187,3 +187,35 @@ def test_outside_dict_mutation_keeps_key_objects():
     assert list(got) == [P1, P2] and list(got)[0] is P1 and list(got)[1] is P2
     assert_same(got[P1], want[P1])
     assert_same(got[P2], want[P2])
+
+
+def test_equal_valued_key_tensors_are_other_keys():
+    # One-element tensors of equal values: == between them is True, but a dict holds them as
+    # two keys, and the guard on the dict's keys must tell them apart too.
+    def f(d):
+        for k in d:
+            k.mul_(2)
+        return len(d)
+
+    opt = kiln.compile(f, backend=CompileCounter())
+    a = torch.ones(1)
+    opt({a: 0})
+    b = torch.full((1,), 2.0)  # == a now
+    opt({b: 0})
+    assert a.item() == 2.0 and b.item() == 4.0
+
+
+def test_keys_across_a_graph_break_and_returned():
+    def f(x):
+        y = x + 1
+        d = {y: 1, x: 2}
+        print("break")
+        d[y] = d[y] + d[x]
+        return y, d
+
+    opt = kiln.compile(f, backend=CompileCounter())
+    x = t(3)
+    y, d = opt(x)
+    keys = list(d)
+    assert keys[0] is y and keys[1] is x and list(d.values()) == [3, 2]
+    assert_same(y, x + 1)
