@@ -49,8 +49,10 @@ class Node;
 //   ("dict_keys", keys)    x is a dict (or a subclass) whose keys, in the order iterating x yields
 //                          them, equal the tuple `keys`: an exact dict's own order, a subclass's
 //                          iter(x) (an OrderedDict's order, which move_to_end changes without
-//                          reordering the dict under it). Keys compare by type and ==. It does not
-//                          tell a dict from an OrderedDict: pair it with ("type", t).
+//                          reordering the dict under it). Keys compare as a dict compares them,
+//                          by identity or by type, hash and == (two tensors equal in value are
+//                          two keys). It does not tell a dict from an OrderedDict: pair it with
+//                          ("type", t).
 //   ("tensor", example)    TENSOR_MATCH: x has the example's exact Python type, dispatch keys (as
 //                          adjusted by the thread's included/excluded keys), dtype, device,
 //                          requires_grad, sizes and strides. The example is not kept alive.
