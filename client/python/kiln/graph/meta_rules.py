@@ -13,6 +13,7 @@ grad (a result that does is no leaf and has a grad_fn, which only running the op
 convolution, plain arguments of the usual types and nothing needing grad. Anything else returns
 None and runs on fakes.
 """
+import inspect
 import operator
 from typing import Optional
 
@@ -118,6 +119,16 @@ def fake_empty(fake_mode, shape, stride, dtype, device) -> FakeTensor:
     fake op dispatch, about a millisecond each). Called with no fake mode active."""
     meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
     return FakeTensor(fake_mode, meta, device)
+
+
+def class_overrides_torch_function(cls) -> bool:
+    """Whether ops on instances of `cls` (a Tensor class) dispatch to its __torch_function__,
+    as torch's check_has_torch_function decides."""
+    if cls in (torch.Tensor, torch.nn.Parameter) or not (
+            isinstance(cls, type) and issubclass(cls, torch.Tensor)):
+        return False
+    return inspect.getattr_static(cls, "__torch_function__", None) is not \
+        torch._C._disabled_torch_function_impl
 
 
 def plain_tensor(t: torch.Tensor) -> bool:

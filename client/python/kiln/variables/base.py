@@ -70,14 +70,6 @@ class VariableTracker:
         """The value as the argument an op runs on at trace time (tensors as fake tensors)."""
         return self.as_python_constant()
 
-    def as_dict_key(self, tx):
-        """The key the value is in a dict the frame holds (kiln.variables.dict_keys): a
-        constant's own value, or an IdentityKey for an object a dict compares by identity (a
-        tensor, a module, an instance of a class that keeps object's __hash__)."""
-        from kiln.variables.dict_keys import tracker_key
-
-        return tracker_key(tx, self)
-
     # -- what one can do with it ---------------------------------------------------------------
 
     def unpack(self, tx) -> List["VariableTracker"]:
@@ -273,3 +265,34 @@ class BoundContainerMethod(VariableTracker):
 
     def reconstruct(self, codegen) -> str:
         return f"{codegen(self.obj)}.{self.name}"
+
+
+def same_object(tx, a, b) -> bool:
+    """`a is b`, guarded: where neither value's own guards pin which object it is (an instance
+    of a user class, a tensor argument), the answer holds only while the objects are the same,
+    or distinct, again."""
+    ia, ib = a.identity(tx), b.identity(tx)
+    same = ia is ib
+
+    def unpinned(vt):
+        return vt.source is not None and not vt.identity_pinned
+
+    def made_here(vt):  # its identity is a tracker: no object outside the frame is it
+        return isinstance(vt.identity(tx), VariableTracker)
+
+    guards = tx.output.guards
+    if not (unpinned(a) or unpinned(b)) or (made_here(a) or made_here(b)):
+        return same
+    if a.source is not None and b.source is not None:
+        if a.source != b.source:
+            guards.add(b.source, "ALIAS", a.source) if same else \
+                guards.add(None, "DISTINCT", (a.source, b.source))
+        return same
+    # One of them comes from outside with no guard on which object it is; the other is a fixed
+    # object (a global read without a source, a constant).
+    x, fixed = (a, ib) if unpinned(a) else (b, ia)
+    if same:
+        guards.add(x.source, "ID_MATCH", fixed)
+    elif type(fixed) is x.python_type():
+        raise Unsupported(f"`is` of {x.source.name} and a fixed object of its type")
+    return same

@@ -11,7 +11,7 @@ import types
 import torch
 
 from kiln.exc import TracedException, Unsupported
-from kiln.variables.base import VariableTracker, any_tensor, constant_args
+from kiln.variables.base import VariableTracker, any_tensor, constant_args, same_object
 from kiln.variables.constant import PURE_OPERATORS, ConstantVariable
 from kiln.variables.containers import (BaseListVariable, ConstDictVariable, ListIteratorVariable,
                                        ListVariable, ReversedListIterator, SliceVariable,
@@ -21,37 +21,6 @@ from kiln.variables.tensor import ScalarVariable, TensorVariable
 
 _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
                                       operator.truth, operator.index, operator.not_}
-
-
-def same_object(tx, a, b) -> bool:
-    """`a is b`, guarded: where neither value's own guards pin which object it is (an instance
-    of a user class, a tensor argument), the answer holds only while the objects are the same,
-    or distinct, again."""
-    ia, ib = a.identity(tx), b.identity(tx)
-    same = ia is ib
-
-    def unpinned(vt):
-        return vt.source is not None and not vt.identity_pinned
-
-    def made_here(vt):  # its identity is a tracker: no object outside the frame is it
-        return isinstance(vt.identity(tx), VariableTracker)
-
-    guards = tx.output.guards
-    if not (unpinned(a) or unpinned(b)) or (made_here(a) or made_here(b)):
-        return same
-    if a.source is not None and b.source is not None:
-        if a.source != b.source:
-            guards.add(b.source, "ALIAS", a.source) if same else \
-                guards.add(None, "DISTINCT", (a.source, b.source))
-        return same
-    # One of them comes from outside with no guard on which object it is; the other is a fixed
-    # object (a global read without a source, a constant).
-    x, fixed = (a, ib) if unpinned(a) else (b, ia)
-    if same:
-        guards.add(x.source, "ID_MATCH", fixed)
-    elif type(fixed) is x.python_type():
-        raise Unsupported(f"`is` of {x.source.name} and a fixed object of its type")
-    return same
 
 
 # In-place operators and the binary operator Python falls back to when the left operand has no

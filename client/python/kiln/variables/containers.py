@@ -10,7 +10,7 @@ from kiln.exc import Unsupported
 from kiln.variables.base import (BoundContainerMethod, VariableTracker, constant_args, walked,
                                  walking)
 from kiln.variables.constant import BoundBuiltinMethod, ConstantVariable
-from kiln.variables.dict_keys import IdentityKey, find_key, key_tracker
+from kiln.variables.dict_keys import IdentityKey, find_key, key_tracker, tracker_key
 from kiln.variables.exceptions import traced_exception
 
 
@@ -407,7 +407,7 @@ class ConstDictVariable(ContainerVariable):
     def _key(self, tx, vt):
         """The key `vt` is in this dict: the stored key it finds, if any (a dict keeps the key
         first stored under an equal one), or its own."""
-        key = vt.as_dict_key(tx)
+        key = tracker_key(tx, vt)
         if type(key) is IdentityKey:
             found = find_key(tx, self.items, key)
             return key if found is None else found

@@ -11,7 +11,8 @@ import torch
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
 from kiln.guards.source import IDENTITY_HASHES, ObjectSource, key_repr
-from kiln.variables.base import VariableTracker
+from kiln.graph.meta_rules import class_overrides_torch_function
+from kiln.variables.base import VariableTracker, same_object
 from kiln.variables.constant import ConstantVariable
 
 
@@ -20,10 +21,7 @@ def hashed_by_identity(cls) -> bool:
     overrides __torch_function__ does not qualify: its __hash__ runs the override."""
     if getattr(cls, "__hash__", None) not in IDENTITY_HASHES:
         return False
-    if issubclass(cls, torch.Tensor) and cls not in (torch.Tensor, torch.nn.Parameter):
-        from kiln.variables.torch_function import overrides_torch_function
-        return not overrides_torch_function(cls)
-    return True
+    return not class_overrides_torch_function(cls)
 
 
 class IdentityKey:
@@ -56,8 +54,9 @@ class IdentityKey:
 
 
 def tracker_key(tx, vt):
-    """The key of ConstDictVariable.items that the value of tracker `vt` is (the default of
-    VariableTracker.as_dict_key)."""
+    """The key of ConstDictVariable.items that the value of tracker `vt` is: a constant's own
+    value, or an IdentityKey for an object a dict compares by identity (a tensor, a module, an
+    instance of a class that keeps object's __hash__)."""
     try:
         value = vt.as_python_constant()
     except Unsupported:
@@ -121,9 +120,6 @@ def find_key(tx, keys, probe: IdentityKey):
 
 
 def _guard_same(tx, stored: IdentityKey, probe: IdentityKey, same: bool):
-    from kiln.variables.builtins import same_object
-    from kiln.variables.tensor import TensorVariable
-
     b = probe.vt
     if stored.vt is b:
         return
@@ -138,7 +134,7 @@ def _guard_same(tx, stored: IdentityKey, probe: IdentityKey, same: bool):
     a = stored.tracker(tx)
     if _graph_input(a) and _graph_input(b):
         return  # the graph's inputs are guarded as aliases, or all distinct
-    if isinstance(a, TensorVariable) != isinstance(b, TensorVariable):
+    if _is_tensor(a) != _is_tensor(b):
         return  # a tensor is never a module
     same_object(tx, a, b)
 
@@ -147,6 +143,15 @@ def _made_here(key: IdentityKey) -> bool:
     return isinstance(key.obj, VariableTracker)
 
 
+def _is_tensor(vt) -> bool:
+    try:
+        return issubclass(vt.python_type(), torch.Tensor)
+    except Unsupported:
+        return False
+
+
 def _graph_input(vt) -> bool:
-    from kiln.variables.tensor import TensorVariable
-    return isinstance(vt, TensorVariable) and vt.same_object().node.op == "placeholder"
+    """A tensor the graph takes as an input (a TensorVariable's node is its placeholder)."""
+    node = getattr(vt, "node", None)
+    return _is_tensor(vt) and node is not None and \
+        vt.same_object().node.op == "placeholder"

@@ -17,6 +17,7 @@ import torch
 from kiln.exc import Unsupported
 from kiln.variables.base import ValueVariable, VariableTracker
 from kiln.variables.constant import ConstantVariable
+from kiln.graph.meta_rules import class_overrides_torch_function as overrides_torch_function
 from kiln.variables.containers import BaseListVariable, ConstDictVariable, TupleVariable
 
 _DEFAULT = inspect.getattr_static(torch.Tensor, "__torch_function__").__func__
@@ -25,16 +26,6 @@ _TENSOR_DISPATCH = inspect.getattr_static(torch.Tensor, "__torch_dispatch__")
 _INERT_NAMES = {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
                 "__annotations__", "__firstlineno__", "__static_attributes__",
                 "__torch_function__", "__parameters__", "__orig_bases__"}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def overrides_torch_function(cls) -> bool:
-    """Whether ops on instances of `cls` (a Tensor class) dispatch to its __torch_function__,
-    as torch's check_has_torch_function decides."""
-    if cls in _PLAIN or not (isinstance(cls, type) and issubclass(cls, torch.Tensor)):
-        return False
-    return inspect.getattr_static(cls, "__torch_function__", None) is not \
-        torch._C._disabled_torch_function_impl
 
 
 def check_modelled(cls) -> None:
