@@ -10,7 +10,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "compiler/passes/fusion.h"
+#include "compiler/ir/fused_program.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::compiler {

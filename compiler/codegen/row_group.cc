@@ -1,7 +1,7 @@
 // RowGroup: the classification of a row-wise group's values both generators emit code from.
 #include "compiler/codegen/row_group.h"
 
-#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/ir/pointwise_ops.h"
 
 namespace kiln::compiler {
 

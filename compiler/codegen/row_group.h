@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "compiler/codegen/reduction_ops.h"
-#include "compiler/passes/fusion.h"
+#include "compiler/ir/fused_program.h"
+#include "compiler/ir/reduction_ops.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::compiler {

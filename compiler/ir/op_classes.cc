@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/ir/pointwise_ops.h"
 
 namespace kiln::compiler {
 namespace {

@@ -13,7 +13,7 @@
 namespace kiln::compiler {
 
 enum class OpClass {
-  kPointwise,  // in the pointwise table (codegen/pointwise_ops.h): fusable into a kernel
+  kPointwise,  // in the pointwise table (ir/pointwise_ops.h): fusable into a kernel
   kView,       // the result may share storage with the first input
   kLibrary,    // everything else: a LibraryCall step
 };

@@ -9,10 +9,10 @@
 #include <unordered_set>
 #include <vector>
 
-#include "compiler/codegen/pointwise_ops.h"
-#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
+#include "compiler/ir/window_ops.h"
 #include "compiler/passes/bound_prologue.h"
 
 namespace kiln::compiler {
@@ -268,9 +268,9 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
     auto optional_tensor = [](const Argument& a) {
       return a.kind_case() == Argument::kValue || a.kind_case() == Argument::kNone;
     };
-    if (!positional || x.kind_case() != Argument::kValue ||
-        mean.kind_case() != Argument::kValue || var.kind_case() != Argument::kValue ||
-        !optional_tensor(w) || !optional_tensor(b) || eps.kind_case() != Argument::kFloatValue) {
+    if (!positional || x.kind_case() != Argument::kValue || mean.kind_case() != Argument::kValue ||
+        var.kind_case() != Argument::kValue || !optional_tensor(w) || !optional_tensor(b) ||
+        eps.kind_case() != Argument::kFloatValue) {
       continue;
     }
     const TensorMeta& y = bn.outputs(0).meta();
@@ -294,10 +294,10 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
                   IsFloatingDType(pm.dtype());
     }
     if (!params_ok) continue;
-    const kiln::v1::DType compute = y.dtype() == kiln::v1::DTYPE_BFLOAT16 ||
-                                            y.dtype() == kiln::v1::DTYPE_FLOAT16
-                                        ? kiln::v1::DTYPE_FLOAT32
-                                        : y.dtype();
+    const kiln::v1::DType compute =
+        y.dtype() == kiln::v1::DTYPE_BFLOAT16 || y.dtype() == kiln::v1::DTYPE_FLOAT16
+            ? kiln::v1::DTYPE_FLOAT32
+            : y.dtype();
     std::vector<Node> nodes;
     // A node over `args` defining a value of `like`'s sizes, strides and device in `dtype`; then
     // `extra` (a scalar or named argument) after the tensors.
@@ -341,8 +341,8 @@ Graph DecomposeBatchNormEval(const Graph& graph) {
     const uint32_t inv = emit("aten::rsqrt", {shifted}, vm, compute);
     TensorMeta vector = vm;
     vector.set_dtype(compute);
-    uint32_t out = binary("aten::sub.Tensor", cast(x.value(), xm, compute),
-                          per_channel(mean.value()));
+    uint32_t out =
+        binary("aten::sub.Tensor", cast(x.value(), xm, compute), per_channel(mean.value()));
     out = binary("aten::mul.Tensor", out, as_column(inv, vector));
     if (w.kind_case() == Argument::kValue) {
       out = binary("aten::mul.Tensor", out, per_channel(w.value()));

@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "compiler/codegen/pointwise_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
 
 namespace kiln::compiler {
 
@@ -52,8 +52,7 @@ Graph LinearBiasAsGemmEpilogue(const Graph& graph, PassStats* stats) {
     const uint32_t value = read->value;
     const Node* n = &graph.nodes(read->reader);
     const std::optional<uint32_t> bias = OtherAddend(*n, value);
-    if (!bias || !results.count(n->outputs(0).id()) ||
-        readers.count(n->outputs(0).id()) != 0) {
+    if (!bias || !results.count(n->outputs(0).id()) || readers.count(n->outputs(0).id()) != 0) {
       continue;
     }
     const TensorMeta& bm = *index.meta.at(*bias);

@@ -11,12 +11,12 @@
 #include <string>
 #include <unordered_set>
 
-#include "compiler/codegen/pointwise_ops.h"
-#include "compiler/codegen/reduction_ops.h"
-#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
+#include "compiler/ir/reduction_ops.h"
+#include "compiler/ir/window_ops.h"
 #include "compiler/passes/bound_prologue.h"
 
 namespace kiln::compiler {
@@ -180,8 +180,8 @@ void MergeIndependentGroups(const Graph& graph, FusedProgram& program,
   };
   auto compatible = [&](int a, int b) {
     const FusedGroup &ga = program.groups[a], &gb = program.groups[b];
-    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank ||
-        ga.convolution >= 0 || gb.convolution >= 0) {
+    if (ga.sizes != gb.sizes || ga.outer_rank != gb.outer_rank || ga.convolution >= 0 ||
+        gb.convolution >= 0) {
       return false;
     }
     std::set<std::vector<int64_t>> layouts;
@@ -265,14 +265,6 @@ void MergeIndependentGroups(const Graph& graph, FusedProgram& program,
 }
 
 }  // namespace
-
-std::string KernelSymbol(int index) { return "kiln_kernel_" + std::to_string(index); }
-
-std::vector<int64_t> RowShape(const FusedGroup& group) {
-  std::vector<int64_t> shape(group.sizes.begin(), group.sizes.begin() + group.outer_rank);
-  shape.resize(group.sizes.size(), 1);
-  return shape;
-}
 
 bool IsFusable(const Node& node, const MetaMap& meta, kiln::v1::DeviceKind device) {
   const PointwiseOp* op = FindPointwise(node.op());

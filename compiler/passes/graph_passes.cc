@@ -8,10 +8,10 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "compiler/codegen/pointwise_ops.h"
-#include "compiler/codegen/reduction_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
+#include "compiler/ir/reduction_ops.h"
 #include "compiler/passes/pass_log.h"
 
 namespace kiln::compiler {

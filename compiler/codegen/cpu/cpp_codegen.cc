@@ -9,11 +9,12 @@
 
 #include "compiler/codegen/cpu/kernel_abi_text.h"
 #include "compiler/codegen/distinct_kernels.h"
+#include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
-#include "compiler/codegen/pointwise_ops.h"
-#include "compiler/codegen/reduction_ops.h"
 #include "compiler/codegen/row_group.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
+#include "compiler/ir/reduction_ops.h"
 
 namespace kiln::compiler {
 namespace {

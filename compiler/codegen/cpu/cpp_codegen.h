@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "compiler/passes/fusion.h"
+#include "compiler/ir/fused_program.h"
 #include "kiln/v1/graph.pb.h"
 
 namespace kiln::compiler {

@@ -11,14 +11,15 @@
 #include <vector>
 
 #include "compiler/codegen/distinct_kernels.h"
+#include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
-#include "compiler/codegen/pointwise_ops.h"
-#include "compiler/codegen/reduction_ops.h"
 #include "compiler/codegen/row_group.h"
-#include "compiler/codegen/window_ops.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
+#include "compiler/ir/reduction_ops.h"
+#include "compiler/ir/window_ops.h"
 
 namespace kiln::compiler {
 namespace {

@@ -1,7 +1,7 @@
-#include "compiler/codegen/window_ops.h"
+#include "compiler/ir/window_ops.h"
 
-#include "compiler/codegen/pointwise_ops.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/pointwise_ops.h"
 
 namespace kiln::compiler {
 namespace {

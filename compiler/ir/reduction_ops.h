@@ -22,13 +22,6 @@ struct Reduction {
   double correction = 1;  // var, var_mean: the divisor is n - correction.
 };
 
-// The expression of a var or std result from `m2` (the row's sum of squared deviations from its
-// mean) over `count` elements: m2 / max(0, count - correction), its square root for kStd, in the
-// compute type `type`. `math` prefixes the functions called: "std::" in C++ kernels, "::" in
-// CUDA ones.
-std::string VarianceExpression(const Reduction& r, const std::string& m2, const std::string& count,
-                               const std::string& type, const std::string& math);
-
 // True when `op` names one of the reductions MatchReduction may accept.
 bool IsReductionOp(const std::string& op);
 

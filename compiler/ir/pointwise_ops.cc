@@ -1,6 +1,6 @@
 // The pointwise op table. Expressions follow eager PyTorch's semantics on the compute type:
 // NaN propagates through relu/clamp/maximum, round is half-to-even, division is true division.
-#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/ir/pointwise_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -312,32 +312,6 @@ const std::unordered_map<std::string, PointwiseOp>& Table() {
 
 }  // namespace
 
-std::string NodeExpression(const kiln::v1::Node& node,
-                           const std::unordered_map<uint32_t, std::string>& var, RoundFn rounded) {
-  const PointwiseOp& op = *FindPointwise(node.op());
-  const auto& out = node.outputs(0);
-  const std::string type = ComputeType(out.meta().dtype());
-  std::vector<std::optional<Operand>> operands(op.formals.size());
-  const auto bound = *BindArguments(node, op.formals);  // IsFusable bound them already
-  for (size_t pos = 0; pos < bound.size(); ++pos) {
-    const Argument* a = bound[pos];
-    if (a == nullptr || a->kind_case() == Argument::kNone || op.IsStorageFormal(op.formals[pos])) {
-      continue;
-    }
-    if (a->kind_case() == Argument::kValue) {
-      const std::string& v = var.at(a->value());
-      operands[pos] = Operand{op.keeps_operand_types ? v : "(" + type + ")" + v, true, 0};
-      continue;
-    }
-    std::string lit = *ScalarLiteral(*a);
-    if (a->kind_case() != Argument::kStringValue && !op.keeps_operand_types) {
-      lit = "(" + type + ")" + lit;
-    }
-    operands[pos] = Operand{lit, false, ScalarValue(*a)};
-  }
-  return rounded(out.meta().dtype(), "(" + type + ")" + *op.Emit(operands, type));
-}
-
 std::optional<std::string> PointwiseOp::Emit(const std::vector<std::optional<Operand>>& args,
                                              const std::string& type) const {
   missing_operand = false;
@@ -388,33 +362,6 @@ double ScalarValue(const kiln::v1::Argument& arg) {
       return arg.bool_value() ? 1.0 : 0.0;
     default:
       return 0.0;
-  }
-}
-
-std::string StorageType(kiln::v1::DType dtype) {
-  switch (dtype) {
-    case kiln::v1::DTYPE_FLOAT32:
-      return "float";
-    case kiln::v1::DTYPE_FLOAT64:
-      return "double";
-    case kiln::v1::DTYPE_FLOAT16:
-      return "_Float16";
-    case kiln::v1::DTYPE_BFLOAT16:
-      return "uint16_t";
-    case kiln::v1::DTYPE_INT8:
-      return "int8_t";
-    case kiln::v1::DTYPE_INT16:
-      return "int16_t";
-    case kiln::v1::DTYPE_INT32:
-      return "int32_t";
-    case kiln::v1::DTYPE_INT64:
-      return "int64_t";
-    case kiln::v1::DTYPE_UINT8:
-      return "uint8_t";
-    case kiln::v1::DTYPE_BOOL:
-      return "bool";
-    default:
-      return "";
   }
 }
 

@@ -1,12 +1,12 @@
-// The ATen ops the code generators (CPU and CUDA) fuse: for each pointwise op, its formal arguments
-// and the C++ expression it computes. Expressions call math as std::<fn> (exp, log, pow, ...) and
-// use INFINITY, NAN and INT64_C: each generator's prelude makes those resolve on its target.
+// The pointwise ops of the IR's vocabulary, those the fuser puts in kernels: for each, its formal
+// arguments and the C++ expression it computes (what the code generators emit). Expressions call
+// math as std::<fn> (exp, log, pow, ...) and use INFINITY, NAN and INT64_C: each generator's
+// prelude makes those resolve on its target.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "kiln/v1/graph.pb.h"
@@ -56,17 +56,8 @@ double ScalarValue(const kiln::v1::Argument& arg);
 // The pointwise op named `op` (schema name with overload), or nullptr.
 const PointwiseOp* FindPointwise(const std::string& op);
 
-// How a generator rounds a value of the compute type to what eager PyTorch holds after an op
-// whose output has `dtype` (a bf16 result is rounded to bf16, then widened again).
-using RoundFn = std::string (*)(kiln::v1::DType dtype, const std::string& value);
-
-// The expression of pointwise node `node` (IsFusable), rounded with `rounded`; `var` names the
-// expressions holding its tensor operands (already in their compute types).
-std::string NodeExpression(const kiln::v1::Node& node,
-                           const std::unordered_map<uint32_t, std::string>& var, RoundFn rounded);
-
-// C++ storage (host) and compute types of a dtype ("" when the generator does not handle it).
-std::string StorageType(kiln::v1::DType dtype);
+// C++ compute type of a dtype: what kernels compute its values in ("" when the generators do not
+// handle it).
 std::string ComputeType(kiln::v1::DType dtype);
 
 // float32, float64, bfloat16 and float16.

@@ -1,11 +1,10 @@
 // The reduction table and the checks that decide whether a reduction node is generated.
-#include "compiler/codegen/reduction_ops.h"
+#include "compiler/ir/reduction_ops.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 
-#include "compiler/codegen/pointwise_ops.h"
+#include "compiler/ir/pointwise_ops.h"
 
 namespace kiln::compiler {
 namespace {
@@ -112,15 +111,6 @@ std::optional<Reduction> MatchReduction(
     }
   }
   return r;
-}
-
-std::string VarianceExpression(const Reduction& r, const std::string& m2, const std::string& count,
-                               const std::string& type, const std::string& math) {
-  char correction[64];
-  std::snprintf(correction, sizeof correction, "%a", r.correction);
-  const std::string var = m2 + " / " + math + "max((" + type + ")0, " + count + " - (" + type +
-                          ")" + correction + ")";
-  return r.kind == ReductionKind::kStd ? math + "sqrt(" + var + ")" : var;
 }
 
 }  // namespace kiln::compiler
