@@ -3,6 +3,7 @@
 #include "compiler/codegen/cpu/cpp_codegen.h"
 
 #include <algorithm>
+#include <functional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -11,7 +12,7 @@
 #include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
-#include "compiler/codegen/row_group.h"
+#include "compiler/codegen/row_kernel.h"
 #include "compiler/ir/op_classes.h"
 #include "compiler/ir/pointwise_ops.h"
 #include "compiler/ir/reduction_ops.h"
@@ -91,6 +92,8 @@ std::string PointwiseExpr(const kiln::v1::Node& node,
   return NodeExpression(node, var, Rounded);
 }
 
+const KernelDialect kCpu{&Load, &Store, &Rounded, "std::"};
+
 struct Access {
   std::string ptr;
   int64_t offset;
@@ -144,27 +147,20 @@ std::string KernelFunctions(int index, const std::string& decls, const std::stri
          ", args);\n}\n";
 }
 
-// A row-wise group (FusedGroup::outer_rank >= 0): loops over the kept rows (OpenMP across
-// them); per row, one inner loop per reduction (two for var), each recomputing the full-space
-// nodes it needs from the inputs and the row values before it; scalar code for row nodes; then
-// one inner loop that computes and stores the materialized full-space values.
+// The CPU's row-wise kernel (RowKernel): loops over the kept rows (OpenMP across them); per row,
+// each pass is an inner loop nest over the reduced dims (OpenMP simd, its reduction clause
+// combining the partial sums), row values are scalars, and full-space reduction inputs of short
+// rows are kept in stack buffers by the first pass that computes them, for the later passes.
 //
 // A lane kernel does the same for kLanes rows at once: those consecutive along the last kept dim,
 // when that dim is the contiguous one of the operands and the reduced dims are not (a mean over
 // H and W of a channels-last tensor). Row values are then arrays over the lanes, and every loop
 // over the reduced dims ends in a loop over the lanes, which reads consecutive elements and
 // vectorizes where the scalar form would gather one element per lane.
-class RowKernel {
+class CpuRowKernel : public RowKernel {
  public:
-  RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph),
-        program_(program),
-        g_(program.groups[index]),
-        index_(index),
-        local_(graph, g_),
-        rows_(graph, program, index, kiln::v1::DEVICE_KIND_CPU) {
-    rank_ = static_cast<int>(g_.sizes.size());
-    outer_ = g_.outer_rank;
+  CpuRowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
+      : RowKernel(graph, program, index, kiln::v1::DEVICE_KIND_CPU, kCpu) {
     lanes_ = ChooseLanes();
   }
 
@@ -232,7 +228,6 @@ class RowKernel {
               << " - kiln_l0);\n";
       }
     }
-    std::unordered_map<uint32_t, std::string> rows_var;  // row values and row-context loads
     std::vector<uint32_t> buffers(buffered_.begin(), buffered_.end());
     std::sort(buffers.begin(), buffers.end(),
               [&](uint32_t a, uint32_t b) { return local_.Number(a) < local_.Number(b); });
@@ -240,45 +235,7 @@ class RowKernel {
       body_ << indent << ComputeType(program_.meta.at(id)->dtype()) << " " << local_("buf", id)
             << "[" << unit_length << "];\n";
     }
-    for (int ni : g_.nodes) {
-      const auto& node = graph_.nodes(ni);
-      if (auto r = rows_.ReductionOf(node)) {
-        EmitReduction(node, *r, indent, rows_var);
-      } else if (rows_.IsRowNode(node)) {
-        const auto& out = node.outputs(0);
-        const std::string t = ComputeType(out.meta().dtype());
-        const std::string name = local_("r", out.id());
-        if (lanes_ > 0) body_ << indent << t << " " << name << "[" << lanes_ << "];\n";
-        // Row-context loads of a lane kernel live in the lane loop only.
-        std::unordered_map<uint32_t, std::string> local = rows_var;
-        auto& vars = lanes_ > 0 ? local : rows_var;
-        OpenLanes(indent);
-        for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, vars);
-        body_ << indent << (lanes_ > 0 ? Lane(name) : "const " + t + " " + name) << " = "
-              << PointwiseExpr(node, vars) << ";\n";
-        CloseLanes(indent);
-        rows_var[out.id()] = Lane(name);
-      } else {
-        continue;  // full-space nodes are computed inside the loops that need them
-      }
-      bool stored = false;
-      for (const auto& out : node.outputs()) {
-        stored |= std::find(g_.outputs.begin(), g_.outputs.end(), out.id()) != g_.outputs.end();
-      }
-      if (!stored) continue;
-      OpenLanes(indent);
-      for (const auto& out : node.outputs()) StoreIfOutput(out.id(), indent, false, rows_var);
-      CloseLanes(indent);
-    }
-    std::vector<uint32_t> full_outputs;
-    for (uint32_t id : g_.outputs) {
-      if (rows_.IsFullNode(id)) full_outputs.push_back(id);
-    }
-    if (!full_outputs.empty()) {
-      auto vars = OpenInner(indent, "", rows_var, full_outputs);
-      for (uint32_t id : full_outputs) StoreIfOutput(id, indent, true, vars);
-      CloseInner(indent);
-    }
+    EmitRows(indent);
     for (; opened > 0; --opened) {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
@@ -307,12 +264,9 @@ class RowKernel {
     return lane_contiguous ? static_cast<int>(std::min<int64_t>(kLanes, g_.sizes[outer_ - 1])) : 0;
   }
 
-  // A row-scope name as the code reads it: in a lane kernel, this lane's element of the array.
-  std::string Lane(const std::string& name) const { return lanes_ > 0 ? name + "[kiln_v]" : name; }
-
   // A lane kernel's loop over the lanes of the block (vectorized), defining the last kept dim's
   // index; nothing in the scalar form.
-  void OpenLanes(std::string& indent) {
+  void OpenLanes(std::string& indent) override {
     if (lanes_ == 0) return;
     const bool whole = g_.sizes[outer_ - 1] % lanes_ == 0;
     body_ << indent << "#pragma omp simd\n"
@@ -322,7 +276,7 @@ class RowKernel {
     body_ << indent << "const int64_t i" << outer_ - 1 << " = kiln_l0 + kiln_v;\n";
   }
 
-  void CloseLanes(std::string& indent) {
+  void CloseLanes(std::string& indent) override {
     if (lanes_ == 0) return;
     indent.resize(indent.size() - 2);
     body_ << indent << "}\n";
@@ -342,33 +296,16 @@ class RowKernel {
     CloseLanes(indent);
   }
 
-  // Makes `id` (a group input, or a row value already in `vars`) available as a variable.
-  void Bind(uint32_t id, const std::string& indent, bool inner,
-            std::unordered_map<uint32_t, std::string>& vars) {
-    rows_.BindInput(id, inner, &Load, indent, body_, vars);
+  std::string DefineRow(const std::string& t, const std::string& name, const std::string& value,
+                        std::string& indent) override {
+    DeclareRow(t, name, value, indent);
+    return Lane(name);
   }
 
-  void StoreIfOutput(uint32_t id, const std::string& indent, bool inner,
-                     const std::unordered_map<uint32_t, std::string>& vars) {
-    auto it = std::find(g_.outputs.begin(), g_.outputs.end(), id);
-    if (it == g_.outputs.end()) return;
-    const auto& m = *program_.meta.at(id);
-    // Output strides over the group's space: a full value or a keepdim row has the space's
-    // rank; a row without keepdim has the kept dims only.
-    std::vector<int64_t> strides(rank_, 0);
-    for (int d = 0; d < m.sizes_size() && d < rank_; ++d) {
-      strides[d] = m.sizes(d) == 1 ? 0 : m.strides(d);
-    }
-    body_ << indent << "out" << (it - g_.outputs.begin()) << "[" << rows_.Index(0, strides, inner)
-          << "] = " << Store(m.dtype(), vars.at(id)) << ";\n";
-  }
-
-  // Opens the inner loop nest (`clause` on the innermost loop's simd pragma) and computes the
-  // full-space values `targets` need; returns the variables in scope.
-  std::unordered_map<uint32_t, std::string> OpenInner(
-      std::string& indent, const std::string& clause,
-      const std::unordered_map<uint32_t, std::string>& rows_var,
-      const std::vector<uint32_t>& targets) {
+  // The inner loop nest over the reduced dims (`clause` on the innermost loop's simd pragma),
+  // then the lanes; the position in the row buffers.
+  void OpenPassLoops(std::string& indent, const std::string& clause,
+                     const std::vector<uint32_t>& /*targets*/) override {
     for (int d = outer_; d < rank_; ++d) {
       if (d == rank_ - 1 && lanes_ == 0) body_ << indent << "#pragma omp simd" << clause << "\n";
       body_ << indent << "for (int64_t j" << d << " = 0; j" << d << " < " << g_.sizes[d] << "; ++j"
@@ -376,44 +313,25 @@ class RowKernel {
       indent += "  ";
     }
     OpenLanes(indent);  // lanes are independent: no reduction clause
-    std::unordered_map<uint32_t, std::string> vars = rows_var;
     // Position in the row buffers: the row-major index over the reduced dims (then the lane).
-    std::string at = "0";
+    at_ = "0";
     int64_t step = 1;
     for (int d = rank_ - 1; d >= outer_; --d) {
-      at += " + j" + std::to_string(d) + " * " + std::to_string(step);
+      at_ += " + j" + std::to_string(d) + " * " + std::to_string(step);
       step *= g_.sizes[d];
     }
-    if (lanes_ > 0) at = "(" + at + ") * " + std::to_string(lanes_) + " + kiln_v";
-    for (uint32_t id : stored_) vars[id] = local_("buf", id) + "[" + at + "]";
-    // The full-space nodes the targets depend on, in group order.
-    std::unordered_set<uint32_t> needed;
-    std::vector<uint32_t> stack(targets.begin(), targets.end());
-    while (!stack.empty()) {
-      uint32_t id = stack.back();
-      stack.pop_back();
-      if (!rows_.IsFullNode(id) || stored_.count(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
-    }
-    for (uint32_t id : targets) Bind(id, indent, true, vars);
-    for (int ni : g_.nodes) {
-      const auto& node = graph_.nodes(ni);
-      const auto& out = node.outputs(0);
-      if (!needed.count(out.id())) continue;
-      for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = local_("v", out.id());
-      body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-            << PointwiseExpr(node, vars) << ";\n";
-      vars[out.id()] = name;
-      if (buffered_.count(out.id())) {
-        body_ << indent << local_("buf", out.id()) << "[" << at << "] = " << name << ";\n";
-        stored_.insert(out.id());  // later loops of this row read the buffer
-      }
-    }
-    return vars;
+    if (lanes_ > 0) at_ = "(" + at_ + ") * " + std::to_string(lanes_) + " + kiln_v";
   }
 
-  void CloseInner(std::string& indent) {
+  // A buffered value is stored where the later passes of this row read it.
+  void Computed(uint32_t id, const std::string& name, const std::string& indent) override {
+    if (!buffered_.count(id)) return;
+    const std::string element = local_("buf", id) + "[" + at_ + "]";
+    body_ << indent << element << " = " << name << ";\n";
+    held_[id] = element;
+  }
+
+  void ClosePass(std::string& indent) override {
     CloseLanes(indent);
     for (int d = rank_ - 1; d >= outer_; --d) {
       indent.resize(indent.size() - 2);
@@ -421,77 +339,32 @@ class RowKernel {
     }
   }
 
-  void EmitReduction(const kiln::v1::Node& node, const Reduction& r, std::string& indent,
-                     std::unordered_map<uint32_t, std::string>& rows_var) {
-    const auto dtype = node.outputs(0).meta().dtype();
-    const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(local_.Number(node.outputs(0).id()));
-    int64_t n = 1;
-    for (int d = outer_; d < rank_; ++d) n *= g_.sizes[d];
-    const std::string count = "(" + t + ")" + std::to_string(n);
-    auto loop = [&](const std::string& clause, const std::string& statement) {
-      auto vars = OpenInner(indent, clause, rows_var, {r.input});
-      body_ << indent << "const " << t << " x = " << vars.at(r.input) << ";\n";
-      body_ << indent << statement << "\n";
-      CloseInner(indent);
-    };
-    auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = local_("r", out.id());
-      DeclareRow(t, name, Rounded(dtype, value), indent);
-      rows_var[out.id()] = Lane(name);
-    };
-    // Accumulators and the names the statements use for them (a lane's element in a lane
-    // kernel, whose loops need no reduction clause).
-    const std::string acc_name = "acc" + k, acc = Lane(acc_name);
-    switch (r.kind) {
-      case ReductionKind::kSum:
-      case ReductionKind::kMean:
-        DeclareRow(t, acc_name, "0", indent);
-        loop(" reduction(+:" + acc_name + ")", acc + " += x;");
-        define(node.outputs(0), r.kind == ReductionKind::kMean ? acc + " / " + count : acc);
-        break;
-      case ReductionKind::kAmax:
-      case ReductionKind::kAmin: {
-        const bool max = r.kind == ReductionKind::kAmax;
-        const std::string nan_name = "nan" + k, nan = Lane(nan_name);
-        DeclareRow(t, acc_name, std::string(max ? "-" : "") + "(" + t + ")INFINITY", indent);
-        DeclareRow("int", nan_name, "0", indent);
-        loop(std::string(" reduction(") + (max ? "max" : "min") + ":" + acc_name +
-                 ") reduction(|:" + nan_name + ")",
-             acc + " = x " + (max ? ">" : "<") + " " + acc + " ? x : " + acc + "; " + nan +
-                 " |= x != x;");
-        define(node.outputs(0), nan + " ? (" + t + ")NAN : " + acc);
-        break;
-      }
-      case ReductionKind::kVar:
-      case ReductionKind::kStd:
-      case ReductionKind::kVarMean: {
-        const std::string mean_name = "mean" + k, m2_name = "m2" + k;
-        const std::string mean = Lane(mean_name), m2 = Lane(m2_name);
-        DeclareRow(t, acc_name, "0", indent);
-        loop(" reduction(+:" + acc_name + ")", acc + " += x;");
-        DeclareRow(t, mean_name, acc + " / " + count, indent);
-        DeclareRow(t, m2_name, "0", indent);
-        loop(" reduction(+:" + m2_name + ")",
-             "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
-        define(node.outputs(0), VarianceExpression(r, m2, count, t, "std::"));
-        if (r.kind == ReductionKind::kVarMean) define(node.outputs(1), mean);
-        break;
-      }
-    }
+  std::string SumOverRow(const Reduction& r, const std::string& t, const std::string& acc,
+                         const std::function<std::string(const std::string&)>& statement,
+                         std::string& indent) override {
+    DeclareRow(t, acc, "0", indent);
+    Fold(r, t, " reduction(+:" + acc + ")", statement(Lane(acc)), indent);
+    return Lane(acc);
   }
 
-  const kiln::v1::Graph& graph_;
-  const FusedProgram& program_;
-  const FusedGroup& g_;
-  const int index_;
-  const LocalNames local_;
-  int rank_ = 0, outer_ = 0;
-  int lanes_ = 0;  // > 0: a lane kernel (ChooseLanes)
-  RowGroup rows_;
+  // Compares and tracks NaN apart: OpenMP's max and min reductions drop NaN.
+  std::string ExtremumOverRow(const Reduction& r, const std::string& t, bool max,
+                              const std::string& acc_name, const std::string& k,
+                              std::string& indent) override {
+    const std::string acc = Lane(acc_name), nan_name = "nan" + k, nan = Lane(nan_name);
+    DeclareRow(t, acc_name, std::string(max ? "-" : "") + "(" + t + ")INFINITY", indent);
+    DeclareRow("int", nan_name, "0", indent);
+    Fold(r, t,
+         std::string(" reduction(") + (max ? "max" : "min") + ":" + acc_name +
+             ") reduction(|:" + nan_name + ")",
+         acc + " = x " + (max ? ">" : "<") + " " + acc + " ? x : " + acc + "; " + nan +
+             " |= x != x;",
+         indent);
+    return nan + " ? (" + t + ")NAN : " + acc;
+  }
+
   std::unordered_set<uint32_t> buffered_;  // full values kept in per-row buffers
-  std::unordered_set<uint32_t> stored_;    // ... whose buffer the emitted code has filled
-  std::ostringstream body_;
+  std::string at_;                         // a pass's position in the row buffers
 };
 
 // A pointwise group's kernel.
@@ -645,7 +518,7 @@ CppSource GenerateCpp(const kiln::v1::Graph& graph, const FusedProgram& program)
     if (!step.is_kernel) continue;
     const std::string symbol = KernelSymbol(step.group);
     const std::string text = program.groups[step.group].outer_rank >= 0
-                                 ? RowKernel(graph, program, step.group).Source()
+                                 ? CpuRowKernel(graph, program, step.group).Source()
                                  : PointwiseKernel(graph, program, step.group);
     const std::string function = distinct.Add(symbol, text);
     out.functions[symbol] = function;

@@ -4,6 +4,7 @@
 #include "compiler/codegen/cuda/cuda_codegen.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -13,7 +14,7 @@
 #include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
-#include "compiler/codegen/row_group.h"
+#include "compiler/codegen/row_kernel.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
@@ -179,6 +180,8 @@ std::string Rounded(DType dtype, const std::string& value) {
       return value;
   }
 }
+
+const KernelDialect kCuda{&Load, &Store, &Rounded, "::"};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -594,32 +597,23 @@ class PointwiseKernel {
   std::string type_;                       // the index type
 };
 
-// A row-wise group (FusedGroup::outer_rank >= 0): a block per kept row, looping over the rows
-// with a grid stride. Per row, in group order: each reduction is one pass of the block's threads
-// over the row (strided by the block), recomputing the full-space nodes it needs, then a block
-// reduction whose result every thread holds (var: a second pass around the mean); row nodes are
-// computed by every thread and stored by thread 0; a last pass stores the full-space outputs.
+// The CUDA row-wise kernel (RowKernel): a block per kept row, looping over the rows with a grid
+// stride. Each pass is the block's threads strided over the row, then a block reduction whose
+// result every thread holds; row values are computed by every thread and stored by thread 0.
 // Where the rows are adjacent in memory and the reduced dims are not (a channels-last tensor's
 // mean over H and W: the kept channel dim has stride 1), a block per row would read one element
 // per 32-byte sector. Then the block is (32, Y) over 32 consecutive rows ("columns"): threadIdx.x
 // picks the row, so a warp's loads are contiguous, threadIdx.y strides along it, and a column
 // reduction combines each row's Y partial values.
-class RowKernel {
+class CudaRowKernel : public RowKernel {
  public:
-  RowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
-      : graph_(graph),
-        program_(program),
-        g_(program.groups[index]),
-        index_(index),
-        local_(graph, g_),
-        rows_(graph, program, index, kiln::v1::DEVICE_KIND_CUDA) {
-    rank_ = static_cast<int>(g_.sizes.size());
-    outer_ = g_.outer_rank;
-  }
+  CudaRowKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int index)
+      : RowKernel(graph, program, index, kiln::v1::DEVICE_KIND_CUDA, kCuda) {}
 
   std::string Source(CudaLaunch* launch) {
-    int64_t rows = 1, length = 1, largest = 1;
-    for (int d = 0; d < rank_; ++d) (d < outer_ ? rows : length) *= g_.sizes[d];
+    int64_t rows = 1, largest = 1;
+    for (int d = 0; d < outer_; ++d) rows *= g_.sizes[d];
+    const int64_t length = length_;
     for (const KernelOperand& in : g_.inputs) {
       largest = std::max(largest, LastOffset(in.offset, g_.sizes, in.strides));
     }
@@ -649,7 +643,6 @@ class RowKernel {
       type_ = IndexType(std::max({largest, rows + grid, length + block}));
     }
     launch->grid[0] = static_cast<uint32_t>(grid);
-    length_ = length;
 
     std::ostringstream params, head;
     Parameters(g_, program_, params, head);
@@ -682,88 +675,33 @@ class RowKernel {
     }
     body_ << Decompose({g_.sizes.begin(), g_.sizes.begin() + outer_}, "kiln_row", "i", type_,
                        indent);
-    std::unordered_map<uint32_t, std::string> rows_var;
-    for (int ni : g_.nodes) {
-      const auto& node = graph_.nodes(ni);
-      if (auto r = rows_.ReductionOf(node)) {
-        EmitReduction(node, *r, indent, rows_var);
-      } else if (rows_.IsRowNode(node)) {
-        const auto& out = node.outputs(0);
-        for (uint32_t id : ValuesRead(node)) Bind(id, indent, false, rows_var);
-        const std::string name = local_("r", out.id());
-        body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-              << NodeExpression(node, rows_var, Rounded) << ";\n";
-        rows_var[out.id()] = name;
-      } else {
-        continue;  // full-space nodes are computed inside the passes that need them
-      }
-      std::ostringstream stores;
-      for (const auto& out : node.outputs())
-        StoreIfOutput(out.id(), false, rows_var, indent + "  ", stores);
-      if (!stores.str().empty()) {
-        body_ << indent
-              << (column_ ? "if (threadIdx.y == 0 && kiln_active) {\n"
-                          : "if (threadIdx.x == 0) {\n")
-              << stores.str() << indent << "}\n";
-      }
-    }
-    std::vector<uint32_t> full_outputs;
-    for (uint32_t id : g_.outputs) {
-      if (rows_.IsFullNode(id)) full_outputs.push_back(id);
-    }
-    if (!full_outputs.empty()) {
-      auto vars = OpenPass(indent, rows_var, full_outputs);
-      std::ostringstream stores;
-      for (uint32_t id : full_outputs) StoreIfOutput(id, true, vars, indent, stores);
-      body_ << stores.str();
-      ClosePass(indent);
-    }
+    EmitRows(indent);
     body_ << "  }\n";
     return Signature(index_, block, params.str()) + " {\n" + head.str() + body_.str() + "}\n";
   }
 
  private:
-  void Bind(uint32_t id, const std::string& indent, bool inner,
-            std::unordered_map<uint32_t, std::string>& vars) {
-    rows_.BindInput(id, inner, &Load, indent, body_, vars);
+  std::string RowStoreGuard() const override {
+    return column_ ? "if (threadIdx.y == 0 && kiln_active) {" : "if (threadIdx.x == 0) {";
   }
 
-  void StoreIfOutput(uint32_t id, bool inner, const std::unordered_map<uint32_t, std::string>& vars,
-                     const std::string& indent, std::ostringstream& o) const {
-    auto it = std::find(g_.outputs.begin(), g_.outputs.end(), id);
-    if (it == g_.outputs.end()) return;
-    const auto& m = *program_.meta.at(id);
-    // A full value or a keepdim row has the space's rank; a row without keepdim has the kept
-    // dims only.
-    std::vector<int64_t> strides(rank_, 0);
-    for (int d = 0; d < m.sizes_size() && d < rank_; ++d) {
-      strides[d] = m.sizes(d) == 1 ? 0 : m.strides(d);
-    }
-    o << indent << "out" << (it - g_.outputs.begin()) << "[" << rows_.Index(0, strides, inner)
-      << "] = " << Store(m.dtype(), vars.at(id)) << ";\n";
+  std::string DefineRow(const std::string& t, const std::string& name, const std::string& value,
+                        std::string& indent) override {
+    body_ << indent << "const " << t << " " << name << " = " << value << ";\n";
+    return name;
   }
 
-  // Opens a pass of the block's threads over the row and computes the full-space values
-  // `targets` need; returns the variables in scope.
-  std::unordered_map<uint32_t, std::string> OpenPass(
-      std::string& indent, const std::unordered_map<uint32_t, std::string>& rows_var,
-      const std::vector<uint32_t>& targets) {
-    std::unordered_set<uint32_t> needed;
-    std::vector<uint32_t> stack(targets.begin(), targets.end());
-    while (!stack.empty()) {
-      const uint32_t id = stack.back();
-      stack.pop_back();
-      if (cached_.count(id) || !rows_.IsFullNode(id) || !needed.insert(id).second) continue;
-      for (uint32_t r : ValuesRead(graph_.nodes(rows_.Producer(id)))) stack.push_back(r);
-    }
-    // What this pass computes (or loads) and keeps in registers for the later ones.
-    std::vector<std::pair<uint32_t, std::string>> keep;
+  // Declares the registers this pass fills for the later ones, then opens the threads' walk
+  // of the row.
+  void OpenPassLoops(std::string& indent, const std::string& /*clause*/,
+                     const std::vector<uint32_t>& targets) override {
+    keep_.clear();
     if (registers_) {
       auto consider = [&](uint32_t id, kiln::v1::DType dtype) {
-        if (cached_.count(id) || cached_elements_ + unroll_ > kMaxCachedPerThread) return;
+        if (held_.count(id) || cached_elements_ + unroll_ > kMaxCachedPerThread) return;
         const std::string array = local_("kiln_c", id);
         body_ << indent << ComputeType(dtype) << " " << array << "[" << unroll_ << "];\n";
-        keep.emplace_back(id, array);
+        keep_.emplace_back(id, array);
         cached_elements_ += unroll_;
       };
       // The pass's targets (a reduction's input, what the last pass stores): what the next
@@ -794,27 +732,16 @@ class RowKernel {
     indent += "  ";
     body_ << Decompose({g_.sizes.begin() + outer_, g_.sizes.end()}, "kiln_e", "j", type_, indent,
                        outer_);
-    std::unordered_map<uint32_t, std::string> vars = rows_var;
-    for (const auto& [id, array] : cached_) vars[id] = array + "[kiln_u]";
-    for (uint32_t id : targets) Bind(id, indent, true, vars);
-    for (int ni : g_.nodes) {
-      const auto& node = graph_.nodes(ni);
-      const auto& out = node.outputs(0);
-      if (!needed.count(out.id())) continue;
-      for (uint32_t id : ValuesRead(node)) Bind(id, indent, true, vars);
-      const std::string name = local_("v", out.id());
-      body_ << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-            << NodeExpression(node, vars, Rounded) << ";\n";
-      vars[out.id()] = name;
-    }
-    for (const auto& [id, array] : keep) {
-      body_ << indent << array << "[kiln_u] = " << vars.at(id) << ";\n";
-      cached_[id] = array;
-    }
-    return vars;
   }
 
-  void ClosePass(std::string& indent) {
+  void EndPass(const Vars& vars, const std::string& indent) override {
+    for (const auto& [id, array] : keep_) {
+      body_ << indent << array << "[kiln_u] = " << vars.at(id) << ";\n";
+      held_[id] = array + "[kiln_u]";
+    }
+  }
+
+  void ClosePass(std::string& indent) override {
     indent.resize(indent.size() - 2);
     body_ << indent << "}\n";
     if (registers_ && !column_) {  // the unrolled loop's bounds check, then the loop
@@ -823,64 +750,37 @@ class RowKernel {
     }
   }
 
-  void EmitReduction(const kiln::v1::Node& node, const Reduction& r, std::string& indent,
-                     std::unordered_map<uint32_t, std::string>& rows_var) {
-    const auto dtype = node.outputs(0).meta().dtype();
-    const std::string t = ComputeType(dtype);
-    const std::string k = std::to_string(local_.Number(node.outputs(0).id()));
+  // Accumulator `acc` from `identity`, `statement` per element of the thread's share of the
+  // row, then the block's (or column's) reduction of acc with `op`.
+  void Accumulate(const Reduction& r, const std::string& t, const std::string& acc,
+                  const std::string& identity, const std::string& op, const std::string& statement,
+                  std::string& indent) {
+    body_ << indent << t << " " << acc << " = " << identity << ";\n";
+    Fold(r, t, "", statement, indent);
     const std::string scratch = "kiln_scratch_" + t;
-    const std::string count = "(" + t + ")" + std::to_string(length_);
-    // One pass accumulating `statement` (over x, the reduction's input) into `acc`, then the
-    // block's reduction of acc with `op`.
-    auto pass = [&](const std::string& acc, const std::string& identity, const std::string& op,
-                    const std::string& statement) {
-      body_ << indent << t << " " << acc << " = " << identity << ";\n";
-      auto vars = OpenPass(indent, rows_var, {r.input});
-      body_ << indent << "const " << t << " x = " << vars.at(r.input) << ";\n";
-      body_ << indent << statement << "\n";
-      ClosePass(indent);
-      if (column_) {
-        body_ << indent << acc << " = kiln_column_reduce<" << op << "<" << t << ">>(" << acc << ", "
-              << scratch << ");\n";
-      } else {
-        body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc << ", "
-              << identity << ", " << scratch << ");\n";
-      }
-    };
-    auto define = [&](const kiln::v1::Value& out, const std::string& value) {
-      const std::string name = local_("r", out.id());
-      body_ << indent << "const " << t << " " << name << " = " << Rounded(dtype, value) << ";\n";
-      rows_var[out.id()] = name;
-    };
-    const std::string acc = "acc" + k;
-    switch (r.kind) {
-      case ReductionKind::kSum:
-      case ReductionKind::kMean:
-        pass(acc, "(" + t + ")0", "kiln_sum", acc + " += x;");
-        define(node.outputs(0), r.kind == ReductionKind::kMean ? acc + " / " + count : acc);
-        break;
-      case ReductionKind::kAmax:
-      case ReductionKind::kAmin: {
-        const bool max = r.kind == ReductionKind::kAmax;
-        const std::string op = max ? "kiln_max" : "kiln_min";
-        pass(acc, std::string(max ? "-" : "") + "(" + t + ")INFINITY", op,
-             acc + " = " + op + "<" + t + ">::op(" + acc + ", x);");
-        define(node.outputs(0), acc);
-        break;
-      }
-      case ReductionKind::kVar:
-      case ReductionKind::kStd:
-      case ReductionKind::kVarMean: {
-        const std::string mean = "mean" + k, m2 = "m2" + k;
-        pass(acc, "(" + t + ")0", "kiln_sum", acc + " += x;");
-        body_ << indent << "const " << t << " " << mean << " = " << acc << " / " << count << ";\n";
-        pass(m2, "(" + t + ")0", "kiln_sum",
-             "const " + t + " d = x - " + mean + "; " + m2 + " += d * d;");
-        define(node.outputs(0), VarianceExpression(r, m2, count, t, "::"));
-        if (r.kind == ReductionKind::kVarMean) define(node.outputs(1), mean);
-        break;
-      }
+    if (column_) {
+      body_ << indent << acc << " = kiln_column_reduce<" << op << "<" << t << ">>(" << acc << ", "
+            << scratch << ");\n";
+    } else {
+      body_ << indent << acc << " = kiln_block_reduce<" << op << "<" << t << ">>(" << acc << ", "
+            << identity << ", " << scratch << ");\n";
     }
+  }
+
+  std::string SumOverRow(const Reduction& r, const std::string& t, const std::string& acc,
+                         const std::function<std::string(const std::string&)>& statement,
+                         std::string& indent) override {
+    Accumulate(r, t, acc, "(" + t + ")0", "kiln_sum", statement(acc), indent);
+    return acc;
+  }
+
+  std::string ExtremumOverRow(const Reduction& r, const std::string& t, bool max,
+                              const std::string& acc, const std::string& /*k*/,
+                              std::string& indent) override {
+    const std::string op = max ? "kiln_max" : "kiln_min";
+    Accumulate(r, t, acc, std::string(max ? "-" : "") + "(" + t + ")INFINITY", op,
+               acc + " = " + op + "<" + t + ">::op(" + acc + ", x);", indent);
+    return acc;
   }
 
   // Whether the rows are adjacent in memory and the reduced elements are not: an input read
@@ -903,22 +803,13 @@ class RowKernel {
     return any;
   }
 
-  const kiln::v1::Graph& graph_;
-  const FusedProgram& program_;
-  const FusedGroup& g_;
-  const int index_;
-  const LocalNames local_;
-  int rank_ = 0, outer_ = 0;
   bool column_ = false;     // (32, Y) blocks over adjacent rows, see the class comment
   bool registers_ = false;  // an unrolled walk of the row, values kept across passes
   int64_t unroll_ = 0;      // elements of the row per thread
   int64_t block_ = 0;
-  std::unordered_map<uint32_t, std::string> cached_;  // value -> its array over kiln_u
+  std::vector<std::pair<uint32_t, std::string>> keep_;  // what this pass keeps: value, array
   int64_t cached_elements_ = 0;
-  int64_t length_ = 1;  // elements of a row
-  std::string type_;    // the index type
-  RowGroup rows_;
-  std::ostringstream body_;
+  std::string type_;  // the index type
 };
 
 }  // namespace
@@ -933,7 +824,7 @@ CudaSource GenerateCudaKernels(const kiln::v1::Graph& graph, const FusedProgram&
     const std::string symbol = KernelSymbol(step.group);
     CudaLaunch& launch = out.launches[symbol];
     const std::string text = program.groups[step.group].outer_rank >= 0
-                                 ? RowKernel(graph, program, step.group).Source(&launch)
+                                 ? CudaRowKernel(graph, program, step.group).Source(&launch)
                                  : PointwiseKernel(graph, program, step.group).Source(&launch);
     launch.function = distinct.Add(symbol, text);
     if (launch.function == symbol) src << "\n" << text;
