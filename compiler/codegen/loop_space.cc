@@ -51,4 +51,23 @@ LoopSpace CollapseLoops(const std::vector<int64_t>& sizes,
   return space;
 }
 
+std::string Decompose(const std::vector<int64_t>& sizes, const std::string& p,
+                      const std::string& name, const std::string& type, const std::string& indent,
+                      int first_dim, const std::string& last) {
+  const int rank = static_cast<int>(sizes.size());
+  std::vector<std::string> defs(rank);
+  int64_t inner = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const std::string index =
+        !last.empty() && d + 1 == rank ? last : name + std::to_string(d + first_dim);
+    defs[d] = indent + "const " + type + " " + index + " = " + p +
+              (inner > 1 ? " / " + std::to_string(inner) : "") +
+              (d > 0 ? " % " + std::to_string(sizes[d]) : "") + ";\n";
+    inner *= sizes[d];
+  }
+  std::string out;
+  for (const auto& def : defs) out += def;
+  return out;
+}
+
 }  // namespace kiln::compiler

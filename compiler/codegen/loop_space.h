@@ -1,9 +1,10 @@
 // The loop nest a pointwise kernel walks, shared by the CPU and CUDA generators: the iteration
 // space with size-1 dims dropped, ordered by an output's memory layout, and dims that every
-// access walks as one merged.
+// access walks as one merged; and the indices of a flat position in it.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kiln::compiler {
@@ -20,5 +21,12 @@ struct LoopSpace {
 // The element count is unchanged.
 LoopSpace CollapseLoops(const std::vector<int64_t>& sizes,
                         const std::vector<std::vector<int64_t>>& strides, int order_by);
+
+// The definitions, at `indent`, of the indices of flat position `p` (an expression) over the
+// row-major `sizes`: "const <type> <name><first_dim + d> = <p> / <inner> % <size>;" per dim, the
+// last one named `last` instead when given.
+std::string Decompose(const std::vector<int64_t>& sizes, const std::string& p,
+                      const std::string& name, const std::string& type, const std::string& indent,
+                      int first_dim = 0, const std::string& last = "");
 
 }  // namespace kiln::compiler

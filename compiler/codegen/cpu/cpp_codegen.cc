@@ -12,6 +12,7 @@
 #include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
+#include "compiler/codegen/pointwise_kernel.h"
 #include "compiler/codegen/row_kernel.h"
 #include "compiler/ir/op_classes.h"
 #include "compiler/ir/pointwise_ops.h"
@@ -85,20 +86,7 @@ std::string Rounded(kiln::v1::DType dtype, const std::string& value) {
   }
 }
 
-// The value of pointwise node `node` (IsFusable), rounded as eager stores it; `var` names the
-// C++ variables holding its tensor operands.
-std::string PointwiseExpr(const kiln::v1::Node& node,
-                          const std::unordered_map<uint32_t, std::string>& var) {
-  return NodeExpression(node, var, Rounded);
-}
-
 const KernelDialect kCpu{&Load, &Store, &Rounded, "std::"};
-
-struct Access {
-  std::string ptr;
-  int64_t offset;
-  std::vector<int64_t> strides;
-};
 
 // Work below this many elements runs on the calling thread; parallel chunks are at least this big.
 constexpr int64_t kParallelElements = 32768;
@@ -114,19 +102,31 @@ constexpr int64_t kLanes = 16;
 // given).
 std::string FlatLoop(const std::vector<int64_t>& sizes, const std::string& indent,
                      const std::string& last = "") {
-  std::ostringstream o;
-  o << indent << "for (int64_t kiln_p = kiln_begin; kiln_p < kiln_end; ++kiln_p) {\n";
-  int64_t inner = 1;
-  std::vector<std::string> defs(sizes.size());
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    const bool named = !last.empty() && d + 1 == static_cast<int>(sizes.size());
-    defs[d] = indent + "  const int64_t " + (named ? last : "i" + std::to_string(d)) + " = kiln_p" +
-              (inner > 1 ? " / " + std::to_string(inner) : "") +
-              (d > 0 ? " % " + std::to_string(sizes[d]) : "") + ";\n";
-    inner *= sizes[d];
+  return indent + "for (int64_t kiln_p = kiln_begin; kiln_p < kiln_end; ++kiln_p) {\n" +
+         Decompose(sizes, "kiln_p", "i", "int64_t", indent + "  ", 0, last);
+}
+
+// The kernel's arguments as variables: in<i> for each non-literal input (the value of a literal
+// one is lit<i>), then out<i> for each output, in the order of the ABI's args.
+std::string Arguments(const FusedGroup& g, const FusedProgram& program) {
+  std::ostringstream head;
+  int arg = 0;
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    const KernelOperand& in = g.inputs[i];
+    const auto& m = *program.meta.at(in.base);
+    if (in.literal) {
+      head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal << ";\n";
+      continue;
+    }
+    head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
+         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
   }
-  for (const auto& def : defs) o << def;
-  return o.str();
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    const auto& m = *program.meta.at(g.outputs[i]);
+    head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
+         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
+  }
+  return head.str();
 }
 
 // The kernel's functions: with range 0 the exported entry runs `body` itself; otherwise `body`
@@ -165,24 +165,6 @@ class CpuRowKernel : public RowKernel {
   }
 
   std::string Source() {
-    std::ostringstream head;
-    int arg = 0;
-    for (size_t i = 0; i < g_.inputs.size(); ++i) {
-      const KernelOperand& in = g_.inputs[i];
-      const auto& m = *program_.meta.at(in.base);
-      if (in.literal) {
-        head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal
-             << ";\n";
-        continue;
-      }
-      head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
-           << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-    }
-    for (size_t i = 0; i < g_.outputs.size(); ++i) {
-      const auto& m = *program_.meta.at(g_.outputs[i]);
-      head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
-           << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-    }
     int64_t rows = 1, total = 1;
     for (int d = 0; d < rank_; ++d) {
       total *= g_.sizes[d];
@@ -240,7 +222,7 @@ class CpuRowKernel : public RowKernel {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
     }
-    return KernelFunctions(index_, head.str(), body_.str(), parallel ? units : 0,
+    return KernelFunctions(index_, Arguments(g_, program_), body_.str(), parallel ? units : 0,
                            kChunkElements / std::max<int64_t>(unit_length, 1));
   }
 
@@ -371,45 +353,14 @@ class CpuRowKernel : public RowKernel {
 std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& program, int group) {
   const FusedGroup& g = program.groups[group];
   const LocalNames local(graph, g);
-  std::vector<int64_t> sizes = g.sizes.empty() ? std::vector<int64_t>{1} : g.sizes;
-  const int rank = static_cast<int>(sizes.size());
-  const int pad = rank - static_cast<int>(g.sizes.size());
-
-  std::vector<Access> accesses;
-  std::ostringstream head, body;
-  int arg = 0;
-  for (size_t i = 0; i < g.inputs.size(); ++i) {
-    const KernelOperand& in = g.inputs[i];
-    const auto& m = *program.meta.at(in.base);
-    if (in.literal) {
-      // Never indexed: strides of zero keep it out of the collapsing decisions.
-      head << "  const " << ComputeType(m.dtype()) << " lit" << i << " = " << *in.literal << ";\n";
-      accesses.push_back({"", 0, std::vector<int64_t>(rank, 0)});
-      continue;
-    }
-    head << "  const " << StorageType(m.dtype()) << "* __restrict__ in" << i << " = (const "
-         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-    std::vector<int64_t> strides(pad, 0);
-    strides.insert(strides.end(), in.strides.begin(), in.strides.end());
-    accesses.push_back({"in" + std::to_string(i), in.offset, strides});
-  }
-  for (size_t i = 0; i < g.outputs.size(); ++i) {
-    const auto& m = *program.meta.at(g.outputs[i]);
-    head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
-         << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
-    std::vector<int64_t> strides(pad, 0);
-    for (int d = 0; d < m.strides_size(); ++d) {
-      strides.push_back(m.sizes(d) == 1 ? 0 : m.strides(d));
-    }
-    accesses.push_back({"out" + std::to_string(i), 0, strides});
-  }
+  std::ostringstream body;
+  const GroupAccesses group_accesses = PointwiseAccesses(program, g);
+  const std::vector<ElementAccess>& accesses = group_accesses.accesses;
 
   // The loop order follows the first output's memory order, so a channels-last or transposed
   // result is written sequentially and the inner loop vectorizes.
-  std::vector<std::vector<int64_t>> access_strides;
-  for (const Access& a : accesses) access_strides.push_back(a.strides);
-  LoopSpace space = CollapseLoops(sizes, access_strides,
-                                  g.outputs.empty() ? -1 : static_cast<int>(g.inputs.size()));
+  LoopSpace space =
+      CollapseLoops(group_accesses.sizes, group_accesses.strides, group_accesses.first_output);
   std::vector<int64_t>& csizes = space.sizes;
   std::vector<std::vector<int64_t>>& cstrides = space.strides;
   // A short innermost loop (a channels-last result with 3 channels, made from an NCHW input)
@@ -420,8 +371,8 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
     int longest = -1;
     for (int d = 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
       if (csizes[d] < 64 || (longest >= 0 && csizes[d] <= csizes[longest])) continue;
-      for (size_t a = 0; a < g.inputs.size(); ++a) {
-        if (cstrides[a][d] == 1) longest = d;
+      for (size_t a = 0; a < accesses.size(); ++a) {
+        if (accesses[a].input >= 0 && cstrides[a][d] == 1) longest = d;
       }
     }
     if (longest >= 0) {
@@ -473,38 +424,14 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
          << ") {\n";
     indent += "  ";
   }
-  // Loads.
-  std::unordered_map<uint32_t, std::string> var;
-  for (size_t i = 0; i < g.inputs.size(); ++i) {
-    if (g.inputs[i].literal) {
-      var[g.input_ids[i]] = "lit" + std::to_string(i);
-      continue;
-    }
-    const auto& m = *program.meta.at(g.inputs[i].base);
-    std::string name = "a" + std::to_string(i);
-    body << indent << "const " << ComputeType(m.dtype()) << " " << name << " = "
-         << Load(m.dtype(), "in" + std::to_string(i) + "[" + index(i) + "]") << ";\n";
-    var[g.input_ids[i]] = name;
-  }
-  // The nodes.
-  for (int ni : g.nodes) {
-    const auto& out = graph.nodes(ni).outputs(0);
-    std::string name = local("v", out.id());
-    body << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-         << PointwiseExpr(graph.nodes(ni), var) << ";\n";
-    var[out.id()] = name;
-  }
-  // Stores.
-  for (size_t i = 0; i < g.outputs.size(); ++i) {
-    const auto& m = *program.meta.at(g.outputs[i]);
-    body << indent << "out" << i << "[" << index(g.inputs.size() + i)
-         << "] = " << Store(m.dtype(), var.at(g.outputs[i])) << ";\n";
-  }
+  EmitElement(
+      graph, g, local, kCpu, accesses,
+      [&](size_t a) { return accesses[a].ptr + "[" + index(a) + "]"; }, nullptr, indent, body);
   for (; opened > 0; --opened) {
     indent.resize(indent.size() - 2);
     body << indent << "}\n";
   }
-  return KernelFunctions(group, head.str(), body.str(), range, grain);
+  return KernelFunctions(group, Arguments(g, program), body.str(), range, grain);
 }
 
 }  // namespace

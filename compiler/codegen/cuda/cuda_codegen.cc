@@ -14,6 +14,7 @@
 #include "compiler/codegen/distinct_kernels.h"
 #include "compiler/codegen/kernel_dialect.h"
 #include "compiler/codegen/loop_space.h"
+#include "compiler/codegen/pointwise_kernel.h"
 #include "compiler/codegen/row_kernel.h"
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/ir_validator.h"
@@ -185,23 +186,6 @@ const KernelDialect kCuda{&Load, &Store, &Rounded, "::"};
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The index expressions of a flat position `p` over row-major `sizes`: name<d> per dim.
-std::string Decompose(const std::vector<int64_t>& sizes, const std::string& p,
-                      const std::string& name, const std::string& type, const std::string& indent,
-                      int first_dim = 0) {
-  std::ostringstream o;
-  int64_t inner = 1;
-  std::vector<std::string> defs(sizes.size());
-  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
-    defs[d] = indent + "const " + type + " " + name + std::to_string(d + first_dim) + " = " + p +
-              (inner > 1 ? " / " + std::to_string(inner) : "") +
-              (d > 0 ? " % " + std::to_string(sizes[d]) : "") + ";\n";
-    inner *= sizes[d];
-  }
-  for (const auto& def : defs) o << def;
-  return o.str();
-}
-
 // The element offset of the last element `offset` + sum of (size - 1) * stride reaches (the
 // offset itself for an empty tensor's dims).
 int64_t LastOffset(int64_t offset, const std::vector<int64_t>& sizes,
@@ -252,9 +236,6 @@ class PointwiseKernel {
         local_(graph, g_) {}
 
   std::string Source(CudaLaunch* launch) {
-    std::vector<int64_t> sizes = g_.sizes.empty() ? std::vector<int64_t>{1} : g_.sizes;
-    const int rank = static_cast<int>(sizes.size());
-    const int pad = rank - static_cast<int>(g_.sizes.size());
     std::unordered_set<uint32_t> read_per_element;  // inputs the kernel loads at its element
     for (int ni : g_.nodes) {
       if (ni == g_.convolution) continue;
@@ -265,30 +246,16 @@ class PointwiseKernel {
       conv_ = MatchDepthwiseConvolution(graph_.nodes(g_.convolution), program_.meta,
                                         kiln::v1::DEVICE_KIND_CUDA);
     }
-    std::vector<std::vector<int64_t>> strides;
-    for (size_t i = 0; i < g_.inputs.size(); ++i) {
-      const KernelOperand& in = g_.inputs[i];
-      if (in.literal) continue;
-      if (conv_ && !read_per_element.count(g_.input_ids[i])) continue;  // read by the window
-      std::vector<int64_t> s(pad, 0);
-      s.insert(s.end(), in.strides.begin(), in.strides.end());
-      accesses_.push_back({"in" + std::to_string(i), program_.meta.at(in.base)->dtype(), in.offset,
-                           static_cast<int>(i)});
-      strides.push_back(s);
-    }
-    const size_t first_output = accesses_.size();
-    for (size_t i = 0; i < g_.outputs.size(); ++i) {
-      const auto& m = *program_.meta.at(g_.outputs[i]);
-      std::vector<int64_t> s(pad, 0);
-      for (int d = 0; d < m.strides_size(); ++d) s.push_back(m.sizes(d) == 1 ? 0 : m.strides(d));
-      accesses_.push_back({"out" + std::to_string(i), m.dtype(), 0, -1});
-      strides.push_back(s);
-    }
+    // A convolution group's input and weight are read by the window, unless a node reads them.
+    GroupAccesses group_accesses = PointwiseAccesses(program_, g_, [&](size_t i) {
+      return !conv_ || read_per_element.count(g_.input_ids[i]) != 0;
+    });
+    accesses_ = std::move(group_accesses.accesses);
     if (conv_) {
-      space_ = ConvolutionSpace(sizes, strides);
+      space_ = ConvolutionSpace(group_accesses.sizes, group_accesses.strides);
     } else {
       space_ =
-          CollapseLoops(sizes, strides, g_.outputs.empty() ? -1 : static_cast<int>(first_output));
+          CollapseLoops(group_accesses.sizes, group_accesses.strides, group_accesses.first_output);
     }
     int64_t numel = 1;
     for (int64_t s : space_.sizes) numel *= s;
@@ -344,7 +311,7 @@ class PointwiseKernel {
          << ") {\n";
     body << Decompose(space_.sizes, "p", "i", type_, "    ");
     if (conv_) EmitConvolution(body, "    ", "i", 1);
-    EmitElement(
+    EmitElementAt(
         body, "    ", [&](size_t a) { return accesses_[a].ptr + "[" + Index(a) + "]"; },
         "kiln_conv[0]");
     body << "  }\n";
@@ -352,13 +319,6 @@ class PointwiseKernel {
   }
 
  private:
-  struct Access {
-    std::string ptr;
-    DType dtype;
-    int64_t offset;
-    int input;  // index into g_.inputs; -1 for outputs
-  };
-
   // The loop space of a convolution group: every dim of the output kept (the window needs
   // each index), ordered by the convolution's output strides, largest outermost, so the
   // threads of a warp walk its memory (the channels of a channels-last output).
@@ -515,40 +475,16 @@ class PointwiseKernel {
     return e;
   }
 
-  // Loads of the inputs, the nodes, the stores of the outputs; `ref(access)` is the element an
-  // access reads or writes.
-  // `conv` is the element's window sum of a convolution group (EmitConvolution's).
-  template <typename Ref>
-  void EmitElement(std::ostringstream& o, const std::string& indent, Ref ref,
-                   const std::string& conv) const {
-    std::unordered_map<uint32_t, std::string> var;
-    for (size_t i = 0; i < g_.inputs.size(); ++i) {
-      if (g_.inputs[i].literal) var[g_.input_ids[i]] = "lit" + std::to_string(i);
-    }
-    for (size_t a = 0; a < accesses_.size(); ++a) {
-      if (accesses_[a].input < 0) continue;
-      const std::string name = "a" + std::to_string(accesses_[a].input);
-      o << indent << "const " << ComputeType(accesses_[a].dtype) << " " << name << " = "
-        << Load(accesses_[a].dtype, ref(a)) << ";\n";
-      var[g_.input_ids[accesses_[a].input]] = name;
-    }
-    for (int ni : g_.nodes) {
-      const auto& out = graph_.nodes(ni).outputs(0);
-      const std::string name = local_("v", out.id());
-      if (ni == g_.convolution) {
-        // Rounded to the output's dtype as eager's convolution stores it.
-        o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-          << Rounded(out.meta().dtype(), conv) << ";\n";
-      } else {
-        o << indent << "const " << ComputeType(out.meta().dtype()) << " " << name << " = "
-          << NodeExpression(graph_.nodes(ni), var, Rounded) << ";\n";
-      }
-      var[out.id()] = name;
-    }
-    for (size_t i = 0; i < g_.outputs.size(); ++i) {
-      const size_t a = accesses_.size() - g_.outputs.size() + i;
-      o << indent << ref(a) << " = " << Store(accesses_[a].dtype, var.at(g_.outputs[i])) << ";\n";
-    }
+  // The element's code (EmitElement); `ref(access)` is the element an access reads or writes, and
+  // `conv` the element's window sum of a convolution group (EmitConvolution's).
+  void EmitElementAt(std::ostringstream& o, const std::string& indent,
+                     const std::function<std::string(size_t)>& ref, const std::string& conv) const {
+    EmitElement(
+        graph_, g_, local_, kCuda, accesses_, ref,
+        [&](int ni) {
+          return ni == g_.convolution ? std::optional<std::string>(conv) : std::nullopt;
+        },
+        indent, o);
   }
 
   // Vector `q` of `width` elements: vector loads, the element code per lane, vector stores. The
@@ -569,7 +505,7 @@ class PointwiseKernel {
       }
     }
     o << indent << "#pragma unroll\n" << indent << "for (int j = 0; j < " << w << "; ++j) {\n";
-    EmitElement(
+    EmitElementAt(
         o, indent + "  ",
         [&](size_t a) {
           if (IsVectorized(a)) return "x" + std::to_string(a) + ".v[j]";
@@ -590,7 +526,7 @@ class PointwiseKernel {
   const FusedGroup& g_;
   const int index_;
   const LocalNames local_;
-  std::vector<Access> accesses_;  // non-literal inputs loaded per element, then outputs
+  std::vector<ElementAccess> accesses_;  // non-literal inputs loaded per element, then outputs
   LoopSpace space_;
   std::optional<WindowConvolution> conv_;  // a convolution group's
   std::vector<int> conv_dim_;              // its output dim -> loop space dim
