@@ -531,12 +531,7 @@ class _IsliceIterator(ListIteratorVariable):
         return item
 
     def unpack(self, tx):
-        out = []
-        item = self.next_item()
-        while item is not None:
-            out.append(item)
-            item = self.next_item()
-        return out
+        return self.items_one_by_one()
 
     def reconstruct(self, codegen) -> str:
         raise Unsupported("an islice() over an iterator outliving the graph")

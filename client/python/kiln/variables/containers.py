@@ -704,6 +704,16 @@ class ListIteratorVariable(VariableTracker):
         self.index += 1
         return item
 
+    def items_one_by_one(self) -> list:
+        """The items left, each taken through next_item (an iterator whose items are made or
+        read as they are taken unpacks so)."""
+        out = []
+        item = self.next_item()
+        while item is not None:
+            out.append(item)
+            item = self.next_item()
+        return out
+
     def unpack(self, tx):
         self._check_not_drained()
         self._check_unchanged()
@@ -779,12 +789,7 @@ class ReversedListIterator(ListIteratorVariable):
         return items[i]
 
     def unpack(self, tx):
-        out = []
-        item = self.next_item()
-        while item is not None:
-            out.append(item)
-            item = self.next_item()
-        return out
+        return self.items_one_by_one()
 
     def reconstruct(self, codegen) -> str:
         self._check_not_drained()
