@@ -193,6 +193,29 @@ const ExceptionEntry* Decoded::HandlerAt(int offset) const {
   return bytecode::HandlerAt(exception_table, offset);
 }
 
+// From the innermost, each `with` handler (PUSH_EXC_INFO, WITH_EXCEPT_START) is covered by a
+// cleanup entry (COPY 3, POP_EXCEPT, RERAISE 1), and that cleanup by the enclosing block's entry;
+// a block's entry unwinds the stack to the depth that has its __exit__ on top.
+std::optional<std::vector<int>> Decoded::WithBlockExits(int offset) const {
+  auto is = [this](int index, const char* name) {
+    return OpName(instructions[index].opcode).cast<std::string>() == name;
+  };
+  std::vector<int> exits;
+  for (const ExceptionEntry* entry = HandlerAt(offset); entry != nullptr;) {
+    const int handler = IndexOf(entry->target);
+    if (exits.size() > 32 || handler < 0 ||
+        static_cast<size_t>(handler) + 1 >= instructions.size() ||
+        !is(handler, "PUSH_EXC_INFO") || !is(handler + 1, "WITH_EXCEPT_START")) {
+      return std::nullopt;
+    }
+    exits.push_back(entry->depth - 1);
+    const ExceptionEntry* cleanup = HandlerAt(entry->target);
+    if (cleanup == nullptr) return std::nullopt;
+    entry = HandlerAt(cleanup->target);
+  }
+  return exits;
+}
+
 const py::str& OpName(int opcode) { return Tables().names[opcode & 0xFF]; }
 
 const Decoded& Decode(py::handle code) {
@@ -242,6 +265,18 @@ void RegisterPython(py::module_& m) {
         return out;
       },
       py::arg("code"), "The instructions of a code object as kiln's executor decodes them.");
+  m.def(
+      "with_exits",
+      [](py::handle code, int offset) -> py::object {
+        std::optional<std::vector<int>> exits = Decode(code).WithBlockExits(offset);
+        if (!exits) return py::none();
+        py::list out;
+        for (int position : *exits) out.append(position);
+        return std::move(out);
+      },
+      py::arg("code"), py::arg("offset"),
+      "The value-stack positions of the __exit__ of the `with` blocks open at byte `offset`, "
+      "innermost first; None where a handler there is not a `with` block's.");
   m.def(
       "exception_table",
       [](py::bytes table) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -40,6 +41,10 @@ struct Decoded {
   int IndexOf(int offset) const;  // -1 when no instruction starts at `offset`
   // The exception table's entry covering the instruction at byte `offset`, or null.
   const ExceptionEntry* HandlerAt(int offset) const;
+  // Where every handler covering byte `offset` is a `with` block's cleanup: the value-stack
+  // positions of those blocks' __exit__, innermost first (empty outside every handler); nullopt
+  // where some handler is another kind (a try's except or finally).
+  std::optional<std::vector<int>> WithBlockExits(int offset) const;
 };
 
 // The decoded instructions of `code` (cached per code object). Raises TypeError for a non-code

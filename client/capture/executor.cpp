@@ -224,32 +224,10 @@ Snapshot Translator::TakeSnapshot() {
 // exception being handled are rebuilt there. `with` blocks are the exception: a resume function
 // reuses the code's exception table, so a `with` open at the break is open there too, its
 // __exit__ a stack value like any other (whether the transformed code can rebuild that __exit__
-// is kiln.transform.graph_break's to say).
+// is kiln.transform.graph_break's to say; kiln._C.with_exits tells it where they are).
 bool Translator::CanBreakAt(const Snapshot& s, const Instruction& inst) {
   return s.mutations == host_->mutation_count().cast<long>() && handlers_open_ == 0 &&
-         OnlyWithBlocksAround(inst.offset);
-}
-
-// Whether every handler that covers byte `offset` is a `with` block's cleanup (PUSH_EXC_INFO,
-// WITH_EXCEPT_START): from the innermost, each handler's own code is covered by a cleanup entry
-// (COPY 3, POP_EXCEPT, RERAISE 1), and that cleanup by the next enclosing block's handler.
-bool Translator::OnlyWithBlocksAround(int offset) const {
-  const std::vector<Instruction>& insts = decoded_->instructions;
-  auto is = [&insts](int index, const char* name) {
-    return Str(bytecode::OpName(insts[index].opcode)) == name;
-  };
-  const bytecode::ExceptionEntry* entry = decoded_->HandlerAt(offset);
-  for (int depth = 0; entry != nullptr; ++depth) {
-    const int handler = decoded_->IndexOf(entry->target);
-    if (depth > 32 || handler < 0 || static_cast<size_t>(handler) + 1 >= insts.size() ||
-        !is(handler, "PUSH_EXC_INFO") || !is(handler + 1, "WITH_EXCEPT_START")) {
-      return false;
-    }
-    const bytecode::ExceptionEntry* cleanup = decoded_->HandlerAt(entry->target);
-    if (cleanup == nullptr) return false;
-    entry = decoded_->HandlerAt(cleanup->target);
-  }
-  return true;
+         decoded_->WithBlockExits(inst.offset).has_value();
 }
 
 bool Translator::Catch(const Instruction& inst, const py::object& traced) {

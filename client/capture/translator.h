@@ -225,7 +225,6 @@ class Translator {
                       bool generator);
   Snapshot TakeSnapshot();
   bool CanBreakAt(const Snapshot& s, const Instruction& inst);
-  bool OnlyWithBlocksAround(int offset) const;
   // Hands the exception `traced` (a TracedException) raised by `inst` to the handler the
   // frame's exception table names for it, as CPython's exception_unwind does; false where none
   // covers `inst` (it leaves the frame, for the caller's executor to look up in turn).

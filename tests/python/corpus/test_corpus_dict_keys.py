@@ -219,3 +219,24 @@ def test_keys_across_a_graph_break_and_returned():
     keys = list(d)
     assert keys[0] is y and keys[1] is x and list(d.values()) == [3, 2]
     assert_same(y, x + 1)
+
+
+class _Token:
+    """Hashed by identity; an argument of it is guarded by type only."""
+
+
+_GLOBAL_TOKEN = _Token()
+
+
+def _looks_up_the_global_token(x, token):
+    d = {token: 1}
+    return x + d.get(_GLOBAL_TOKEN, 0)
+
+
+def test_a_lookup_by_a_pinned_key_in_a_dict_keyed_by_an_argument_is_guarded():
+    """The global key is pinned by its own guard, the argument key is not: whether they are one
+    object is guarded, so another argument misses the key as eager does."""
+    x = torch.zeros(2)
+    opt = kiln.compile(_looks_up_the_global_token, backend="eager")
+    for token in (_GLOBAL_TOKEN, _Token(), _GLOBAL_TOKEN):
+        torch.testing.assert_close(opt(x, token), _looks_up_the_global_token(x, token))

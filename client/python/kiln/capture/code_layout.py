@@ -23,26 +23,6 @@ def can_split(code: types.CodeType) -> bool:
         0x20 | 0x80 | 0x100 | 0x200))  # generator, coroutine, iterable coroutine, async gen
 
 
-def with_exits(code: types.CodeType, offset: int) -> List[int]:
-    """The positions on the value stack of the __exit__ of every `with` block open at byte
-    `offset` of `code`, innermost first (the executor breaks a graph inside `with` blocks only:
-    Translator::OnlyWithBlocksAround). A block's exception-table entry has the depth its handler
-    unwinds the stack to, with __exit__ on top; the handler's own code is covered by a cleanup
-    entry, and that cleanup by the enclosing block's entry."""
-    entries = parse_exception_table(code.co_exceptiontable)
-
-    def covering(unit):
-        return next((e for e in entries if e[0] <= unit < e[1]), None)
-
-    exits = []
-    entry = covering(offset // 2)
-    while entry is not None:
-        exits.append((entry[3] >> 1) - 1)
-        cleanup = covering(entry[2])
-        entry = covering(cleanup[2]) if cleanup is not None else None
-    return exits
-
-
 # Instructions after which control never reaches the next one.
 _NO_FALLTHROUGH = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
                    "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"}

@@ -20,7 +20,8 @@ except ImportError:  # torch < 2.3
 
 from kiln.exc import Unsupported
 from kiln.graph import stand_in
-from kiln.graph.meta_rules import fake_of, plain_tensor, shortcut
+from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
+                                   shortcut)
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -42,12 +43,6 @@ def plain_alias(t: torch.Tensor) -> torch.Tensor:
     """A torch.Tensor over the same data as `t`, in autograd as its alias (as_subclass, which
     no __torch_function__ intercepts)."""
     return torch.Tensor.as_subclass(t, torch.Tensor)
-
-
-def overrides_torch_function(t: torch.Tensor) -> bool:
-    """Whether ops on `t` go through its class's __torch_function__ (torch's own check)."""
-    return torch._C._has_torch_function_unary(t) and \
-        type(t) not in (torch.Tensor, torch.nn.Parameter)
 
 
 class ContainerMemo:
@@ -141,6 +136,9 @@ class OutputGraph:
         # the override (kiln.variables.torch_function), so that call() refuses it; off while a
         # modelled torch.Tensor.__torch_function__ runs the op itself.
         self.torch_function_enabled = True
+        # Whether the graph took a tensor whose class overrides __torch_function__ (the only way
+        # one enters the capture): ops check their arguments for one only then.
+        self.has_subclass_inputs = False
         # Where the program is, for the nodes recorded now: a callable returning the user's
         # stack as traceback text (outermost frame first, the line being captured last), or
         # None. The executor sets it; each node it creates carries the text as its
@@ -204,7 +202,8 @@ class OutputGraph:
             return vt
         name = self.unique_name(_source_var_name(source))
         node = self.graph.placeholder(name)
-        plain = overrides_torch_function(real)
+        plain = class_overrides_torch_function(type(real))
+        self.has_subclass_inputs |= plain
         example = self.fake(plain_alias(real) if plain else real)
         node.meta["example_value"] = example
         self.inputs.append(GraphInput(node, source, real, plain))
@@ -232,7 +231,7 @@ class OutputGraph:
         vt = self._attr_by_id.get(id(real))
         if vt is not None:
             return vt
-        if overrides_torch_function(real):
+        if class_overrides_torch_function(type(real)):
             raise Unsupported(f"a {type(real).__qualname__} (its class overrides "
                               "__torch_function__) held by a module")
         node = self._get_attr(_source_var_name(source), real, source)
@@ -247,7 +246,7 @@ class OutputGraph:
         """A get_attr node for a tensor the capture computed once and the graph holds as it is
         (what an assume_constant_result function returned): the graph module keeps it, and no
         frame has it, so its attr_sources entry is None."""
-        if overrides_torch_function(value):
+        if class_overrides_torch_function(type(value)):
             raise Unsupported(f"a {type(value).__qualname__} (its class overrides "
                               "__torch_function__) as a constant of the graph")
         node = self._get_attr("tensor_constant", value, None)
@@ -280,8 +279,8 @@ class OutputGraph:
             for node, real in self._real_by_node.items():
                 copy = copies.get(id(real))
                 if copy is None:  # one copy per tensor object, however many nodes read it
-                    copy = copies[id(real)] = (plain_alias(real) if overrides_torch_function(
-                        real) else real).clone()
+                    copy = copies[id(real)] = (plain_alias(real) if class_overrides_torch_function(
+                        type(real)) else real).clone()
                 env[node] = copy
         cuda = sorted({t.device.index or 0 for t in copies.values() if t.device.type == "cuda"})
         interpreter = torch.fx.Interpreter(torch.nn.Module(), garbage_collect_values=False,
@@ -331,7 +330,7 @@ class OutputGraph:
                 isinstance(a, self._make_scalar) for a in (*args, *kwargs.values())):
             # A stand-in value would decide this op's sizes (torch.zeros(n)) or branches.
             raise Unsupported(f"{_target_name(target)} of a value Tensor.item() read")
-        if self.torch_function_enabled and any(
+        if self.has_subclass_inputs and self.torch_function_enabled and any(
                 a.overrides_torch_function() for a in (*args, *kwargs.values())):
             # Every op of such a tensor goes through its class's override, which only
             # kiln.variables.torch_function models.

@@ -2,15 +2,17 @@
 capture could not model runs in Python, then a resume function continues the frame.
 
 A break inside `with` blocks (the executor allows no other handler there) runs its instruction
-in the grad mode the program has there (convert_frame sets it), inside a try that calls each block's __exit__, innermost first,
-on an exception and raises it again, as the blocks' own handlers would; the resume function,
+in the grad mode the program has there (convert_frame sets it), inside a try that calls each
+block's __exit__, innermost first, on an exception and raises it again, as the blocks' own
+handlers would; the resume function,
 whose code keeps the exception table, takes each __exit__ as the stack value it is and leaves
 the block as the program does. Only an __exit__ that is rebuilt and never suppresses an
 exception qualifies (a grad-mode block's)."""
 import inspect
 import sys
 
-from kiln.capture.code_layout import live_locals, with_exits
+from kiln import _C
+from kiln.capture.code_layout import live_locals
 from kiln.exc import Unsupported
 from kiln.transform.resume import resume_origin, resume_params, shared_resume, with_cells
 
@@ -116,7 +118,7 @@ def _open_blocks(code, inst, stack, rebuild):
     statement in the code that leaves them on an exception (the transformed code has set the
     grad mode the program has there: convert_frame)."""
     exits = []
-    for position in with_exits(code, inst.offset):
+    for position in _C.with_exits(code, inst.offset) or ():
         exit_vt = stack[position] if 0 <= position < len(stack) else None
         if not getattr(exit_vt, "never_suppresses", False):
             raise Unsupported(f"a graph break inside a `with` whose __exit__ kiln cannot call "
@@ -124,6 +126,7 @@ def _open_blocks(code, inst, stack, rebuild):
         exits.append(rebuild(exit_vt))
     if not exits:
         return lambda statement: [statement]
+
     def guarded(statement):
         lines = [statement]
         for exit_expr in exits:  # innermost first: each block's handler sees what the inner one

@@ -4,7 +4,6 @@ import builtins
 import collections
 import enum
 import functools
-import inspect
 import sys
 import types
 

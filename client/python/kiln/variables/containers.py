@@ -552,8 +552,10 @@ class ConstDictVariable(ContainerVariable):
             return self.contains(tx, args[0])
         if name == "__getitem__":
             return self.getitem(tx, args[0])
-        if name == "pop" and len(args) == 1 and self._key(tx, args[0]) not in self.items:
-            raise self._key_error(self._key(tx, args[0]))  # before any mutation
+        if name == "pop":
+            key = self._key(tx, args[0])  # found once: a lookup may guard
+            if len(args) == 1 and key not in self.items:
+                raise self._key_error(key)  # before any mutation
         if name in ("update", "pop", "setdefault", "clear", "__setitem__"):
             self._check_mutable()
             if name == "update":
@@ -568,7 +570,6 @@ class ConstDictVariable(ContainerVariable):
                     self.items[k] = v
                 return ConstantVariable(None)
             if name == "pop":
-                key = self._key(tx, args[0])
                 if key in self.items:
                     return self.items.pop(key)
                 if len(args) > 1:

@@ -87,7 +87,7 @@ def key_tracker(tx, key):
     """The tracker of a key of ConstDictVariable.items (`tx` may be None where the key has
     one already)."""
     if type(key) is IdentityKey:
-        return key.vt if key.vt is not None else key.tracker(tx)
+        return key.tracker(tx)
     return ConstantVariable(key)
 
 
@@ -121,13 +121,9 @@ def find_key(tx, keys, probe: IdentityKey):
 
 def _guard_same(tx, stored: IdentityKey, probe: IdentityKey, same: bool):
     b = probe.vt
-    if stored.vt is b:
+    if stored.vt is b or _made_here(stored) or _made_here(probe):
         return
-    if b.source is None or b.identity_pinned or _made_here(probe):
-        return  # which object it is cannot change with the call
-    if _made_here(stored):
-        return
-    if stored.vt is None and same:
+    if stored.vt is None and same and b.source is not None and not b.identity_pinned:
         # The stored key's identity is pinned by its dict's DICT_KEYS guard.
         tx.output.guards.add(b.source, "ID_MATCH", stored.obj)
         return

@@ -165,7 +165,7 @@ class TensorMethodVariable(VariableTracker):
             method = getattr(torch.Tensor, self.name)
             if isinstance(method, types.FunctionType):  # its own has_torch_function dispatches
                 return tx.inline_call(method, [self.tensor, *args], kwargs)
-            if not _is_c_method(self.name):
+            if not torch_function.is_tensor_method_descriptor(method):
                 raise Unsupported(f"Tensor.{self.name} of a tensor whose class overrides "
                                   "__torch_function__")
             return torch_function.dispatch(
@@ -207,7 +207,7 @@ def _is_c_method(name: str) -> bool:
     """Whether torch.Tensor's `name` is a method written in C (its call dispatches to
     __torch_function__ with that method as the function)."""
     return torch_function.is_tensor_method_descriptor(
-        inspect.getattr_static(torch.Tensor, name, None) and getattr(torch.Tensor, name))
+        inspect.getattr_static(torch.Tensor, name, None))
 
 
 # What a graph-computed number stands for while fakes run (Tensor.item() under

@@ -162,7 +162,8 @@ class TorchVariable(ValueVariable):
             return ConstantVariable(torch_function.has_torch_function(tx, fn, args))
         if fn is torch.overrides.handle_torch_function:
             return torch_function.handle_torch_function(tx, args, kwargs)
-        if is_graph_op(fn) and tx.output.torch_function_enabled and any(
+        if is_graph_op(fn) and tx.output.has_subclass_inputs and \
+                tx.output.torch_function_enabled and any(
                 a.overrides_torch_function() for a in (*args, *kwargs.values())):
             if isinstance(fn, types.FunctionType):
                 # Its Python dispatches where eager's does (has_torch_function, or the ops it

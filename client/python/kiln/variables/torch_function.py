@@ -21,6 +21,7 @@ from kiln.graph.meta_rules import class_overrides_torch_function as overrides_to
 from kiln.variables.containers import BaseListVariable, ConstDictVariable, TupleVariable
 
 _DEFAULT = inspect.getattr_static(torch.Tensor, "__torch_function__").__func__
+_DEFAULT_SIGNATURE = inspect.signature(_DEFAULT)
 _TENSOR_DISPATCH = inspect.getattr_static(torch.Tensor, "__torch_dispatch__")
 # What a subclass may define besides __torch_function__: nothing an op or attribute reads.
 _INERT_NAMES = {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
@@ -82,9 +83,8 @@ def dispatch(tx, func_vt, relevant, args, kwargs, from_python: bool):
     args_vt = TupleVariable(list(args))
     kwargs_vt = ConstDictVariable(dict(kwargs)) if kwargs or from_python else \
         ConstantVariable(None)
-    for arg in found:
+    for arg, cls_vt in zip(found, types_vt.items):
         cls = arg.python_type()
-        cls_vt = tx.wrap(cls, None, guard=False)
         fn = inspect.getattr_static(cls, "__torch_function__").__func__
         if fn is _DEFAULT:
             result = default_torch_function(tx, [cls_vt, func_vt, types_vt, args_vt,
@@ -105,7 +105,7 @@ def default_torch_function(tx, args, kwargs):
     """torch.Tensor.__torch_function__(cls, func, types, args=(), kwargs=None): `func` run
     with subclass dispatch off, its tensor results made instances of `cls` (torch._tensor's
     _convert) unless `func` is one torch hands back as it is."""
-    bound = inspect.signature(_DEFAULT).bind(*args, **kwargs)
+    bound = _DEFAULT_SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
     a = {k: v if isinstance(v, VariableTracker) else ConstantVariable(v)
          for k, v in bound.arguments.items()}
