@@ -469,8 +469,12 @@ class DistinctCheck : public LeafCheck {
 // state (inference mode, functorch levels) fails the guard.
 class TensorCheck : public LeafCheck {
  public:
-  // Fails when `example` is not a tensor or has symbolic sizes.
-  static StatusOr<std::unique_ptr<TensorCheck>> Create(PyObject* example, std::string description) {
+  // Fails when `example` is not a tensor or has symbolic sizes. `sizes` and `strides` (tuples of
+  // ints and Nones, or null for the example's own) are what the check compares; a None is a
+  // dimension it leaves to the SHAPE guard (a symbolic size).
+  static StatusOr<std::unique_ptr<TensorCheck>> Create(PyObject* example, PyObject* sizes,
+                                                       PyObject* strides,
+                                                       std::string description) {
     bool is_tensor = false;
     try {
       is_tensor = THPVariable_Check(example);
@@ -498,6 +502,10 @@ class TensorCheck : public LeafCheck {
           (check->strided_ && !Concrete(t.sym_strides(), &check->strides_))) {
         return Status::InvalidArgument(
             "('tensor', example) needs concrete sizes and strides, got symbolic ones");
+      }
+      if (sizes != nullptr) {
+        KILN_RETURN_IF_ERROR(Dims(sizes, "sizes", &check->sizes_));
+        KILN_RETURN_IF_ERROR(Dims(strides, "strides", &check->strides_));
       }
     } catch (const std::exception& e) {
       PyErr_Clear();
@@ -533,6 +541,29 @@ class TensorCheck : public LeafCheck {
   static c10::DispatchKeySet LocalKeys(const at::Tensor& t) {
     c10::impl::LocalDispatchKeySet tls = c10::impl::tls_local_dispatch_key_set();
     return (t.key_set() | tls.included_) - tls.excluded_;
+  }
+
+  // Replaces *out (the example's own, of the same rank) with a tuple of ints and Nones.
+  static Status Dims(PyObject* dims, const char* what, std::vector<int64_t>* out) {
+    if (!PyTuple_Check(dims) || static_cast<size_t>(PyTuple_GET_SIZE(dims)) != out->size()) {
+      return Status::InvalidArgument(std::string("('tensor', example, sizes, strides): ") + what +
+                                     " must be a tuple of the example's rank, got " + Repr(dims));
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(dims); ++i) {
+      PyObject* d = PyTuple_GET_ITEM(dims, i);
+      if (d == Py_None) {
+        (*out)[i] = kAnyDim;
+        continue;
+      }
+      const int64_t v = PyLong_CheckExact(d) ? PyLong_AsLongLong(d) : -1;
+      if (v < 0) {
+        PyErr_Clear();
+        return Status::InvalidArgument(std::string("('tensor', example, sizes, strides): ") +
+                                       what + " holds ints >= 0 and Nones, got " + Repr(dims));
+      }
+      (*out)[i] = v;
+    }
+    return Status::OK();
   }
 
   static bool Concrete(c10::SymIntArrayRef dims, std::vector<int64_t>* out) {
@@ -595,6 +626,7 @@ class TensorCheck : public LeafCheck {
       return false;
     }
     for (size_t i = 0; i < expected.size(); ++i) {
+      if (expected[i] == kAnyDim) continue;  // the SHAPE guard's
       std::optional<int64_t> v = actual[i].maybe_as_int();
       if (v && *v == expected[i]) continue;
       if (why) {
@@ -605,6 +637,9 @@ class TensorCheck : public LeafCheck {
     }
     return true;
   }
+
+  // A dimension (size or stride) this check leaves to the SHAPE guard.
+  static constexpr int64_t kAnyDim = -1;
 
   PyTypeObject* type_ = nullptr;  // owned
   c10::DispatchKeySet dispatch_keys_;
@@ -756,9 +791,10 @@ std::unique_ptr<LeafCheck> MakeDictKeysCheck(PyObject* keys, std::string descrip
   return std::make_unique<DictKeysCheck>(keys, std::move(description));
 }
 
-StatusOr<std::unique_ptr<LeafCheck>> MakeTensorCheck(PyObject* example, std::string description) {
+StatusOr<std::unique_ptr<LeafCheck>> MakeTensorCheck(PyObject* example, PyObject* sizes,
+                                                     PyObject* strides, std::string description) {
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<TensorCheck> tensor,
-                        TensorCheck::Create(example, std::move(description)));
+                        TensorCheck::Create(example, sizes, strides, std::move(description)));
   return tensor;
 }
 

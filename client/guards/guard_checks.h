@@ -74,9 +74,12 @@ std::unique_ptr<LeafCheck> MakeConstantCheck(PyObject* value, std::string descri
 std::unique_ptr<LeafCheck> MakeLenCheck(Py_ssize_t length, std::string description);
 // ("dict_keys", keys), keys a tuple.
 std::unique_ptr<LeafCheck> MakeDictKeysCheck(PyObject* keys, std::string description);
-// ("tensor", example). kInvalidArgument when `example` is not a defined tensor with concrete
-// sizes and strides.
-StatusOr<std::unique_ptr<LeafCheck>> MakeTensorCheck(PyObject* example, std::string description);
+// ("tensor", example) with `sizes` and `strides` null, or ("tensor", example, sizes, strides).
+// kInvalidArgument when `example` is not a defined tensor with concrete sizes and strides, or
+// sizes/strides are not tuples of its rank of ints >= 0 and Nones.
+StatusOr<std::unique_ptr<LeafCheck>> MakeTensorCheck(PyObject* example, PyObject* sizes,
+                                                     PyObject* strides, std::string description);
+
 // ("has_attr", name) when `present`, else ("no_attr", name). Takes `name`, an interned str.
 std::unique_ptr<LeafCheck> MakeHasAttrCheck(PyObject* name, bool present, std::string description);
 // ("no_item", key). Takes `key`.

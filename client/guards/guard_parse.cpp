@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "guards/guard_reasons.h"
+#include "guards/guard_shape.h"
 
 namespace kiln::guards {
 namespace {
@@ -185,8 +186,17 @@ StatusOr<std::unique_ptr<LeafCheck>> ParseCheck(PyObject* check, PyObject* on_de
     return MakeDictKeysCheck(keys, std::move(description));
   }
   if (KindIs(kind, "tensor")) {
+    if (PyTuple_GET_SIZE(check) == 4) {
+      return MakeTensorCheck(PyTuple_GET_ITEM(check, 1), PyTuple_GET_ITEM(check, 2),
+                             PyTuple_GET_ITEM(check, 3), std::move(description));
+    }
     KILN_RETURN_IF_ERROR(Arity(check, 2, "('tensor', example)"));
-    return MakeTensorCheck(PyTuple_GET_ITEM(check, 1), std::move(description));
+    return MakeTensorCheck(PyTuple_GET_ITEM(check, 1), nullptr, nullptr, std::move(description));
+  }
+  if (KindIs(kind, "shape")) {
+    KILN_RETURN_IF_ERROR(Arity(check, 4, "('shape', sources, bindings, constraints)"));
+    return MakeShapeCheck(PyTuple_GET_ITEM(check, 1), PyTuple_GET_ITEM(check, 2),
+                          PyTuple_GET_ITEM(check, 3), std::move(description));
   }
   if (KindIs(kind, "has_attr") || KindIs(kind, "no_attr")) {
     const bool present = KindIs(kind, "has_attr");
@@ -227,8 +237,8 @@ StatusOr<std::unique_ptr<LeafCheck>> ParseCheck(PyObject* check, PyObject* on_de
   }
   return Invalid(
       "unknown check kind '" + std::string(kind) +
-      "' (expected type, id, constant, len, dict_keys, tensor, has_attr, no_attr, no_item, "
-      "is, distinct or global_state)");
+      "' (expected type, id, constant, len, dict_keys, tensor, shape, has_attr, no_attr, "
+      "no_item, is, distinct or global_state)");
 }
 
 }  // namespace kiln::guards

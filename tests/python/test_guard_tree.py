@@ -542,7 +542,10 @@ def test_evaluation_leaks_no_references():
     (L0, ("len", -1), "needs an int n >= 0"),
     (L0, ("dict_keys", ["a"]), "needs a tuple of keys"),
     (L0, ("tensor", [1.0]), "needs a torch.Tensor"),
-    (L0, ("shape", 1), "unknown check kind 'shape'"),
+    (L0, ("frobnicate", 1), "unknown check kind 'frobnicate'"),
+    (L0, ("shape", 1), "takes 4 elements"),
+    (L0, ("tensor", torch.zeros(2), (None, 3), (1,)), "sizes must be a tuple of the example's rank"),
+    (L0, ("tensor", torch.zeros(2), (-2,), (1,)), "holds ints >= 0 and Nones"),
 ])
 def test_malformed_add_raises_value_error(source, check, message):
     g = _C.GuardManager()

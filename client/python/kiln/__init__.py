@@ -14,9 +14,10 @@ from kiln.eval_frame import (compile, disable, optimize, reset, run, set_stance,
 from kiln.explain import explain
 from kiln.export import export
 from kiln import debug
+from kiln.shape_marks import mark_dynamic, mark_static, mark_unbacked, maybe_mark_dynamic
 from kiln.state import counters
 
 __all__ = ["compile", "optimize", "disable", "reset", "run", "set_stance", "wait_for_compiles",
            "explain", "export", "list_backends", "register_backend", "config", "exc", "debug",
            "allow_in_graph", "disallow_in_graph", "graph_break", "assume_constant_result",
-           "counters"]
+           "counters", "mark_dynamic", "maybe_mark_dynamic", "mark_static", "mark_unbacked"]

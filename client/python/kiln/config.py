@@ -12,6 +12,11 @@ debug = False
 # Compiled entries kept per code object; past it the frame runs eagerly, with one warning.
 cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
 
+# Specialisations kept per graph with symbolic sizes, for a backend that compiles static sizes
+# (kiln.backends.specialize): the most recently used ones, each compiled on its signature's
+# first call. KILN_SPECIALIZATIONS_PER_GRAPH.
+specializations_per_graph = int(os.environ.get("KILN_SPECIALIZATIONS_PER_GRAPH", "64"))
+
 # Default for kiln.compile(backend=...): "kiln" (CPU inference graphs become fused kernels built
 # by kilnd; other graphs, and every graph when no daemon answers, run eagerly).
 default_backend = os.environ.get("KILN_BACKEND", "kiln")

@@ -10,6 +10,8 @@ from typing import List
 import torch
 
 from kiln import _C, config
+from kiln.backends.registry import static_shapes_only
+from kiln.backends.specialize import per_signature
 from kiln.capture.frame import capture_frame
 from kiln.entry import EntryInfo, next_compile_id
 from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToCompile
@@ -25,13 +27,14 @@ log = logging.getLogger("kiln")
 # -- capture -----------------------------------------------------------------------------------
 
 def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool = False,
-                  stored=None, unspecialized_modules: bool = False):
+                  stored=None, unspecialized_modules: bool = False, dynamic=None):
     """Captures the frame of `func` about to run with argument `slots`, compiles its graph with
     the backend and writes the transformed code: capture -> backend -> transform -> guards.
     Returns the hook's (guard_manager, transformed_code, info). Raises Unsupported (a frame
     kiln cannot capture even in part, or any break with fullgraph) or BackendCompilerFailed.
     `stored` (kiln.stored_capture.StoredCaptures): where the entry is stored when it can be.
-    `unspecialized_modules`: the frame's modules guarded by structure (OutputGraph)."""
+    `unspecialized_modules`: the frame's modules guarded by structure (OutputGraph).
+    `dynamic`: kiln.compile's (kiln.graph.symbolic_shapes)."""
     if stored is not None:
         from kiln.graph.lowering import _global_state
 
@@ -39,7 +42,7 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     else:
         global_state = None
     capture = capture_frame(func, code, slots, may_break=not fullgraph,
-                            unspecialized_modules=unspecialized_modules)
+                            unspecialized_modules=unspecialized_modules, dynamic=dynamic)
     output = capture.output
     consts = ConstTable()
     op_count = output.count_calls()
@@ -87,7 +90,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
         try:
-            raw = backend(gm, example_inputs)
+            raw = (per_signature(gm, example_inputs, backend) if output.is_dynamic and
+                   static_shapes_only(backend) else backend(gm, example_inputs))
         except Exception as e:
             raise BackendCompilerFailed(backend_name, e) from e
         compiled = realized(raw, gm)
@@ -144,6 +148,8 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
     with stored_capture.collector_held():
         try:
             graph = None
+            if output.is_dynamic:
+                raise stored_capture.NotStorable("the graph has symbolic sizes")
             if any(i.plain for i in output.inputs):
                 raise stored_capture.NotStorable("the graph takes a tensor whose class "
                                                  "overrides __torch_function__")

@@ -14,6 +14,7 @@ from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_
 from kiln.capture.skip_files import is_skipped, skip_code
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       NothingToCompile, RecompileError, Unsupported)
+from kiln.graph.symbolic_shapes import forget_seen_sizes
 from kiln.state import STATE, counters
 
 log = logging.getLogger("kiln")
@@ -26,7 +27,10 @@ class FrameCallback:
     frame given up on (observer.eager(code, reason)): explain() listens this way. `mode` and
     `options` are kiln.compile's, passed to a backend that takes them (registry.with_mode)."""
 
-    def __init__(self, backend, fullgraph: bool, observer=None, mode=None, options=None):
+    def __init__(self, backend, fullgraph: bool, observer=None, mode=None, options=None,
+                 dynamic=None):
+        if dynamic not in (None, True, False):
+            raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
         compiler_fn = lookup_backend(backend)
         prepare_backend(compiler_fn)
         self._before_capture = before_capture_hook(compiler_fn)
@@ -34,6 +38,7 @@ class FrameCallback:
         self.backend_name = backend if isinstance(backend, str) else getattr(
             backend, "__name__", type(backend).__name__)
         self.fullgraph = fullgraph
+        self.dynamic = dynamic
         self.observer = observer
         self.stored = _stored_captures(compiler_fn, mode, options)
         # Frames captured for another device (kiln.graph.stand_in): code -> the guard trees of
@@ -121,7 +126,8 @@ class FrameCallback:
 
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
                                   fullgraph=self.fullgraph, stored=self.stored,
-                                  unspecialized_modules=code in STATE.shared_module_codes)
+                                  unspecialized_modules=code in STATE.shared_module_codes,
+                                  dynamic=self.dynamic)
         except CapturedForAnotherDevice as e:
             log.info("kiln: %s: %s", code.co_qualname, e)
             self.stood_in.setdefault(code, []).append(e.guards)
@@ -275,7 +281,10 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
 
     backend: a registered name ("eager", ...) or a callable (gm, example_inputs) -> callable.
     fullgraph: raise kiln.exc.Unsupported instead of running a frame eagerly.
-    dynamic: accepted for compatibility; kiln specializes on static shapes.
+    dynamic: None (the default) compiles static sizes first and, for a frame called again with
+    another size, makes the sizes that changed symbols (one graph for all of them); True makes
+    every size of every input a symbol from the first compile; False keeps sizes static (a
+    compile per shape). kiln.mark_dynamic and its relatives mark dimensions of a tensor.
     mode, options: passed to the "kiln" backend, where they choose CUDA graphs: on by default
     (kiln.config.cuda_graphs), "reduce-overhead" on, "max-autotune-no-cudagraphs" off, and
     options={"triton.cudagraphs": bool} either way; other backends ignore them.
@@ -286,7 +295,7 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
     backend = backend if backend is not None else config.default_backend
-    callback = _shared_callback(backend, fullgraph, mode, options)
+    callback = _shared_callback(backend, fullgraph, mode, options, dynamic)
     if model is None:
         return lambda m: _wrap(m, callback)
     return _wrap(model, callback)
@@ -298,16 +307,16 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
 _CALLBACKS: Dict[tuple, FrameCallback] = {}
 
 
-def _shared_callback(backend, fullgraph, mode, options) -> FrameCallback:
+def _shared_callback(backend, fullgraph, mode, options, dynamic=None) -> FrameCallback:
     try:
-        key = (backend, fullgraph, mode, frozenset((options or {}).items()))
+        key = (backend, fullgraph, mode, frozenset((options or {}).items()), dynamic)
         hash(key)
     except TypeError:  # an unhashable backend or option: a callback of its own
-        return FrameCallback(backend, fullgraph, mode=mode, options=options)
+        return FrameCallback(backend, fullgraph, mode=mode, options=options, dynamic=dynamic)
     callback = _CALLBACKS.get(key)
     if callback is None:
         callback = _CALLBACKS[key] = FrameCallback(backend, fullgraph, mode=mode,
-                                                   options=options)
+                                                   options=options, dynamic=dynamic)
     return callback
 
 
@@ -334,11 +343,11 @@ class OptimizeContext:
 def optimize(backend="eager", nopython: bool = False, *, disable: bool = False, dynamic=None):
     """The TorchDynamo spelling: kiln.optimize("eager")(fn), @kiln.optimize(my_compiler),
     `with kiln.optimize(...):`. nopython=True is fullgraph=True; disable=True compiles nothing
-    (the decorator returns the function as it is, the block runs as without it); dynamic is
-    accepted as kiln.compile accepts it."""
+    (the decorator returns the function as it is, the block runs as without it); dynamic as
+    kiln.compile's."""
     if disable:
         return _NotOptimized()
-    return OptimizeContext(_shared_callback(backend, nopython, None, None))
+    return OptimizeContext(_shared_callback(backend, nopython, None, None, dynamic))
 
 
 class _NotOptimized:
@@ -467,4 +476,5 @@ def reset():
     for code in list(STATE.compiled_codes):
         _C.reset_code(code)
     STATE.reset()
+    forget_seen_sizes()
     _CALLBACKS.clear()

@@ -7,18 +7,18 @@ updates of its inputs and rebuilds outputs that alias inputs around the compiled
 splits a graph that needs autograd into a forward and a backward graph. Each of those is compiled
 as an inference graph. A graph with symbolic sizes (torch.compile's dynamic=True, or its automatic
 dynamic shapes after a size changed) is specialised: compiled for each concrete signature of its
-inputs when first called with it, up to kiln.config.cache_size_limit signatures; past that, new
-signatures run eagerly. Whatever kiln cannot compile runs eagerly with one warning per kind of
-failure.
+inputs when first called with it (kiln.backends.specialize). Whatever kiln cannot compile runs
+eagerly with one warning per kind of failure.
 """
 import functools
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Sequence
 
 import torch
 
-from kiln import _C, config
+from kiln import _C
 from kiln.backends.fallback import warn_eager_once
+from kiln.backends.specialize import PerSignature
 
 log = logging.getLogger("kiln")
 
@@ -64,9 +64,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
     # What runs the graph (called by autograd's engine for a backward graph, inside the
     # program's frame) is never captured either.
     if any(_symbolic(x) for x in example_inputs):
-        region = _C.FrameRegion(_PerSignature(gm, compile_inference), None)
-        region._boxed_call = True
-        return region
+        static = functools.partial(_compile_static, compile_inference=compile_inference)
+        return make_boxed_func(_C.FrameRegion(PerSignature(gm, static), None))
     return make_boxed_func(
         _C.FrameRegion(_compile_static(gm, list(example_inputs), compile_inference), None))
 
@@ -123,70 +122,3 @@ def _tensor_outputs(gm: torch.fx.GraphModule):
         return out
 
     return torch.fx.GraphModule(gm, graph), rebuild
-
-
-class _PerSignature:
-    """An ATen graph with symbolic sizes, compiled for each concrete signature (every tensor's
-    dtype, sizes, strides, storage offset and device; every size's value) the first time a call
-    has it. A specialisation runs only for calls with exactly its signature, so its static
-    kernels never see other sizes."""
-    _boxed_call = True  # AOT autograd calls it with one list of arguments
-
-    def __init__(self, gm: torch.fx.GraphModule, compile_inference: InferenceCompiler):
-        self.gm, self.compile_inference = gm, compile_inference
-        self.compiled: Dict[Tuple, Callable] = {}
-
-    def __call__(self, args: List):
-        key = _signature(args)
-        fn = self.compiled.get(key) if key is not None else None
-        if fn is None:
-            fn = self._specialise(key, args)
-        return fn(args)
-
-    def _specialise(self, key: Optional[Tuple], args: List) -> Callable:
-        if key is None:
-            log.debug("kiln: a dynamic graph called with a %s runs eagerly",
-                      ", ".join(sorted({type(a).__name__ for a in args})))
-            return lambda a: self.gm(*a)
-        if len(self.compiled) >= config.cache_size_limit:
-            warn_eager_once(
-                "signatures", f"a graph with dynamic sizes was called with more than "
-                f"{config.cache_size_limit} signatures (kiln.config.cache_size_limit)")
-            return lambda a: self.gm(*a)
-        log.debug("kiln: specialising a dynamic graph for %s", key)
-        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        static = _with_constant_sizes(self.gm, args)
-        compiled = _compile_static(static, [args[i] for i in tensor_at],
-                                   self.compile_inference)
-        fn = self.compiled[key] = lambda a: compiled(*[a[i] for i in tensor_at])
-        return fn
-
-
-def _signature(args: Sequence) -> Optional[Tuple]:
-    """What a specialisation is compiled for; None when an argument is neither a tensor nor a
-    number."""
-    key = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, tuple(a.shape), a.stride(), a.storage_offset(), a.device))
-        elif isinstance(a, (bool, int, float)):
-            key.append((type(a), a))
-        else:
-            return None
-    return tuple(key)
-
-
-def _with_constant_sizes(gm: torch.fx.GraphModule, args: Sequence) -> torch.fx.GraphModule:
-    """A copy of `gm` whose non-tensor inputs (sizes) are the constants `args` holds; its
-    placeholders are the tensor inputs only."""
-    graph = torch.fx.Graph()
-    env = {}
-    placeholders = iter(args)
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            value = next(placeholders)
-            if not isinstance(value, torch.Tensor):
-                env[node] = value
-                continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    return torch.fx.GraphModule(gm, graph)

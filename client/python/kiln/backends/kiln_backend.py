@@ -113,7 +113,8 @@ def _start_daemon() -> None:
     threading.Thread(target=start, name="kiln-start-kilnd", daemon=True).start()
 
 
-@register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon)
+@register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
+                  static_shapes=True)
 def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
          options: Optional[dict] = None):
     """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""

@@ -18,6 +18,7 @@ class _Hooks:
     prepare: Optional[Callable[[], None]] = None
     takes_mode: bool = False
     before_capture: Optional[Callable[[], None]] = None
+    static_shapes: bool = False
 
 
 _NO_HOOKS = _Hooks()
@@ -27,21 +28,26 @@ _HOOKS: Dict[int, _Hooks] = {}
 
 def register_backend(compiler_fn: CompilerFn = None, name: str = None,
                      prepare: Optional[Callable[[], None]] = None, takes_mode: bool = False,
-                     before_capture: Optional[Callable[[], None]] = None):
+                     before_capture: Optional[Callable[[], None]] = None,
+                     static_shapes: bool = False):
     """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator.
     `prepare`, when given, runs each time the backend is chosen (kiln.compile, kiln.optimize):
     work every first call would otherwise pay, such as imports. It must not raise.
     `takes_mode`: compiler_fn(gm, example_inputs, mode=..., options=...) receives kiln.compile's
     mode and options (see with_mode). `before_capture`, when given, runs before each frame is
     traced for the backend: it starts what the graph's compile will wait on, to go on beside
-    the capture. It must neither raise nor block."""
+    the capture. It must neither raise nor block. `static_shapes`: compiler_fn compiles graphs
+    with static sizes only; a graph with symbolic sizes reaches it once per concrete signature
+    of its inputs (kiln.backends.specialize). Other backends get the symbolic graph itself, as
+    torch.compile's do."""
     if compiler_fn is None:
-        return lambda fn: register_backend(fn, name, prepare, takes_mode, before_capture)
+        return lambda fn: register_backend(fn, name, prepare, takes_mode, before_capture,
+                                           static_shapes)
     key = name or compiler_fn.__name__
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
     _BACKENDS[key] = compiler_fn
-    hooks = _Hooks(prepare, takes_mode, before_capture)
+    hooks = _Hooks(prepare, takes_mode, before_capture, static_shapes)
     if hooks != _NO_HOOKS:
         _HOOKS[id(compiler_fn)] = hooks
     return compiler_fn
@@ -68,6 +74,12 @@ def before_capture_hook(compiler_fn: CompilerFn) -> Optional[Callable[[], None]]
     return _HOOKS.get(id(compiler_fn), _NO_HOOKS).before_capture
 
 
+def static_shapes_only(compiler_fn: CompilerFn) -> bool:
+    """Whether `compiler_fn` (or the backend with_mode bound) compiles static sizes only."""
+    fn = compiler_fn.func if isinstance(compiler_fn, functools.partial) else compiler_fn
+    return _HOOKS.get(id(fn), _NO_HOOKS).static_shapes
+
+
 def lookup_backend(backend) -> CompilerFn:
     """A callable for `backend`, given as a registered name or as a callable."""
     if callable(backend):
@@ -87,7 +99,7 @@ def eager(gm: torch.fx.GraphModule, example_inputs: list):
     return gm.forward
 
 
-@register_backend(name="aot_eager")
+@register_backend(name="aot_eager", static_shapes=True)
 def aot_eager(gm: torch.fx.GraphModule, example_inputs: list):
     """The captured graph through torch's AOT autograd (functionalized ATen graphs; a forward and
     a backward graph where it needs autograd), each run by PyTorch's own kernels: what the
@@ -98,7 +110,7 @@ def aot_eager(gm: torch.fx.GraphModule, example_inputs: list):
     return through_aot_autograd(gm, example_inputs, lambda aten_gm, inputs: aten_gm.forward)
 
 
-@register_backend(name="inductor")
+@register_backend(name="inductor", static_shapes=True)
 def inductor(gm: torch.fx.GraphModule, example_inputs: list):
     """PyTorch's own Inductor compiler on kiln's captured graph (what torch.compile uses), so
     the seeds' `optimize("inductor")` examples run and kiln's capture can be compared with it."""

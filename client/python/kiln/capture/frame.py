@@ -13,6 +13,7 @@ from kiln import _C
 from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
+from kiln.graph.symbolic_shapes import SymbolicInputs, seen_sizes
 from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
@@ -41,14 +42,17 @@ class Capture:
     grad_mode: tuple = (True, True)
 
 
-def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: bool = False
-                  ) -> Capture:
+def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: bool = False,
+                  dynamic: Optional[bool] = None) -> Capture:
     """Captures the frame of `func` (code `code`) about to run with argument `slots`. Raises
     kiln.exc.Unsupported when the frame cannot be captured even in part (or breaks while
-    `may_break` is False). `unspecialized_modules`: see OutputGraph."""
+    `may_break` is False). `unspecialized_modules`: see OutputGraph. `dynamic`: kiln.compile's
+    (kiln.graph.symbolic_shapes)."""
     t0 = time.perf_counter()
     output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
+    output.symbolic = SymbolicInputs(output.fake_mode, dynamic,
+                                     seen_sizes(code) if dynamic is None else None)
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None
@@ -71,6 +75,8 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
         torch._C._set_grad_enabled(grad_enabled)
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
+    output.symbolic_guards()
+    output.symbolic.record_seen()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
     return Capture(output, returned, graph_break, time.perf_counter() - t0, tx,
                    (grad_enabled, grad_after))

@@ -22,6 +22,7 @@ from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
                                    shortcut)
+from kiln.graph.symbolic_shapes import contains_symbol
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -115,6 +116,9 @@ class OutputGraph:
         self._make_scalar = make_scalar
         self.graph = torch.fx.Graph()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        # Symbolic sizes (kiln.graph.symbolic_shapes.SymbolicInputs), set by the capture: which
+        # inputs' dimensions become symbols, and their guards.
+        self.symbolic = None
         self.guards = GuardSet()
         self.inputs: List[GraphInput] = []
         self._input_by_source: Dict[Source, Any] = {}
@@ -204,7 +208,9 @@ class OutputGraph:
         node = self.graph.placeholder(name)
         plain = class_overrides_torch_function(type(real))
         self.has_subclass_inputs |= plain
-        example = self.fake(plain_alias(real) if plain else real)
+        example = self._symbolic_fake(real, source) if not plain else None
+        if example is None:
+            example = self.fake(plain_alias(real) if plain else real)
         node.meta["example_value"] = example
         self.inputs.append(GraphInput(node, source, real, plain))
         vt = self._make_tensor(node, example, source)
@@ -214,6 +220,48 @@ class OutputGraph:
         self._real_by_node[node] = real
         self.guards.add(source, "TENSOR_MATCH", real)
         return vt
+
+    def _symbolic_fake(self, real: torch.Tensor, source: Source):
+        """`real`'s fake with symbolic dimensions, when the capture makes any of its dimensions
+        a symbol (kiln.graph.symbolic_shapes); else None."""
+        if self.symbolic is None:
+            return None
+        from kiln.guards.source import ModuleMemberSource
+
+        module_state = isinstance(real, torch.nn.Parameter) or isinstance(
+            source, ModuleMemberSource)
+        dims, marked, ranges = self.symbolic.dims_for(real, source, module_state)
+        if not dims:
+            return None
+        try:
+            fake = self.symbolic.fake(real, source, dims, marked, ranges)
+        except Exception as e:
+            raise Unsupported(f"no symbolic fake tensor for {source.name}: "
+                              f"{type(e).__name__}: {e}") from None
+        self._fakes[id(real)] = fake
+        self._keepalive.append(real)
+        return fake
+
+    @property
+    def is_dynamic(self) -> bool:
+        """Whether some size in the graph is a symbol."""
+        return self.symbolic is not None and self.symbolic.active
+
+    def symbolic_guards(self) -> None:
+        """Adds the guards of the graph's symbolic sizes: each dynamic input's TENSOR_MATCH
+        leaves its symbolic dimensions out, and one SHAPE guard checks the relations the trace
+        relied on (kiln.graph.symbolic_shapes)."""
+        if not self.is_dynamic:
+            return
+        per_tensor, shape = self.symbolic.guards()
+        for source, (sizes, strides) in per_tensor.items():
+            vt = self._input_by_source.get(source)
+            real = self._real_by_node.get(vt.node) if vt is not None else None
+            if real is None:  # rolled back: no TENSOR_MATCH of its own
+                continue
+            self.guards.replace(source, "TENSOR_MATCH", (real, sizes, strides))
+        if shape is not None:
+            self.guards.add(None, "SHAPE", shape)
 
     def guard_distinct_inputs(self):
         """Tensors the graph takes as distinct inputs must stay distinct objects: the capture
@@ -292,7 +340,7 @@ class OutputGraph:
             raise Unsupported(f"running the graph so far on the real inputs failed: "
                               f"{type(e).__name__}: {e}") from None
         finally:
-            _leave_autocast_blocks(self.graph, interpreter.env)
+            leave_autocast_blocks(self.graph, interpreter.env)
         return [interpreter.env[n] for n in nodes]
 
     # -- checkpoints (graph breaks roll back what a failed instruction recorded) ----------------
@@ -338,10 +386,13 @@ class OutputGraph:
                               "__torch_function__")
         fake_args = tuple(a.as_fake_arg() for a in args)
         fake_kwargs = {k: v.as_fake_arg() for k, v in kwargs.items()}
-        result = shortcut(self.fake_mode, kind, target, fake_args, fake_kwargs)
+        # The shortcuts compare sizes, which for symbols would add guards the op does not need.
+        result = None if self.is_dynamic else shortcut(self.fake_mode, kind, target, fake_args,
+                                                        fake_kwargs)
         if result is None:
             result = self._run_fake(kind, target, fake_args, fake_kwargs)
-            if result is not None and not _contains_tensor(result):
+            if result is not None and not _contains_tensor(result) and not (
+                    self.is_dynamic and contains_symbol(result)):
                 # Sizes, dtypes, flags: constants, no node. (None comes from ops run for their
                 # effect, such as setitem: those are nodes.)
                 return self._wrap_result(self, None, result, None)
@@ -482,7 +533,7 @@ def _source_var_name(source: Optional[Source]) -> str:
     return name.strip("_")
 
 
-def _leave_autocast_blocks(graph, env) -> None:
+def leave_autocast_blocks(graph, env) -> None:
     """Exits, innermost first, the autocast blocks a run of `graph` entered and did not leave
     (the graph so far ends inside a `with torch.autocast()`): the run must not leave torch's
     autocast state, its nesting count included, other than it found it."""

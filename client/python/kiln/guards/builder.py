@@ -30,10 +30,12 @@ class Guard:
         if self.kind == "TENSOR_MATCH":
             # Read below a tensor subclass's __torch_function__: describing runs no user code.
             with torch._C.DisableTorchFunctionSubclass():
-                t = self.value
+                t, sizes, strides = self.tensor_spec()
                 return (f"{where} TENSOR_MATCH {type(t).__name__} {t.dtype} {t.device} "
-                        f"size={tuple(t.shape)} stride={t.stride()} "
+                        f"size={_dims_text(sizes)} stride={_dims_text(strides)} "
                         f"requires_grad={t.requires_grad}")
+        if self.kind == "SHAPE":
+            return "SHAPE " + "; ".join(text for _tree, text in self.value[2])
         if self.kind == "ID_MATCH":
             return f"{where} ID_MATCH {_short_repr(self.value)}"
         if self.kind in ("HASATTR", "NO_HASATTR", "NO_ITEM"):
@@ -44,10 +46,22 @@ class Guard:
             return f"{', '.join(s.name for s in self.value)} DISTINCT"
         return f"{where} {self.kind}"
 
+    def tensor_spec(self):
+        """A TENSOR_MATCH's (tensor, sizes, strides): sizes and strides as the guard checks
+        them, None where the SHAPE guard checks a symbolic one."""
+        if isinstance(self.value, tuple):
+            return self.value
+        t = self.value
+        return t, tuple(t.shape), t.stride()
+
     def check_tuple(self) -> tuple:
         kind = self.kind
         if kind == "TENSOR_MATCH":
+            if isinstance(self.value, tuple):
+                return ("tensor", *self.value)
             return ("tensor", self.value)
+        if kind == "SHAPE":
+            return ("shape", *self.value)
         if kind == "ID_MATCH":
             return ("id", self.value)
         if kind == "TYPE_MATCH":
@@ -71,6 +85,11 @@ class Guard:
         if kind == "DISTINCT":
             return ("distinct", tuple(s.guard_path() for s in self.value))
         raise ValueError(f"unknown guard kind {kind}")
+
+
+def _dims_text(dims) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in dims) + \
+        ("," if len(dims) == 1 else "") + ")"
 
 
 def _short_repr(value) -> str:
@@ -103,6 +122,10 @@ class GuardSet:
         key = (source, kind, value) if kind in _KEYED_BY_VALUE else (source, kind)
         if key not in self._guards:
             self._guards[key] = Guard(source, kind, value)
+
+    def replace(self, source: Source, kind: str, value) -> None:
+        """Sets the value of the guard (source, kind), which must be keyed by kind alone."""
+        self._guards[(source, kind)] = Guard(source, kind, value)
 
     def __iter__(self):
         return iter(self._guards.values())

@@ -17,6 +17,7 @@ from kiln.variables.containers import (BaseListVariable, ConstDictVariable, List
                                        ListVariable, ReversedListIterator, SliceVariable,
                                        TupleVariable, note_mutation)
 from kiln.variables.exceptions import check_attribute_error
+from kiln.variables.sym_node import SYMBOLIC_OPERATORS, SymNodeVariable, symbolic_operator
 from kiln.variables.tensor import ScalarVariable, TensorVariable
 
 _TENSOR_OPERATORS = PURE_OPERATORS - {operator.is_, operator.is_not, operator.contains,
@@ -76,6 +77,11 @@ def apply_operator(tx, fn, args):
         if kind not in (bool, int, float):
             raise Unsupported(f"{fn.__name__} of a value Tensor.item() read")
         return tx.output.record_scalar("call_function", fn, tuple(args), kind)
+    if any(isinstance(a, SymNodeVariable) for a in args) and fn in SYMBOLIC_OPERATORS and \
+            not any(isinstance(a, TensorVariable) for a in args) and all(
+                isinstance(a, SymNodeVariable) or type(a.as_python_constant()) in (
+                    int, float, bool) for a in args if not isinstance(a, SymNodeVariable)):
+        return symbolic_operator(tx, fn, args)
     if any(isinstance(a, TensorVariable) for a in args):
         # A tensor operand makes it a tensor op; tensors inside a tuple or list operand do not
         # (`t += (x,)` concatenates).
@@ -306,6 +312,8 @@ class BuiltinVariable(VariableTracker):
 
 
 def _len(tx, obj):
+    if isinstance(obj, TensorVariable) and obj.example.dim() > 0:
+        return obj.size_of(tx, "size", 0)  # a symbol where the first dimension is one
     return ConstantVariable(length(tx, obj))
 
 

@@ -2,12 +2,35 @@
 the methods of constants, run at trace time."""
 import operator
 
+import torch
+
 from kiln.exc import Unsupported
+from kiln.graph.symbolic_shapes import SYM_PYTHON_TYPE, SYM_TYPES
 from kiln.variables.base import ValueVariable, VariableTracker, constant_args
+
+
+def specialised(value):
+    """`value` with each symbolic number (kiln.variables.sym_node) replaced by the value it has
+    now, guarded (the ShapeEnv records that the graph holds only for it): for values that must
+    be Python constants. Tuples, lists and torch.Size are walked."""
+    t = type(value)
+    if t in SYM_TYPES:
+        return SYM_PYTHON_TYPE[t](value)
+    if t is torch.Size or t is tuple or t is list:
+        if any(type(v) in SYM_TYPES for v in value):
+            return t(specialised(v) for v in value)
+    return value
 
 
 class ConstantVariable(ValueVariable):
     """A Python constant: a number, string, None, dtype, device, torch.Size, tuple of them."""
+
+    def __init__(self, value, source=None):
+        t = type(value)
+        if t in SYM_TYPES or t is torch.Size:
+            # A symbolic size that reached a constant: its value, guarded.
+            value = specialised(value)
+        super().__init__(value, source)
 
     def unpack(self, tx):
         try:

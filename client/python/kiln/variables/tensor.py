@@ -7,11 +7,12 @@ import torch
 
 from kiln import config
 from kiln.exc import Unsupported
+from kiln.graph.symbolic_shapes import contains_symbol
 from kiln.guards.builder import is_guardable_constant
 from kiln.variables.base import VariableTracker
 from kiln.variables.constant import ConstantVariable
 from kiln.variables.containers import ListVariable, NamedTupleVariable, TupleVariable
-from kiln.variables import torch_function
+from kiln.variables import sym_node, torch_function
 
 # Tensor attributes that are plain metadata: answered from the fake value, no graph node.
 _META_ATTRS = {"shape", "dtype", "device", "ndim", "requires_grad", "is_cuda", "is_sparse",
@@ -125,11 +126,13 @@ class TensorVariable(VariableTracker):
             # Reading a tensor's property goes through its class's override.
             raise Unsupported(f"attribute .{name} of a {self.python_type().__qualname__}, "
                               "whose __torch_function__ would see the read")
+        if name == "shape" and contains_symbol(self.example.shape):
+            return self.sizes(tx)
         if name in _META_ATTRS:
             value = getattr(self.example, name)
             if name == "device":
                 value = self.example.device
-            return ConstantVariable(value)
+            return ConstantVariable(sym_node.specialised(value))
         if name in _TENSOR_ATTRS:
             return tx.output.call("call_function", getattr, (self, ConstantVariable(name)), {})
         if name == "__class__":  # pinned by TENSOR_MATCH (a graph op's result: a Tensor)
@@ -146,6 +149,19 @@ class TensorVariable(VariableTracker):
         if not hasattr(torch.Tensor, name):
             raise Unsupported(f"tensor has no attribute {name!r}")
         return TensorMethodVariable(self, name)
+
+    def size_of(self, tx, kind: str, dim: int):
+        """The tracker of size (or stride, `kind`) `dim`: a constant, or a node reading it where
+        it is a symbol."""
+        value = getattr(self.example, kind)(dim)
+        if not sym_node.is_symbolic(value):
+            return ConstantVariable(value)
+        return tx.output.call("call_method", kind, (self, ConstantVariable(dim)), {})
+
+    def sizes(self, tx, kind: str = "size"):
+        """The tensor's torch.Size (or strides tuple), one tracker per dimension."""
+        items = [self.size_of(tx, kind, d) for d in range(self.example.dim())]
+        return sym_node.SizeVariable(items) if kind == "size" else TupleVariable(items)
 
     def __repr__(self):
         ex = self.example
@@ -182,9 +198,16 @@ class TensorMethodVariable(VariableTracker):
             # Raised at the call, not the attribute load, so the graph can break at the call.
             raise Unsupported(f"Tensor.{self.name}() needs the tensor's data")
         if self.name in ("size", "stride") and not kwargs:
-            # Static shapes: sizes are constants guarded by the tensor's TENSOR_MATCH.
-            value = getattr(self.tensor.example, self.name)(*[a.as_python_constant()
-                                                               for a in args])
+            # Static sizes are constants guarded by the tensor's TENSOR_MATCH; symbolic ones
+            # are read by the graph.
+            dims = [a.as_python_constant() for a in args]
+            if len(dims) == 1 and isinstance(dims[0], int):
+                d = dims[0]
+                return self.tensor.size_of(tx, self.name, d + self.tensor.example.dim()
+                                           if d < 0 else d)
+            value = getattr(self.tensor.example, self.name)(*dims)
+            if not dims and contains_symbol(value):
+                return self.tensor.sizes(tx, self.name)
             return ConstantVariable(tuple(value) if self.name == "stride" and not args
                                     else value)
         return tx.output.call("call_method", self.name, (self.tensor, *args), kwargs)
@@ -254,18 +277,24 @@ def wrap_op_result(output, node, result, same_as=None):
         vt = TensorVariable(node, result)
         vt.alias_of = same_as
         return vt
+    if sym_node.is_symbolic(result) and node is not None:
+        return sym_node.SymNodeVariable(node, result)
     if isinstance(result, (tuple, list)) and node is not None:
         items = []
         tuple_type = type(result) if type(result) not in (tuple, list) else None
         for i, item in enumerate(result):
             if isinstance(item, torch.Tensor):
                 items.append(TensorVariable(output.getitem_node(node, i, item), item))
+            elif sym_node.is_symbolic(item):
+                items.append(sym_node.SymNodeVariable(output.getitem_node(node, i, item), item))
             elif isinstance(item, (tuple, list)):
                 raise Unsupported("nested sequences of tensors from one op")
             else:
                 items.append(ConstantVariable(item))
         if type(result) is list:
             return ListVariable(items)
+        if type(result) is torch.Size:
+            return sym_node.SizeVariable(items)
         if tuple_type is not None:
             return NamedTupleVariable(items, tuple_type)
         return TupleVariable(items)

@@ -1,0 +1,450 @@
+"""Symbolic sizes in a capture: which dimensions of a graph input are symbols, the fake tensors
+that carry them (torch's ShapeEnv and SymInts), and the guards that say for which sizes the
+graph holds.
+
+A capture is static until a dimension is known to change: kiln.compile(dynamic=True) makes every
+dimension of every graph input a symbol; dynamic=None (the default) makes a dimension a symbol
+when the code object was captured before with another size there (automatic dynamic shapes, as
+torch.compile's); kiln.mark_dynamic / torch._dynamo.mark_dynamic (and maybe_mark_dynamic,
+mark_unbacked) mark dimensions of a tensor, mark_static keeps one static. Sizes 0 and 1 are
+specialised: a dimension seen with 0 or 1 is that constant (broadcasting and empty tensors
+trace otherwise). Parameters and buffers of modules stay static unless marked.
+
+Guards: the inputs' TENSOR_MATCH checks leave their symbolic dimensions out; one SHAPE guard
+binds each symbol to where its value is read (a size, stride or storage offset of an input) and
+checks every relation the trace relied on: each symbol's range, equalities between sizes, and
+the ShapeEnv's guards (what fake ops and branches on sizes decided). It is evaluated in C++
+(client/guards/guard_shape.cpp) with the other guards.
+"""
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from kiln.exc import KilnError
+
+# What a tensor's marks say of its dimensions (torch._dynamo's attributes, which kiln's own
+# mark_dynamic & co. set too, so that programs written for torch.compile keep theirs).
+_DYNAMIC_ATTR = "_dynamo_dynamic_indices"
+_WEAK_DYNAMIC_ATTR = "_dynamo_weak_dynamic_indices"
+_STATIC_ATTR = "_dynamo_static_indices"
+_UNBACKED_ATTR = "_dynamo_unbacked_indices"
+_RANGE_ATTR = "_dynamo_dynamic_range"
+
+
+# Symbolic numbers, and the Python type each stands for.
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+SYM_PYTHON_TYPE = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
+def contains_symbol(value) -> bool:
+    """Whether `value` is, or a torch.Size, tuple or list of it holds, a symbolic number that
+    is not a known constant."""
+    t = type(value)
+    if t in SYM_TYPES:
+        return not value.node.is_constant()
+    if t is torch.Size or t is tuple or t is list:
+        return any(contains_symbol(v) for v in value)
+    return False
+
+
+class ConstraintViolation(KilnError):
+    """A dimension marked dynamic (mark_dynamic) that the trace had to specialise, or whose
+    declared range the trace narrowed: the program asked for a graph that holds for every size
+    in that range, and this one does not."""
+
+
+def _marked(t: torch.Tensor, attr: str) -> frozenset:
+    try:
+        marks = t.__dict__.get(attr)
+    except AttributeError:
+        return frozenset()
+    return frozenset(marks) if marks else frozenset()
+
+
+def marked_ranges(t: torch.Tensor) -> Dict[int, Tuple[Optional[int], Optional[int]]]:
+    """dim -> (min, max) for the dimensions mark_dynamic gave a range."""
+    out = {}
+    try:
+        ranges = t.__dict__.get(_RANGE_ATTR)
+    except AttributeError:
+        return out
+    for r in ranges or ():
+        out[r.dim] = (r.min, r.max)
+    return out
+
+
+def has_marks(t: torch.Tensor) -> bool:
+    """Whether the program marked any dimension of `t` dynamic."""
+    try:
+        d = t.__dict__
+    except AttributeError:
+        return False
+    return bool(d.get(_DYNAMIC_ATTR) or d.get(_WEAK_DYNAMIC_ATTR) or d.get(_UNBACKED_ATTR))
+
+
+@dataclass
+class SeenSizes:
+    """What the captures of one code object saw of its inputs' sizes: source name -> each
+    dimension's size, None where two captures saw different sizes (a dimension automatic
+    dynamic shapes makes a symbol from then on)."""
+    sizes: Dict[str, Tuple[Optional[int], ...]] = field(default_factory=dict)
+
+    def dynamic_dims(self, name: str, shape: Tuple[int, ...]) -> Tuple[set, bool]:
+        """(dims that changed since a capture saw this source, whether the rank changed)."""
+        seen = self.sizes.get(name)
+        if seen is None or len(seen) != len(shape):
+            return set(), seen is not None
+        return {d for d, (a, b) in enumerate(zip(seen, shape)) if a is None or a != b}, False
+
+    def record(self, name: str, shape: Tuple[int, ...]) -> None:
+        seen = self.sizes.get(name)
+        if seen is None or len(seen) != len(shape):
+            self.sizes[name] = tuple(shape)
+        else:
+            self.sizes[name] = tuple(a if a == b else None for a, b in zip(seen, shape))
+
+
+# code object -> SeenSizes, for automatic dynamic shapes (kiln.reset() forgets them).
+_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def seen_sizes(code) -> SeenSizes:
+    seen = _seen.get(code)
+    if seen is None:
+        seen = _seen[code] = SeenSizes()
+    return seen
+
+
+def forget_seen_sizes() -> None:
+    _seen.clear()
+
+
+class _ShapeSource:
+    """Stands for a kiln source where torch's ShapeEnv wants one of its own (torch._guards.
+    Source): the ShapeEnv names symbols by it and records, per symbol, where its value came
+    from (TensorPropertySource over this)."""
+
+    @staticmethod
+    def make(source):
+        import torch._guards
+
+        cls = _ShapeSource._class
+        if cls is None:
+            class KilnShapeSource(torch._guards.Source):
+                __slots__ = ("kiln_source",)
+
+                def __init__(self, kiln_source):
+                    self.kiln_source = kiln_source
+
+                def name(self) -> str:
+                    return self.kiln_source.name
+
+                def guard_source(self):
+                    return torch._guards.GuardSource.LOCAL
+
+                def __hash__(self):
+                    return hash(self.kiln_source)
+
+                def __eq__(self, other):
+                    return isinstance(other, KilnShapeSource) and \
+                        other.kiln_source == self.kiln_source
+
+                def __repr__(self):
+                    return f"KilnShapeSource({self.kiln_source.name})"
+
+            cls = _ShapeSource._class = KilnShapeSource
+        return cls(source)
+
+    _class = None
+
+
+class SymbolicInputs:
+    """The symbolic side of one capture: its ShapeEnv (given to the capture's fake mode on the
+    first dynamic input) and the tensors whose fakes have symbolic sizes."""
+
+    def __init__(self, fake_mode, dynamic: Optional[bool], seen: Optional[SeenSizes]):
+        self.fake_mode = fake_mode
+        self.dynamic = dynamic  # kiln.compile's: True, False or None (automatic)
+        self.seen = seen
+        self.shape_env = None
+        # (source, real, fake, marked-dynamic dims, ranges) of each tensor made symbolic
+        self.tensors: List[tuple] = []
+        self._recorded: Dict[str, Tuple[int, ...]] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.shape_env is not None
+
+    def dims_for(self, real: torch.Tensor, source, module_state: bool) -> Tuple[list, set, dict]:
+        """(dims to make symbols, dims the program marked dynamic, their ranges) of the graph
+        input `real` read at `source`. `module_state`: a parameter or buffer (static unless
+        marked)."""
+        if self.dynamic is False or real.layout is not torch.strided:
+            return [], set(), {}
+        shape = tuple(real.shape)
+        if self.seen is not None:
+            self._recorded[source.name] = shape
+        marked = set(_marked(real, _DYNAMIC_ATTR)) | set(_marked(real, _UNBACKED_ATTR))
+        wanted = marked | set(_marked(real, _WEAK_DYNAMIC_ATTR))
+        if self.dynamic is True and not module_state:
+            wanted |= set(range(real.dim()))
+        elif self.seen is not None and not module_state:
+            changed, _ = self.seen.dynamic_dims(source.name, shape)
+            wanted |= changed
+        wanted -= set(_marked(real, _STATIC_ATTR))
+        wanted = {d for d in wanted if 0 <= d < real.dim()}
+        for d in marked:
+            if d < real.dim() and shape[d] in (0, 1):
+                raise ConstraintViolation(
+                    f"{source.name}: dimension {d} is marked dynamic but has size {shape[d]}; "
+                    "sizes 0 and 1 are specialised (mark it only for sizes >= 2)")
+        dims = [d for d in sorted(wanted) if shape[d] not in (0, 1)]
+        return dims, marked & set(dims), marked_ranges(real) if marked else {}
+
+    def record_seen(self) -> None:
+        """Tells the code object's SeenSizes what this capture saw (after it succeeded)."""
+        if self.seen is not None:
+            for name, shape in self._recorded.items():
+                self.seen.record(name, shape)
+
+    def fake(self, real: torch.Tensor, source, dims: list, marked: set, ranges: dict):
+        """A fake of `real` whose dimensions `dims` are symbols."""
+        from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
+                                                           StatelessSymbolicContext,
+                                                           StrictMinMaxConstraint)
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        if self.shape_env is None:
+            # No dynamic output shapes, no scalar outputs: data-dependent ops stay graph
+            # breaks, as in a static capture.
+            self.shape_env = ShapeEnv(allow_scalar_outputs=False,
+                                      allow_dynamic_output_shape_ops=False)
+            self.fake_mode.shape_env = self.shape_env
+        sizes, constraints = [], []
+        for d in range(real.dim()):
+            sizes.append(DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC)
+            lo, hi = ranges.get(d, (None, None))
+            if d in dims and (lo is not None or hi is not None):
+                constraints.append(StrictMinMaxConstraint(
+                    vr=ValueRanges(lower=max(lo if lo is not None else 2, 2),
+                                   upper=hi if hi is not None else _unbounded()),
+                    warn_only=False))
+            else:
+                constraints.append(None)
+        context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=constraints)
+        fake = self.fake_mode.from_tensor(real, static_shapes=False,
+                                          source=_ShapeSource.make(source),
+                                          symbolic_context=context)
+        self.tensors.append((source, real, fake, marked, ranges))
+        return fake
+
+    # -- guards ------------------------------------------------------------------------------
+
+    def guards(self):
+        """(per dynamic tensor source: (sizes, strides) with None where the SHAPE guard checks
+        the value, the SHAPE guard's (bindings, constraints) or None). Raises ConstraintViolation
+        when a dimension the program marked dynamic was specialised."""
+        return _GuardWriter(self).write()
+
+
+# Binding kinds: what of the value at a source a symbol is.
+SIZE, STRIDE, OFFSET = "size", "stride", "storage_offset"
+
+
+class _Untranslatable(Exception):
+    """An expression the C++ evaluator has no operation for."""
+
+
+def _hints(env) -> dict:
+    """symbol -> the value it had when traced (torch >= 2.12 names the map backed_var_to_val)."""
+    hints = getattr(env, "backed_var_to_val", None)
+    return hints if hints is not None else env.var_to_val
+
+
+def _unbounded():
+    try:
+        from torch.utils._sympy.numbers import int_oo
+        return int_oo
+    except ImportError:  # older torch
+        import sympy
+        return sympy.oo
+
+
+class _GuardWriter:
+    def __init__(self, inputs: SymbolicInputs):
+        self.inputs = inputs
+        self.env = inputs.shape_env
+        self.bindings: List[tuple] = []  # (source, kind, dim)
+        self._slot_of: Dict[tuple, int] = {}
+        self._slot_of_symbol: Dict[object, int] = {}
+        self.constraints: List[tuple] = []  # (tree, text)
+
+    def _slot(self, source, kind: str, dim: int) -> int:
+        key = (source, kind, dim)
+        slot = self._slot_of.get(key)
+        if slot is None:
+            slot = self._slot_of[key] = len(self.bindings)
+            self.bindings.append(key)
+        return slot
+
+    def _expr(self, value):
+        import sympy
+
+        if isinstance(value, int):
+            return sympy.Integer(value)
+        return self.env.simplify(value.node.expr)
+
+    def write(self):
+        import sympy
+
+        per_tensor = {}
+        pending = []  # (slot, expr): the value at slot must equal expr
+        for source, real, fake, marked, ranges in self.inputs.tensors:
+            sizes, strides = [], []
+            for kind, values, out in ((SIZE, fake.shape, sizes), (STRIDE, fake.stride(), strides)):
+                for d, v in enumerate(values):
+                    e = self._expr(v)
+                    if e.is_Integer:
+                        out.append(int(e))
+                        continue
+                    out.append(None)
+                    slot = self._slot(source, kind, d)
+                    if isinstance(e, sympy.Symbol) and e not in self._slot_of_symbol:
+                        self._slot_of_symbol[e] = slot
+                    else:
+                        pending.append((slot, e))
+            for d in marked:
+                if sizes[d] is not None:
+                    raise ConstraintViolation(
+                        f"{source.name}: dimension {d} is marked dynamic, but the program "
+                        f"needs it to be {sizes[d]} (the trace specialised it)")
+            offset = self._expr(fake.storage_offset())
+            if not offset.is_Integer:
+                pending.append((self._slot(source, OFFSET, 0), offset))
+            per_tensor[source] = (tuple(sizes), tuple(strides))
+        try:
+            for slot, e in pending:
+                self._add(("eq", ("sym", slot), self._tree(e)), self._eq_text(slot, e))
+            for sym, slot in list(self._slot_of_symbol.items()):
+                vr = self.env.var_to_range.get(sym)
+                if vr is None:
+                    continue
+                lo, hi = vr.lower, vr.upper
+                if lo.is_finite and lo > -(2 ** 62):
+                    self._add(("ge", ("sym", slot), int(lo)), f"{self._name(slot)} >= {int(lo)}")
+                if hi.is_finite and hi < 2 ** 62:
+                    self._add(("le", ("sym", slot), int(hi)), f"{self._name(slot)} <= {int(hi)}")
+            seen = set()
+            for g in self.env.guards:
+                e = self.env.simplify(g.expr)
+                if e is sympy.true or e in seen:
+                    continue
+                seen.add(e)
+                self._add(self._tree(e), self._text(e))
+        except _Untranslatable:
+            # A relation the evaluator cannot compute: the graph holds for the sizes it was
+            # traced with, checked as they are.
+            self.constraints = []
+            hints = _hints(self.env)
+            for sym, slot in self._slot_of_symbol.items():
+                hint = int(hints[sym])
+                self._add(("eq", ("sym", slot), hint), f"{self._name(slot)} == {hint}")
+            for slot, e in pending:
+                hint = int(e.xreplace(hints))
+                self._add(("eq", ("sym", slot), hint), f"{self._name(slot)} == {hint}")
+        if not self.bindings:
+            return per_tensor, None
+        sources = list(dict.fromkeys(s for s, _kind, _d in self.bindings))
+        index = {s: i for i, s in enumerate(sources)}
+        bindings = tuple((index[s], kind, d, self._name(slot))
+                         for slot, (s, kind, d) in enumerate(self.bindings))
+        return per_tensor, (tuple(s.guard_path() for s in sources), bindings,
+                            tuple(self.constraints))
+
+    def _add(self, tree, text: str) -> None:
+        self.constraints.append((tree, text))
+
+    def _name(self, slot: int) -> str:
+        source, kind, d = self.bindings[slot]
+        return f"{source.name}.{kind}()" if kind == OFFSET else f"{source.name}.{kind}()[{d}]"
+
+    def _symbol_slot(self, sym) -> int:
+        slot = self._slot_of_symbol.get(sym)
+        if slot is not None:
+            return slot
+        # A symbol of a tensor whose sizes no input of the graph carries now (its capture was
+        # rolled back): read where the ShapeEnv says it came from.
+        for src in self.env.var_to_sources.get(sym, ()):
+            base = getattr(src, "base", None)
+            kiln_source = getattr(base, "kiln_source", None)
+            if kiln_source is None:
+                continue
+            kind = {0: SIZE, 1: STRIDE, 2: OFFSET}.get(int(src.prop.value))
+            if kind is None:
+                continue
+            slot = self._slot_of_symbol[sym] = self._slot(kiln_source, kind, src.idx or 0)
+            return slot
+        raise _Untranslatable(f"no source for {sym}")
+
+    def _text(self, e) -> str:
+        import sympy
+
+        names = {s: sympy.Symbol(self._name(self._symbol_slot(s))) for s in e.free_symbols}
+        return str(e.xreplace(names))
+
+    def _eq_text(self, slot: int, e) -> str:
+        return f"{self._name(slot)} == {self._text(e)}"
+
+    def _tree(self, e):
+        """`e` (a sympy expression over the capture's symbols) as the evaluator's tree."""
+        import sympy
+        from torch.utils._sympy import functions as F
+
+        if e is sympy.true:
+            return ("eq", 0, 0)
+        if e is sympy.false:
+            return ("ne", 0, 0)
+        if isinstance(e, sympy.Integer) or (getattr(e, "is_Integer", False)):
+            return int(e)
+        if isinstance(e, sympy.Symbol):
+            return ("sym", self._symbol_slot(e))
+        if isinstance(e, sympy.Add):
+            return ("add", *(self._tree(a) for a in e.args))
+        if isinstance(e, sympy.Mul):
+            if any(a.is_Rational and not a.is_Integer for a in e.args):
+                raise _Untranslatable(str(e))
+            return ("mul", *(self._tree(a) for a in e.args))
+        if isinstance(e, (sympy.Pow, F.PowByNatural)):
+            base, exp = e.args
+            if not exp.is_Integer or exp < 0:
+                raise _Untranslatable(str(e))
+            return ("pow", self._tree(base), int(exp))
+        if isinstance(e, F.CeilDiv):
+            return ("ceildiv", self._tree(e.args[0]), self._tree(e.args[1]))
+        if isinstance(e, F.FloorDiv):  # CleanDiv too: exact, so floor is the same
+            return ("floordiv", self._tree(e.args[0]), self._tree(e.args[1]))
+        if isinstance(e, (F.Mod, F.PythonMod, sympy.Mod)):
+            return ("mod", self._tree(e.args[0]), self._tree(e.args[1]))
+        if isinstance(e, F.ModularIndexing):
+            base, div, mod = e.args
+            return ("mod", ("floordiv", self._tree(base), self._tree(div)), self._tree(mod))
+        if isinstance(e, (F.Max, sympy.Max)):
+            return ("max", *(self._tree(a) for a in e.args))
+        if isinstance(e, (F.Min, sympy.Min)):
+            return ("min", *(self._tree(a) for a in e.args))
+        if isinstance(e, F.Identity):
+            return self._tree(e.args[0])
+        rel = {sympy.Eq: "eq", sympy.Ne: "ne", sympy.StrictLessThan: "lt",
+               sympy.LessThan: "le", sympy.StrictGreaterThan: "gt", sympy.GreaterThan: "ge"}
+        for cls, name in rel.items():
+            if type(e) is cls:
+                return (name, self._tree(e.lhs), self._tree(e.rhs))
+        if isinstance(e, sympy.And):
+            return ("and", *(self._tree(a) for a in e.args))
+        if isinstance(e, sympy.Or):
+            return ("or", *(self._tree(a) for a in e.args))
+        if isinstance(e, sympy.Not):
+            return ("not", self._tree(e.args[0]))
+        raise _Untranslatable(f"{type(e).__name__}: {e}")

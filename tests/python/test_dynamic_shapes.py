@@ -1,0 +1,272 @@
+"""Symbolic sizes in the capture (kiln.graph.symbolic_shapes): automatic dynamic shapes,
+dynamic=True/False, the mark_* functions in kiln's and torch's spellings, the SHAPE guard a
+capture installs, and results equal to eager's on every size, 0 and 1 included."""
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.graph.symbolic_shapes import ConstraintViolation
+
+
+class Counting:
+    """An "eager" backend that counts the graphs it was given and keeps them."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                               torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)).eval()
+
+
+def _entries(fn):
+    return kiln.debug.cache_entries(fn)
+
+
+def _guards(fn):
+    return [g for e in _entries(fn) for g in e.guards]
+
+
+def test_ten_batch_sizes_compile_at_most_twice():
+    model = _mlp()
+    backend = Counting()
+    compiled = kiln.compile(model, backend=backend)
+    with torch.no_grad():
+        for b in (2, 3, 5, 8, 13, 21, 34, 55, 89, 144):
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(backend.graphs) == 2  # static for the first size, symbolic from the second
+
+
+def test_ten_sequence_lengths_compile_at_most_twice():
+    torch.manual_seed(0)
+    attn = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+
+    def f(x):
+        out, _ = attn(x, x, x, need_weights=False)
+        return F.layer_norm(out + x, (32,))
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend)
+    with torch.no_grad():
+        for t in (3, 4, 7, 9, 16, 17, 31, 64, 100, 128):
+            x = torch.randn(2, t, 32)
+            torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
+    assert len(backend.graphs) == 2
+
+
+def test_sizes_read_as_python_values_stay_symbolic():
+    def f(x, y):
+        b, t = x.shape
+        z = x.reshape(b * t) * 2
+        if b > 3:  # a branch on a size guards the relation, not the value
+            z = z + 1
+        return z.sum() + y.sum() + x.size(-1), b * 2, len(y)
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend)
+    for n in (4, 5, 7, 9, 40):
+        x, y = torch.randn(n, 3), torch.randn(n + 1)
+        got, want = compiled(x, y), f(x, y)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:] and type(got[1]) is int
+    assert len(backend.graphs) == 2
+    shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
+    assert shape and "L['x'].size()[0] > 3" in shape[0]
+    # the other side of the branch is another graph
+    x, y = torch.randn(2, 3), torch.randn(3)
+    torch.testing.assert_close(compiled(x, y)[0], f(x, y)[0])
+    assert len(backend.graphs) == 3
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 7])
+def test_sizes_zero_and_one_are_answered_as_eager_does(n):
+    model = _mlp()
+    compiled = kiln.compile(model, backend=Counting())
+    with torch.no_grad():
+        for b in (4, 6, n, 5, n):  # the symbolic entry exists before n is seen
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_zero_and_one_are_specialised_and_the_range_guard_rejects_them():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: x * 2 + x.shape[0], backend=backend)
+    for b in (4, 5):
+        compiled(torch.randn(b))
+    shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
+    assert shape and "L['x'].size()[0] >= 2" in shape[0]
+    for b in (1, 0, 1):
+        x = torch.randn(b)
+        torch.testing.assert_close(compiled(x), x * 2 + b)
+    assert len(backend.graphs) == 4  # 4, symbolic, 1, 0
+
+
+def test_a_broken_equality_recompiles_and_raises_as_eager_does():
+    backend = Counting()
+    compiled = kiln.compile(lambda x, y: x + y, backend=backend)
+    for n in (3, 4, 5):
+        x, y = torch.randn(n), torch.randn(n)
+        torch.testing.assert_close(compiled(x, y), x + y)
+    assert len(backend.graphs) == 2
+    assert any("L['x'].size()[0]" in g and "L['y'].size()[0]" in g and "==" in g
+               for g in _guards(compiled) if g.startswith("SHAPE"))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        compiled(torch.randn(6), torch.randn(7))
+    x, y = torch.randn(5, 6), torch.randn(6)  # broadcasting: yet another graph, right
+    torch.testing.assert_close(compiled(x, y), x + y)
+
+
+def test_dynamic_true_compiles_symbolic_from_the_first_call():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: torch.relu(x) * x.shape[1], backend=backend, dynamic=True)
+    for shape in ((3, 4), (5, 6), (7, 2), (9, 9)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), torch.relu(x) * shape[1])
+    assert len(backend.graphs) == 1
+
+
+def test_dynamic_false_compiles_each_shape():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: torch.relu(x) + 1, backend=backend, dynamic=False)
+    for n in (3, 4, 5, 6):
+        compiled(torch.randn(n))
+    assert len(backend.graphs) == 4
+    assert not any(g.startswith("SHAPE") for g in _guards(compiled))
+
+
+@pytest.mark.parametrize("spelling", ["kiln", "torch"])
+def test_mark_dynamic_makes_the_first_compile_symbolic(spelling):
+    if spelling == "torch":
+        from torch._dynamo import mark_dynamic as mark
+    else:
+        mark = kiln.mark_dynamic
+    backend = Counting()
+    compiled = kiln.compile(lambda x: (x * 2).sum(0), backend=backend)
+    for n in (3, 8, 11):
+        x = torch.randn(n, 4)
+        mark(x, 0)
+        torch.testing.assert_close(compiled(x), (x * 2).sum(0))
+    assert len(backend.graphs) == 1
+
+
+def test_mark_dynamic_range_is_guarded():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: x.cos(), backend=backend)
+    x = torch.randn(8)
+    kiln.mark_dynamic(x, 0, min=4, max=16)
+    compiled(x)
+    shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
+    assert "L['x'].size()[0] >= 4" in shape[0] and "L['x'].size()[0] <= 16" in shape[0]
+    for n in (4, 16):
+        compiled(torch.randn(n))
+    assert len(backend.graphs) == 1
+    x = torch.randn(17)
+    torch.testing.assert_close(compiled(x), x.cos())  # outside the range: another compile
+    assert len(backend.graphs) == 2
+
+
+def test_mark_dynamic_of_a_dimension_the_program_specialises_is_an_error():
+    def f(x):
+        if x.shape[0] == 4:
+            return x + 1
+        return x - 1
+
+    compiled = kiln.compile(f, backend=Counting())
+    x = torch.randn(4)
+    kiln.mark_dynamic(x, 0)
+    with pytest.raises(ConstraintViolation, match="marked dynamic"):
+        compiled(x)
+
+
+def test_maybe_mark_dynamic_allows_specialisation():
+    def f(x):
+        if x.shape[0] == 4:
+            return x + 1
+        return x - 1
+
+    compiled = kiln.compile(f, backend=Counting())
+    x = torch.randn(4)
+    kiln.maybe_mark_dynamic(x, 0)
+    torch.testing.assert_close(compiled(x), x + 1)
+
+
+def test_mark_static_under_dynamic_true():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: x * 3, backend=backend, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(n, 4)
+        kiln.mark_static(x, 0)
+        compiled(x)
+    assert len(backend.graphs) == 2
+
+
+def test_marks_check_their_arguments():
+    with pytest.raises(IndexError):
+        kiln.mark_dynamic(torch.randn(3), 1)
+    with pytest.raises(TypeError):
+        kiln.mark_dynamic([1, 2], 0)
+    with pytest.raises(ValueError):
+        kiln.mark_dynamic(torch.randn(3, 3), 0, min=5, max=4)
+
+
+def test_a_symbolic_size_lives_across_a_graph_break():
+    def f(x):
+        b = x.shape[0]
+        y = x * 2
+        kiln.graph_break()
+        return y.reshape(b, -1) + b
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend)
+    for n in (3, 4, 6, 9):
+        x = torch.randn(n, 2, 2)
+        torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_parameters_stay_static():
+    model = _mlp()
+    backend = Counting()
+    compiled = kiln.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        compiled(torch.randn(3, 16))
+    guards = _guards(compiled)
+    assert not any("weight" in g and "?" in g for g in guards)
+
+
+def test_the_shape_guard_is_logged(capsys):
+    kiln.config.log = frozenset({"guards"})
+    compiled = kiln.compile(lambda x: x + 1, backend=Counting(), dynamic=True)
+    compiled(torch.randn(5))
+    text = capsys.readouterr().err
+    assert "TENSOR_MATCH Tensor torch.float32 cpu size=(?,)" in text
+    assert "SHAPE L['x'].size()[0] >= 2" in text
+
+
+def test_explain_lists_the_shape_guard():
+    def f(x):
+        return x.sum(0) * x.shape[0]
+
+    x = torch.randn(6, 3)
+    kiln.mark_dynamic(x, 0)
+    report = kiln.explain(f)(x)
+    assert any(str(g).startswith("SHAPE") for g in report.out_guards)
+
+
+def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache):
+    model = _mlp()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for b in (2, 3, 5, 3, 9):
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert len(_entries(compiled)) == 2
