@@ -56,6 +56,14 @@ class Node;
 //   ("tensor", example)    TENSOR_MATCH: x has the example's exact Python type, dispatch keys (as
 //                          adjusted by the thread's included/excluded keys), dtype, device,
 //                          requires_grad, sizes and strides. The example is not kept alive.
+//   ("tensor", example, sizes, strides)
+//                          the same, comparing `sizes` and `strides` (tuples of ints and Nones of
+//                          the example's rank) instead of the example's: a None is a symbolic
+//                          dimension, which the SHAPE guard checks.
+//   ("shape", sources, bindings, constraints)
+//                          relations over sizes, strides, storage offsets and ints read from the
+//                          frame (guard_shape.h): every constraint must hold. Its own source is
+//                          ignored, as for global_state.
 //   ("has_attr", name)     hasattr(x, name); ("no_attr", name): not hasattr(x, name). Looked up as
 //                          getattr does: class attributes and __getattr__ count, and an error
 //                          other than AttributeError fails the check.

@@ -270,3 +270,32 @@ def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache):
             x = torch.randn(b, 16)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(_entries(compiled)) == 2
+
+
+def test_an_int_argument_that_changes_becomes_a_symbol():
+    def f(x, n, m):
+        return x * n + m, n * 2
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend)
+    for n, m in ((3, 3), (4, 4), (5, 9), (7, 7), (1, 1), (0, 2), (12, 12)):
+        x = torch.randn(4)
+        got, want = compiled(x, n, m), f(x, n, m)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] and type(got[1]) is int
+    assert len(backend.graphs) == 2
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x, True, 2)[0], f(x, True, 2)[0])  # a bool is no int
+    assert len(backend.graphs) == 3
+
+
+def test_an_int_used_as_a_python_value_is_specialised_and_guarded():
+    def f(x, n):
+        for _ in range(n):
+            x = x + 1
+        return x
+
+    compiled = kiln.compile(f, backend=Counting())
+    for n in (2, 3, 4, 3, 2):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x, n), f(x, n))

@@ -12,6 +12,16 @@ debug = False
 # Compiled entries kept per code object; past it the frame runs eagerly, with one warning.
 cache_size_limit = int(os.environ.get("KILN_CACHE_SIZE_LIMIT", "8"))
 
+# Automatic dynamic shapes (kiln.graph.symbolic_shapes): a frame captured again because an
+# input's size changed is captured with its inputs' sizes as symbols, one graph for every size.
+# Off: a graph per shape (kiln.compile(dynamic=False) for one compile).
+# KILN_AUTOMATIC_DYNAMIC_SHAPES=0.
+automatic_dynamic_shapes = os.environ.get("KILN_AUTOMATIC_DYNAMIC_SHAPES", "1") != "0"
+
+# False: the first capture of every frame already has symbolic sizes (kiln.compile(dynamic=True)
+# for one compile). KILN_ASSUME_STATIC_BY_DEFAULT=0.
+assume_static_by_default = os.environ.get("KILN_ASSUME_STATIC_BY_DEFAULT", "1") != "0"
+
 # Specialisations kept per graph with symbolic sizes, for a backend that compiles static sizes
 # (kiln.backends.specialize): the most recently used ones, each compiled on its signature's
 # first call. KILN_SPECIALIZATIONS_PER_GRAPH.

@@ -14,7 +14,6 @@ from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_
 from kiln.capture.skip_files import is_skipped, skip_code
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       NothingToCompile, RecompileError, Unsupported)
-from kiln.graph.symbolic_shapes import forget_seen_sizes
 from kiln.state import STATE, counters
 
 log = logging.getLogger("kiln")
@@ -75,6 +74,11 @@ class FrameCallback:
             reasons = [e[0].failure_reason(slots, func) for e in entries]
             log.warning("kiln: recompiling %s: %s", code.co_qualname, "; ".join(
                 r for r in reasons if r))
+        if self.dynamic is None and entries and config.automatic_dynamic_shapes and \
+                code not in STATE.sizes_changed_codes and _sizes_changed(entries, slots, func):
+            # A frame whose inputs change size (a server's requests, a decoder's growing cache):
+            # its later captures make every size of its inputs a symbol.
+            STATE.sizes_changed_codes.add(code)
         if len(entries) >= config.cache_size_limit:
             if code not in STATE.warned_limit:
                 STATE.warned_limit.add(code)
@@ -102,6 +106,16 @@ class FrameCallback:
                 self.observer.entry(entry[2])
         return entry
 
+    def _dynamic(self, code):
+        """Whether the capture of `code` makes its inputs' sizes symbols: True, None (only the
+        dimensions a program marked) or False (none)."""
+        if self.dynamic is not None:
+            return self.dynamic
+        if not config.assume_static_by_default or (
+                config.automatic_dynamic_shapes and code in STATE.sizes_changed_codes):
+            return True
+        return None
+
     def prepare(self, func, code, slots):
         """A background miss's work (kiln.background): the stored capture, or a capture, then one
         run of its plan over zeroed inputs, so that the call that gets the entry runs at full
@@ -127,7 +141,7 @@ class FrameCallback:
             entry = convert_frame(func, code, slots, self.backend, self.backend_name,
                                   fullgraph=self.fullgraph, stored=self.stored,
                                   unspecialized_modules=code in STATE.shared_module_codes,
-                                  dynamic=self.dynamic)
+                                  dynamic=self._dynamic(code))
         except CapturedForAnotherDevice as e:
             log.info("kiln: %s: %s", code.co_qualname, e)
             self.stood_in.setdefault(code, []).append(e.guards)
@@ -177,6 +191,20 @@ def _another_module_instance(entries, slots, func) -> bool:
         reason = manager.failure_reason(slots, func)
         # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
         if reason and any(reason.startswith(text + ": ") for text in module_guards):
+            return True
+    return False
+
+
+def _sizes_changed(entries, slots, func) -> bool:
+    """Whether an entry of the frame failed on a size: a TENSOR_MATCH's size or stride, a SHAPE
+    guard (kiln.graph.symbolic_shapes), or the value of an int argument."""
+    for manager, *_ in entries:
+        reason = manager.failure_reason(slots, func) or ""
+        if reason.startswith("SHAPE ") or ("TENSOR_MATCH" in reason and (
+                "size mismatch" in reason or "stride mismatch" in reason)):
+            return True
+        if reason.startswith("L[") and " CONSTANT_MATCH " in reason and \
+                reason.endswith(" (int)") and "(int), got" in reason:
             return True
     return False
 
@@ -476,5 +504,4 @@ def reset():
     for code in list(STATE.compiled_codes):
         _C.reset_code(code)
     STATE.reset()
-    forget_seen_sizes()
     _CALLBACKS.clear()

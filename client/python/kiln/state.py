@@ -105,6 +105,9 @@ class ProcessState:
         # Code objects reached through more than one instance of a module class: captured with
         # the frame's modules unspecialised (kiln.variables.nn_module), one entry for all.
         self.shared_module_codes: "weakref.WeakSet" = weakref.WeakSet()
+        # Code objects whose inputs changed size between calls: captured with every size of
+        # their tensor inputs (but parameters and buffers) a symbol (kiln.graph.symbolic_shapes).
+        self.sizes_changed_codes: "weakref.WeakSet" = weakref.WeakSet()
         # Every artifact the "kiln" backend loaded, newest last (kiln.debug.artifacts).
         self.artifacts: List = []
         # Why a code object's stored captures were not used, the last time one was looked for
@@ -148,6 +151,7 @@ class ProcessState:
         self.compiled_codes = weakref.WeakSet()
         self.warned_limit = weakref.WeakSet()
         self.shared_module_codes = weakref.WeakSet()
+        self.sizes_changed_codes = weakref.WeakSet()
         self.artifacts.clear()
         self.capture_misses = weakref.WeakKeyDictionary()
         with self._lock:

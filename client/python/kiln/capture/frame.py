@@ -13,7 +13,7 @@ from kiln import _C
 from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
-from kiln.graph.symbolic_shapes import SymbolicInputs, seen_sizes
+from kiln.graph.symbolic_shapes import SymbolicInputs
 from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
@@ -51,8 +51,7 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     t0 = time.perf_counter()
     output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
-    output.symbolic = SymbolicInputs(output.fake_mode, dynamic,
-                                     seen_sizes(code) if dynamic is None else None)
+    output.symbolic = SymbolicInputs(output.fake_mode, dynamic)
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None
@@ -76,7 +75,6 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     output.guards.add(None, "GLOBAL_STATE")
     output.guard_distinct_inputs()
     output.symbolic_guards()
-    output.symbolic.record_seen()
     finish_attribute_stores(output)  # held attribute assignments: dropped if net unchanged
     return Capture(output, returned, graph_break, time.perf_counter() - t0, tx,
                    (grad_enabled, grad_after))

@@ -263,11 +263,25 @@ class OutputGraph:
         if shape is not None:
             self.guards.add(None, "SHAPE", shape)
 
+    def add_int_input(self, value: int, source: Source):
+        """A placeholder for an int the transformed code loads from `source` on every call, a
+        symbol of the graph's sizes (kiln.graph.symbolic_shapes): its tracker."""
+        vt = self._input_by_source.get(source)
+        if vt is not None:
+            return vt
+        node = self.graph.placeholder(self.unique_name(_source_var_name(source)))
+        example = self.symbolic.int_symbol(value, source)
+        node.meta["example_value"] = example
+        self.inputs.append(GraphInput(node, source, value))
+        vt = self._input_by_source[source] = self._wrap_result(self, node, example, None)
+        return vt
+
     def guard_distinct_inputs(self):
         """Tensors the graph takes as distinct inputs must stay distinct objects: the capture
         answered `a is b` and chose one input per object from what it saw."""
-        if len(self.inputs) > 1:
-            self.guards.add(None, "DISTINCT", tuple(inp.source for inp in self.inputs))
+        tensors = [inp.source for inp in self.inputs if isinstance(inp.example, torch.Tensor)]
+        if len(tensors) > 1:
+            self.guards.add(None, "DISTINCT", tuple(tensors))
 
     def real_tensor(self, vt):
         """The real tensor behind a graph input or attribute's tracker, or None for a tensor the

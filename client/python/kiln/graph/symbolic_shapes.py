@@ -2,13 +2,16 @@
 that carry them (torch's ShapeEnv and SymInts), and the guards that say for which sizes the
 graph holds.
 
-A capture is static until a dimension is known to change: kiln.compile(dynamic=True) makes every
-dimension of every graph input a symbol; dynamic=None (the default) makes a dimension a symbol
-when the code object was captured before with another size there (automatic dynamic shapes, as
-torch.compile's); kiln.mark_dynamic / torch._dynamo.mark_dynamic (and maybe_mark_dynamic,
-mark_unbacked) mark dimensions of a tensor, mark_static keeps one static. Sizes 0 and 1 are
-specialised: a dimension seen with 0 or 1 is that constant (broadcasting and empty tensors
-trace otherwise). Parameters and buffers of modules stay static unless marked.
+A capture is static until a size is known to change: kiln.compile(dynamic=True) makes every
+dimension of every graph input a symbol; with dynamic=None (the default) a frame captured again
+because an input's size changed (kiln.eval_frame) is captured with every dimension of its
+inputs a symbol (automatic dynamic shapes, as torch.compile's, but for every input at once: a
+server's request that changed its sequence length changes its batch size next, and a decoder's
+cache grows with the input that changed first). kiln.mark_dynamic / torch._dynamo.mark_dynamic
+(and maybe_mark_dynamic, mark_unbacked) mark dimensions of a tensor, mark_static keeps one
+static. Sizes 0 and 1 are specialised: a dimension seen with 0 or 1 is that constant
+(broadcasting and empty tensors trace otherwise). Parameters and buffers of modules stay static
+unless marked.
 
 Guards: the inputs' TENSOR_MATCH checks leave their symbolic dimensions out; one SHAPE guard
 binds each symbol to where its value is read (a size, stride or storage offset of an input) and
@@ -16,8 +19,6 @@ checks every relation the trace relied on: each symbol's range, equalities betwe
 the ShapeEnv's guards (what fake ops and branches on sizes decided). It is evaluated in C++
 (client/guards/guard_shape.cpp) with the other guards.
 """
-import weakref
-from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -84,41 +85,11 @@ def has_marks(t: torch.Tensor) -> bool:
     return bool(d.get(_DYNAMIC_ATTR) or d.get(_WEAK_DYNAMIC_ATTR) or d.get(_UNBACKED_ATTR))
 
 
-@dataclass
-class SeenSizes:
-    """What the captures of one code object saw of its inputs' sizes: source name -> each
-    dimension's size, None where two captures saw different sizes (a dimension automatic
-    dynamic shapes makes a symbol from then on)."""
-    sizes: Dict[str, Tuple[Optional[int], ...]] = field(default_factory=dict)
+class _CallableName(str):
+    """A source's name, read as an attribute or called as a method."""
 
-    def dynamic_dims(self, name: str, shape: Tuple[int, ...]) -> Tuple[set, bool]:
-        """(dims that changed since a capture saw this source, whether the rank changed)."""
-        seen = self.sizes.get(name)
-        if seen is None or len(seen) != len(shape):
-            return set(), seen is not None
-        return {d for d, (a, b) in enumerate(zip(seen, shape)) if a is None or a != b}, False
-
-    def record(self, name: str, shape: Tuple[int, ...]) -> None:
-        seen = self.sizes.get(name)
-        if seen is None or len(seen) != len(shape):
-            self.sizes[name] = tuple(shape)
-        else:
-            self.sizes[name] = tuple(a if a == b else None for a, b in zip(seen, shape))
-
-
-# code object -> SeenSizes, for automatic dynamic shapes (kiln.reset() forgets them).
-_seen: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def seen_sizes(code) -> SeenSizes:
-    seen = _seen.get(code)
-    if seen is None:
-        seen = _seen[code] = SeenSizes()
-    return seen
-
-
-def forget_seen_sizes() -> None:
-    _seen.clear()
+    def __call__(self) -> str:
+        return str(self)
 
 
 class _ShapeSource:
@@ -138,8 +109,10 @@ class _ShapeSource:
                 def __init__(self, kiln_source):
                     self.kiln_source = kiln_source
 
-                def name(self) -> str:
-                    return self.kiln_source.name
+                # torch >= 2.12 reads `source.name`, older torch calls `source.name()`.
+                @property
+                def name(self) -> "_CallableName":
+                    return _CallableName(self.kiln_source.name)
 
                 def guard_source(self):
                     return torch._guards.GuardSource.LOCAL
@@ -164,14 +137,14 @@ class SymbolicInputs:
     """The symbolic side of one capture: its ShapeEnv (given to the capture's fake mode on the
     first dynamic input) and the tensors whose fakes have symbolic sizes."""
 
-    def __init__(self, fake_mode, dynamic: Optional[bool], seen: Optional[SeenSizes]):
+    def __init__(self, fake_mode, dynamic: Optional[bool]):
         self.fake_mode = fake_mode
-        self.dynamic = dynamic  # kiln.compile's: True, False or None (automatic)
-        self.seen = seen
+        # True: every dimension of a graph input is a symbol; None: the marked ones; False: none
+        self.dynamic = dynamic
         self.shape_env = None
         # (source, real, fake, marked-dynamic dims, ranges) of each tensor made symbolic
         self.tensors: List[tuple] = []
-        self._recorded: Dict[str, Tuple[int, ...]] = {}
+        self.ints: List[tuple] = []  # (source, SymInt) of each int input made a symbol
 
     @property
     def active(self) -> bool:
@@ -184,15 +157,10 @@ class SymbolicInputs:
         if self.dynamic is False or real.layout is not torch.strided:
             return [], set(), {}
         shape = tuple(real.shape)
-        if self.seen is not None:
-            self._recorded[source.name] = shape
         marked = set(_marked(real, _DYNAMIC_ATTR)) | set(_marked(real, _UNBACKED_ATTR))
         wanted = marked | set(_marked(real, _WEAK_DYNAMIC_ATTR))
         if self.dynamic is True and not module_state:
             wanted |= set(range(real.dim()))
-        elif self.seen is not None and not module_state:
-            changed, _ = self.seen.dynamic_dims(source.name, shape)
-            wanted |= changed
         wanted -= set(_marked(real, _STATIC_ATTR))
         wanted = {d for d in wanted if 0 <= d < real.dim()}
         for d in marked:
@@ -203,18 +171,31 @@ class SymbolicInputs:
         dims = [d for d in sorted(wanted) if shape[d] not in (0, 1)]
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
-    def record_seen(self) -> None:
-        """Tells the code object's SeenSizes what this capture saw (after it succeeded)."""
-        if self.seen is not None:
-            for name, shape in self._recorded.items():
-                self.seen.record(name, shape)
+    def int_is_symbol(self, value: int, source) -> bool:
+        """Whether the int `value`, read at `source`, is a symbol: under dynamic=True, an int the
+        caller passed in (an argument, or an item of one), but 0 and 1."""
+        if self.dynamic is not True or value in (0, 1):
+            return False
+        from kiln.guards.source import DictItemSource, ItemSource, LocalSource
 
-    def fake(self, real: torch.Tensor, source, dims: list, marked: set, ranges: dict):
-        """A fake of `real` whose dimensions `dims` are symbols."""
-        from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv,
-                                                           StatelessSymbolicContext,
-                                                           StrictMinMaxConstraint)
-        from torch.utils._sympy.value_ranges import ValueRanges
+        while isinstance(source, (ItemSource, DictItemSource)):
+            source = source.base
+        return isinstance(source, LocalSource)
+
+    def int_symbol(self, value: int, source):
+        """A SymInt for the int input `value` read at `source`."""
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        env = self._env()
+        shape_source = _ShapeSource.make(source)
+        sym = env.create_unspecified_symbol(value, source=shape_source,
+                                            dynamic_dim=DimDynamic.DYNAMIC)
+        symint = env.create_symintnode(sym, hint=value, source=shape_source)
+        self.ints.append((source, symint))
+        return symint
+
+    def _env(self):
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         if self.shape_env is None:
             # No dynamic output shapes, no scalar outputs: data-dependent ops stay graph
@@ -222,6 +203,15 @@ class SymbolicInputs:
             self.shape_env = ShapeEnv(allow_scalar_outputs=False,
                                       allow_dynamic_output_shape_ops=False)
             self.fake_mode.shape_env = self.shape_env
+        return self.shape_env
+
+    def fake(self, real: torch.Tensor, source, dims: list, marked: set, ranges: dict):
+        """A fake of `real` whose dimensions `dims` are symbols."""
+        from torch.fx.experimental.symbolic_shapes import (DimDynamic, StatelessSymbolicContext,
+                                                           StrictMinMaxConstraint)
+        from torch.utils._sympy.value_ranges import ValueRanges
+
+        self._env()
         sizes, constraints = [], []
         for d in range(real.dim()):
             sizes.append(DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC)
@@ -250,7 +240,7 @@ class SymbolicInputs:
 
 
 # Binding kinds: what of the value at a source a symbol is.
-SIZE, STRIDE, OFFSET = "size", "stride", "storage_offset"
+SIZE, STRIDE, OFFSET, INT = "size", "stride", "storage_offset", "int"
 
 
 class _Untranslatable(Exception):
@@ -324,6 +314,15 @@ class _GuardWriter:
             if not offset.is_Integer:
                 pending.append((self._slot(source, OFFSET, 0), offset))
             per_tensor[source] = (tuple(sizes), tuple(strides))
+        for source, symint in self.inputs.ints:
+            # What the trace assumed of an int input: nothing (a symbol of its own), its value
+            # (the ShapeEnv replaced its symbol by a constant), or an expression of others.
+            slot = self._slot(source, INT, 0)
+            e = self._expr(symint)
+            if isinstance(e, sympy.Symbol) and e not in self._slot_of_symbol:
+                self._slot_of_symbol[e] = slot
+            else:
+                pending.append((slot, e))
         try:
             for slot, e in pending:
                 self._add(("eq", ("sym", slot), self._tree(e)), self._eq_text(slot, e))
@@ -368,6 +367,8 @@ class _GuardWriter:
 
     def _name(self, slot: int) -> str:
         source, kind, d = self.bindings[slot]
+        if kind == INT:
+            return source.name
         return f"{source.name}.{kind}()" if kind == OFFSET else f"{source.name}.{kind}()[{d}]"
 
     def _symbol_slot(self, sym) -> int:
@@ -377,6 +378,9 @@ class _GuardWriter:
         # A symbol of a tensor whose sizes no input of the graph carries now (its capture was
         # rolled back): read where the ShapeEnv says it came from.
         for src in self.env.var_to_sources.get(sym, ()):
+            if getattr(src, "kiln_source", None) is not None:  # an int input
+                slot = self._slot_of_symbol[sym] = self._slot(src.kiln_source, INT, 0)
+                return slot
             base = getattr(src, "base", None)
             kiln_source = getattr(base, "kiln_source", None)
             if kiln_source is None:

@@ -56,6 +56,9 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return ConstantVariable(value, source)
     if is_guardable_constant(value):
+        if type(value) is int and g and out.symbolic.int_is_symbol(value, source):
+            add("TYPE_MATCH", int)  # the SHAPE guard checks what the graph assumed of it
+            return out.add_int_input(value, source)
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
     if type(value) is torch.Size:
