@@ -262,14 +262,17 @@ def test_explain_lists_the_shape_guard():
     assert any(str(g).startswith("SHAPE") for g in report.out_guards)
 
 
-def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache):
+def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache, monkeypatch):
+    monkeypatch.setattr(kiln.config, "specialize_after", 2)
     model = _mlp()
     compiled = kiln.compile(model)
     with torch.no_grad():
-        for b in (2, 3, 5, 3, 9):
+        for b in (2, 3, 5, 3, 9, 5, 3):
             x = torch.randn(b, 16)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(_entries(compiled)) == 2
+    # the static graph for 2, then 3 and 5 once each was called again (specialize_after=2)
+    assert len(kiln.debug.artifacts()) == 3
 
 
 def test_an_int_argument_that_changes_becomes_a_symbol():
@@ -299,3 +302,28 @@ def test_an_int_used_as_a_python_value_is_specialised_and_guarded():
     for n in (2, 3, 4, 3, 2):
         x = torch.randn(3)
         torch.testing.assert_close(compiled(x, n), f(x, n))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_a_specialised_graph_keeps_in_place_updates_whose_result_is_unused(backend, request,
+                                                                           monkeypatch):
+    if backend == "kiln":
+        request.getfixturevalue("kilnd_cache")
+    monkeypatch.setattr(kiln.config, "specialize_after", 1)
+
+    def step(x, cache, length):
+        cache.index_copy_(0, torch.arange(x.shape[0]) + length, x)  # result unused
+        length.add_(x.shape[0])
+        return cache[: x.shape[0]].sum(0) * 2, x.shape[0]
+
+    compiled = kiln.compile(step, backend=backend)
+    for n in (2, 3, 4, 3, 5):
+        x = torch.randn(n, 4)
+        want_cache, got_cache = torch.zeros(16, 4), torch.zeros(16, 4)
+        want_len, got_len = torch.tensor(1), torch.tensor(1)
+        want = step(x, want_cache, want_len)
+        got = compiled(x, got_cache, got_len)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]
+        torch.testing.assert_close(got_cache, want_cache)
+        assert got_len.item() == want_len.item()

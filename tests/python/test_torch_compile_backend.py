@@ -221,7 +221,24 @@ def test_in_place_update_of_an_input_is_applied_and_the_graph_compiles(fresh_tor
     assert len(kiln.debug.artifacts()) == 1
 
 
-def test_dynamic_graph_is_specialised_for_each_size_it_is_called_with(fresh_torch):
+def test_dynamic_graph_is_specialised_for_each_size_it_is_called_again_with(fresh_torch,
+                                                                            monkeypatch):
+    monkeypatch.setattr(kiln.config, "specialize_after", 2)
+
+    def f(x):
+        return torch.softmax(x * x.shape[0], dim=-1)
+
+    compiled = compile_with_kiln(f, dynamic=True)
+    for rows in (3, 5, 3, 8, 5, 3):
+        x = torch.randn(rows, 6)
+        torch.testing.assert_close(compiled(x), f(x))
+    # 3 and 5 on their second call; 8, called once, ran with PyTorch's kernels
+    assert len(kiln.debug.artifacts()) == 2
+
+
+def test_dynamic_graph_specialised_on_first_sight_when_asked(fresh_torch, monkeypatch):
+    monkeypatch.setattr(kiln.config, "specialize_after", 1)
+
     def f(x):
         return torch.softmax(x * x.shape[0], dim=-1)
 

@@ -26,6 +26,10 @@ assume_static_by_default = os.environ.get("KILN_ASSUME_STATIC_BY_DEFAULT", "1") 
 # (kiln.backends.specialize): the most recently used ones, each compiled on its signature's
 # first call. KILN_SPECIALIZATIONS_PER_GRAPH.
 specializations_per_graph = int(os.environ.get("KILN_SPECIALIZATIONS_PER_GRAPH", "64"))
+# ...each compiled on its signature's specialize_after-th call, run by PyTorch's kernels until
+# then: a new size on almost every call (a decoder's cache, a server's random shapes) is not
+# worth a compile each; the sizes a program keeps coming back to are. KILN_SPECIALIZE_AFTER.
+specialize_after = int(os.environ.get("KILN_SPECIALIZE_AFTER", "8"))
 
 # Default for kiln.compile(backend=...): "kiln" (CPU inference graphs become fused kernels built
 # by kilnd; other graphs, and every graph when no daemon answers, run eagerly).

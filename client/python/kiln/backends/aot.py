@@ -12,13 +12,13 @@ eagerly with one warning per kind of failure.
 """
 import functools
 import logging
-from typing import Callable, List, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from kiln import _C
 from kiln.backends.fallback import warn_eager_once
-from kiln.backends.specialize import PerSignature
+from kiln.backends.specialize import PerSignature, tensor_outputs
 
 log = logging.getLogger("kiln")
 
@@ -82,7 +82,7 @@ def _symbolic(value) -> bool:
 def _compile_static(gm: torch.fx.GraphModule, example_inputs: list,
                     compile_inference: InferenceCompiler) -> Callable:
     """`gm` (static sizes) through the "kiln" backend; a callable of the unboxed convention."""
-    tensors_only, rebuild = _tensor_outputs(gm)
+    tensors_only, rebuild = tensor_outputs(gm)
     if tensors_only is None:
         log.debug("kiln: a graph that returns values other than tensors runs eagerly")
         return gm.forward
@@ -93,32 +93,3 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list,
     if rebuild is None:
         return compiled
     return lambda *args: rebuild(compiled(*args))
-
-
-def _tensor_outputs(gm: torch.fx.GraphModule):
-    """(graph, rebuild): `gm` itself and None when it returns tensors only; else a copy of `gm`
-    that returns just its tensor outputs, and the function that puts its constant outputs (the
-    None gradients of a backward graph) back around them. (None, None) when an output is a
-    value computed by the graph that is not a tensor (a size)."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    if not isinstance(results, (tuple, list)):
-        return None, None
-    for r in results:
-        if isinstance(r, torch.fx.Node) and not isinstance(r.meta.get("val"), torch.Tensor):
-            return None, None
-    tensor_at = [i for i, r in enumerate(results) if isinstance(r, torch.fx.Node)]
-    if len(tensor_at) == len(results):
-        return gm, None
-    graph = torch.fx.Graph()
-    values = graph.graph_copy(gm.graph, {})
-    graph.output(tuple(values[i] for i in tensor_at))
-    constants = list(results)
-
-    def rebuild(tensors: Sequence[torch.Tensor]) -> List:
-        out = list(constants)
-        for i, t in zip(tensor_at, tensors):
-            out[i] = t
-        return out
-
-    return torch.fx.GraphModule(gm, graph), rebuild

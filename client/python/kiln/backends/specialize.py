@@ -7,6 +7,12 @@ A specialisation is the graph with every number it computes from sizes (x.size(0
 AOT graph's SymInt inputs) replaced by its value for that signature: found by running the graph
 once on static fake tensors of the call's inputs. The most recently used
 kiln.config.specializations_per_graph specialisations are kept.
+
+A signature is compiled on its kiln.config.specialize_after-th call (8 by default): until then
+the graph runs as it is (PyTorch's kernels, on any sizes). A decoder's growing cache or a
+server's random shapes bring a new signature on almost every call, and compiling each one the
+first time it is seen would cost far more than it saves; the shapes a program comes back to
+are compiled.
 """
 import collections
 import logging
@@ -34,18 +40,30 @@ def per_signature(gm: torch.fx.GraphModule, example_inputs: list, compile_static
 class PerSignature:
     """`gm` compiled per signature of its arguments (see the module's docstring)."""
 
+    # Signatures whose calls are counted towards specialize_after, at most.
+    _MAX_COUNTED = 4096
+
     def __init__(self, gm: torch.fx.GraphModule, compile_static: StaticCompiler):
         self.gm, self.compile_static = gm, compile_static
         self.compiled: "collections.OrderedDict[Tuple, Callable]" = collections.OrderedDict()
+        self.calls: "collections.OrderedDict[Tuple, int]" = collections.OrderedDict()
 
     def __call__(self, *args):
         key = signature(args)
         fn = self.compiled.get(key) if key is not None else None
-        if fn is None:
-            fn = self._specialise(key, args)
-        else:
+        if fn is not None:
             self.compiled.move_to_end(key)
-        return fn(*args)
+            return fn(*args)
+        if key is not None and self._count(key) < config.specialize_after:
+            return self.gm(*args)  # not compiled yet: PyTorch's kernels
+        return self._specialise(key, args)(*args)
+
+    def _count(self, key: Tuple) -> int:
+        n = self.calls.pop(key, 0) + 1
+        self.calls[key] = n
+        if len(self.calls) > self._MAX_COUNTED:
+            self.calls.popitem(last=False)
+        return n
 
     def _specialise(self, key: Optional[Tuple], args: Sequence) -> Callable:
         if key is None:
@@ -60,15 +78,20 @@ class PerSignature:
             log.debug("kiln: a dynamic graph runs eagerly for %s: %s: %s", key,
                       type(e).__name__, e)
             return self.gm
-        compiled = self.compile_static(static, [args[i] for i in tensor_at])
-        if len(tensor_at) == len(args):
+        tensors_only, rebuild = tensor_outputs(static)
+        if tensors_only is None:  # a number that is not a size (a value the graph computes)
+            return self.gm
+        compiled = self.compile_static(tensors_only, [args[i] for i in tensor_at])
+        if len(tensor_at) == len(args) and rebuild is None:
             fn = compiled
         else:
             def fn(*a):
-                return compiled(*[a[i] for i in tensor_at])
+                out = compiled(*[a[i] for i in tensor_at])
+                return out if rebuild is None else rebuild(out)
         while len(self.compiled) >= max(1, config.specializations_per_graph):
             self.compiled.popitem(last=False)
         self.compiled[key] = fn
+        self.calls.pop(key, None)
         return fn
 
 
@@ -102,9 +125,43 @@ def specialised_graph(gm: torch.fx.GraphModule, args: Sequence) -> torch.fx.Grap
         elif node.op in ("call_function", "call_method") and _is_number(value):
             env[node] = value
             continue
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.eliminate_dead_code()
+        env[node] = copy = graph.node_copy(node, lambda n: env[n])
+        if "example_value" in node.meta and value is not _MISSING:
+            copy.meta["example_value"] = value  # the static fake, not the symbolic one
+    # No dead-code elimination: FX takes an in-place method whose result is unused (the
+    # cache.index_copy_ of a decoder) for dead code.
     return torch.fx.GraphModule(gm, graph)
+
+
+def tensor_outputs(gm: torch.fx.GraphModule):
+    """(graph, rebuild): `gm` itself and None when it returns tensors only; else a copy of `gm`
+    that returns just its tensor outputs, and the function that puts its constant outputs (the
+    None gradients of a backward graph) back around them. (None, None) when an output is a
+    value computed by the graph that is not a tensor (a size)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    if not isinstance(results, (tuple, list)):
+        return None, None
+    for r in results:
+        # "val": an ATen graph's (make_fx), "example_value": a captured graph's
+        if isinstance(r, torch.fx.Node) and not isinstance(
+                r.meta.get("val", r.meta.get("example_value")), torch.Tensor):
+            return None, None
+    tensor_at = [i for i, r in enumerate(results) if isinstance(r, torch.fx.Node)]
+    if len(tensor_at) == len(results):
+        return gm, None
+    graph = torch.fx.Graph()
+    values = graph.graph_copy(gm.graph, {})
+    graph.output(tuple(values[i] for i in tensor_at))
+    constants = list(results)
+
+    def rebuild(tensors: Sequence[torch.Tensor]) -> List:
+        out = list(constants)
+        for i, t in zip(tensor_at, tensors):
+            out[i] = t
+        return out
+
+    return torch.fx.GraphModule(gm, graph), rebuild
 
 
 _MISSING = object()
@@ -135,12 +192,3 @@ def _static_values(gm: torch.fx.GraphModule, args: Sequence) -> dict:
         leave_autocast_blocks(gm.graph, interpreter.env)
         torch._C._set_grad_enabled(grad)
     return interpreter.env
-
-
-def boxed(fn: Callable) -> Callable:
-    """`fn` (unboxed) in AOT autograd's boxed convention: called with one list of arguments."""
-    def call(args: List):
-        return fn(*args)
-
-    call._boxed_call = True
-    return call
