@@ -6,6 +6,7 @@
 #include <torch/csrc/DynamicTypes.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <string_view>
@@ -32,6 +33,43 @@ std::string Text(PyObject* obj, bool repr) {
   return out;
 }
 
+// Depth to which tuples and lists are spelled out inside a reason.
+constexpr int kMaxReprDepth = 3;
+
+std::string SafeRepr(PyObject* obj, int depth) {
+  PyTypeObject* type = Py_TYPE(obj);
+  if (type == &PyTuple_Type || type == &PyList_Type) {
+    const bool tuple = type == &PyTuple_Type;
+    if (depth >= kMaxReprDepth) return tuple ? "(...)" : "[...]";
+    const Py_ssize_t n = tuple ? PyTuple_GET_SIZE(obj) : PyList_GET_SIZE(obj);
+    std::string out = tuple ? "(" : "[";
+    for (Py_ssize_t i = 0; i < n && out.size() < kMaxReprChars; ++i) {
+      if (i) out += ", ";
+      PyObject* item = tuple ? PyTuple_GET_ITEM(obj, i) : PyList_GET_ITEM(obj, i);
+      Py_INCREF(item);  // a list item could go away while the rest is spelled
+      out += SafeRepr(item, depth + 1);
+      Py_DECREF(item);
+    }
+    if (tuple && n == 1) out += ",";
+    out += tuple ? ")" : "]";
+    return out;
+  }
+  // A class's repr, and a C type's own, run no code of the program; a Python class's __repr__
+  // (a tensor subclass's goes through its __torch_function__) and a container's repr of its
+  // items could: explaining a guard must not change what the program sees.
+  const bool c_repr = !(type->tp_flags & Py_TPFLAGS_HEAPTYPE) && type != &PyDict_Type &&
+                      type != &PySet_Type && type != &PyFrozenSet_Type;
+  if (PyType_Check(obj)) {
+    return "<class '" + TypeName(reinterpret_cast<PyTypeObject*>(obj)) + "'>";
+  }
+  if (!c_repr) {
+    char address[32];
+    std::snprintf(address, sizeof(address), "%p", static_cast<void*>(obj));
+    return "<" + TypeName(type) + " object at " + address + ">";
+  }
+  return Text(obj, /*repr=*/true);
+}
+
 }  // namespace
 
 std::string TypeName(PyTypeObject* type) {
@@ -53,7 +91,11 @@ std::string TypeName(PyTypeObject* type) {
   return std::string(module_name) + "." + qualname;
 }
 
-std::string Repr(PyObject* obj) { return Text(obj, /*repr=*/true); }
+std::string Repr(PyObject* obj) {
+  std::string out = SafeRepr(obj, 0);
+  if (out.size() > kMaxReprChars) out = out.substr(0, kMaxReprChars - 3) + "...";
+  return out;
+}
 
 std::string TakeError(bool explain) {
   if (!explain) {

@@ -15,7 +15,8 @@ namespace kiln::guards {
 std::string TypeName(PyTypeObject* type);
 
 // Returns repr(obj) as UTF-8, cut to a length a reason can carry, never failing: an error inside
-// __repr__ is cleared.
+// __repr__ is cleared. Runs no code of the program: an object of a Python class (a tensor
+// subclass, a module) is named by its class and address, tuples and lists item by item.
 std::string Repr(PyObject* obj);
 
 // Clears the pending Python exception; when `explain` is set, returns it as "Type: message".

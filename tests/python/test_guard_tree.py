@@ -904,3 +904,22 @@ def test_a_weakref_source_reads_what_the_reference_refers_to():
     assert not none.check((r,), None)
     del dead
     assert none.check((r,), None)
+
+
+def test_failure_reasons_run_no_repr_of_the_program():
+    calls = []
+
+    def loud_repr(self):
+        calls.append(1)
+        return "Loud()"
+
+    Loud = type("Loud", (), {"__repr__": loud_repr})
+
+    expected, other = Loud(), Loud()
+    g = manager((L0, ("id", expected), "L['x'] ID_MATCH"),
+                (L1, ("constant", 3), "L['y'] CONSTANT_MATCH 3"))
+    reason = g.failure_reason((other, 3), frame_func)
+    assert "Loud object at 0x" in reason
+    reason = g.failure_reason((expected, (Loud(), "a", 1.5)), frame_func)
+    assert "Loud object at 0x" in reason and "'a', 1.5)" in reason
+    assert not calls

@@ -30,6 +30,13 @@ pytestmark = pytest.mark.skipif(KILND is None or not protocol.available(),
                                 reason="kilnd or the kiln.v1 modules are not built here")
 
 
+@pytest.fixture(autouse=True)
+def _a_graph_per_shape(monkeypatch):
+    """The tests below call a function with new shapes to make new graphs for kilnd to build:
+    without automatic dynamic shapes, each shape is a graph of its own."""
+    monkeypatch.setattr(kiln.config, "automatic_dynamic_shapes", False)
+
+
 def figure(text: str) -> None:
     print(f"\n[figure] {text}")
 
