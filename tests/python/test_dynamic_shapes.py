@@ -327,3 +327,17 @@ def test_a_specialised_graph_keeps_in_place_updates_whose_result_is_unused(backe
         assert got[1] == want[1]
         torch.testing.assert_close(got_cache, want_cache)
         assert got_len.item() == want_len.item()
+
+
+def test_a_pad_by_an_amount_computed_from_a_size_stays_in_the_graph():
+    def f(x, mask):
+        pad = (8 - x.shape[-1] % 8) % 8  # a mask padded to a multiple of 8, as attention does
+        return F.pad(x, (0, pad), value=-1.0) * 2, torch.nn.functional.pad(mask, (0, pad))
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend)
+    for n in (5, 6, 9, 13, 12):
+        x, mask = torch.randn(2, n), torch.ones(2, 1, n)
+        for got, want in zip(compiled(x, mask), f(x, mask)):
+            torch.testing.assert_close(got, want)
+    assert len(backend.graphs) == 2  # no break at the pad

@@ -21,7 +21,7 @@ except ImportError:  # torch < 2.3
 from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
-                                   shortcut)
+                                   shortcut, symbolic_pad)
 from kiln.graph.symbolic_shapes import contains_symbol
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
@@ -443,6 +443,10 @@ class OutputGraph:
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:
             with self.fake_mode:
+                result = symbolic_pad(kind, target, fake_args, fake_kwargs) \
+                    if self.is_dynamic else None
+                if result is not None:
+                    return result
                 if kind == "call_method":
                     return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 return target(*fake_args, **fake_kwargs)
