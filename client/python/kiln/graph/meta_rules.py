@@ -109,23 +109,6 @@ def shortcut(fake_mode, kind: str, target, args: tuple, kwargs: dict) -> Optiona
     return None
 
 
-def symbolic_pad(kind: str, target, args: tuple, kwargs: dict):
-    """The fake value of a constant pad (F.pad, Tensor.pad) in a graph with symbolic sizes, by
-    torch's reference implementation: ATen's own meta kernel of constant_pad_nd takes only
-    concrete amounts (a mask padded to a multiple of 8 from its sequence length). None for
-    other calls. Run inside the fake mode."""
-    if not ((kind == "call_function" and target in (F.pad, torch._C._nn.pad)) or
-            (kind == "call_method" and target == "pad")) or len(args) < 2:
-        return None
-    mode = kwargs.get("mode", args[2] if len(args) > 2 else "constant")
-    value = kwargs.get("value", args[3] if len(args) > 3 else None)
-    if mode != "constant" or not isinstance(args[0], torch.Tensor):
-        return None
-    from torch import _refs
-
-    return _refs.constant_pad_nd(args[0], args[1], 0 if value is None else value)
-
-
 def _fake_like(fake_mode, t: FakeTensor) -> FakeTensor:
     """A new fake tensor (its own object and storage) with `t`'s metadata; no grad."""
     return fake_empty(fake_mode, t.shape, t.stride(), t.dtype, t.fake_device)

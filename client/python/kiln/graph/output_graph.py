@@ -21,8 +21,8 @@ except ImportError:  # torch < 2.3
 from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
-                                   shortcut, symbolic_pad)
-from kiln.graph.symbolic_shapes import contains_symbol
+                                   shortcut)
+from kiln.graph.symbolic_shapes import contains_symbol, python_dispatcher
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -442,11 +442,12 @@ class OutputGraph:
 
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:
-            with self.fake_mode:
-                result = symbolic_pad(kind, target, fake_args, fake_kwargs) \
-                    if self.is_dynamic else None
-                if result is not None:
-                    return result
+            # With symbolic sizes, ops run as torch.compile runs them: through the Python
+            # dispatcher, which reaches the Python meta kernels registered for symbolic sizes
+            # (constant_pad_nd's C++ one takes concrete amounts only: a mask padded to a
+            # multiple of 8, SDPA's own padding on CUDA).
+            with self.fake_mode, (python_dispatcher() if self.is_dynamic
+                                  else contextlib.nullcontext()):
                 if kind == "call_method":
                     return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 return target(*fake_args, **fake_kwargs)

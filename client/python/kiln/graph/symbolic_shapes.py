@@ -50,6 +50,14 @@ def contains_symbol(value) -> bool:
     return False
 
 
+def python_dispatcher():
+    """The context ops on symbolic sizes run in: torch's Python dispatcher on (as torch.compile
+    traces), so that the Python meta kernels written for symbolic sizes are the ones run."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
 class ConstraintViolation(KilnError):
     """A dimension marked dynamic (mark_dynamic) that the trace had to specialise, or whose
     declared range the trace narrowed: the program asked for a graph that holds for every size
