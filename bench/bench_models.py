@@ -32,7 +32,6 @@ Every record is appended to --jsonl as it comes; --resume skips (model, compiler
 dtype) already there, so a long suite runs in chunks; --report-only tabulates the jsonl.
 """
 import argparse
-import csv
 import dataclasses
 import json
 import logging
@@ -49,7 +48,7 @@ import time
 from collections import Counter, defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, emit, stop_kilnd  # noqa: E402
+from common import command_line, emit, stop_kilnd, write_csv  # noqa: E402
 import model_configs  # noqa: E402
 
 COMPILERS = ["eager", "kiln", "torch"]
@@ -676,17 +675,6 @@ def print_reasons(groups, compiler="kiln", limit=None):
                   + (" ..." if len(models) > 12 else ""))
             if where[0][1] and where[0][1] != reason:
                 print(f"      e.g. {where[0][1][:200]}")
-
-
-def write_csv(rows, path):
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fields = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
 
 
 def chart(rows, path):

@@ -66,7 +66,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import command_line, emit, environment, first_tensor, stop_kilnd  # noqa: E402
+from common import (command_line, emit, environment, first_tensor, stop_kilnd,  # noqa: E402
+                    write_csv)
 
 WORKLOADS = ["bert", "llm_dynamic", "llm_static"]
 COMPILERS = ["eager", "torch", "torch_ro", "kiln"]
@@ -524,20 +525,6 @@ def print_table(records):
           "cache size / recompile limit and run eagerly since; eagerfr: kiln's frames run eagerly "
           "otherwise; x eager, x torch: eager's (torch.compile's) time over the compiler's; "
           "correct: requests (both passes) matching eager")
-
-
-def write_csv(records, path):
-    import csv
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fields = []
-    for r in records:
-        fields += [k for k in r if k not in fields]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows({k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
-                     for k, v in r.items()} for r in records)
 
 
 def int_range(text):

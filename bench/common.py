@@ -139,3 +139,17 @@ def emit(record: dict, out_path: str = None):
         os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
         with open(out_path, "a") as f:
             f.write(line + "\n")
+
+
+def write_csv(rows, path: str) -> None:
+    """`rows` (dicts) as a CSV file, one column per key any row has, in order of appearance."""
+    import csv
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fields = []
+    for r in rows:
+        fields += [k for k in r if k not in fields]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
