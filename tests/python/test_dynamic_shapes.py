@@ -333,3 +333,16 @@ def test_a_pad_by_an_amount_computed_from_a_size_stays_in_the_graph():
         for got, want in zip(compiled(x, mask), f(x, mask)):
             torch.testing.assert_close(got, want)
     assert len(backend.graphs) == 2  # no break at the pad
+
+
+def test_mark_unbacked_and_maybe_mark_dynamic_of_size_one_are_no_error():
+    backend = Counting()
+    compiled = kiln.compile(lambda x: x * 2, backend=backend)
+    for mark in (kiln.mark_unbacked, kiln.maybe_mark_dynamic):
+        x = torch.randn(1, 3)
+        mark(x, 0)
+        torch.testing.assert_close(compiled(x), x * 2)
+    x = torch.randn(1, 3)
+    kiln.mark_dynamic(x, 0)
+    with pytest.raises(ConstraintViolation, match="has size 1"):
+        kiln.compile(lambda x: x * 3, backend=Counting())(x)

@@ -6,7 +6,8 @@
                                                    constant
     kiln.mark_static(t, dim=None)                  dim (every dim) stays static, even under
                                                    kiln.compile(dynamic=True)
-    kiln.mark_unbacked(t, dim)                     dim is a symbol (as mark_dynamic)
+    kiln.mark_unbacked(t, dim)                     dim is a symbol (as maybe_mark_dynamic: a
+                                                   size of 0 or 1 is still specialised)
 
 The marks are torch._dynamo's own attributes on the tensor, so a program written for
 torch.compile (torch._dynamo.mark_dynamic) is compiled by kiln with its marks, and kiln's marks

@@ -165,8 +165,11 @@ class SymbolicInputs:
         if self.dynamic is False or real.layout is not torch.strided:
             return [], set(), {}
         shape = tuple(real.shape)
-        marked = set(_marked(real, _DYNAMIC_ATTR)) | set(_marked(real, _UNBACKED_ATTR))
-        wanted = marked | set(_marked(real, _WEAK_DYNAMIC_ATTR))
+        # mark_dynamic is a promise the trace must keep (an error if it specialises the dim);
+        # maybe_mark_dynamic and mark_unbacked are wishes.
+        marked = set(_marked(real, _DYNAMIC_ATTR))
+        wanted = marked | set(_marked(real, _WEAK_DYNAMIC_ATTR)) | set(
+            _marked(real, _UNBACKED_ATTR))
         if self.dynamic is True and not module_state:
             wanted |= set(range(real.dim()))
         wanted -= set(_marked(real, _STATIC_ATTR))
