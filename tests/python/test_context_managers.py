@@ -219,7 +219,7 @@ def test_set_grad_enabled_as_a_context_manager_and_as_a_plain_call():
         z = y + x
         return y.requires_grad, z.requires_grad, z
 
-    def plain(x):  # leaves grad mode off after the frame: kiln runs the frame as written
+    def plain(x):  # leaves grad mode off after the frame, as eager does
         torch.set_grad_enabled(False)
         return x * 2
 
@@ -229,16 +229,16 @@ def test_set_grad_enabled_as_a_context_manager_and_as_a_plain_call():
     assert got[:2] == want[:2]
     torch.testing.assert_close(got[2], want[2])
     try:
-        out = kiln.compile(plain, backend="eager")(x)
+        out = kiln.compile(plain, backend="eager", fullgraph=True)(x)
         assert not out.requires_grad and not torch.is_grad_enabled()
     finally:
         torch.set_grad_enabled(True)
 
 
-def test_a_plain_set_grad_enabled_call_is_a_graph_break_and_the_mode_holds_after_it():
-    # TorchDynamo's test_grad_mode_guard: the mode switched by a plain call and switched back
-    # later in the frame. The calls run in Python at breaks: the graphs around them are captured
-    # under the mode eager has there, and the frame leaves the mode as eager does.
+def test_plain_set_grad_enabled_calls_are_captured_and_the_mode_holds_after_them():
+    # The mode switched by a plain call and switched back later in the frame: the calls are
+    # switches in the graph, each op runs under the mode eager has there, and the frame leaves
+    # the mode as eager does.
     from kiln.testing import CompileCounter
 
     def fn(a, b):
@@ -247,17 +247,63 @@ def test_a_plain_set_grad_enabled_call_is_a_graph_break_and_the_mode_holds_after
         a = a + 1
         ret = a + b
         torch.set_grad_enabled(prev)
-        return ret, ret * 2
+        return ret, b * 2, a.requires_grad
 
     a, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
     cnt = CompileCounter()
-    compiled = kiln.compile(fn, backend=cnt)
+    compiled = kiln.compile(fn, backend=cnt, fullgraph=True)
     for _ in range(3):
         got, want = compiled(a, b), fn(a, b)
-        assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [False, False]
-        torch.testing.assert_close(got, want)
+        assert [t.requires_grad for t in got[:2]] == [t.requires_grad for t in want[:2]] \
+            == [False, True]
+        assert got[2] is want[2] is False
+        torch.testing.assert_close(got[:2], want[:2])
         assert torch.is_grad_enabled()
-    assert cnt.frame_count == 2  # a + 1, a + b between the calls; ret * 2 after them
+    assert cnt.frame_count == 1
+
+
+def test_set_grad_enabled_calls_in_try_finally_update_a_parameter_in_place():
+    def fn(param, y):
+        prev = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(False)
+            torch.set_grad_enabled(True)
+            torch.set_grad_enabled(False)
+            param.add_(y)
+        finally:
+            torch.set_grad_enabled(prev)
+
+    y = torch.randn(4)
+    p_eager = torch.nn.Parameter(torch.randn(4))
+    p_kiln = torch.nn.Parameter(p_eager.detach().clone())
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    for _ in range(2):
+        fn(p_eager, y)
+        assert compiled(p_kiln, y) is None
+        torch.testing.assert_close(p_kiln.detach(), p_eager.detach())
+        assert p_kiln.requires_grad and p_kiln.grad_fn is None
+        assert torch.is_grad_enabled()
+
+
+def test_a_plain_set_grad_enabled_call_under_no_grad_leaves_the_mode_on():
+    def fn(x):
+        y = x * 2
+        torch.set_grad_enabled(True)
+        return y, x * 3
+
+    x = torch.randn(3, requires_grad=True)
+    compiled = kiln.compile(fn, backend="eager")
+    try:
+        with torch.no_grad():
+            got = compiled(x)
+            assert torch.is_grad_enabled()
+        with torch.no_grad():
+            want = fn(x)
+            assert torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(True)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want] == [False, True]
+    torch.testing.assert_close(got, want)
 
 
 def test_set_grad_enabled_with_a_non_bool_raises_as_eager_does():

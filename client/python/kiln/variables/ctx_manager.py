@@ -18,7 +18,6 @@ An exception inside the block, which __exit__ would see, is not modelled (the ex
 WITH_EXCEPT_START is Unsupported). A graph break inside a grad-mode block resumes inside it: its
 __exit__ is a GradModeRestore there (kiln.transform.graph_break)."""
 import contextlib
-import dis
 import inspect
 import threading
 import types
@@ -135,10 +134,10 @@ GradModeRestore.TO.update({mode: GradModeRestore(mode) for mode in (False, True)
 
 
 class SetGradEnabledVariable(VariableTracker):
-    """torch.set_grad_enabled(mode) entered by the `with` right after the call: switches grad
-    mode when made, as its constructor does, and restores the mode it found on exit. Made and
-    kept or dropped, it would leave the mode switched after the frame, which the transformed
-    code does not replay: such a call is a graph break, which runs it in Python."""
+    """torch.set_grad_enabled(mode): switches grad mode when made, as its constructor does
+    (entered by a `with`, it restores the mode it found on exit). Called as a plain statement
+    it leaves the mode switched: the trace goes on in that mode, and the transformed code sets
+    the mode the program has where the graph ends (kiln.convert_frame)."""
 
     def __init__(self, prior: bool):
         super().__init__(None)
@@ -146,9 +145,6 @@ class SetGradEnabledVariable(VariableTracker):
 
     @classmethod
     def construct(cls, tx, args, kwargs):
-        if tx.next_opcode != _BEFORE_WITH:
-            raise Unsupported("torch.set_grad_enabled called outside a `with`: it runs where "
-                              "the program calls it")
         const = constant_args(args, kwargs)
         if const is None or len(const[0]) + len(const[1]) != 1 or set(const[1]) - {"mode"}:
             raise Unsupported("torch.set_grad_enabled with other than one constant argument")
@@ -165,8 +161,6 @@ class SetGradEnabledVariable(VariableTracker):
     def enter(self, tx):
         return GradModeExitVariable(self.prior), ConstantVariable(None)
 
-
-_BEFORE_WITH = dis.opmap["BEFORE_WITH"]
 
 
 def set_grad_mode(tx, enabled: bool):
