@@ -175,7 +175,7 @@ def reversed_list_grows_while_iterated(x):
     return out, tape
 
 
-@corpus((3,), frames=1, breaks=2)
+@corpus((3,), frames=1, breaks=1)
 def reversed_list_item_replaced_across_a_break(x):
     # The loop goes on in a resume function (which runs it in Python): the item replaced there
     # before the iterator gets to it is the one it yields.

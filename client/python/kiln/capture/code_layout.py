@@ -49,6 +49,16 @@ def live_locals(code: types.CodeType, offset: int) -> FrozenSet[str]:
     return live
 
 
+_BACKWARD_JUMPS = {"JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE"}
+
+
+def inside_loop(code: types.CodeType, offset: int) -> bool:
+    """Whether byte `offset` of `code` is inside a loop: a backward jump after it goes back to
+    it or before it (a for or while loop's body, or its header)."""
+    return any(ins.opname in _BACKWARD_JUMPS and ins.offset > offset and ins.argval <= offset
+               for ins in dis.get_instructions(code))
+
+
 def _liveness(code: types.CodeType) -> dict:
     if _READS_FRAME & set(code.co_names):
         return {}

@@ -12,7 +12,8 @@ import inspect
 import sys
 
 from kiln import _C
-from kiln.capture.code_layout import live_locals
+from kiln.capture.code_layout import inside_loop, live_locals
+from kiln.capture.skip_files import skip_code
 from kiln.exc import Unsupported
 from kiln.transform.resume import resume_origin, resume_params, shared_resume, with_cells
 
@@ -29,6 +30,7 @@ def break_body(func, code, gb, rebuild, consts):
     code, shift = resume_origin(code)
     varnames = resume_params(code)  # cell variables are the frame's locals too
     next_offset = inst.next_offset
+    in_loop = inside_loop(code, inst.offset - shift)
     body = []
     resumes = []
 
@@ -47,6 +49,11 @@ def break_body(func, code, gb, rebuild, consts):
         except ValueError as e:
             raise Unsupported(f"no resume function for {code.co_qualname}: {e}") from None
         resumes.append(fn.__code__)
+        if in_loop:
+            # The rest of a loop a graph break interrupts runs as Python (what it calls is
+            # captured as usual): captured, it would be one graph per turn of the loop, each
+            # guarded on how far the loop got, until cache_size_limit.
+            skip_code(fn)
         args = local_exprs + [v if isinstance(v, str) else rebuild(v)
                               for v in stack_vts if isinstance(v, str) or not v.is_null]
         callee = consts.ref(fn)
