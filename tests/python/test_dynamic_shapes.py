@@ -346,3 +346,23 @@ def test_mark_unbacked_and_maybe_mark_dynamic_of_size_one_are_no_error():
     kiln.mark_dynamic(x, 0)
     with pytest.raises(ConstraintViolation, match="has size 1"):
         kiln.compile(lambda x: x * 3, backend=Counting())(x)
+
+
+def test_an_int_input_handed_on_at_a_break_with_no_graph_is_the_programs_value():
+    seen = []
+
+    def read(n):
+        print("test: reads", n)
+        return n
+
+    def f(x, n):
+        seen.append(read(n))  # a break before any op: the frame's graph is empty
+        return x + n
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x, n), x + n)
+    assert seen == [5, 6]
+    assert backend.graphs  # the resume function's x + n is compiled, not run eagerly

@@ -274,6 +274,7 @@ class OutputGraph:
         node.meta["example_value"] = example
         self.inputs.append(GraphInput(node, source, value))
         vt = self._input_by_source[source] = self._wrap_result(self, node, example, None)
+        vt.source = source  # read again from there where no graph computes it
         return vt
 
     def guard_distinct_inputs(self):

@@ -52,6 +52,8 @@ class SymNodeVariable(VariableTracker):
         return bool(self.value)  # the ShapeEnv guards the relation the branch took
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None and self.node.op == "placeholder":
+            return codegen.source(self.source)  # an int input: the program's own value
         return codegen.tensor(self)  # one of the graph's outputs
 
     def __repr__(self):
