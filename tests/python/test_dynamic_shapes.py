@@ -366,3 +366,19 @@ def test_an_int_input_handed_on_at_a_break_with_no_graph_is_the_programs_value()
         torch.testing.assert_close(compiled(x, n), x + n)
     assert seen == [5, 6]
     assert backend.graphs  # the resume function's x + n is compiled, not run eagerly
+
+
+def test_max_and_min_of_sizes_stay_symbolic():
+    def f(x, n):
+        w = max(x.shape[0] // 2, 1, n)
+        h = min(x.shape[0], n * 2)
+        return x[:h] * w, w, h
+
+    backend = Counting()
+    compiled = kiln.compile(f, backend=backend, dynamic=True)
+    for size, n in ((6, 2), (9, 3), (10, 7), (4, 5)):
+        x = torch.randn(size)
+        got, want = compiled(x, n), f(x, n)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:] == want[1:]
+    assert len(backend.graphs) == 1

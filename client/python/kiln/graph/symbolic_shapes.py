@@ -323,7 +323,11 @@ class _GuardWriter:
                         f"needs it to be {sizes[d]} (the trace specialised it)")
             offset = self._expr(fake.storage_offset())
             if not offset.is_Integer:
-                pending.append((self._slot(source, OFFSET, 0), offset))
+                slot = self._slot(source, OFFSET, 0)
+                if isinstance(offset, sympy.Symbol) and offset not in self._slot_of_symbol:
+                    self._slot_of_symbol[offset] = slot
+                else:
+                    pending.append((slot, offset))
             per_tensor[source] = (tuple(sizes), tuple(strides))
         for source, symint in self.inputs.ints:
             # What the trace assumed of an int input: nothing (a symbol of its own), its value

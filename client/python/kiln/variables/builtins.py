@@ -353,6 +353,15 @@ def _minmax(fn):
         items = args[0].unpack(tx) if len(args) == 1 else list(args)
         if any_tensor(items):
             raise Unsupported(f"{fn.__name__}() over tensors compares their values")
+        if not kwargs and len(items) > 1 and any(isinstance(v, SymNodeVariable) for v in items) \
+                and all(v.python_type() is int for v in items):
+            # Of ints some of which are symbolic sizes: torch.sym_max / sym_min nodes, so that
+            # `w = max(w, 1)` keeps w a symbol instead of specialising the graph to its value.
+            sym = torch.sym_max if fn is max else torch.sym_min
+            result = items[0]
+            for v in items[1:]:
+                result = tx.output.call("call_function", sym, (result, v), {})
+            return result
         const = constant_args(items, kwargs)
         if const is None:
             raise Unsupported(f"{fn.__name__}() of non-constants")
