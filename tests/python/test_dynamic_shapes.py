@@ -382,3 +382,41 @@ def test_max_and_min_of_sizes_stay_symbolic():
         torch.testing.assert_close(got[0], want[0])
         assert got[1:] == want[1:]
     assert len(backend.graphs) == 1
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) + x
+
+
+def test_instances_of_a_block_that_differ_in_width_stay_static():
+    # The third instance fails its entry on a parameter's shape, not an input's: a graph per
+    # width, static (a symbolic one would run PyTorch's kernels under a static-size backend
+    # until its signature's specialize_after-th call).
+    blocks = [_Block(w) for w in (4, 4, 8, 16)]
+    backend = Counting()  # one backend: the blocks share the callback and its entries
+    compiled = [kiln.compile(b, backend=backend) for b in blocks]
+    with torch.no_grad():
+        for _ in range(2):
+            for b, c in zip(blocks, compiled):
+                x = torch.randn(3, b.lin.in_features)
+                torch.testing.assert_close(c(x), b(x))
+    guards = _guards(compiled[0])
+    assert not any(g.startswith("SHAPE") for g in guards), guards
+    assert not any("?" in g for g in guards if "TENSOR_MATCH" in g)
+
+
+def test_an_input_that_changes_size_under_shared_block_entries_is_made_symbolic():
+    blocks = [_Block(8) for _ in range(3)]
+    backend = Counting()
+    compiled = [kiln.compile(b, backend=backend) for b in blocks]
+    with torch.no_grad():
+        for n in (2, 3, 5, 7):
+            for b, c in zip(blocks, compiled):
+                x = torch.randn(n, 8)
+                torch.testing.assert_close(c(x), b(x))
+    assert any(g.startswith("SHAPE") for g in _guards(compiled[0]))

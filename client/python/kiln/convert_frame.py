@@ -17,6 +17,7 @@ from kiln.entry import EntryInfo, next_compile_id
 from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToCompile
 from kiln.graph import stand_in
 from kiln.graph.output_graph import plain_alias, realized
+from kiln.graph.symbolic_shapes import is_input_size_guard
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
 from kiln.transform.resume import resume_origin
@@ -121,6 +122,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     info.extra["module_identity_guards"] = frozenset(
         text for g, text in zip(output.guards, guards)
         if g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module))
+    # Which failed guard means "an input's size changed" (automatic dynamic shapes).
+    info.extra["input_size_guards"] = frozenset(
+        text for g, text in zip(output.guards, guards) if is_input_size_guard(g))
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

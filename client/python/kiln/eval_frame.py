@@ -196,15 +196,20 @@ def _another_module_instance(entries, slots, func) -> bool:
 
 
 def _sizes_changed(entries, slots, func) -> bool:
-    """Whether an entry of the frame failed on a size: a TENSOR_MATCH's size or stride, a SHAPE
-    guard (kiln.graph.symbolic_shapes), or the value of an int argument."""
-    for manager, *_ in entries:
+    """Whether an entry of the frame failed on the size of one of its inputs: a tensor input's
+    size or stride, the SHAPE guard (kiln.graph.symbolic_shapes), or the value of an int
+    argument (the entry's input_size_guards), not a parameter's shape."""
+    for manager, _code, info, *_ in entries:
+        size_guards = info.extra.get("input_size_guards") if info is not None else None
+        if not size_guards:
+            continue
         reason = manager.failure_reason(slots, func) or ""
-        if reason.startswith("SHAPE ") or ("TENSOR_MATCH" in reason and (
-                "size mismatch" in reason or "stride mismatch" in reason)):
-            return True
-        if reason.startswith("L[") and " CONSTANT_MATCH " in reason and \
-                reason.endswith(" (int)") and "(int), got" in reason:
+        # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
+        text = next((t for t in size_guards if reason.startswith(t + ": ")), None)
+        if text is None:
+            continue
+        why = reason[len(text) + 2:]
+        if " TENSOR_MATCH " not in text or why.startswith(("size mismatch", "stride mismatch")):
             return True
     return False
 

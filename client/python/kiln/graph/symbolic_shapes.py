@@ -58,6 +58,24 @@ def python_dispatcher():
     return enable_python_dispatcher()
 
 
+def is_input_size_guard(guard) -> bool:
+    """Whether `guard` (kiln.guards.builder.Guard) checks what automatic dynamic shapes makes a
+    symbol when it fails: a tensor input's sizes (not a parameter's or buffer's: a block class
+    whose instances differ in width recompiles per width, static), the SHAPE guard, or an int
+    argument's value."""
+    from kiln.guards.source import ModuleMemberSource
+
+    if guard.kind == "SHAPE":
+        return True
+    if guard.kind == "TENSOR_MATCH":
+        real = guard.tensor_spec()[0]
+        return not isinstance(real, torch.nn.Parameter) and \
+            not isinstance(guard.source, ModuleMemberSource)
+    if guard.kind == "CONSTANT_MATCH" and type(guard.value) is int:
+        return SymbolicInputs.passed_in(guard.source)
+    return False
+
+
 class ConstraintViolation(KilnError):
     """A dimension marked dynamic (mark_dynamic) that the trace had to specialise, or whose
     declared range the trace narrowed: the program asked for a graph that holds for every size
@@ -185,8 +203,11 @@ class SymbolicInputs:
     def int_is_symbol(self, value: int, source) -> bool:
         """Whether the int `value`, read at `source`, is a symbol: under dynamic=True, an int the
         caller passed in (an argument, or an item of one), but 0 and 1."""
-        if self.dynamic is not True or value in (0, 1):
-            return False
+        return self.dynamic is True and value not in (0, 1) and self.passed_in(source)
+
+    @staticmethod
+    def passed_in(source) -> bool:
+        """Whether `source` is an argument of the frame, or an item of one."""
         from kiln.guards.source import DictItemSource, ItemSource, LocalSource
 
         while isinstance(source, (ItemSource, DictItemSource)):
