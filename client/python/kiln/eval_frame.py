@@ -315,9 +315,10 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
     backend: a registered name ("eager", ...) or a callable (gm, example_inputs) -> callable.
     fullgraph: raise kiln.exc.Unsupported instead of running a frame eagerly.
     dynamic: None (the default) compiles static sizes first and, for a frame called again with
-    another size, makes the sizes that changed symbols (one graph for all of them); True makes
-    every size of every input a symbol from the first compile; False keeps sizes static (a
-    compile per shape). kiln.mark_dynamic and its relatives mark dimensions of a tensor.
+    another size of an input, makes every size of its inputs a symbol (one graph for all of
+    them); True makes every size of every input a symbol from the first compile; False keeps
+    sizes static (a compile per shape). kiln.mark_dynamic and its relatives mark dimensions of
+    a tensor (kiln.graph.symbolic_shapes).
     mode, options: passed to the "kiln" backend, where they choose CUDA graphs: on by default
     (kiln.config.cuda_graphs), "reduce-overhead" on, "max-autotune-no-cudagraphs" off, and
     options={"triton.cudagraphs": bool} either way; other backends ignore them.
