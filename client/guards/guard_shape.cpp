@@ -213,7 +213,15 @@ class ShapeCheck : public LeafCheck {
   }
 
   bool ReadBindings(const Frame& frame, int64_t* values, std::string* why) const {
-    std::vector<PyObject*> read(sources_.size(), nullptr);
+    // Each source read once; a few (the usual case) on the stack: this runs on every call.
+    constexpr size_t kSmall = 8;
+    PyObject* small[kSmall] = {};
+    std::vector<PyObject*> large;
+    PyObject** read = small;
+    if (sources_.size() > kSmall) {
+      large.assign(sources_.size(), nullptr);
+      read = large.data();
+    }
     bool ok = true;
     for (size_t i = 0; ok && i < bindings_.size(); ++i) {
       const Binding& b = bindings_[i];
@@ -227,7 +235,7 @@ class ShapeCheck : public LeafCheck {
       }
       ok = ReadOne(b, value, &values[i], why);
     }
-    for (PyObject* v : read) Py_XDECREF(v);
+    for (size_t i = 0; i < sources_.size(); ++i) Py_XDECREF(read[i]);
     return ok;
   }
 

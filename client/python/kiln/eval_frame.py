@@ -181,37 +181,32 @@ class FrameCallback:
         return entry
 
 
+def _failed_guard(entries, slots, func, kind: str):
+    """(text, why) of the first failing guard of each entry whose text is one of the entry's
+    `kind` guards (an info.extra set of guard texts), in turn."""
+    for manager, _code, info, *_ in entries:
+        texts = info.extra.get(kind) if info is not None else None
+        if not texts:
+            continue
+        reason = manager.failure_reason(slots, func) or ""
+        # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
+        text = next((t for t in texts if reason.startswith(t + ": ")), None)
+        if text is not None:
+            yield text, reason[len(text) + 2:]
+
+
 def _another_module_instance(entries, slots, func) -> bool:
     """Whether an entry of the frame failed only because a module it was captured for is not
     the one this call has (its first failing guard is an nn.Module's identity)."""
-    for manager, _code, info, *_ in entries:
-        module_guards = info.extra.get("module_identity_guards") if info is not None else None
-        if not module_guards:
-            continue
-        reason = manager.failure_reason(slots, func)
-        # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
-        if reason and any(reason.startswith(text + ": ") for text in module_guards):
-            return True
-    return False
+    return any(True for _ in _failed_guard(entries, slots, func, "module_identity_guards"))
 
 
 def _sizes_changed(entries, slots, func) -> bool:
     """Whether an entry of the frame failed on the size of one of its inputs: a tensor input's
     size or stride, the SHAPE guard (kiln.graph.symbolic_shapes), or the value of an int
     argument (the entry's input_size_guards), not a parameter's shape."""
-    for manager, _code, info, *_ in entries:
-        size_guards = info.extra.get("input_size_guards") if info is not None else None
-        if not size_guards:
-            continue
-        reason = manager.failure_reason(slots, func) or ""
-        # A reason is the failed guard's text, ": ", then why (the text may hold ": " too).
-        text = next((t for t in size_guards if reason.startswith(t + ": ")), None)
-        if text is None:
-            continue
-        why = reason[len(text) + 2:]
-        if " TENSOR_MATCH " not in text or why.startswith(("size mismatch", "stride mismatch")):
-            return True
-    return False
+    return any(" TENSOR_MATCH " not in text or why.startswith(("size mismatch", "stride mismatch"))
+               for text, why in _failed_guard(entries, slots, func, "input_size_guards"))
 
 
 def _stored_captures(compiler_fn, mode, options):

@@ -102,15 +102,6 @@ def marked_ranges(t: torch.Tensor) -> Dict[int, Tuple[Optional[int], Optional[in
     return out
 
 
-def has_marks(t: torch.Tensor) -> bool:
-    """Whether the program marked any dimension of `t` dynamic."""
-    try:
-        d = t.__dict__
-    except AttributeError:
-        return False
-    return bool(d.get(_DYNAMIC_ATTR) or d.get(_WEAK_DYNAMIC_ATTR) or d.get(_UNBACKED_ATTR))
-
-
 class _CallableName(str):
     """A source's name, read as an attribute or called as a method."""
 
