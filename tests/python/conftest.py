@@ -39,6 +39,7 @@ def kilnd_cache(tmp_path_factory):
     os.environ["KILN_CACHE_DIR"] = str(root)
     kiln.reset()  # the daemon's settings are read again: a client of this cache directory
     yield root
+    kiln.wait_for_compiles(timeout=120)  # a background compile finishes with this daemon
     subprocess.run([kilnd, "--stop", "--socket", str(root / "kilnd.sock")], capture_output=True,
                    timeout=60)
     STATE.daemon.close()

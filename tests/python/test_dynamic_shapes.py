@@ -263,6 +263,7 @@ def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache, monkey
             x = torch.randn(b, 16)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(_entries(compiled)) == 2
+    assert kiln.wait_for_compiles(timeout=120)
     # the static graph for 2, then 3 and 5 once each was called again (specialize_after=2)
     assert len(kiln.debug.artifacts()) == 3
 
@@ -420,3 +421,68 @@ def test_an_input_that_changes_size_under_shared_block_entries_is_made_symbolic(
                 x = torch.randn(n, 8)
                 torch.testing.assert_close(c(x), b(x))
     assert any(g.startswith("SHAPE") for g in _guards(compiled[0]))
+
+
+def test_a_specialisation_compiles_in_the_background_while_calls_run_the_graph(monkeypatch):
+    import threading
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.backends.specialize import PerSignature
+
+    monkeypatch.setattr(kiln.config, "specialize_after", 2)
+    monkeypatch.setattr(kiln.config, "specialize_in_background", True)
+    gm = make_fx(lambda x: (torch.relu(x) * 2,))(torch.randn(4, 3))
+    started, release, seen, compiled_runs = threading.Event(), threading.Event(), [], []
+
+    def compile_static(graph, tensors):
+        seen.append(tensors)
+        started.set()
+        tensors[0].fill_(float("nan"))  # a compile that wrote to what it was given
+        assert release.wait(60)
+
+        def fn(*a):
+            compiled_runs.append(1)
+            return graph(*a)
+        return fn
+
+    per = PerSignature(gm, compile_static)
+    x = torch.randn(4, 3)
+    before = x.clone()
+    for _ in range(4):  # the second call starts the compile; none of them waits for it
+        torch.testing.assert_close(per(x)[0], torch.relu(before) * 2)
+    assert started.wait(60)
+    torch.testing.assert_close(per(x)[0], torch.relu(before) * 2)  # still compiling: not waited for
+    assert len(seen) == 1 and not compiled_runs
+    # the compile had tensors like the call's, not the call's own
+    assert seen[0][0].shape == x.shape and seen[0][0].stride() == x.stride()
+    assert seen[0][0].data_ptr() != x.data_ptr()
+    torch.testing.assert_close(x, before)
+    release.set()
+    assert kiln.wait_for_compiles(timeout=60)
+    torch.testing.assert_close(per(x)[0], torch.relu(before) * 2)
+    assert compiled_runs == [1] and len(seen) == 1
+
+
+def test_a_specialisation_compiles_in_the_call_when_background_is_off(monkeypatch):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.backends.specialize import PerSignature
+
+    monkeypatch.setattr(kiln.config, "specialize_after", 2)
+    monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+    gm = make_fx(lambda x: (x + 1,))(torch.randn(5))
+    runs = []
+
+    def compile_static(graph, tensors):
+        def fn(*a):
+            runs.append(1)
+            return graph(*a)
+        return fn
+
+    per = PerSignature(gm, compile_static)
+    x = torch.randn(5)
+    per(x)
+    assert not runs
+    torch.testing.assert_close(per(x)[0], x + 1)
+    assert runs == [1]

@@ -232,6 +232,7 @@ def test_dynamic_graph_is_specialised_for_each_size_it_is_called_again_with(fres
     for rows in (3, 5, 3, 8, 5, 3):
         x = torch.randn(rows, 6)
         torch.testing.assert_close(compiled(x), f(x))
+    assert kiln.wait_for_compiles(timeout=120)
     # 3 and 5 on their second call; 8, called once, ran with PyTorch's kernels
     assert len(kiln.debug.artifacts()) == 2
 
@@ -246,6 +247,7 @@ def test_dynamic_graph_specialised_on_first_sight_when_asked(fresh_torch, monkey
     for rows in (3, 5, 3, 8):
         x = torch.randn(rows, 6)
         torch.testing.assert_close(compiled(x), f(x))
+    assert kiln.wait_for_compiles(timeout=120)
     assert len(kiln.debug.artifacts()) == 3  # one per size; the second call of 3 reuses its own
 
 

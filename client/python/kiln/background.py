@@ -184,6 +184,32 @@ class BackgroundCompiler:
             self._done[code] = result
             self._pending.pop(code, None)
 
+    def submit(self, work, key) -> Future:
+        """Runs `work()` on the worker, under the calling thread's modes and after the work it
+        has queued on the GPU so far, as a miss's capture would: for a compile a call asked
+        for that should not stall it (a graph's specialisation for a shape). Pending under
+        `key` until done (wait() waits for it too)."""
+        modes, call_done = _thread_modes(), _end_of_call_on_gpu()
+        with self._lock:
+            done = Future()
+            self._pending[key] = done
+
+            def run():
+                try:
+                    if call_done is not None:
+                        call_done.synchronize()
+                    with self._yielding_the_gil(), _in_modes(modes):
+                        done.set_result(work())
+                except BaseException as e:  # noqa: the caller decides what a failure means
+                    done.set_exception(e)
+                finally:
+                    with self._lock:
+                        if self._pending.get(key) is done:
+                            del self._pending[key]
+
+            self._worker().submit(run)
+        return done
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Blocks until no capture is under way (or `timeout` seconds passed): True when none
         is."""

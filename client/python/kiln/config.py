@@ -30,6 +30,11 @@ specializations_per_graph = int(os.environ.get("KILN_SPECIALIZATIONS_PER_GRAPH",
 # then: a new size on almost every call (a decoder's cache, a server's random shapes) is not
 # worth a compile each; the sizes a program keeps coming back to are. KILN_SPECIALIZE_AFTER.
 specialize_after = int(os.environ.get("KILN_SPECIALIZE_AFTER", "8"))
+# ...on kiln's background worker, the calls running PyTorch's kernels until it is ready (off:
+# the call that reaches specialize_after compiles it and waits). KILN_SPECIALIZE_IN_BACKGROUND=0.
+specialize_in_background = os.environ.get("KILN_SPECIALIZE_IN_BACKGROUND", "1") != "0"
+# How long kiln.reset() waits for background work under way to finish.
+reset_waits_for_compiles_s = 120.0
 
 # Default for kiln.compile(backend=...): "kiln" (CPU inference graphs become fused kernels built
 # by kilnd; other graphs, and every graph when no daemon answers, run eagerly).

@@ -501,6 +501,9 @@ def reset():
     """Forgets every compiled entry: the next call of any compiled function captures again."""
     from kiln.background import BACKGROUND
 
+    # Work the worker has under way (a capture, a graph's specialisation) finishes first, with
+    # the daemon and settings it started with: none of it lands after the reset.
+    BACKGROUND.wait(timeout=config.reset_waits_for_compiles_s)
     BACKGROUND.forget()
     for code in list(STATE.compiled_codes):
         _C.reset_code(code)

@@ -12,10 +12,14 @@ A signature is compiled on its kiln.config.specialize_after-th call (8 by defaul
 the graph runs as it is (PyTorch's kernels, on any sizes). A decoder's growing cache or a
 server's random shapes bring a new signature on almost every call, and compiling each one the
 first time it is seen would cost far more than it saves; the shapes a program comes back to
-are compiled.
+are compiled. With kiln.config.specialize_in_background (the default) that compile runs on
+kiln's background worker (kiln.background), for tensors like the call's but not its own (no
+compile reads or writes a caller's data), and calls keep running the graph as it is until it is
+ready: no call waits for it. kiln.wait_for_compiles() waits for those under way.
 """
 import collections
 import logging
+import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -47,16 +51,40 @@ class PerSignature:
         self.gm, self.compile_static = gm, compile_static
         self.compiled: "collections.OrderedDict[Tuple, Callable]" = collections.OrderedDict()
         self.calls: "collections.OrderedDict[Tuple, int]" = collections.OrderedDict()
+        self._lock = threading.Lock()  # `compiled` and `calls`, which the worker also changes
 
     def __call__(self, *args):
         key = signature(args)
-        fn = self.compiled.get(key) if key is not None else None
+        with self._lock:
+            fn = self.compiled.get(key) if key is not None else None
+            if fn is not None:
+                self.compiled.move_to_end(key)
+            else:
+                count = self._count(key) if key is not None else None
         if fn is not None:
-            self.compiled.move_to_end(key)
             return fn(*args)
-        if key is not None and self._count(key) < config.specialize_after:
+        if count is not None and count < config.specialize_after:
             return self.gm(*args)  # not compiled yet: PyTorch's kernels
+        if count is not None and config.specialize_in_background:
+            if count == config.specialize_after:  # one compile per signature
+                self._specialise_in_background(key, args)
+            return self.gm(*args)  # until the worker has it
         return self._specialise(key, args)(*args)
+
+    def _specialise_in_background(self, key: Tuple, args: Sequence) -> None:
+        from kiln.background import BACKGROUND
+
+        # Tensors like the call's (same sizes, strides, device, dtype), none of its data: the
+        # call goes on with its own while the worker compiles.
+        alike = [_like(a) if isinstance(a, torch.Tensor) else a for a in args]
+        done = BACKGROUND.submit(lambda: self._specialise(key, alike), (self, key))
+
+        def failed(future):
+            if future.exception() is not None:
+                log.debug("kiln: background specialisation for %s failed: %s", key,
+                          future.exception())
+
+        done.add_done_callback(failed)
 
     def _count(self, key: Tuple) -> int:
         n = self.calls.pop(key, 0) + 1
@@ -88,11 +116,23 @@ class PerSignature:
             def fn(*a):
                 out = compiled(*[a[i] for i in tensor_at])
                 return out if rebuild is None else rebuild(out)
-        while len(self.compiled) >= max(1, config.specializations_per_graph):
-            self.compiled.popitem(last=False)
-        self.compiled[key] = fn
-        self.calls.pop(key, None)
+        with self._lock:
+            while len(self.compiled) >= max(1, config.specializations_per_graph):
+                self.compiled.popitem(last=False)
+            self.compiled[key] = fn
+            self.calls.pop(key, None)
         return fn
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor with `t`'s sizes, strides, storage offset, dtype and device, not its data."""
+    extent = t.storage_offset() + 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    if t.numel() == 0:
+        extent = t.storage_offset()
+    with torch.no_grad():
+        storage = torch.empty(extent, dtype=t.dtype, device=t.device)
+        alike = storage.as_strided(t.shape, t.stride(), t.storage_offset())
+    return alike.detach().requires_grad_(t.requires_grad)
 
 
 def signature(args: Sequence) -> Optional[Tuple]:
