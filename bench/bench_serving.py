@@ -191,12 +191,39 @@ def compile_with(name, fn):
     if name == "torch":
         return torch.compile(fn)
     if name == "torch_ro":
-        return torch.compile(fn, mode="reduce-overhead")
+        return _cudagraph_steps(torch.compile(fn, mode="reduce-overhead"))
     if name == "kiln":
         import kiln
 
         return kiln.compile(fn)
     raise SystemExit(f"unknown compiler {name}")
+
+
+def _cudagraph_steps(compiled):
+    """`compiled` (mode="reduce-overhead") called as torch.compile's documentation tells a loop
+    that keeps outputs across calls (generate() keeps the cache and the logits of a step while
+    it runs the next): each call a new CUDA graph step, its tensor outputs cloned before the
+    next replay overwrites them."""
+    import torch
+
+    def clone(value):
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, dict):  # a ModelOutput too: its fields, in place
+            for k, v in list(value.items()):
+                value[k] = clone(v)
+            return value
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*(clone(v) for v in value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(clone(v) for v in value)
+        return value
+
+    def step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return clone(compiled(*args, **kwargs))
+
+    return step
 
 
 class Logs(logging.Handler):

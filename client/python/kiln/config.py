@@ -33,6 +33,11 @@ specialize_after = int(os.environ.get("KILN_SPECIALIZE_AFTER", "8"))
 # ...on kiln's background worker, the calls running PyTorch's kernels until it is ready (off:
 # the call that reaches specialize_after compiles it and waits). KILN_SPECIALIZE_IN_BACKGROUND=0.
 specialize_in_background = os.environ.get("KILN_SPECIALIZE_IN_BACKGROUND", "1") != "0"
+# ...and while a graph's calls bring new signatures because some sizes keep changing (a
+# decoder's cache length) while others stay, the nodes that involve only the staying sizes are
+# compiled per signature in regions of their own (kiln.backends.stable_regions).
+# KILN_STABLE_REGIONS=0.
+stable_regions = os.environ.get("KILN_STABLE_REGIONS", "1") != "0"
 # How long kiln.reset() waits for background work under way to finish.
 reset_waits_for_compiles_s = 120.0
 

@@ -25,6 +25,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from kiln import config
+from kiln.backends.stable_regions import SizeHistory, stable_regions
 
 log = logging.getLogger("kiln")
 
@@ -52,6 +53,10 @@ class PerSignature:
         self.compiled: "collections.OrderedDict[Tuple, Callable]" = collections.OrderedDict()
         self.calls: "collections.OrderedDict[Tuple, int]" = collections.OrderedDict()
         self._lock = threading.Lock()  # `compiled` and `calls`, which the worker also changes
+        # Calls of signatures not compiled run the graph as it is, or (once the sizes that keep
+        # changing are known: kiln.backends.stable_regions) its stable regions compiled.
+        self.sizes = SizeHistory()
+        self.uncompiled: Optional[Callable] = None
 
     def __call__(self, *args):
         key = signature(args)
@@ -64,12 +69,37 @@ class PerSignature:
         if fn is not None:
             return fn(*args)
         if count is not None and count < config.specialize_after:
-            return self.gm(*args)  # not compiled yet: PyTorch's kernels
+            return self._uncompiled(count, args)  # not compiled yet
         if count is not None and config.specialize_in_background:
             if count == config.specialize_after:  # one compile per signature
                 self._specialise_in_background(key, args)
-            return self.gm(*args)  # until the worker has it
+            return self._uncompiled(count, args)  # until the worker has it
         return self._specialise(key, args)(*args)
+
+    def _uncompiled(self, count: int, args: Sequence):
+        """A call whose signature has no specialisation: the graph as it is (PyTorch's kernels
+        on any sizes), or its stable regions once the sizes that keep changing are known."""
+        if self.uncompiled is None:
+            self.sizes.add(args)
+            if count == 1 and self.sizes.full() and config.stable_regions:
+                changing = self.sizes.changing()
+                if changing:
+                    self.uncompiled = self._split(changing)
+        return (self.uncompiled or self.gm)(*args)
+
+    def _split(self, changing) -> Callable:
+        """The graph's stable regions (or the graph itself when none is worth compiling)."""
+        try:
+            regions = stable_regions(self.gm, changing,
+                                     lambda graph: PerSignature(graph, self.compile_static))
+        except Exception as e:  # a graph the split does not understand runs as it is
+            log.debug("kiln: no stable regions: %s: %s", type(e).__name__, e)
+            regions = None
+        if regions is not None:
+            log.debug("kiln: a dynamic graph whose sizes %s keep changing runs in %d regions, "
+                      "%d compiled", sorted(changing, key=str), len(regions.regions),
+                      sum(r.run is not None for r in regions.regions))
+        return regions or self.gm
 
     def _specialise_in_background(self, key: Tuple, args: Sequence) -> None:
         from kiln.background import BACKGROUND

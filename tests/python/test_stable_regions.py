@@ -1,0 +1,149 @@
+"""Stable regions (kiln.backends.stable_regions): a graph with symbolic sizes some of which change
+on every call (a decoder's cache length) has the nodes that involve only the sizes that stay
+compiled per signature in regions of their own, the rest run as they are, with results equal
+to eager's on every call."""
+import pytest
+import torch
+
+import kiln
+from kiln.backends import stable_regions as sr
+from kiln.backends.specialize import PerSignature
+
+
+class Counting:
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def _decode(x, cache, w):
+    cache = torch.cat([cache, x], dim=1)  # one longer on every step
+    scores = torch.softmax(x @ cache.transpose(1, 2), dim=-1)
+    attended = scores @ cache  # (batch, 1, width): its size no longer involves the length
+    h = torch.relu(attended @ w) * 2 + 1
+    h = torch.tanh(h) - h.mean(-1, keepdim=True)
+    return h, cache
+
+
+def _dynamic_graph(fn, *args):
+    """The graph kiln captures from `fn` with symbolic sizes, and a function calling it with
+    `fn`'s arguments (by name; the graph takes them in its own order)."""
+    backend = Counting()
+    compiled = kiln.compile(fn, backend=backend, dynamic=True)
+    compiled(*args)
+    (gm,) = backend.graphs
+    names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    order = [names.index(n.name[2:]) for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, lambda run, *a: run(*[a[i] for i in order])
+
+
+class CompileStatic:
+    """A static-size compiler that records the graphs it compiled and counts their runs."""
+
+    def __init__(self):
+        self.graphs, self.runs = [], 0
+
+    def __call__(self, graph, tensors):
+        self.graphs.append(graph)
+
+        def run(*args):
+            self.runs += 1
+            return graph(*args)
+        return run
+
+
+def _targets(graph):
+    return {getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes}
+
+
+@pytest.fixture
+def in_the_call(monkeypatch):
+    monkeypatch.setattr(kiln.config, "specialize_after", 2)
+    monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+
+
+def test_the_regions_of_a_decoder_step_that_do_not_involve_its_length_are_compiled(in_the_call):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    gm, call = _dynamic_graph(_decode, torch.randn(2, 1, 8), torch.randn(2, 3, 8), w)
+    compile_static = CompileStatic()
+    per = PerSignature(gm, compile_static)
+    cache = torch.randn(2, 3, 8)
+    for step in range(sr.WINDOW + 12):
+        x = torch.randn(2, 1, 8)
+        got, want = call(per, x, cache, w), call(gm, x, cache, w)
+        assert len(got) == len(want)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        cache = torch.cat([cache, x], dim=1)
+    assert per.uncompiled is not per.gm and per.uncompiled is not None
+    # no signature of the whole graph came back; the region after the attention did
+    assert not per.compiled
+    (region,) = compile_static.graphs
+    assert {"relu", "tanh"} <= _targets(region) and "cat" not in _targets(region)
+    assert compile_static.runs >= 10
+
+
+def test_a_graph_whose_every_node_involves_a_changing_size_runs_as_it_is(in_the_call):
+    def f(x):
+        return torch.relu(x * 2 + 1).sum(0)
+
+    gm, call = _dynamic_graph(f, torch.randn(5, 4))
+    compile_static = CompileStatic()
+    per = PerSignature(gm, compile_static)
+    for n in range(3, 3 + sr.WINDOW + 4):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(call(per, x)[0], f(x))
+    assert not compile_static.graphs and per.uncompiled in (None, per.gm)
+
+
+def test_a_graph_that_changes_autocast_part_way_is_not_cut(in_the_call):
+    def f(x, cache):
+        cache = torch.cat([cache, x], dim=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = torch.relu(x @ x.t()) * 3 + 1
+        return y.float() - 1, cache
+
+    gm, call = _dynamic_graph(f, torch.randn(2, 2), torch.randn(3, 2))
+    compile_static = CompileStatic()
+    per = PerSignature(gm, compile_static)
+    cache = torch.randn(3, 2)
+    for _ in range(sr.WINDOW + 4):
+        x = torch.randn(2, 2)
+        got, want = call(per, x, cache), call(gm, x, cache)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        cache = torch.cat([cache, x], dim=0)
+    assert not compile_static.graphs
+
+
+def test_sizes_that_took_several_values_in_the_window_are_the_changing_ones():
+    history = sr.SizeHistory()
+    for i in range(sr.WINDOW):
+        history.add((torch.empty(2, 3 + i), torch.empty(4), 7, 2 + i % 2, "other"))
+    assert history.full()
+    # the length of the first input changed on every call; the int alternating between two
+    # values is not changing enough to be taken for a length
+    assert history.changing() == {(0, 1)}
+
+
+def test_a_generated_sequence_with_stable_regions_matches_eager(in_the_call):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+
+    def generate(step, x, cache, n):
+        outs = []
+        for _ in range(n):
+            h, cache = step(x, cache, w)
+            x = h[:, -1:, :]
+            outs.append(x)
+        return torch.cat(outs, 1)
+
+    compiled = kiln.compile(_decode, backend="aot_eager")
+    for batch, prompt in ((2, 3), (2, 5), (3, 4)):
+        x, cache = torch.randn(batch, 1, 8), torch.randn(batch, prompt, 8)
+        torch.testing.assert_close(generate(compiled, x, cache, sr.WINDOW + 8),
+                                   generate(_decode, x, cache, sr.WINDOW + 8))
