@@ -110,9 +110,10 @@ class PerSignature:
         done = BACKGROUND.submit(lambda: self._specialise(key, alike), (self, key))
 
         def failed(future):
-            if future.exception() is not None:
-                log.debug("kiln: background specialisation for %s failed: %s", key,
-                          future.exception())
+            e = future.exception()
+            if e is not None:  # the signature keeps running the graph as it is
+                log.warning("kiln: compiling a dynamic graph for %s failed: %s: %s", key,
+                            type(e).__name__, e)
 
         done.add_done_callback(failed)
 
