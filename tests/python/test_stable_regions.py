@@ -100,24 +100,41 @@ def test_a_graph_whose_every_node_involves_a_changing_size_runs_as_it_is(in_the_
     assert not compile_static.graphs and per.uncompiled in (None, per.gm)
 
 
-def test_a_graph_that_changes_autocast_part_way_is_not_cut(in_the_call):
-    def f(x, cache):
-        cache = torch.cat([cache, x], dim=0)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = torch.relu(x @ x.t()) * 3 + 1
-        return y.float() - 1, cache
+def _mode_changing(x, cache, w):
+    cache = torch.cat([cache, x], dim=1)
+    attended = torch.softmax(x @ cache.transpose(1, 2), dim=-1) @ cache
+    h = torch.relu(attended @ w) * 2 + 1
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.relu(h @ w) * 3 + 1
+    with torch.no_grad():
+        z = torch.tanh(h) * 2 - 1 + h.sum(-1, keepdim=True)
+    return (y.float() + z).exp() - h, cache
 
-    gm, call = _dynamic_graph(f, torch.randn(2, 2), torch.randn(3, 2))
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_no_region_spans_a_mode_the_graph_sets(in_the_call, grad):
+    torch.manual_seed(0)
+    w = torch.randn(8, 8)
+    gm, call = _dynamic_graph(_mode_changing, torch.randn(2, 1, 8), torch.randn(2, 3, 8), w)
     compile_static = CompileStatic()
     per = PerSignature(gm, compile_static)
-    cache = torch.randn(3, 2)
-    for _ in range(sr.WINDOW + 4):
-        x = torch.randn(2, 2)
-        got, want = call(per, x, cache), call(gm, x, cache)
-        for g, e in zip(got, want):
-            torch.testing.assert_close(g, e)
-        cache = torch.cat([cache, x], dim=0)
-    assert not compile_static.graphs
+    cache = torch.randn(2, 3, 8)
+    with torch.set_grad_enabled(grad):
+        for _ in range(sr.WINDOW + 6):
+            x = torch.randn(2, 1, 8)
+            got, want = call(per, x, cache, w), call(gm, x, cache, w)
+            for g, e in zip(got, want):
+                torch.testing.assert_close(g, e)
+            cache = torch.cat([cache, x], dim=1)
+    assert compile_static.graphs
+    mode_changes = {"_enter_autocast", "_exit_autocast", "_set_grad_enabled"}
+    for region in compile_static.graphs:
+        assert not _targets(region) & mode_changes
+    # the relu before the autocast block is compiled, the block's own runs as it is in it
+    relus = [n for r in compile_static.graphs for n in r.graph.nodes if n.target is torch.relu]
+    assert len(relus) == 1
+    # the region under the graph's no_grad is compiled on its own
+    assert any("tanh" in _targets(r) for r in compile_static.graphs)
 
 
 def test_sizes_that_took_several_values_in_the_window_are_the_changing_ones():

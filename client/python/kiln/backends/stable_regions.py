@@ -98,14 +98,22 @@ def _computes(node: torch.fx.Node) -> bool:
     return node.op == "call_module"
 
 
-def _mode_changes(gm: torch.fx.GraphModule) -> bool:
-    """Whether `gm` changes autocast or grad mode part way (a region must not end inside)."""
+def _mode_nodes(gm: torch.fx.GraphModule) -> Set[torch.fx.Node]:
+    """The nodes of `gm` that run as they are because of the modes the graph sets: every node
+    of an autocast block (its enter and exit included), and each grad mode change. A region
+    thus never spans a mode change: it runs, and is compiled (at its place in a call, under the
+    modes the call has there, which the graph's guards and its own mode changes fix), under
+    one grad mode and outside the graph's autocast blocks."""
+    nodes, depth = set(), 0
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target in (torch.amp._enter_autocast,
-                                                    torch.amp._exit_autocast,
-                                                    torch._C._set_grad_enabled):
-            return True
-    return False
+        is_call = n.op == "call_function"
+        if is_call and n.target is torch.amp._enter_autocast:
+            depth += 1
+        if depth or (is_call and n.target is torch._C._set_grad_enabled):
+            nodes.add(n)
+        if is_call and n.target is torch.amp._exit_autocast:
+            depth = max(depth - 1, 0)
+    return nodes
 
 
 class _Region:
@@ -165,10 +173,7 @@ class StableRegions:
 def stable_regions(gm: torch.fx.GraphModule, changing: Set[tuple], make) -> Optional[
         StableRegions]:
     """`gm`'s stable regions given the changing sizes of its inputs ((argument, dim) pairs,
-    SizeHistory.changing), or None when no region is worth compiling (or the graph changes
-    autocast or grad mode, which a region boundary must not cut)."""
-    if _mode_changes(gm):
-        return None
+    SizeHistory.changing), or None when no region is worth compiling."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     changing_symbols = set()
     for i, dim in changing:
@@ -182,8 +187,10 @@ def stable_regions(gm: torch.fx.GraphModule, changing: Set[tuple], make) -> Opti
     if not changing_symbols:
         return None
 
+    mode_nodes = _mode_nodes(gm)
+
     def stable(node: torch.fx.Node) -> bool:
-        if _symbols_of(_value(node)) & changing_symbols:
+        if node in mode_nodes or _symbols_of(_value(node)) & changing_symbols:
             return False
         return not any(_symbols_of(_value(a)) & changing_symbols for a in node.all_input_nodes
                        if a.op != "get_attr")
