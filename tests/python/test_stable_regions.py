@@ -8,15 +8,7 @@ import torch
 import kiln
 from kiln.backends import stable_regions as sr
 from kiln.backends.specialize import PerSignature
-
-
-class Counting:
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        self.graphs.append(gm)
-        return gm.forward
+from kiln.testing import CompileCounter
 
 
 def _decode(x, cache, w):
@@ -31,7 +23,7 @@ def _decode(x, cache, w):
 def _dynamic_graph(fn, *args):
     """The graph kiln captures from `fn` with symbolic sizes, and a function calling it with
     `fn`'s arguments (by name; the graph takes them in its own order)."""
-    backend = Counting()
+    backend = CompileCounter()
     compiled = kiln.compile(fn, backend=backend, dynamic=True)
     compiled(*args)
     (gm,) = backend.graphs
@@ -55,6 +47,19 @@ class CompileStatic:
         return run
 
 
+def _decode_steps(per, gm, call, w, steps):
+    """`steps` calls of the decoder step `per` (kiln's) and `gm` (as it is) on a cache one
+    longer each time: their outputs equal on every call."""
+    cache = torch.randn(2, 3, 8)
+    for _ in range(steps):
+        x = torch.randn(2, 1, 8)
+        got, want = call(per, x, cache, w), call(gm, x, cache, w)
+        assert len(got) == len(want)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+        cache = torch.cat([cache, x], dim=1)
+
+
 def _targets(graph):
     return {getattr(n.target, "__name__", str(n.target)) for n in graph.graph.nodes}
 
@@ -71,14 +76,7 @@ def test_the_regions_of_a_decoder_step_that_do_not_involve_its_length_are_compil
     gm, call = _dynamic_graph(_decode, torch.randn(2, 1, 8), torch.randn(2, 3, 8), w)
     compile_static = CompileStatic()
     per = PerSignature(gm, compile_static)
-    cache = torch.randn(2, 3, 8)
-    for step in range(sr.WINDOW + 12):
-        x = torch.randn(2, 1, 8)
-        got, want = call(per, x, cache, w), call(gm, x, cache, w)
-        assert len(got) == len(want)
-        for g, e in zip(got, want):
-            torch.testing.assert_close(g, e)
-        cache = torch.cat([cache, x], dim=1)
+    _decode_steps(per, gm, call, w, sr.WINDOW + 12)
     assert per.uncompiled is not per.gm and per.uncompiled is not None
     # no signature of the whole graph came back; the region after the attention did
     assert not per.compiled
@@ -118,14 +116,8 @@ def test_no_region_spans_a_mode_the_graph_sets(in_the_call, grad):
     gm, call = _dynamic_graph(_mode_changing, torch.randn(2, 1, 8), torch.randn(2, 3, 8), w)
     compile_static = CompileStatic()
     per = PerSignature(gm, compile_static)
-    cache = torch.randn(2, 3, 8)
     with torch.set_grad_enabled(grad):
-        for _ in range(sr.WINDOW + 6):
-            x = torch.randn(2, 1, 8)
-            got, want = call(per, x, cache, w), call(gm, x, cache, w)
-            for g, e in zip(got, want):
-                torch.testing.assert_close(g, e)
-            cache = torch.cat([cache, x], dim=1)
+        _decode_steps(per, gm, call, w, sr.WINDOW + 6)
     assert compile_static.graphs
     mode_changes = {"_enter_autocast", "_exit_autocast", "_set_grad_enabled"}
     for region in compile_static.graphs:
