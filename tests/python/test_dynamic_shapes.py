@@ -486,3 +486,46 @@ def test_a_specialisation_compiles_in_the_call_when_background_is_off(monkeypatc
     assert not runs
     torch.testing.assert_close(per(x)[0], x + 1)
     assert runs == [1]
+
+
+class _Cache:
+    """A decoder cache's bookkeeping: an int attribute updated on every step."""
+
+    def __init__(self):
+        self.length = 0
+
+
+def test_an_int_attribute_of_an_argument_that_changes_becomes_a_symbol():
+    def step(cache, x):
+        cache.length += x.shape[0]
+        return x * cache.length + 1
+
+    backend = Counting()
+    compiled = kiln.compile(step, backend=backend)
+    ours, theirs = _Cache(), _Cache()
+    for n in range(1, 15):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(ours, x), step(theirs, x))
+        assert ours.length == theirs.length and type(ours.length) is int
+    assert len(backend.graphs) == 2  # the first length's, then one for every length
+
+
+def test_an_int_attribute_of_a_module_that_changes_stays_a_constant():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 2
+
+        def forward(self, x):
+            return x * self.k
+
+    m = Scale()
+    backend = Counting()
+    compiled = kiln.compile(m, backend=backend)
+    for k in (2, 3, 4):
+        m.k = k
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), x * k)
+    assert len(backend.graphs) == 3
+    assert not any(isinstance(n.meta.get("example_value"), torch.SymInt)
+                   for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder")

@@ -124,7 +124,8 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         if g.kind == "ID_MATCH" and isinstance(g.value, torch.nn.Module))
     # Which failed guard means "an input's size changed" (automatic dynamic shapes).
     info.extra["input_size_guards"] = frozenset(
-        text for g, text in zip(output.guards, guards) if is_input_size_guard(g))
+        text for g, text in zip(output.guards, guards)
+        if is_input_size_guard(g, output.symbolic.object_ints))
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

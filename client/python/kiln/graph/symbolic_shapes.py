@@ -58,11 +58,13 @@ def python_dispatcher():
     return enable_python_dispatcher()
 
 
-def is_input_size_guard(guard) -> bool:
+def is_input_size_guard(guard, object_ints=frozenset()) -> bool:
     """Whether `guard` (kiln.guards.builder.Guard) checks what automatic dynamic shapes makes a
     symbol when it fails: a tensor input's sizes (not a parameter's or buffer's: a block class
-    whose instances differ in width recompiles per width, static), the SHAPE guard, or an int
-    argument's value."""
+    whose instances differ in width recompiles per width, static), the SHAPE guard, an int
+    argument's value, or the value of an int attribute of an object reached from the
+    arguments (`object_ints`, SymbolicInputs.object_ints: a cache's length counter; a module's
+    attributes are not among them)."""
     from kiln.guards.source import ModuleMemberSource
 
     if guard.kind == "SHAPE":
@@ -72,7 +74,7 @@ def is_input_size_guard(guard) -> bool:
         return not isinstance(real, torch.nn.Parameter) and \
             not isinstance(guard.source, ModuleMemberSource)
     if guard.kind == "CONSTANT_MATCH" and type(guard.value) is int:
-        return SymbolicInputs.passed_in(guard.source)
+        return SymbolicInputs.passed_in(guard.source) or guard.source in object_ints
     return False
 
 
@@ -162,6 +164,9 @@ class SymbolicInputs:
         # (source, real, fake, marked-dynamic dims, ranges) of each tensor made symbolic
         self.tensors: List[tuple] = []
         self.ints: List[tuple] = []  # (source, SymInt) of each int input made a symbol
+        # Sources of the ints read from objects' attributes (not modules') that were guarded
+        # as constants: which a later capture makes symbols when they change.
+        self.object_ints: set = set()
 
     @property
     def active(self) -> bool:
@@ -192,16 +197,19 @@ class SymbolicInputs:
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
-        """Whether the int `value`, read at `source`, is a symbol: under dynamic=True, an int the
-        caller passed in (an argument, or an item of one), but 0 and 1."""
-        return self.dynamic is True and value not in (0, 1) and self.passed_in(source)
+        """Whether the int `value`, read at `source` (by kiln.variables.builder: an argument, an
+        item of one, or an attribute of an object, not a module's, reached from one), is a
+        symbol: under dynamic=True, one the caller passed in, but 0 and 1."""
+        return self.dynamic is True and value not in (0, 1) and self.passed_in(source, True)
 
     @staticmethod
-    def passed_in(source) -> bool:
-        """Whether `source` is an argument of the frame, or an item of one."""
-        from kiln.guards.source import DictItemSource, ItemSource, LocalSource
+    def passed_in(source, through_objects: bool = False) -> bool:
+        """Whether `source` is an argument of the frame, or an item of one; `through_objects`:
+        or an attribute (in its instance dict) of an object reached that way."""
+        from kiln.guards.source import DictItemSource, InstanceAttrSource, ItemSource, LocalSource
 
-        while isinstance(source, (ItemSource, DictItemSource)):
+        hops = (ItemSource, DictItemSource) + ((InstanceAttrSource,) if through_objects else ())
+        while isinstance(source, hops):
             source = source.base
         return isinstance(source, LocalSource)
 

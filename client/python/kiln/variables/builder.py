@@ -59,6 +59,8 @@ def wrap(tx, value, source, guard: bool = True):
         if type(value) is int and g and out.symbolic.int_is_symbol(value, source):
             add("TYPE_MATCH", int)  # the SHAPE guard checks what the graph assumed of it
             return out.add_int_input(value, source)
+        if type(value) is int and g and out.symbolic.passed_in(source, True):
+            out.symbolic.object_ints.add(source)
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
     if type(value) is torch.Size:
