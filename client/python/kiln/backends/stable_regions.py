@@ -118,55 +118,45 @@ def _mode_nodes(gm: torch.fx.GraphModule) -> Set[torch.fx.Node]:
 
 class _Region:
     def __init__(self, nodes: List[torch.fx.Node], stable: bool):
-        self.nodes, self.stable = nodes, stable
+        self.nodes, self.stable = nodes, stable  # stable: compiled per signature
         self.inputs: List[torch.fx.Node] = []  # values from outside, in call order
         self.attrs: List[torch.fx.Node] = []   # the parameters and buffers it reads
         self.outputs: List[torch.fx.Node] = []
-        self.run: Optional[Callable] = None  # a stable region's compiled graph
+        self.run: Optional[Callable] = None  # inputs -> outputs: compiled, or the region's graph
 
 
 class StableRegions:
     """`gm` run region by region: stable regions compiled (`make(graph)` -> a callable taking
-    the region's inputs, returning a tuple of its outputs), the other nodes as they are."""
+    the region's inputs, returning a tuple of its outputs), each other region as a graph of its
+    own run as it is (generated Python, as `gm` itself runs)."""
 
     def __init__(self, gm: torch.fx.GraphModule, regions: List[_Region], make):
         self.gm = gm
         self.regions = regions
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
         self.output = next(n for n in gm.graph.nodes if n.op == "output")
         for r in regions:
-            if r.stable:
-                r.run = make(_region_graph(gm, r))
+            graph = _region_graph(gm, r)
+            r.run = make(graph) if r.stable else graph
         # values no region after the i-th reads: dropped after it (as the graph would free them)
         last: Dict[torch.fx.Node, int] = {}
         for i, r in enumerate(regions):
-            for n in r.nodes:
-                for used in n.all_input_nodes:
-                    last[used] = i
+            for n in r.inputs:
+                last[n] = i
         self.dead_after: List[List[torch.fx.Node]] = [[] for _ in regions]
         kept = set(self.output.all_input_nodes)
         for n, i in last.items():
-            if n not in kept and n.op != "get_attr":
+            if n not in kept:
                 self.dead_after[i].append(n)
 
     def __call__(self, *args):
-        interpreter = torch.fx.Interpreter(self.gm, garbage_collect_values=False)
-        env = interpreter.env
-        for node, a in zip(self.placeholders, args):
-            env[node] = a
-        for node in self.attrs:
-            env[node] = interpreter.run_node(node)
+        env = dict(zip(self.placeholders, args))
         for r, dead in zip(self.regions, self.dead_after):
-            if r.run is None:
-                for node in r.nodes:
-                    env[node] = interpreter.run_node(node)
-            else:
-                outs = r.run(*[env[n] for n in r.inputs])
-                for node, value in zip(r.outputs, outs):
-                    env[node] = value
+            outs = r.run(*[env[n] for n in r.inputs])
+            for node, value in zip(r.outputs, outs):
+                env[node] = value
             for n in dead:
-                env.pop(n, None)
+                del env[n]
         return torch.fx.node.map_arg(self.output.args[0], lambda n: env[n])
 
 
@@ -216,13 +206,11 @@ def stable_regions(gm: torch.fx.GraphModule, changing: Set[tuple], make) -> Opti
 
 
 def _connect(regions: List[_Region], gm: torch.fx.GraphModule) -> None:
-    """Each stable region's inputs (values from outside it, parameters included) and outputs
-    (its values read after it)."""
+    """Each region's inputs (values from outside it; the parameters it reads apart) and
+    outputs (its values read after it)."""
     region_of = {n: i for i, r in enumerate(regions) for n in r.nodes}
     output = next(n for n in gm.graph.nodes if n.op == "output")
     for i, r in enumerate(regions):
-        if not r.stable:
-            continue
         members = set(r.nodes)
         for n in r.nodes:
             for used in n.all_input_nodes:
@@ -238,8 +226,8 @@ def _connect(regions: List[_Region], gm: torch.fx.GraphModule) -> None:
 
 
 def _region_graph(gm: torch.fx.GraphModule, r: _Region) -> torch.fx.GraphModule:
-    """A stable region as a graph of its own: its inputs placeholders (parameters get_attr
-    nodes, as in `gm`), its outputs a tuple."""
+    """A region as a graph of its own: its inputs placeholders (parameters get_attr nodes, as
+    in `gm`), its outputs a tuple."""
     graph = torch.fx.Graph()
     env: Dict[torch.fx.Node, torch.fx.Node] = {}
     for n in r.inputs:
