@@ -156,3 +156,54 @@ def test_a_generated_sequence_with_stable_regions_matches_eager(in_the_call):
         x, cache = torch.randn(batch, 1, 8), torch.randn(batch, prompt, 8)
         torch.testing.assert_close(generate(compiled, x, cache, sr.WINDOW + 8),
                                    generate(_decode, x, cache, sr.WINDOW + 8))
+
+
+def _decoder(family):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                  max_position_embeddings=256, bos_token_id=1, eos_token_id=None,
+                  pad_token_id=0)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    else:  # a sliding-window cache, whose layers count their tokens in an int attribute
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(
+            sliding_window=16, **common))
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_generate_with_the_dynamic_cache_compiles_regions_and_matches_eager(
+        kilnd_cache, monkeypatch, family):
+    import copy
+
+    monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+    model = _decoder(family)
+    compiled = copy.deepcopy(model)
+    compiled.forward = kiln.compile(compiled.forward)
+    settings = dict(max_new_tokens=sr.WINDOW + 16, do_sample=False, disable_compile=True,
+                    return_dict_in_generate=True, output_logits=True)
+    for batch, prompt in ((2, 9), (2, 21), (3, 6)):
+        ids = torch.randint(2, 500, (batch, prompt))
+        mask = torch.ones_like(ids)
+        with torch.no_grad():
+            want = model.generate(input_ids=ids, attention_mask=mask, **settings)
+            got = compiled.generate(input_ids=ids, attention_mask=mask, **settings)
+        assert torch.equal(got.sequences, want.sequences)
+        for g, e in zip(got.logits, want.logits):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    # the decoder step's regions over the batch were compiled by kilnd; no frame recompiled
+    # per step until the cache size limit (Mistral's window adds graphs where its cache stops
+    # growing: its branches on the length)
+    assert len(kiln.debug.artifacts()) >= 3
+    limit = 4 if family == "llama" else kiln.config.cache_size_limit - 1
+    assert all(len(e) <= limit for e in _entries_per_code())
+
+
+def _entries_per_code():
+    from kiln.state import STATE
+
+    return [kiln.debug.cache_entries(code) for code in STATE.compiled_codes]
