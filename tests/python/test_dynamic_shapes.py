@@ -529,3 +529,25 @@ def test_an_int_attribute_of_a_module_that_changes_stays_a_constant():
     assert len(backend.graphs) == 3
     assert not any(isinstance(n.meta.get("example_value"), torch.SymInt)
                    for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder")
+
+
+def test_only_the_int_attributes_that_changed_become_symbols():
+    class Window:
+        def __init__(self):
+            self.length, self.size = 5, 4
+
+    def step(cache, x):
+        cache.length += 1
+        return x[-cache.size:] * cache.length
+
+    backend = Counting()
+    compiled = kiln.compile(step, backend=backend)
+    ours, theirs = Window(), Window()
+    for _ in range(6):
+        x = torch.randn(10)
+        torch.testing.assert_close(compiled(ours, x), step(theirs, x))
+        assert ours.length == theirs.length
+    assert len(backend.graphs) == 2
+    symbols = [n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder"
+               and isinstance(n.meta.get("example_value"), torch.SymInt)]
+    assert len(symbols) == 1  # the length; the window's size stayed a constant

@@ -126,6 +126,12 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     info.extra["input_size_guards"] = frozenset(
         text for g, text in zip(output.guards, guards)
         if is_input_size_guard(g, output.symbolic.object_ints))
+    from kiln.state import STATE
+
+    seen = STATE.object_int_values.setdefault(code, {})
+    for g in output.guards:
+        if g.kind == "CONSTANT_MATCH" and g.source in output.symbolic.object_ints:
+            seen.setdefault(g.source, set()).add(g.value)
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

@@ -108,6 +108,9 @@ class ProcessState:
         # Code objects whose inputs changed size between calls: captured with every size of
         # their tensor inputs (but parameters and buffers) a symbol (kiln.graph.symbolic_shapes).
         self.sizes_changed_codes: "weakref.WeakSet" = weakref.WeakSet()
+        # Per code object: source -> the values its entries guarded an int attribute of an
+        # object it was passed to have; one that took several becomes a symbol (like the sizes).
+        self.object_int_values: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         # Every artifact the "kiln" backend loaded, newest last (kiln.debug.artifacts).
         self.artifacts: List = []
         # Why a code object's stored captures were not used, the last time one was looked for
@@ -152,6 +155,7 @@ class ProcessState:
         self.warned_limit = weakref.WeakSet()
         self.shared_module_codes = weakref.WeakSet()
         self.sizes_changed_codes = weakref.WeakSet()
+        self.object_int_values = weakref.WeakKeyDictionary()
         self.artifacts.clear()
         self.capture_misses = weakref.WeakKeyDictionary()
         with self._lock:

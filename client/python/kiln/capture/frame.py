@@ -14,6 +14,7 @@ from kiln.capture.graph_break import GraphBreak
 from kiln.capture.host import HOST
 from kiln.graph.output_graph import OutputGraph
 from kiln.graph.symbolic_shapes import SymbolicInputs
+from kiln.state import STATE
 from kiln.variables.ctx_manager import autocast_mark, unwind_autocast
 from kiln.variables.side_effects import finish as finish_attribute_stores
 from kiln.variables.side_effects import mutations_of
@@ -51,7 +52,8 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     t0 = time.perf_counter()
     output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
-    output.symbolic = SymbolicInputs(output.fake_mode, dynamic)
+    output.symbolic = SymbolicInputs(output.fake_mode, dynamic,
+                                     STATE.object_int_values.get(code, {}))
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None

@@ -156,8 +156,11 @@ class SymbolicInputs:
     """The symbolic side of one capture: its ShapeEnv (given to the capture's fake mode on the
     first dynamic input) and the tensors whose fakes have symbolic sizes."""
 
-    def __init__(self, fake_mode, dynamic: Optional[bool]):
+    def __init__(self, fake_mode, dynamic: Optional[bool], object_int_values=None):
         self.fake_mode = fake_mode
+        # source -> values earlier entries of the frame guarded an int attribute of an object
+        # it was passed to have (kiln.state.STATE.object_int_values)
+        self.object_int_values = object_int_values or {}
         # True: every dimension of a graph input is a symbol; None: the marked ones; False: none
         self.dynamic = dynamic
         self.shape_env = None
@@ -197,10 +200,16 @@ class SymbolicInputs:
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
-        """Whether the int `value`, read at `source` (by kiln.variables.builder: an argument, an
-        item of one, or an attribute of an object, not a module's, reached from one), is a
-        symbol: under dynamic=True, one the caller passed in, but 0 and 1."""
-        return self.dynamic is True and value not in (0, 1) and self.passed_in(source, True)
+        """Whether the int `value`, read at `source` (by kiln.variables.builder), is a symbol:
+        under dynamic=True, but 0 and 1, an argument or an item of one, or an attribute of an
+        object (not a module) reached from one that an earlier entry saw with another value (a
+        cache's length; a window size that never changed stays a constant)."""
+        if self.dynamic is not True or value in (0, 1):
+            return False
+        if self.passed_in(source):
+            return True
+        return self.passed_in(source, True) and \
+            bool(self.object_int_values.get(source, set()) - {value})
 
     @staticmethod
     def passed_in(source, through_objects: bool = False) -> bool:
