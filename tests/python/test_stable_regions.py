@@ -85,6 +85,18 @@ def test_the_regions_of_a_decoder_step_that_do_not_involve_its_length_are_compil
     assert compile_static.runs >= 10
 
 
+def test_a_region_is_compiled_on_its_second_call(monkeypatch):
+    # its signature involves only sizes that stayed over the window: it will come back
+    monkeypatch.setattr(kiln.config, "specialize_after", 8)
+    monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+    w = torch.randn(8, 8)
+    gm, call = _dynamic_graph(_decode, torch.randn(2, 1, 8), torch.randn(2, 3, 8), w)
+    compile_static = CompileStatic()
+    per = PerSignature(gm, compile_static)
+    _decode_steps(per, gm, call, w, sr.WINDOW + 2)
+    assert len(compile_static.graphs) == 1 and compile_static.runs >= 1
+
+
 def test_a_graph_whose_every_node_involves_a_changing_size_runs_as_it_is(in_the_call):
     def f(x):
         return torch.relu(x * 2 + 1).sum(0)

@@ -35,6 +35,10 @@ StaticCompiler = Callable[[torch.fx.GraphModule, list], Callable]
 
 _NUMBERS = (bool, int, float)
 
+# A stable region's signature involves only sizes that stayed over many calls: it is compiled
+# on its second call, not after config.specialize_after.
+REGION_SPECIALIZE_AFTER = 2
+
 
 def per_signature(gm: torch.fx.GraphModule, example_inputs: list, compile_static) -> Callable:
     """A backend's compile of `gm` (symbolic sizes) for a backend that takes static sizes only:
@@ -48,8 +52,12 @@ class PerSignature:
     # Signatures whose calls are counted towards specialize_after, at most.
     _MAX_COUNTED = 4096
 
-    def __init__(self, gm: torch.fx.GraphModule, compile_static: StaticCompiler):
+    def __init__(self, gm: torch.fx.GraphModule, compile_static: StaticCompiler,
+                 specialize_after: Optional[int] = None):
         self.gm, self.compile_static = gm, compile_static
+        # The call of a signature on which it is compiled (kiln.config.specialize_after when
+        # None).
+        self.specialize_after = specialize_after
         self.compiled: "collections.OrderedDict[Tuple, Callable]" = collections.OrderedDict()
         self.calls: "collections.OrderedDict[Tuple, int]" = collections.OrderedDict()
         self._lock = threading.Lock()  # `compiled` and `calls`, which the worker also changes
@@ -68,10 +76,11 @@ class PerSignature:
                 count = self._count(key) if key is not None else None
         if fn is not None:
             return fn(*args)
-        if count is not None and count < config.specialize_after:
+        after = self.specialize_after or config.specialize_after
+        if count is not None and count < after:
             return self._uncompiled(count, args)  # not compiled yet
         if count is not None and config.specialize_in_background:
-            if count == config.specialize_after:  # one compile per signature
+            if count == after:  # one compile per signature
                 self._specialise_in_background(key, args)
             return self._uncompiled(count, args)  # until the worker has it
         return self._specialise(key, args)(*args)
@@ -90,8 +99,8 @@ class PerSignature:
     def _split(self, changing) -> Callable:
         """The graph's stable regions (or the graph itself when none is worth compiling)."""
         try:
-            regions = stable_regions(self.gm, changing,
-                                     lambda graph: PerSignature(graph, self.compile_static))
+            regions = stable_regions(self.gm, changing, lambda graph: PerSignature(
+                graph, self.compile_static, REGION_SPECIALIZE_AFTER))
         except Exception as e:  # a graph the split does not understand runs as it is
             log.debug("kiln: no stable regions: %s: %s", type(e).__name__, e)
             regions = None
