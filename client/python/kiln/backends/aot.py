@@ -65,7 +65,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
     # program's frame) is never captured either.
     if any(_symbolic(x) for x in example_inputs):
         static = functools.partial(_compile_static, compile_inference=compile_inference)
-        return make_boxed_func(_C.FrameRegion(PerSignature(gm, static), None))
+        return make_boxed_func(_C.FrameRegion(PerSignature(gm, static, regions=False), None))
     return make_boxed_func(
         _C.FrameRegion(_compile_static(gm, list(example_inputs), compile_inference), None))
 

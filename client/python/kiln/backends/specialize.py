@@ -53,11 +53,14 @@ class PerSignature:
     _MAX_COUNTED = 4096
 
     def __init__(self, gm: torch.fx.GraphModule, compile_static: StaticCompiler,
-                 specialize_after: Optional[int] = None):
+                 specialize_after: Optional[int] = None, regions: bool = True):
         self.gm, self.compile_static = gm, compile_static
         # The call of a signature on which it is compiled (kiln.config.specialize_after when
         # None).
         self.specialize_after = specialize_after
+        # Whether the graph may be run in stable regions (a captured graph; not the ATen graphs
+        # AOT autograd makes of one, whose forward and backward must stay whole).
+        self.regions = regions
         self.compiled: "collections.OrderedDict[Tuple, Callable]" = collections.OrderedDict()
         self.calls: "collections.OrderedDict[Tuple, int]" = collections.OrderedDict()
         self._lock = threading.Lock()  # `compiled` and `calls`, which the worker also changes
@@ -88,7 +91,7 @@ class PerSignature:
     def _uncompiled(self, count: int, args: Sequence):
         """A call whose signature has no specialisation: the graph as it is (PyTorch's kernels
         on any sizes), or its stable regions once the sizes that keep changing are known."""
-        if self.uncompiled is None:
+        if self.regions and self.uncompiled is None:
             self.sizes.add(args)
             if count == 1 and self.sizes.full() and config.stable_regions:
                 changing = self.sizes.changing()
@@ -100,7 +103,7 @@ class PerSignature:
         """The graph's stable regions (or the graph itself when none is worth compiling)."""
         try:
             regions = stable_regions(self.gm, changing, lambda graph: PerSignature(
-                graph, self.compile_static, REGION_SPECIALIZE_AFTER))
+                graph, self.compile_static, REGION_SPECIALIZE_AFTER, regions=False))
         except Exception as e:  # a graph the split does not understand runs as it is
             log.debug("kiln: no stable regions: %s: %s", type(e).__name__, e)
             regions = None
