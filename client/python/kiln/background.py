@@ -170,11 +170,18 @@ class BackgroundCompiler:
             if sys.getswitchinterval() == lowered:  # else someone chose another one meanwhile
                 sys.setswitchinterval(before)
 
+    @contextlib.contextmanager
+    def _as_the_caller(self, modes, call_done):
+        """The worker's context for work a call handed it: after the GPU work the call had
+        queued (`call_done`, an event or None), under the call's modes, yielding the GIL."""
+        if call_done is not None:
+            call_done.synchronize()  # releases the GIL while it waits
+        with self._yielding_the_gil(), _in_modes(modes):
+            yield
+
     def _work(self, capture, func, code, slots, modes, call_done):
         try:
-            if call_done is not None:
-                call_done.synchronize()  # releases the GIL while it waits
-            with self._yielding_the_gil(), _in_modes(modes):
+            with self._as_the_caller(modes, call_done):
                 result = capture(func, code, slots)
         except BaseException as e:  # noqa: a failure here must leave the code to run eagerly
             log.warning("kiln: background capture of %s failed, running it eagerly: %s: %s",
@@ -196,9 +203,7 @@ class BackgroundCompiler:
 
             def run():
                 try:
-                    if call_done is not None:
-                        call_done.synchronize()
-                    with self._yielding_the_gil(), _in_modes(modes):
+                    with self._as_the_caller(modes, call_done):
                         done.set_result(work())
                 except BaseException as e:  # noqa: the caller decides what a failure means
                     done.set_exception(e)

@@ -18,6 +18,7 @@ from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToC
 from kiln.graph import stand_in
 from kiln.graph.output_graph import plain_alias, realized
 from kiln.graph.symbolic_shapes import is_input_size_guard
+from kiln.state import STATE
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
 from kiln.transform.resume import resume_origin
@@ -126,12 +127,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     info.extra["input_size_guards"] = frozenset(
         text for g, text in zip(output.guards, guards)
         if is_input_size_guard(g, output.symbolic.object_ints))
-    from kiln.state import STATE
-
     seen = STATE.object_int_values.setdefault(code, {})
-    for g in output.guards:
-        if g.kind == "CONSTANT_MATCH" and g.source in output.symbolic.object_ints:
-            seen.setdefault(g.source, set()).add(g.value)
+    for source, value in output.symbolic.object_ints.items():
+        seen.setdefault(source, set()).add(value)
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)
@@ -152,7 +150,6 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
     it holds; otherwise says why at debug level."""
     from kiln import stored_capture
     from kiln.graph.lowering import attr_tensors
-    from kiln.state import STATE
 
     # Describing a large capture (a transformer: thousands of guards) must not start a full
     # collection on the first call's path.

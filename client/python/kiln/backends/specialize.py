@@ -110,7 +110,7 @@ class PerSignature:
         if regions is not None:
             log.debug("kiln: a dynamic graph whose sizes %s keep changing runs in %d regions, "
                       "%d compiled", sorted(changing, key=str), len(regions.regions),
-                      sum(r.run is not None for r in regions.regions))
+                      sum(r.stable for r in regions.regions))
         return regions or self.gm
 
     def _specialise_in_background(self, key: Tuple, args: Sequence) -> None:

@@ -14,13 +14,10 @@ computes (the same nodes run in the same order, a region being any graph kiln co
 where each node runs.
 """
 import collections
-import logging
 import operator
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import torch
-
-log = logging.getLogger("kiln")
 
 # Calls looked at, and distinct values of a size over them that make it a changing size.
 WINDOW = 16
@@ -131,7 +128,6 @@ class StableRegions:
     own run as it is (generated Python, as `gm` itself runs)."""
 
     def __init__(self, gm: torch.fx.GraphModule, regions: List[_Region], make):
-        self.gm = gm
         self.regions = regions
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.output = next(n for n in gm.graph.nodes if n.op == "output")

@@ -167,9 +167,9 @@ class SymbolicInputs:
         # (source, real, fake, marked-dynamic dims, ranges) of each tensor made symbolic
         self.tensors: List[tuple] = []
         self.ints: List[tuple] = []  # (source, SymInt) of each int input made a symbol
-        # Sources of the ints read from objects' attributes (not modules') that were guarded
-        # as constants: which a later capture makes symbols when they change.
-        self.object_ints: set = set()
+        # source -> value of each int read from an object's attribute (not a module's) and
+        # guarded as a constant: which a later capture makes a symbol when it changed.
+        self.object_ints: Dict = {}
 
     @property
     def active(self) -> bool:

@@ -60,7 +60,7 @@ def wrap(tx, value, source, guard: bool = True):
             add("TYPE_MATCH", int)  # the SHAPE guard checks what the graph assumed of it
             return out.add_int_input(value, source)
         if type(value) is int and g and out.symbolic.passed_in(source, True):
-            out.symbolic.object_ints.add(source)
+            out.symbolic.object_ints[source] = value
         add("CONSTANT_MATCH", value)
         return ConstantVariable(value, source)
     if type(value) is torch.Size:
