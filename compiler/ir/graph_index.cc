@@ -36,6 +36,7 @@ Graph EmptyLike(const Graph& graph) {
   *out.mutable_outputs() = graph.outputs();
   *out.mutable_schemas() = graph.schemas();
   *out.mutable_input_updates() = graph.input_updates();
+  *out.mutable_size_symbols() = graph.size_symbols();
   return out;
 }
 

@@ -23,7 +23,7 @@ struct ValueIndex {
 ValueIndex IndexValues(const kiln::v1::Graph& graph);
 
 // The graph with `graph`'s inputs (and how many are bound), constants, outputs, declared
-// schemas and input updates, no nodes.
+// schemas, input updates and size symbols, no nodes.
 kiln::v1::Graph EmptyLike(const kiln::v1::Graph& graph);
 
 std::unordered_set<uint32_t> GraphOutputs(const kiln::v1::Graph& graph);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "compiler/ir/op_admission.h"
 #include "compiler/ir/op_schema.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::compiler {
 namespace {
@@ -24,7 +25,38 @@ bool ValidDeviceKind(kiln::v1::DeviceKind kind) {
   return kind == kiln::v1::DEVICE_KIND_CPU || kind == kiln::v1::DEVICE_KIND_CUDA;
 }
 
-absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits, int64_t* numel) {
+// The graph's size symbols (empty for a static graph).
+using Symbols = std::unordered_set<uint32_t>;
+
+// Size and stride expressions of `meta`: one per dim, canonical over `symbols`, and the static
+// sizes / strides saying -1 / 0 exactly where the expression is not a constant.
+absl::Status ValidateMetaExprs(const TensorMeta& meta, const Symbols& symbols) {
+  if (meta.size_exprs_size() == 0 && meta.stride_exprs_size() == 0) return absl::OkStatus();
+  if (symbols.empty()) return Invalid("size expressions in a graph without size symbols");
+  if (meta.size_exprs_size() != meta.sizes_size() ||
+      meta.stride_exprs_size() != meta.sizes_size()) {
+    return Invalid("size and stride expressions are not one per dimension");
+  }
+  for (int d = 0; d < meta.sizes_size(); ++d) {
+    for (const bool size : {true, false}) {
+      const kiln::v1::SymExpr& e = size ? meta.size_exprs(d) : meta.stride_exprs(d);
+      const char* what = size ? "size" : "stride";
+      if (std::string problem = SymExprProblem(e, symbols); !problem.empty()) {
+        return Invalid(absl::StrCat(what, " expression of dimension ", d, ": ", problem));
+      }
+      const int64_t stated = size ? meta.sizes(d) : meta.strides(d);
+      const std::optional<int64_t> constant = ConstantOf(e);
+      if (constant ? *constant != stated : stated != (size ? -1 : 0)) {
+        return Invalid(absl::StrCat(what, " ", stated, " of dimension ", d,
+                                    " disagrees with its expression"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits, int64_t* numel,
+                          const Symbols& symbols = {}) {
   if (ElementSize(meta.dtype()) == 0) return Invalid("tensor has no valid dtype");
   if (meta.sizes_size() > limits.max_rank) {
     return Invalid(absl::StrCat("tensor rank ", meta.sizes_size(), " exceeds ", limits.max_rank));
@@ -32,6 +64,9 @@ absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits
   if (meta.strides_size() != meta.sizes_size()) {
     return Invalid("tensor strides and sizes differ in length");
   }
+  if (absl::Status s = ValidateMetaExprs(meta, symbols); !s.ok()) return s;
+  // A symbolic dimension's size is checked per call by the runtime; the limit below bounds the
+  // static ones.
   // The limit bounds the product of the nonzero sizes, not just numel: an empty tensor such as
   // [0, 2^62, 2^62] would otherwise pass, and every product of its sizes (IsContiguous, the
   // contiguous strides a compiler computes) would overflow int64.
@@ -39,6 +74,7 @@ absl::Status ValidateMeta(const TensorMeta& meta, const ValidationLimits& limits
   bool empty = false;
   for (int i = 0; i < meta.sizes_size(); ++i) {
     int64_t size = meta.sizes(i);
+    if (IsSymbolic(meta) && !ConstantOf(meta.size_exprs(i))) continue;
     if (size < 0) return Invalid("tensor size is negative");
     if (meta.strides(i) < 0) return Invalid("tensor stride is negative");
     if (size == 0) {
@@ -169,6 +205,36 @@ absl::Status ValidateInputUpdates(const kiln::v1::Graph& graph, const Validation
   return absl::OkStatus();
 }
 
+// Each size symbol bound to a per-call input's dimension whose size is exactly that symbol, with
+// a range; a graph with symbols updates no input.
+absl::Status ValidateSizeSymbols(const kiln::v1::Graph& graph) {
+  if (!IsSymbolic(graph)) return absl::OkStatus();
+  if (graph.input_updates_size() > 0) return Invalid("a graph with size symbols updates an input");
+  std::unordered_map<uint32_t, const TensorMeta*> per_call;
+  for (int i = static_cast<int>(graph.num_bound_inputs()); i < graph.inputs_size(); ++i) {
+    per_call[graph.inputs(i).id()] = &graph.inputs(i).meta();
+  }
+  for (const kiln::v1::SizeSymbol& symbol : graph.size_symbols()) {
+    const std::string where = absl::StrCat("size symbol ", symbol.id());
+    auto input = per_call.find(symbol.input());
+    if (input == per_call.end()) {
+      return Invalid(absl::StrCat(where, ": value ", symbol.input(), " is not a per-call input"));
+    }
+    const TensorMeta& meta = *input->second;
+    uint32_t named = 0;
+    if (symbol.dim() >= static_cast<uint32_t>(meta.size_exprs_size()) ||
+        !IsSymbol(meta.size_exprs(static_cast<int>(symbol.dim())), &named) ||
+        named != symbol.id()) {
+      return Invalid(absl::StrCat(where, ": dimension ", symbol.dim(), " of input ",
+                                  symbol.input(), " is not this symbol"));
+    }
+    if (symbol.min() < 0 || (symbol.max() != 0 && symbol.max() < symbol.min())) {
+      return Invalid(where + ": malformed range");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int ElementSize(kiln::v1::DType dtype) {
@@ -207,6 +273,15 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
   if (graph.nodes_size() > limits.max_nodes) return Invalid("graph has too many nodes");
   std::unordered_map<std::string, const kiln::v1::OpSchema*> schemas;
   if (absl::Status s = ValidateSchemas(graph, limits, &schemas); !s.ok()) return s;
+  Symbols symbols;
+  for (const kiln::v1::SizeSymbol& symbol : graph.size_symbols()) {
+    if (symbols.size() >= static_cast<size_t>(limits.max_size_symbols)) {
+      return Invalid("graph declares too many size symbols");
+    }
+    if (!symbols.insert(symbol.id()).second) {
+      return Invalid(absl::StrCat("size symbol ", symbol.id(), " declared twice"));
+    }
+  }
   std::unordered_map<uint32_t, const TensorMeta*> defined;
   auto define = [&](const Value& value, std::string_view where) -> absl::Status {
     if (defined.size() >= static_cast<size_t>(limits.max_values)) {
@@ -216,8 +291,15 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
       return Invalid(absl::StrCat(std::string(where), ": value id ", value.id(), " defined twice"));
     }
     int64_t numel = 0;
-    if (absl::Status s = ValidateMeta(value.meta(), limits, &numel); !s.ok()) {
+    if (absl::Status s = ValidateMeta(value.meta(), limits, &numel, symbols); !s.ok()) {
       return Invalid(absl::StrCat(std::string(where), ": value ", value.id(), ": ", s.message()));
+    }
+    return absl::OkStatus();
+  };
+  auto valid_expr = [&](const kiln::v1::SymExpr& e, const std::string& where) -> absl::Status {
+    if (symbols.empty()) return Invalid(where + ": a SymInt argument in a static graph");
+    if (std::string problem = SymExprProblem(e, symbols); !problem.empty()) {
+      return Invalid(absl::StrCat(where, ": SymInt argument: ", problem));
     }
     return absl::OkStatus();
   };
@@ -234,6 +316,7 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
     std::string where = absl::StrCat("constant ", i);
     if (absl::Status s = define(constant.value(), where); !s.ok()) return s;
     const TensorMeta& meta = constant.value().meta();
+    if (IsSymbolic(meta)) return Invalid(where + ": constants have static sizes");
     if (!IsContiguous(meta)) return Invalid(where + ": constants must be contiguous");
     int64_t numel = 1;
     for (int64_t size : meta.sizes()) numel *= size;
@@ -289,6 +372,17 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
             return Invalid(where + ": invalid layout arg");
           }
           break;
+        case Argument::kSymIntValue:
+          if (absl::Status s = valid_expr(arg.sym_int_value(), where); !s.ok()) return s;
+          break;
+        case Argument::kSymIntList:
+          if (arg.sym_int_list().values_size() > limits.max_rank) {
+            return Invalid(where + ": SymInt list too long");
+          }
+          for (const kiln::v1::SymExpr& e : arg.sym_int_list().values()) {
+            if (absl::Status s = valid_expr(e, where); !s.ok()) return s;
+          }
+          break;
         case Argument::KIND_NOT_SET:
           return Invalid(where + ": argument without a value");
         default:
@@ -304,6 +398,7 @@ absl::Status ValidateRequest(const kiln::v1::CompileRequest& request, const OpAl
   for (uint32_t id : graph.outputs()) {
     if (!defined.count(id)) return Invalid(absl::StrCat("graph output ", id, " is undefined"));
   }
+  if (absl::Status s = ValidateSizeSymbols(graph); !s.ok()) return s;
   return ValidateInputUpdates(graph, limits, defined);
 }
 

@@ -3,7 +3,9 @@
 // every declared schema parses and is named for its op, every value is defined once before it
 // is used, every tensor's metadata is consistent, constants hold exactly their bytes, every input
 // update names a graph input once and a value of its dtype and sizes, and the target is one kiln
-// knows. Compilers may rely on all of this.
+// knows. A graph with size symbols has every expression canonical over them (sym_expr.h), each
+// symbol bound to a per-call input's dimension, and no input update. Compilers may rely on all
+// of this.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ struct ValidationLimits {
   int max_nodes = 100000;
   int max_values = 400000;
   int max_rank = 16;
+  int max_size_symbols = 64;
   int max_args_per_node = 64;
   int max_options = 64;
   int max_schemas = 4096;

@@ -5,6 +5,7 @@
 #include "compiler/passes/conv_folding.h"
 #include "compiler/passes/graph_passes.h"
 #include "compiler/passes/memory_plan.h"
+#include "compiler/ir/sym_expr.h"
 
 namespace kiln::compiler {
 namespace {
@@ -18,6 +19,39 @@ kiln::v1::Graph ReturningUpdatedValues(const kiln::v1::Graph& graph) {
   return out;
 }
 
+// Every node of `graph` a library step, in order: a graph with size symbols, whose kernels the
+// fuser does not generate yet (their sizes would be runtime values), runs as ATen's calls from
+// one plan that evaluates every size per call.
+FusedProgram LibrarySteps(const kiln::v1::Graph& graph) {
+  FusedProgram program;
+  for (const auto& v : graph.inputs()) program.meta[v.id()] = &v.meta();
+  for (const auto& c : graph.constants()) program.meta[c.value().id()] = &c.value().meta();
+  for (int i = 0; i < graph.nodes_size(); ++i) {
+    for (const auto& out : graph.nodes(i).outputs()) program.meta[out.id()] = &out.meta();
+    FusedStep step;
+    step.node = i;
+    program.steps.push_back(step);
+  }
+  return program;
+}
+
+// The pipeline of a graph with size symbols: only passes that read no size (dead code, bound
+// work first), then one library step per node.
+PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request,
+                               kiln::v1::PassSnapshots& snapshots, PassLog& passes) {
+  kiln::v1::Graph graph = passes.After("dead code", EliminateDeadCode(request.graph()));
+  const std::unordered_set<uint32_t> bound = BoundValues(graph);
+  PlannedGraph planned;
+  planned.graph = std::make_unique<kiln::v1::Graph>(
+      passes.After("bound nodes first", BoundNodesFirst(graph, bound)));
+  planned.body.set_pass_snapshots(CompressPassSnapshots(snapshots));
+  planned.program = LibrarySteps(*planned.graph);
+  kiln::v1::ExecutionPlan* plan = planned.body.mutable_plan();
+  *plan = BuildPlan(*planned.graph, planned.program, &bound);
+  *plan->mutable_size_symbols() = planned.graph->size_symbols();
+  return planned;
+}
+
 }  // namespace
 
 PlannedGraph PlanGraph(const kiln::v1::CompileRequest& request, kiln::v1::DeviceKind device,
@@ -25,6 +59,7 @@ PlannedGraph PlanGraph(const kiln::v1::CompileRequest& request, kiln::v1::Device
   kiln::v1::PassSnapshots snapshots;
   PassLog passes(&snapshots);
   passes.Record("received", request.graph());
+  if (IsSymbolic(request.graph())) return PlanSymbolicGraph(request, snapshots, passes);
   const int returned = request.graph().outputs_size();
   kiln::v1::Graph graph = passes.After(
       "batch norm decomposed", DecomposeBatchNormEval(ReturningUpdatedValues(request.graph())));

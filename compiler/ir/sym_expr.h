@@ -1,0 +1,31 @@
+// Size expressions of graphs with size symbols (kiln.v1.SymExpr, Graph.size_symbols): the checks
+// the validator makes of their canonical form, and what the compiler reads of them. Two
+// canonical expressions are equal for every value of the symbols exactly when their messages
+// are equal, so the compiler compares sizes by comparing messages.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include "kiln/v1/graph.pb.h"
+
+namespace kiln::compiler {
+
+// "" when `e` is canonical (graph.proto's SymExpr) over `symbols`, else why it is not.
+std::string SymExprProblem(const kiln::v1::SymExpr& e, const std::unordered_set<uint32_t>& symbols);
+
+// The value of `e` when no term names a symbol (0 for no terms); nullopt otherwise.
+std::optional<int64_t> ConstantOf(const kiln::v1::SymExpr& e);
+
+// Whether `e` is exactly one symbol (coefficient 1, power 1); that symbol in `*symbol`.
+bool IsSymbol(const kiln::v1::SymExpr& e, uint32_t* symbol);
+
+// Whether the metadata has sizes or strides over symbols (size_exprs set).
+inline bool IsSymbolic(const kiln::v1::TensorMeta& meta) { return meta.size_exprs_size() > 0; }
+
+// Whether the graph declares size symbols.
+inline bool IsSymbolic(const kiln::v1::Graph& graph) { return graph.size_symbols_size() > 0; }
+
+}  // namespace kiln::compiler
