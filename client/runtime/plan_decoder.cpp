@@ -299,6 +299,52 @@ Status DecodeDevice(Reader& r, DeviceSpec* out) {
   });
 }
 
+Status DecodeTerm(Reader& r, SymTermSpec* out) {
+  return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
+    switch (field) {
+      case 1:
+        return ReadScalar(r, wire_type, field, &out->coefficient);
+      case 2:
+        return In(ReadRepeated(r, wire_type, field, &out->symbols), "symbols");
+      default:
+        return r.Skip(field, wire_type);
+    }
+  });
+}
+
+Status DecodeSymExpr(Reader& r, SymExprSpec* out) {
+  return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
+    return field == 1 ? AppendMessage(r, wire_type, field, &out->terms, "terms", DecodeTerm)
+                      : r.Skip(field, wire_type);
+  });
+}
+
+Status DecodeSymExprList(Reader& r, std::vector<SymExprSpec>* out) {
+  return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
+    return field == 1 ? AppendMessage(r, wire_type, field, out, "values", DecodeSymExpr)
+                      : r.Skip(field, wire_type);
+  });
+}
+
+Status DecodeSizeSymbol(Reader& r, SizeSymbolSpec* out) {
+  return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
+    switch (field) {
+      case 1:
+        return ReadScalar(r, wire_type, field, &out->id);
+      case 2:
+        return ReadScalar(r, wire_type, field, &out->input);
+      case 3:
+        return ReadScalar(r, wire_type, field, &out->dim);
+      case 4:
+        return ReadScalar(r, wire_type, field, &out->min);
+      case 5:
+        return ReadScalar(r, wire_type, field, &out->max);
+      default:
+        return r.Skip(field, wire_type);
+    }
+  });
+}
+
 Status DecodeMeta(Reader& r, MetaSpec* out) {
   return ForEachField(r, [&](uint32_t field, int wire_type) -> Status {
     switch (field) {
@@ -310,6 +356,11 @@ Status DecodeMeta(Reader& r, MetaSpec* out) {
         return In(ReadRepeated(r, wire_type, field, &out->strides), "strides");
       case 5:
         return ReadScalar(r, wire_type, field, &out->storage_offset);
+      case 7:
+        return AppendMessage(r, wire_type, field, &out->size_exprs, "size_exprs", DecodeSymExpr);
+      case 8:
+        return AppendMessage(r, wire_type, field, &out->stride_exprs, "stride_exprs",
+                             DecodeSymExpr);
       default:  // 4 device, 6 requires_grad: a plan runs on one device, for inference.
         return r.Skip(field, wire_type);
     }
@@ -431,8 +482,19 @@ Status DecodeArgument(Reader& r, CallArg* out) {
       case 7:   // value_list
       case 9:   // none
       case 11:  // device_value
+      case 14:  // sym_int_value
+      case 15:  // sym_int_list
         KILN_RETURN_IF_ERROR(OpenMessage(r, wire_type, field, &nested));
         if (!nested) return Status::OK();
+        if (field == 14) {
+          Become(out, K::kSymInt);
+          out->exprs.resize(1);  // a message field met again merges into the one expression
+          return In(DecodeSymExpr(*nested, &out->exprs[0]), "sym_int_value");
+        }
+        if (field == 15) {
+          Become(out, K::kSymInts);
+          return In(DecodeSymExprList(*nested, &out->exprs), "sym_int_list");
+        }
         if (field == 6) {
           Become(out, K::kInts);
           return In(DecodeIntList(*nested, &out->list), "int_list");
@@ -468,6 +530,19 @@ Status DecodeKernel(Reader& r, KernelStepSpec* out) {
         return ReadScalar(r, wire_type, field, &out->shared_memory_bytes);
       case 6:
         return In(ReadRepeated(r, wire_type, field, &out->writes), "writes");
+      case 7:
+        return AppendMessage(r, wire_type, field, &out->size_args, "size_args", DecodeSymExpr);
+      case 8: {
+        std::optional<Reader> nested;
+        KILN_RETURN_IF_ERROR(OpenMessage(r, wire_type, field, &nested));
+        if (!nested) return Status::OK();
+        out->has_grid_work = true;
+        return In(DecodeSymExpr(*nested, &out->grid_work), "grid_work");
+      }
+      case 9:
+        return ReadScalar(r, wire_type, field, &out->grid_work_per_block);
+      case 10:
+        return ReadScalar(r, wire_type, field, &out->grid_max);
       default:
         return r.Skip(field, wire_type);
     }
@@ -587,6 +662,9 @@ Status DecodeExecutionPlan(Reader& r, PlanSpec* out) {
       case 11:
         return AppendMessage(r, wire_type, field, &out->input_updates, "input_updates",
                              DecodeInputUpdate);
+      case 12:
+        return AppendMessage(r, wire_type, field, &out->size_symbols, "size_symbols",
+                             DecodeSizeSymbol);
       default:
         return r.Skip(field, wire_type);
     }

@@ -46,12 +46,36 @@ struct DeviceSpec {
   int32_t index = 0;
 };
 
+// kiln.v1.SymTerm: coefficient * the product of the symbols' values.
+struct SymTermSpec {
+  int64_t coefficient = 0;
+  std::vector<uint32_t> symbols;  // SizeSymbolSpec ids, repeated for powers.
+};
+
+// kiln.v1.SymExpr: the sum of its terms (0 for none).
+struct SymExprSpec {
+  std::vector<SymTermSpec> terms;
+};
+
+// kiln.v1.SizeSymbol: the value is per-call input `input`'s size along `dim`, in [min, max]
+// (max 0: unbounded).
+struct SizeSymbolSpec {
+  uint32_t id = 0;
+  uint32_t input = 0;
+  uint32_t dim = 0;
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
 // kiln.v1.TensorMeta without device and requires_grad (a plan runs on one device, for inference).
 struct MetaSpec {
   WireDType dtype = WireDType::kUnspecified;
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;  // In elements.
   int64_t storage_offset = 0;    // In elements.
+  // Plans with size symbols: one per dim when any size or stride depends on them (sizes and
+  // strides then say -1 and 0 there); empty otherwise.
+  std::vector<SymExprSpec> size_exprs, stride_exprs;
 };
 
 // kiln.v1.Value.
@@ -71,6 +95,7 @@ struct ConstantSpec {
 //   kInts: list                           kValues: list (ids)  kNone: nothing  kStr: s
 //   kDtype: i (a WireDType)               kDevice: device
 //   kMemoryFormat: i (a WireMemoryFormat) kLayout: i (a WireLayout)
+//   kSymInt: exprs (one)                  kSymInts: exprs (one per element)
 // kUnset: the argument named no kind (Plan refuses it). Plan converts each payload to the type
 // of the schema argument it binds to.
 struct CallArg {
@@ -87,7 +112,9 @@ struct CallArg {
     kStr,
     kDevice,
     kMemoryFormat,
-    kLayout
+    kLayout,
+    kSymInt,
+    kSymInts
   };
   std::string name;  // Schema argument name; empty for a positional argument.
   Kind kind = Kind::kUnset;
@@ -97,6 +124,7 @@ struct CallArg {
   std::vector<int64_t> list;
   std::string s;
   DeviceSpec device;
+  std::vector<SymExprSpec> exprs;
 };
 
 // kiln.v1.KernelLaunch plus its step's release list. grid, block and shared_memory_bytes are
@@ -106,6 +134,13 @@ struct KernelStepSpec {
   std::vector<uint32_t> args, writes, release;
   std::vector<uint32_t> grid, block;  // (x, y, z); Plan reads a missing y or z as 1.
   uint32_t shared_memory_bytes = 0;
+  // Plans with size symbols: the kernel's integer parameters, and grid[0] per call when
+  // has_grid_work (kiln.v1.KernelLaunch.grid_work).
+  std::vector<SymExprSpec> size_args;
+  bool has_grid_work = false;
+  SymExprSpec grid_work;
+  uint32_t grid_work_per_block = 0;
+  uint32_t grid_max = 0;
 };
 
 // kiln.v1.LibraryCall plus its step's release list.
@@ -150,6 +185,7 @@ struct PlanSpec {
   std::vector<StepSpec> prologue;
   std::vector<uint32_t> prologue_outputs;
   std::vector<InputUpdateSpec> input_updates;  // Applied in order after the last step.
+  std::vector<SizeSymbolSpec> size_symbols;    // Bound from the inputs at each call.
 };
 
 }  // namespace kiln::runtime

@@ -27,12 +27,29 @@ using runtime::ValueSpec;
 using runtime::WireDeviceKind;
 using runtime::WireDType;
 
+inline runtime::SymExprSpec FromProto(const kiln::v1::SymExpr& e) {
+  runtime::SymExprSpec out;
+  for (const auto& t : e.terms()) {
+    out.terms.push_back({t.coefficient(), {t.symbols().begin(), t.symbols().end()}});
+  }
+  return out;
+}
+
+template <typename Repeated>
+std::vector<runtime::SymExprSpec> FromProtoList(const Repeated& exprs) {
+  std::vector<runtime::SymExprSpec> out;
+  for (const auto& e : exprs) out.push_back(FromProto(e));
+  return out;
+}
+
 inline MetaSpec FromProto(const kiln::v1::TensorMeta& m) {
   MetaSpec out;
   out.dtype = static_cast<WireDType>(m.dtype());
   out.sizes.assign(m.sizes().begin(), m.sizes().end());
   out.strides.assign(m.strides().begin(), m.strides().end());
   out.storage_offset = m.storage_offset();
+  out.size_exprs = FromProtoList(m.size_exprs());
+  out.stride_exprs = FromProtoList(m.stride_exprs());
   return out;
 }
 
@@ -82,6 +99,12 @@ inline CallArg FromProto(const kiln::v1::Argument& a) {
     case kiln::v1::Argument::kLayoutValue:
       out.kind = K::kLayout, out.i = a.layout_value();
       break;
+    case kiln::v1::Argument::kSymIntValue:
+      out.kind = K::kSymInt, out.exprs = {FromProto(a.sym_int_value())};
+      break;
+    case kiln::v1::Argument::kSymIntList:
+      out.kind = K::kSymInts, out.exprs = FromProtoList(a.sym_int_list().values());
+      break;
     case kiln::v1::Argument::KIND_NOT_SET:
       break;
   }
@@ -99,7 +122,12 @@ inline std::optional<StepSpec> FromProto(const kiln::v1::PlanStep& s) {
                           release,
                           {k.grid().begin(), k.grid().end()},
                           {k.block().begin(), k.block().end()},
-                          k.shared_memory_bytes()};
+                          k.shared_memory_bytes(),
+                          FromProtoList(k.size_args()),
+                          k.has_grid_work(),
+                          FromProto(k.grid_work()),
+                          k.grid_work_per_block(),
+                          k.grid_max()};
   }
   if (s.has_library()) {
     const auto& l = s.library();
@@ -131,6 +159,9 @@ inline std::optional<PlanSpec> FromProto(const kiln::v1::ExecutionPlan& p) {
     out.input_updates.push_back({u.input(), u.value(), u.has_new_meta(),
                                  u.has_new_meta() ? FromProto(u.new_meta()) : MetaSpec{}});
   }
+  for (const auto& y : p.size_symbols()) {
+    out.size_symbols.push_back({y.id(), y.input(), y.dim(), y.min(), y.max()});
+  }
   return out;
 }
 
@@ -141,16 +172,32 @@ std::string List(const std::vector<T>& v) {
   return out + "]";
 }
 
+inline std::string Dump(const runtime::SymExprSpec& e) {
+  std::string out = "(";
+  for (const auto& t : e.terms) out += std::to_string(t.coefficient) + "*" + List(t.symbols) + "+";
+  return out + ")";
+}
+
+inline std::string Dump(const std::vector<runtime::SymExprSpec>& exprs) {
+  std::string out = "{";
+  for (const auto& e : exprs) out += Dump(e) + ",";
+  return out + "}";
+}
+
 inline std::string Dump(const MetaSpec& m) {
   return "dtype " + std::to_string(static_cast<int>(m.dtype)) + " sizes " + List(m.sizes) +
-         " strides " + List(m.strides) + " offset " + std::to_string(m.storage_offset);
+         " strides " + List(m.strides) + " offset " + std::to_string(m.storage_offset) +
+         " size_exprs " + Dump(m.size_exprs) + " stride_exprs " + Dump(m.stride_exprs);
 }
 
 inline std::string Dump(const StepSpec& step) {
   if (const auto* k = std::get_if<KernelStepSpec>(&step)) {
     return "kernel " + k->symbol + " args " + List(k->args) + " writes " + List(k->writes) +
            " release " + List(k->release) + " grid " + List(k->grid) + " block " + List(k->block) +
-           " smem " + std::to_string(k->shared_memory_bytes) + "\n";
+           " smem " + std::to_string(k->shared_memory_bytes) + " size_args " +
+           Dump(k->size_args) + " grid_work " + std::to_string(k->has_grid_work) +
+           Dump(k->grid_work) + "/" + std::to_string(k->grid_work_per_block) + "<=" +
+           std::to_string(k->grid_max) + "\n";
   }
   const auto& l = std::get<LibraryStepSpec>(step);
   std::string out = "library " + l.op + " outputs " + List(l.outputs) + " release " +
@@ -160,7 +207,7 @@ inline std::string Dump(const StepSpec& step) {
            std::to_string(a.i) + " f " + std::to_string(std::bit_cast<uint64_t>(a.f)) + " b " +
            std::to_string(a.b) + " list " + List(a.list) + " s '" + a.s + "' device " +
            std::to_string(static_cast<int>(a.device.kind)) + ":" + std::to_string(a.device.index) +
-           "\n";
+           " exprs " + Dump(a.exprs) + "\n";
   }
   return out;
 }
@@ -184,6 +231,11 @@ inline std::string Dump(const PlanSpec& p) {
   for (const auto& u : p.input_updates) {
     out += "update " + std::to_string(u.input) + " <- " + std::to_string(u.value) +
            (u.has_new_meta ? " as " + Dump(u.new_meta) : std::string()) + "\n";
+  }
+  for (const auto& y : p.size_symbols) {
+    out += "symbol " + std::to_string(y.id) + " = input " + std::to_string(y.input) + " dim " +
+           std::to_string(y.dim) + " in [" + std::to_string(y.min) + ", " +
+           std::to_string(y.max) + "]\n";
   }
   return out;
 }

@@ -127,6 +127,34 @@ kiln::v1::ExecutionPlan RichPlan() {
   restrided->set_input(300);
   restrided->set_value(5);
   SetMeta(restrided->mutable_new_meta(), kiln::v1::DTYPE_FLOAT32, {3, 4}, {1, 3}, 1);
+  // Size symbols: a symbolic value, SymInt arguments, a kernel's runtime sizes and grid.
+  auto* symbol = p.add_size_symbols();
+  symbol->set_id(3);
+  symbol->set_input(1);
+  symbol->set_dim(0);
+  symbol->set_min(2);
+  symbol->set_max(int64_t{1} << 40);
+  auto term = [](kiln::v1::SymExpr* e, int64_t c, std::vector<uint32_t> symbols) {
+    auto* t = e->add_terms();
+    t->set_coefficient(c);
+    for (uint32_t y : symbols) t->add_symbols(y);
+  };
+  auto* sym_meta = p.mutable_values(1)->mutable_meta();
+  term(sym_meta->add_size_exprs(), 1, {3});
+  term(sym_meta->add_size_exprs(), 3, {});
+  term(sym_meta->add_stride_exprs(), 3, {});
+  sym_meta->add_stride_exprs();  // 0: no terms
+  a = call->add_args();
+  term(a->mutable_sym_int_value(), -7, {3, 3});
+  term(a->mutable_sym_int_value(), 1, {});
+  a = call->add_args();
+  term(a->mutable_sym_int_list()->add_values(), 2, {3});
+  a->mutable_sym_int_list()->add_values();
+  auto* launch = p.mutable_steps(0)->mutable_kernel();
+  term(launch->add_size_args(), 12, {3});
+  term(launch->mutable_grid_work(), 4, {3});
+  launch->set_grid_work_per_block(256);
+  launch->set_grid_max(1 << 20);
   return p;
 }
 
@@ -173,6 +201,25 @@ TEST(PlanDecoderTest, EveryFieldDecodesAsProtobufParsesIt) {
   EXPECT_TRUE(spec->input_updates[1].has_new_meta);
   EXPECT_EQ(spec->input_updates[1].new_meta.strides, (std::vector<int64_t>{1, 3}));
   EXPECT_EQ(spec->input_updates[1].new_meta.storage_offset, 1);
+  ASSERT_EQ(spec->size_symbols.size(), 1u);
+  EXPECT_EQ(spec->size_symbols[0].id, 3u);
+  EXPECT_EQ(spec->size_symbols[0].max, int64_t{1} << 40);
+  const MetaSpec& sym_meta = spec->values[1].meta;
+  ASSERT_EQ(sym_meta.size_exprs.size(), 2u);
+  EXPECT_EQ(sym_meta.size_exprs[0].terms[0].symbols, (std::vector<uint32_t>{3}));
+  EXPECT_TRUE(sym_meta.stride_exprs[1].terms.empty());
+  ASSERT_EQ(call.args[12].kind, CallArg::Kind::kSymInt);
+  ASSERT_EQ(call.args[12].exprs[0].terms.size(), 2u);
+  EXPECT_EQ(call.args[12].exprs[0].terms[0].coefficient, -7);
+  EXPECT_EQ(call.args[12].exprs[0].terms[0].symbols, (std::vector<uint32_t>{3, 3}));
+  ASSERT_EQ(call.args[13].kind, CallArg::Kind::kSymInts);
+  EXPECT_EQ(call.args[13].exprs.size(), 2u);
+  const auto& launch = std::get<KernelStepSpec>(spec->steps[0]);
+  ASSERT_EQ(launch.size_args.size(), 1u);
+  EXPECT_EQ(launch.size_args[0].terms[0].coefficient, 12);
+  EXPECT_TRUE(launch.has_grid_work);
+  EXPECT_EQ(launch.grid_work_per_block, 256u);
+  EXPECT_EQ(launch.grid_max, 1u << 20);
 }
 
 TEST(PlanDecoderTest, EmptyBytesAreAnEmptyPlan) {
