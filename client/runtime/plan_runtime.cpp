@@ -1,5 +1,5 @@
-// Building a Plan (slots, checks of the whole plan, kernel symbols, schema binding) and running
-// it: the per-call path of compiled graphs, with no Python on it.
+// Running a Plan: the per-call path of compiled graphs, with no Python on it. (Building one:
+// plan_builder.cpp.)
 #include "runtime/plan_runtime.h"
 
 #include <ATen/ATen.h>
@@ -22,6 +22,7 @@
 #include <set>
 #include <unordered_set>
 
+#include "runtime/value_layout.h"
 #include "runtime/wire_types.h"
 
 #ifdef KILN_WITH_CUDA
@@ -29,812 +30,6 @@
 #endif
 
 namespace kiln::runtime {
-namespace {
-
-// A plan that cannot be built: every such message starts with "kiln plan: ".
-Status Invalid(const std::string& message) {
-  return Status::InvalidArgument("kiln plan: " + message);
-}
-
-std::string Id(uint32_t id) { return "value " + std::to_string(id); }
-
-std::pair<std::string, std::string> SplitOpName(const std::string& op) {
-  const size_t colons = op.find("::");
-  const size_t dot = op.find('.', colons == std::string::npos ? 0 : colons + 2);
-  if (dot == std::string::npos) return {op, ""};
-  return {op.substr(0, dot), op.substr(dot + 1)};
-}
-
-// The schema type an argument binds to, with an Optional unwrapped.
-struct FormalType {
-  c10::TypePtr type;
-  bool optional = false;
-};
-
-FormalType Unwrap(const c10::Argument& formal) {
-  FormalType f{formal.real_type(), false};
-  if (auto opt = f.type->cast<c10::OptionalType>()) {
-    f.type = opt->getElementType();
-    f.optional = true;
-  }
-  return f;
-}
-
-bool IsTensor(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
-
-bool IsIntLike(const c10::TypePtr& t) {
-  return t->kind() == c10::TypeKind::IntType || t->kind() == c10::TypeKind::SymIntType;
-}
-
-bool IsFloatLike(const c10::TypePtr& t) {
-  return t->kind() == c10::TypeKind::FloatType || t->kind() == c10::TypeKind::SymFloatType;
-}
-
-// The element type of a list type; null for anything else.
-c10::TypePtr ListElement(const c10::TypePtr& t) {
-  if (auto list = t->cast<c10::ListType>()) return list->getElementType();
-  return nullptr;
-}
-
-// A Python number where the schema takes a Tensor (x * 2.0 traced as aten::mul.Tensor): a
-// wrapped number, as eager PyTorch makes it, so type promotion treats it as a scalar.
-at::Tensor WrappedNumber(const c10::Scalar& value) {
-  at::Tensor t = c10::scalar_to_tensor(value);
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
-
-// The IValue of a non-tensor argument, typed for the schema argument it binds to; an error
-// (naming `where`) when the payload cannot take that type.
-StatusOr<c10::IValue> ConvertConstant(const CallArg& a, const c10::Argument& formal,
-                                      const std::string& where) {
-  using K = CallArg::Kind;
-  using TK = c10::TypeKind;
-  const FormalType f = Unwrap(formal);
-  const TK kind = f.type->kind();
-  const c10::TypePtr element = ListElement(f.type);
-  auto mismatch = [&](const char* payload) {
-    return Invalid(where + ": " + payload + " cannot bind to " + formal.real_type()->str());
-  };
-  auto unknown = [&](const char* what) {
-    return Invalid(where + ": " + std::to_string(a.i) + " is not a kiln.v1 " + what);
-  };
-  switch (a.kind) {
-    case K::kNone:
-      if (f.optional || kind == TK::NoneType) return c10::IValue();
-      // An undefined tensor, as autograd passes one: the backward of attention without a mask
-      // (its attn_bias is a Tensor, not a Tensor?), traced as None.
-      if (kind == TK::TensorType) return c10::IValue(at::Tensor());
-      return mismatch("None");
-    case K::kInt:
-      if (IsIntLike(f.type)) return c10::IValue(a.i);
-      if (IsFloatLike(f.type)) return c10::IValue(static_cast<double>(a.i));
-      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.i));  // An int Scalar.
-      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.i)));
-      if (kind == TK::ScalarTypeType || kind == TK::LayoutType || kind == TK::MemoryFormatType) {
-        return c10::IValue(a.i);
-      }
-      if (element != nullptr && IsIntLike(element) && formal.N()) {
-        // int[2] stride given as 2: Python's argument parser repeats it N times.
-        return c10::IValue(
-            c10::List<int64_t>(std::vector<int64_t>(static_cast<size_t>(*formal.N()), a.i)));
-      }
-      return mismatch("an int");
-    case K::kFloat:
-      if (IsFloatLike(f.type)) return c10::IValue(a.f);
-      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.f));  // A double Scalar.
-      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.f)));
-      return mismatch("a float");
-    case K::kBool:
-      if (kind == TK::BoolType || kind == TK::SymBoolType) return c10::IValue(a.b);
-      if (kind == TK::NumberType) return c10::IValue(c10::Scalar(a.b));
-      if (kind == TK::TensorType) return c10::IValue(WrappedNumber(c10::Scalar(a.b)));
-      return mismatch("a bool");
-    case K::kInts:
-      if (element != nullptr && IsIntLike(element)) return c10::IValue(c10::List<int64_t>(a.list));
-      if (element != nullptr && IsFloatLike(element)) {
-        return c10::IValue(c10::List<double>(std::vector<double>(a.list.begin(), a.list.end())));
-      }
-      if (element != nullptr &&
-          (element->kind() == TK::NumberType ||
-           (element->kind() == TK::OptionalType &&
-            element->castRaw<c10::OptionalType>()->getElementType()->kind() == TK::NumberType))) {
-        c10::impl::GenericList scalars(element);  // Scalar[] / Scalar?[] (mkldnn's scalars)
-        for (int64_t v : a.list) scalars.push_back(c10::Scalar(v));
-        return c10::IValue(scalars);
-      }
-      if (element != nullptr && element->kind() == TK::BoolType) {
-        c10::List<bool> bools;
-        for (int64_t v : a.list) bools.push_back(v != 0);
-        return c10::IValue(bools);
-      }
-      return mismatch("an int list");
-    case K::kDtype: {
-      if (kind != TK::ScalarTypeType && kind != TK::IntType) return mismatch("a dtype");
-      const auto dtype = ScalarTypeOf(static_cast<WireDType>(a.i));
-      if (!dtype) return unknown("DType");
-      return c10::IValue(static_cast<int64_t>(*dtype));  // How IValue holds a ScalarType.
-    }
-    case K::kLayout: {
-      if (kind != TK::LayoutType && kind != TK::IntType) return mismatch("a layout");
-      const auto layout = LayoutOf(static_cast<WireLayout>(a.i));
-      if (!layout) return unknown("Layout");
-      return c10::IValue(static_cast<int64_t>(*layout));
-    }
-    case K::kMemoryFormat: {
-      if (kind != TK::MemoryFormatType && kind != TK::IntType) return mismatch("a memory format");
-      const auto format = MemoryFormatOf(static_cast<WireMemoryFormat>(a.i));
-      if (!format) return unknown("MemoryFormat");
-      return c10::IValue(static_cast<int64_t>(*format));
-    }
-    case K::kStr:
-      if (kind == TK::StringType) return c10::IValue(a.s);
-      return mismatch("a str");
-    case K::kDevice: {
-      if (kind != TK::DeviceObjType) return mismatch("a device");
-      const auto device = DeviceOf(a.device);
-      if (!device) {
-        return Invalid(where + ": bad device (kind " +
-                       std::to_string(static_cast<int>(a.device.kind)) + ", index " +
-                       std::to_string(a.device.index) + ")");
-      }
-      return c10::IValue(*device);
-    }
-    case K::kUnset:
-    case K::kValue:
-    case K::kValues:
-      break;
-  }
-  return Invalid(where + ": internal: a tensor argument bound as a constant");
-}
-
-std::string Ints(c10::IntArrayRef values) {
-  std::string out = "[";
-  for (size_t i = 0; i < values.size(); ++i) {
-    out += (i ? ", " : "") + std::to_string(values[i]);
-  }
-  return out + "]";
-}
-
-// Formatted by hand: c10::str of an ArrayRef crashed on the CPython 3.12 + torch 2.11 host.
-std::string Describe(at::ScalarType dtype, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  return std::string(c10::toString(dtype)) + Ints(sizes) + " strides " + Ints(strides);
-}
-
-// Elements of storage a tensor with this metadata reaches (storage offset included). Create
-// checked that it and its bytes fit in int64_t for every value of the plan.
-int64_t StorageElements(const ValueMeta& m) {
-  int64_t extent = 1;
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (m.sizes[d] == 0) return m.storage_offset;
-    extent += (m.sizes[d] - 1) * m.strides[d];
-  }
-  return m.storage_offset + extent;
-}
-
-// StorageElements, or nullopt when it or its bytes overflow int64_t (a plan that would make the
-// arena's bounds check wrap around).
-std::optional<int64_t> CheckedStorageBytes(const ValueMeta& m) {
-  int64_t extent = 1;
-  for (size_t d = 0; d < m.sizes.size(); ++d) {
-    if (m.sizes[d] == 0) {
-      extent = 0;
-      break;
-    }
-    int64_t span = 0;
-    if (__builtin_mul_overflow(m.sizes[d] - 1, m.strides[d], &span) ||
-        __builtin_add_overflow(extent, span, &extent)) {
-      return std::nullopt;
-    }
-  }
-  int64_t elements = 0, bytes = 0;
-  if (__builtin_add_overflow(m.storage_offset, extent, &elements) ||
-      __builtin_mul_overflow(elements, static_cast<int64_t>(c10::elementSize(m.dtype)), &bytes)) {
-    return std::nullopt;
-  }
-  return bytes;
-}
-
-// A new tensor with exactly the metadata's sizes, strides and storage offset.
-at::Tensor EmptyWithLayout(const ValueMeta& m, const at::TensorOptions& options) {
-  if (m.storage_offset == 0) return at::empty_strided(m.sizes, m.strides, options);
-  return at::empty({StorageElements(m)}, options).as_strided(m.sizes, m.strides, m.storage_offset);
-}
-
-bool HasLayout(const at::Tensor& t, const ValueMeta& m) {
-  return t.strides() == c10::IntArrayRef(m.strides) && t.storage_offset() == m.storage_offset;
-}
-
-// A copy of `t` with the metadata's layout (for a `t` that lacks it), of `t`'s dtype or `dtype`.
-at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m,
-                          std::optional<at::ScalarType> dtype = std::nullopt) {
-  at::Tensor copy = EmptyWithLayout(m, t.options().dtype(dtype.value_or(t.scalar_type())));
-  copy.copy_(t);
-  return copy;
-}
-
-// Whether an argument may be aliased by the op's result (a view: "Tensor(a) self").
-// Whether a call draws from the random generator: its op has torch's nondeterministic_seeded
-// tag, unless its dropout probability (attention's dropout_p) is a constant 0, as in every
-// inference call of scaled_dot_product_attention.
-bool DrawsRandomNumbers(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack) {
-  if (!op.hasTag(at::Tag::nondeterministic_seeded)) return false;
-  const auto& formals = op.schema().arguments();
-  for (size_t i = 0; i < formals.size() && i < stack.size(); ++i) {
-    if (formals[i].name() == "dropout_p" && stack[i].isDouble() && stack[i].toDouble() == 0.0) {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool MayAlias(const c10::Argument& formal) {
-  return formal.alias_info() != nullptr && !formal.alias_info()->isWrite();
-}
-
-// The tensor a kiln.v1.Constant holds: its elements are contiguous, little-endian, exactly
-// numel * element size bytes.
-StatusOr<at::Tensor> ConstantTensor(const ConstantSpec& c) {
-  const std::string what = "constant " + Id(c.value.id);
-  const auto dtype = ScalarTypeOf(c.value.meta.dtype);
-  if (!dtype) return Invalid(what + " has no valid dtype");
-  int64_t bytes = static_cast<int64_t>(c10::elementSize(*dtype));
-  for (int64_t size : c.value.meta.sizes) {
-    if (size < 0 || __builtin_mul_overflow(bytes, size, &bytes)) {
-      return Invalid(what + " has a negative or too large size");
-    }
-  }
-  if (static_cast<uint64_t>(bytes) != c.data.size()) {
-    return Invalid(what + " has " + std::to_string(c.data.size()) + " bytes, its metadata needs " +
-                   std::to_string(bytes));
-  }
-  at::Tensor t = at::empty(c.value.meta.sizes, at::TensorOptions().dtype(*dtype));
-  if (bytes > 0) std::memcpy(t.data_ptr(), c.data.data(), c.data.size());
-  return t;
-}
-
-}  // namespace
-
-// Create's state while it checks the plan in order: which values are defined, released, buffers,
-// written or plan outputs. Every check is here; Run relies on them.
-class Plan::Builder {
- public:
-  explicit Builder(Plan& plan) : plan_(plan) {}
-
-  Status Build(const PlanSpec& spec, const PlanBinding& binding);
-
- private:
-  enum State : char { kUndefined, kDefined, kReleased };
-
-  Status Values(const PlanSpec& spec);
-  StatusOr<int> Slot(uint32_t id) const;
-  Status Define(int s, const std::string& where);
-  Status Require(int s, const std::string& where) const;
-  // Binds a constant or parameter (`what`) once: on the plan's device, in its value's layout.
-  Status Bind(uint32_t id, const at::Tensor& tensor, const char* what);
-  Status Buffers(const PlanSpec& spec);
-  // Loads the kernel binary when a step launches a kernel.
-  Status Kernels(const PlanSpec& spec, const PlanBinding& binding);
-  Status CudaLaunchOf(const KernelStepSpec& k, const std::string& where, CudaKernel* out) const;
-  Status Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
-               std::vector<Step>* into);
-  Status KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step);
-  Status LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step);
-  StatusOr<LibraryStep> BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
-  Status Release(const std::vector<uint32_t>& ids, Step* step);
-  Status InputUpdates(const PlanSpec& spec, size_t num_params);
-
-  Plan& plan_;
-  std::vector<char> state_, is_buffer_, written_, is_output_;
-  std::set<int> watched_;  // Constant slots the prologue reads.
-};
-
-Plan::Plan(c10::Device device, uint64_t arena_bytes) : arena_bytes_(arena_bytes), device_(device) {}
-
-Plan::~Plan() = default;
-
-StatusOr<std::unique_ptr<Plan>> Plan::Create(const PlanSpec& spec, PlanBinding binding) {
-  std::unique_ptr<Plan> plan(new Plan(binding.device, spec.arena_bytes));
-  Status status;
-  try {
-    status = Builder(*plan).Build(spec, binding);
-  } catch (const c10::Error& e) {  // Binding constants: out of memory, a device torch lacks.
-    status = Status::RuntimeError(std::string("kiln plan: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    status = Status::RuntimeError(std::string("kiln plan: ") + e.what());
-  }
-  if (!status.ok()) return status;
-  return plan;
-}
-
-StatusOr<int> Plan::Builder::Slot(uint32_t id) const {
-  auto it = std::lower_bound(plan_.ids_.begin(), plan_.ids_.end(), id);
-  if (it == plan_.ids_.end() || *it != id) {
-    return Invalid("the plan uses " + Id(id) + " without metadata");
-  }
-  return static_cast<int>(it - plan_.ids_.begin());
-}
-
-Status Plan::Builder::Define(int s, const std::string& where) {
-  if (state_[s] != kUndefined) {
-    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is defined twice");
-  }
-  state_[s] = kDefined;
-  return Status::OK();
-}
-
-Status Plan::Builder::Require(int s, const std::string& where) const {
-  if (state_[s] == kReleased) {
-    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is used after its release");
-  }
-  if (state_[s] != kDefined || (is_buffer_[s] && !written_[s])) {
-    return Invalid(where + ": " + Id(plan_.ids_[s]) + " is used before it is computed");
-  }
-  return Status::OK();
-}
-
-// Slots: the ids of `values`, sorted, so that Slot() is a binary search at build time only.
-Status Plan::Builder::Values(const PlanSpec& spec) {
-  std::vector<const ValueSpec*> values;
-  values.reserve(spec.values.size());
-  for (const ValueSpec& v : spec.values) values.push_back(&v);
-  std::sort(values.begin(), values.end(), [](auto* x, auto* y) { return x->id < y->id; });
-  for (const ValueSpec* v : values) {
-    const std::string what = Id(v->id);
-    if (!plan_.ids_.empty() && plan_.ids_.back() == v->id) {
-      return Invalid(what + " has metadata twice");
-    }
-    const auto dtype = ScalarTypeOf(v->meta.dtype);
-    if (!dtype) return Invalid(what + " has no valid dtype");
-    ValueMeta meta{*dtype, v->meta.sizes, v->meta.strides, v->meta.storage_offset};
-    if (meta.sizes.size() != meta.strides.size()) {
-      return Invalid(what + ": sizes and strides differ in rank");
-    }
-    if (std::any_of(meta.sizes.begin(), meta.sizes.end(), [](int64_t x) { return x < 0; }) ||
-        std::any_of(meta.strides.begin(), meta.strides.end(), [](int64_t x) { return x < 0; }) ||
-        meta.storage_offset < 0) {
-      return Invalid(what + " has a negative size, stride or storage offset");
-    }
-    if (!CheckedStorageBytes(meta)) return Invalid(what + " spans more bytes than int64_t counts");
-    plan_.ids_.push_back(v->id);
-    plan_.metas_.push_back(std::move(meta));
-  }
-  const size_t n = plan_.ids_.size();
-  plan_.bound_.resize(n);
-  plan_.originals_.resize(n);
-  plan_.buffers_.resize(n);
-  state_.assign(n, kUndefined);
-  is_buffer_.assign(n, 0);
-  written_.assign(n, 0);
-  is_output_.assign(n, 0);
-  return Status::OK();
-}
-
-Status Plan::Builder::Bind(uint32_t id, const at::Tensor& tensor, const char* what) {
-  KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-  const std::string where = std::string(what) + " " + Id(id);
-  KILN_RETURN_IF_ERROR(Define(s, what));
-  const ValueMeta& m = plan_.metas_[s];
-  if (!tensor.defined()) return Invalid(where + " is undefined");
-  if (tensor.scalar_type() != m.dtype || tensor.sizes() != c10::IntArrayRef(m.sizes)) {
-    return Invalid(where + " is " +
-                   Describe(tensor.scalar_type(), tensor.sizes(), tensor.strides()) +
-                   ", its metadata says " + Describe(m.dtype, m.sizes, m.strides));
-  }
-  at::Tensor t = tensor.to(plan_.device_);
-  if (!HasLayout(t, m)) t = CopyWithLayout(t, m);
-  plan_.bound_[s] = std::move(t);
-  plan_.originals_[s] = tensor;
-  return Status::OK();
-}
-
-Status Plan::Builder::Buffers(const PlanSpec& spec) {
-  for (const BufferSpec& b : spec.buffers) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(b.id));
-    const std::string what = "buffer " + Id(b.id);
-    if (is_buffer_[s] || state_[s] != kUndefined) return Invalid(what + " is defined twice");
-    is_buffer_[s] = 1;
-    if (!b.in_arena) continue;
-    const ValueMeta& m = plan_.metas_[s];
-    const auto element = static_cast<uint64_t>(c10::elementSize(m.dtype));
-    const auto bytes = static_cast<uint64_t>(*CheckedStorageBytes(m));  // Values() checked it.
-    const uint64_t end = b.arena_offset + bytes;
-    if (b.arena_offset % 64 != 0) return Invalid(what + ": arena offset is not a multiple of 64");
-    if (end > plan_.arena_bytes_ || end < b.arena_offset) {
-      return Invalid(what + " ends at byte " + std::to_string(end) + " of an arena of " +
-                     std::to_string(plan_.arena_bytes_));
-    }
-    plan_.buffers_[s].in_arena = true;
-    plan_.buffers_[s].arena_element_offset =
-        static_cast<int64_t>(b.arena_offset / element) + m.storage_offset;
-  }
-  for (uint32_t id : spec.outputs) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    if (plan_.buffers_[s].in_arena) return Invalid("output " + Id(id) + " is an arena buffer");
-    plan_.output_slots_.push_back(s);
-    is_output_[s] = 1;
-  }
-  return Status::OK();
-}
-
-Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
-  if (spec.arena_bytes > static_cast<uint64_t>(INT64_MAX)) {
-    return Invalid("an arena of " + std::to_string(spec.arena_bytes) + " bytes");
-  }
-  KILN_RETURN_IF_ERROR(Values(spec));
-  // Kernels before constants: a plan whose kernels cannot load fails before it copies anything
-  // to the device.
-  KILN_RETURN_IF_ERROR(Kernels(spec, binding));
-  for (const ConstantSpec& c : spec.constants) {
-    KILN_ASSIGN_OR_RETURN(const at::Tensor tensor, ConstantTensor(c));
-    KILN_RETURN_IF_ERROR(Bind(c.value.id, tensor, "constant"));
-  }
-  // Parameters take the plan's first inputs, bound once like constants (and, unlike them,
-  // watched by the prologue: they may change between calls).
-  const size_t num_params = binding.params.size();
-  if (num_params > spec.inputs.size()) {
-    return Invalid("binds " + std::to_string(num_params) + " parameters to a plan of " +
-                   std::to_string(spec.inputs.size()) + " inputs");
-  }
-  for (size_t i = 0; i < num_params; ++i) {
-    KILN_RETURN_IF_ERROR(Bind(spec.inputs[i], binding.params[i], "parameter"));
-  }
-  KILN_RETURN_IF_ERROR(Buffers(spec));
-
-  // The prologue reads bound values only: the per-call inputs are defined after it.
-  KILN_RETURN_IF_ERROR(Steps(spec.prologue, "prologue step", true, &plan_.prologue_));
-  for (uint32_t id : spec.prologue_outputs) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    KILN_RETURN_IF_ERROR(Require(s, "prologue output"));
-    if (is_output_[s]) return Invalid("prologue output " + Id(id) + " is a plan output");
-    plan_.prologue_output_slots_.push_back(s);
-  }
-  plan_.watched_.assign(watched_.begin(), watched_.end());
-  for (size_t i = num_params; i < spec.inputs.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(spec.inputs[i]));
-    KILN_RETURN_IF_ERROR(Define(s, "input"));
-    plan_.input_slots_.push_back(s);
-  }
-  KILN_RETURN_IF_ERROR(Steps(spec.steps, "step", false, &plan_.steps_));
-  for (int s : plan_.output_slots_) KILN_RETURN_IF_ERROR(Require(s, "output"));
-  return InputUpdates(spec, num_params);
-}
-
-Status Plan::Builder::InputUpdates(const PlanSpec& spec, size_t num_params) {
-  std::set<int> updated;
-  for (size_t i = 0; i < spec.input_updates.size(); ++i) {
-    const InputUpdateSpec& u = spec.input_updates[i];
-    const std::string where = "input update " + std::to_string(i);
-    auto input = std::find(spec.inputs.begin(), spec.inputs.end(), u.input);
-    if (input == spec.inputs.end()) {
-      return Invalid(where + ": " + Id(u.input) + " is not an input");
-    }
-    InputUpdate update;
-    KILN_ASSIGN_OR_RETURN(update.input_slot, Slot(u.input));
-    KILN_ASSIGN_OR_RETURN(update.value_slot, Slot(u.value));
-    if (!updated.insert(update.input_slot).second) {
-      return Invalid(where + ": " + Id(u.input) + " is updated twice");
-    }
-    KILN_RETURN_IF_ERROR(Require(update.value_slot, where));
-    const size_t position = static_cast<size_t>(input - spec.inputs.begin());
-    if (position < num_params) {
-      // The update writes the caller's parameter, which the steps must be reading themselves.
-      const at::Tensor& bound = plan_.bound_[update.input_slot];
-      if (!bound.is_same(plan_.originals_[update.input_slot])) {
-        return Invalid(where + ": parameter " + Id(u.input) +
-                       " is read through a copy (another device or layout)");
-      }
-    } else {
-      update.call_index = static_cast<int>(position - num_params);
-    }
-    const ValueMeta& in = plan_.metas_[update.input_slot];
-    ValueMeta after = in;
-    if (u.has_new_meta) {
-      const auto dtype = ScalarTypeOf(u.new_meta.dtype);
-      if (!dtype || *dtype != in.dtype) return Invalid(where + ": new metadata changes the dtype");
-      after = ValueMeta{*dtype, u.new_meta.sizes, u.new_meta.strides, u.new_meta.storage_offset};
-      if (after.sizes.size() != after.strides.size() || after.storage_offset < 0 ||
-          std::any_of(after.sizes.begin(), after.sizes.end(), [](int64_t x) { return x < 0; }) ||
-          std::any_of(after.strides.begin(), after.strides.end(),
-                      [](int64_t x) { return x < 0; }) ||
-          !CheckedStorageBytes(after)) {
-        return Invalid(where + ": malformed new metadata");
-      }
-      update.restride = true;
-      update.new_meta = after;
-    }
-    const ValueMeta& value = plan_.metas_[update.value_slot];
-    if (value.dtype != after.dtype || value.sizes != after.sizes) {
-      return Invalid(where + ": " + Id(u.value) + " is " +
-                     Describe(value.dtype, value.sizes, value.strides) + ", its input " +
-                     Describe(after.dtype, after.sizes, after.strides));
-    }
-    plan_.input_updates_.push_back(std::move(update));
-  }
-  return Status::OK();
-}
-
-Status Plan::Builder::Kernels(const PlanSpec& spec, const PlanBinding& binding) {
-  auto is_kernel = [](const StepSpec& s) { return std::holds_alternative<KernelStepSpec>(s); };
-  const bool has_kernels = std::any_of(spec.steps.begin(), spec.steps.end(), is_kernel) ||
-                           std::any_of(spec.prologue.begin(), spec.prologue.end(), is_kernel);
-  if (!has_kernels) return Status::OK();
-  const c10::Device& device = plan_.device_;
-  if (device.is_cuda()) {
-#ifdef KILN_WITH_CUDA
-    if (!device.has_index()) return Invalid("a CUDA plan names its device's index, not 'cuda'");
-    StatusOr<const CudaDriver*> driver = CudaDriver::Process();
-    if (!driver.ok()) return Invalid(driver.status().message());
-    StatusOr<std::unique_ptr<CudaModule>> module =
-        CudaModule::Load(**driver, device.index(), binding.kernel_binary, binding.kernel_ptx);
-    if (!module.ok()) return Invalid(module.status().message());
-    plan_.cuda_module_ = std::move(*module);
-    return Status::OK();
-#else
-    return Invalid("kernel steps on " + device.str() + " need a kiln._C built with CUDA");
-#endif
-  }
-  if (!device.is_cpu()) return Invalid("kernel steps cannot run on " + device.str());
-  if (binding.kernel_binary.empty()) return Invalid("the plan launches kernels but has no binary");
-  StatusOr<std::unique_ptr<KernelLibrary>> library = KernelLibrary::Load(binding.kernel_binary);
-  if (!library.ok()) return Invalid(library.status().message());
-  plan_.library_ = std::move(*library);
-  return Status::OK();
-}
-
-Status Plan::Builder::Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
-                            std::vector<Step>* into) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    Step step;
-    if (const auto* k = std::get_if<KernelStepSpec>(&specs[i])) {
-      step.label = std::string(list) + " " + std::to_string(i) + " (kernel " + k->symbol + ")";
-      KILN_RETURN_IF_ERROR(KernelStepOf(*k, prologue, &step));
-      KILN_RETURN_IF_ERROR(Release(k->release, &step));
-      ++plan_.num_kernels_;
-    } else {
-      const auto& l = std::get<LibraryStepSpec>(specs[i]);
-      step.label = std::string(list) + " " + std::to_string(i) + " (" + l.op + ")";
-      KILN_RETURN_IF_ERROR(LibraryStepOf(l, prologue, &step));
-      KILN_RETURN_IF_ERROR(Release(l.release, &step));
-      ++plan_.num_library_calls_;
-      if (plan_.first_random_step_.empty() &&
-          DrawsRandomNumbers(std::get<LibraryStep>(step.body).op,
-                             std::get<LibraryStep>(step.body).stack)) {
-        plan_.first_random_step_ = step.label;
-      }
-    }
-    into->push_back(std::move(step));
-  }
-  return Status::OK();
-}
-
-Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step) {
-  const std::string& where = step->label;
-  KernelStep ks{};
-  ks.symbol = k.symbol;
-  if (plan_.cuda_module_) {
-    ks.fn = nullptr;
-    KILN_RETURN_IF_ERROR(CudaLaunchOf(k, where, &ks.cuda));
-  } else {
-    StatusOr<kiln_kernel_fn> fn = plan_.library_->Resolve(k.symbol);
-    if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
-    ks.fn = *fn;
-  }
-  const std::unordered_set<uint32_t> writes(k.writes.begin(), k.writes.end());
-  for (uint32_t id : k.writes) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    if (!is_buffer_[s]) return Invalid(where + " writes " + Id(id) + ", not a buffer");
-    if (std::find(k.args.begin(), k.args.end(), id) == k.args.end()) {
-      return Invalid(where + " writes " + Id(id) + ", which is not one of its arguments");
-    }
-  }
-  for (uint32_t id : k.args) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    if (is_buffer_[s] && state_[s] == kUndefined) {
-      if (prologue && plan_.buffers_[s].in_arena) {
-        return Invalid(where + ": prologue buffer " + Id(id) + " is in the per-call arena");
-      }
-      state_[s] = kDefined;
-      step->allocate.push_back(s);
-    }
-    if (!writes.count(id)) KILN_RETURN_IF_ERROR(Require(s, where));
-    if (prologue && plan_.originals_[s].defined()) watched_.insert(s);
-    if (state_[s] == kReleased) KILN_RETURN_IF_ERROR(Require(s, where));
-    ks.slots.push_back(s);
-    // Constants are checked too: a parameter bound as one can be resized in place later.
-    ks.checked.push_back(!is_buffer_[s]);
-  }
-  for (uint32_t id : k.writes) written_[*Slot(id)] = 1;
-  step->body = std::move(ks);
-  return Status::OK();
-}
-
-Status Plan::Builder::CudaLaunchOf(const KernelStepSpec& k, const std::string& where,
-                                   CudaKernel* out) const {
-  auto dims = [&](const std::vector<uint32_t>& given, const char* what,
-                  std::array<uint32_t, 3>* into) -> Status {
-    if (given.empty() || given.size() > 3) {
-      return Invalid(where + ": a CUDA launch's " + what + " has " + std::to_string(given.size()) +
-                     " dimensions, not 1 to 3");
-    }
-    for (size_t d = 0; d < given.size(); ++d) {
-      if (given[d] == 0) return Invalid(where + ": a CUDA launch's " + what + " has a 0 extent");
-      (*into)[d] = given[d];
-    }
-    return Status::OK();
-  };
-  KILN_RETURN_IF_ERROR(dims(k.grid, "grid", &out->grid));
-  KILN_RETURN_IF_ERROR(dims(k.block, "block", &out->block));
-  const uint64_t threads = uint64_t{out->block[0]} * out->block[1] * out->block[2];
-  if (threads > 1024) {
-    return Invalid(where + ": a block of " + std::to_string(threads) + " threads (at most 1024)");
-  }
-  out->shared_memory_bytes = k.shared_memory_bytes;
-  StatusOr<CUfunc_st*> fn = plan_.cuda_module_->Resolve(k.symbol, k.shared_memory_bytes);
-  if (!fn.ok()) return Invalid(where + ": " + fn.status().message());
-  out->function = *fn;
-  return Status::OK();
-}
-
-Status Plan::Builder::LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step) {
-  const std::string& where = step->label;
-  KILN_ASSIGN_OR_RETURN(LibraryStep ls, BindLibrary(l, where));
-  const auto& formals = ls.op.schema().arguments();
-  auto check_read = [&](int s, size_t position) -> Status {
-    KILN_RETURN_IF_ERROR(Require(s, where));
-    if (prologue && plan_.originals_[s].defined()) watched_.insert(s);
-    if (plan_.buffers_[s].in_arena && MayAlias(formals[position])) {
-      return Invalid(where + ": its result may be a view of arena buffer " + Id(plan_.ids_[s]));
-    }
-    return Status::OK();
-  };
-  for (const auto& [position, s] : ls.tensor_args) KILN_RETURN_IF_ERROR(check_read(s, position));
-  for (const auto& list : ls.list_args) {
-    for (int s : list.slots) KILN_RETURN_IF_ERROR(check_read(s, list.position));
-  }
-  for (int s : ls.outputs) {
-    if (is_buffer_[s]) return Invalid(where + " defines buffer " + Id(plan_.ids_[s]));
-    KILN_RETURN_IF_ERROR(Define(s, where));
-  }
-  step->body = std::move(ls);
-  return Status::OK();
-}
-
-Status Plan::Builder::Release(const std::vector<uint32_t>& ids, Step* step) {
-  for (uint32_t id : ids) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    if (is_output_[s]) return Invalid(step->label + " releases plan output " + Id(id));
-    if (plan_.buffers_[s].in_arena) {
-      return Invalid(step->label + " releases arena buffer " + Id(id));
-    }
-    if (state_[s] != kDefined) {
-      return Invalid(step->label + " releases " + Id(id) + ", which is not live there");
-    }
-    state_[s] = kReleased;
-    step->release.push_back(s);
-  }
-  return Status::OK();
-}
-
-StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& spec,
-                                                       const std::string& where) const {
-  auto [name, overload] = SplitOpName(spec.op);
-  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
-  if (!handle) return Invalid(where + ": no such operator in the dispatcher");
-  const c10::FunctionSchema& schema = handle->schema();
-  if (!spec.schema.empty()) {
-    // The daemon admitted the op for the schema the graph declared: another torch's op of the
-    // same name may do something else. Compared as parsed schemas (torch's text of a schema
-    // parses back to it), not as text: formatting a schema through an ostream crossed into
-    // torch crashed on the CPython 3.12 + torch 2.11 host, as c10::str did.
-    std::optional<c10::FunctionSchema> declared;
-    try {
-      declared = torch::jit::parseSchema(spec.schema);
-    } catch (const c10::Error&) {
-    }
-    if (!declared || !(*declared == schema)) {
-      return Invalid(where + ": the dispatcher's schema is not the one the plan was made for, " +
-                     spec.schema);
-    }
-  }
-  const auto& formals = schema.arguments();
-  LibraryStep step{*handle, std::vector<c10::IValue>(formals.size()), {}, {}, {}};
-
-  std::vector<char> bound(formals.size(), 0);
-  size_t next_positional = 0;
-  bool seen_named = false;
-  for (size_t i = 0; i < spec.args.size(); ++i) {
-    const CallArg& a = spec.args[i];
-    if (a.kind == CallArg::Kind::kUnset) {
-      return Invalid(where + ": argument " + std::to_string(i) + " has no value");
-    }
-    size_t position;
-    if (a.name.empty()) {
-      if (seen_named) return Invalid(where + ": a positional argument follows a named one");
-      position = next_positional++;
-      if (position >= formals.size()) {
-        return Invalid(where + ": more than " + std::to_string(formals.size()) +
-                       " positional arguments");
-      }
-    } else {
-      seen_named = true;
-      auto it = std::find_if(formals.begin(), formals.end(),
-                             [&](const c10::Argument& f) { return f.name() == a.name; });
-      if (it == formals.end()) {
-        return Invalid(where + ": the schema has no argument '" + a.name + "'");
-      }
-      position = static_cast<size_t>(it - formals.begin());
-    }
-    const c10::Argument& formal = formals[position];
-    const std::string arg_where = where + ", argument '" + formal.name() + "'";
-    if (bound[position]) return Invalid(arg_where + " is given twice");
-    bound[position] = 1;
-    const FormalType f = Unwrap(formal);
-    if (a.kind == CallArg::Kind::kValue) {
-      if (!IsTensor(f.type)) {
-        return Invalid(arg_where + ": a tensor cannot bind to " + f.type->str());
-      }
-      KILN_ASSIGN_OR_RETURN(const int s, Slot(static_cast<uint32_t>(a.i)));
-      step.tensor_args.emplace_back(position, s);
-    } else if (a.kind == CallArg::Kind::kValues) {
-      const c10::TypePtr element = ListElement(f.type);
-      bool optional_elements = false;
-      if (element != nullptr && !IsTensor(element)) {
-        auto opt = element->cast<c10::OptionalType>();
-        optional_elements = opt != nullptr && IsTensor(opt->getElementType());
-      }
-      if (element == nullptr || (!IsTensor(element) && !optional_elements)) {
-        return Invalid(arg_where + ": a tensor list cannot bind to " + f.type->str());
-      }
-      std::vector<int> slots;
-      for (int64_t id : a.list) {
-        KILN_ASSIGN_OR_RETURN(const int s, Slot(static_cast<uint32_t>(id)));
-        slots.push_back(s);
-      }
-      step.list_args.push_back({position, std::move(slots), optional_elements});
-    } else {
-      KILN_ASSIGN_OR_RETURN(step.stack[position], ConvertConstant(a, formal, arg_where));
-    }
-  }
-  for (size_t position = 0; position < formals.size(); ++position) {
-    if (bound[position]) continue;
-    if (!formals[position].default_value()) {
-      return Invalid(where + ": required argument '" + formals[position].name() + "' is missing");
-    }
-    step.stack[position] = *formals[position].default_value();
-  }
-
-  size_t fixed_returns = 0;
-  bool list_return = false;
-  for (const c10::Argument& r : schema.returns()) {
-    const FormalType f = Unwrap(r);
-    const c10::TypePtr element = ListElement(f.type);
-    if (IsTensor(f.type)) {
-      ++fixed_returns;
-    } else if (element != nullptr && IsTensor(element) && !f.optional) {
-      list_return = true;
-    } else if (!f.optional && (IsIntLike(f.type) || IsFloatLike(f.type) ||
-                               f.type->kind() == c10::TypeKind::BoolType ||
-                               f.type->kind() == c10::TypeKind::SymBoolType)) {
-      step.skips_numbers = true;  // CUDA attention's sizes beside its tensors: bound to nothing
-    } else {
-      return Invalid(where + ": returns " + r.real_type()->str() + ", not tensors");
-    }
-  }
-  if (!list_return && fixed_returns != spec.outputs.size()) {
-    return Invalid(where + ": returns " + std::to_string(fixed_returns) +
-                   " tensors, the plan names " + std::to_string(spec.outputs.size()));
-  }
-  for (uint32_t id : spec.outputs) {
-    KILN_ASSIGN_OR_RETURN(const int s, Slot(id));
-    step.outputs.push_back(s);
-  }
-  step.fresh_results =
-      !list_return && std::none_of(schema.returns().begin(), schema.returns().end(),
-                                   [](const c10::Argument& r) { return r.alias_info() != nullptr; });
-  step.relayout = plan_.device_.is_cuda() && step.fresh_results;
-  return step;
-}
 
 at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena) const {
   const ValueMeta& m = metas_[slot];
@@ -882,7 +77,7 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
     const int s = k.slots[i];
     const at::Tensor* t = &vals[s];
     if (!t->defined()) {
-      return Status::RuntimeError("argument " + std::to_string(i) + " (" + Id(ids_[s]) +
+      return Status::RuntimeError("argument " + std::to_string(i) + " (" + ValueName(ids_[s]) +
                                   ") is undefined");
     }
     if (k.checked[i]) {
@@ -890,7 +85,7 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
       if (t->device().type() != device_.type() || t->scalar_type() != m.dtype ||
           t->sizes() != c10::IntArrayRef(m.sizes) ||
           (cuda_module_ && t->device().index() != device_.index())) {
-        return Status::RuntimeError(Id(ids_[s]) + " is " +
+        return Status::RuntimeError(ValueName(ids_[s]) + " is " +
                                     Describe(t->scalar_type(), t->sizes(), t->strides()) + " on " +
                                     t->device().str() + ", the kernel was built for " +
                                     Describe(m.dtype, m.sizes, m.strides) + " on " + device_.str());
@@ -921,8 +116,24 @@ Status Plan::LaunchCuda(const KernelStep& k, void* const* pointers) const {
 #endif
 }
 
-Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const {
+Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
+                        const std::vector<int64_t>* symbols) const {
   std::vector<c10::IValue> stack = l.stack;
+  for (const LibraryStep::SizeArg& arg : l.size_args) {
+    if (symbols == nullptr) return Status::RuntimeError("internal: a SymInt without symbols");
+    if (!arg.list) {
+      KILN_ASSIGN_OR_RETURN(const int64_t v, PlanSizes::Evaluate(arg.exprs[0], *symbols));
+      stack[arg.position] = v;
+      continue;
+    }
+    c10::List<int64_t> values;
+    values.reserve(arg.exprs.size());
+    for (const SizeExpr& e : arg.exprs) {
+      KILN_ASSIGN_OR_RETURN(const int64_t v, PlanSizes::Evaluate(e, *symbols));
+      values.push_back(v);
+    }
+    stack[arg.position] = std::move(values);
+  }
   for (const auto& [position, s] : l.tensor_args) {
     // An undefined value (a Tensor? result that was None) goes on as None.
     if (vals[s].defined()) stack[position] = vals[s];
@@ -960,8 +171,10 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) con
       // A result whose real kernel and fake disagree on its dtype (CUDA's batch norm in training
       // form returns the new running statistics in their own dtype, its fake in float32): the
       // steps after it were traced, and planned, for the fake's, and read it cast so.
-      vals[s] = CopyWithLayout(vals[s], metas_[s], metas_[s].dtype);
-    } else if (l.relayout && vals[s].defined() && !HasLayout(vals[s], metas_[s])) {
+      vals[s] = symbolic_[s] ? vals[s].to(metas_[s].dtype)
+                             : CopyWithLayout(vals[s], metas_[s], metas_[s].dtype);
+    } else if (l.relayout && vals[s].defined() && !symbolic_[s] && !HasLayout(vals[s], metas_[s])) {
+      // (A symbolic value is read by library calls only, which take any layout, as eager's do.)
       // A kernel whose layout the trace could not know (the attention op picks its kernel for
       // the real inputs, and its kernels lay results out differently): every reader, views and
       // plan outputs included, sees the metadata's layout.
@@ -1051,7 +264,8 @@ Status Plan::RunLibraryOnHost(const LibraryStep& l, std::vector<at::Tensor>& val
 }
 
 Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                      const at::Tensor& arena, std::vector<at::Tensor>* host) const {
+                      const at::Tensor& arena, std::vector<at::Tensor>* host,
+                      const std::vector<int64_t>* symbols) const {
   // The graph was traced with autocast applied: its casts are steps of the plan. Autocast left on
   // would cast the library calls' arguments again (a float32 step given bfloat16 results).
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -1068,7 +282,7 @@ Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& v
                  host != nullptr && SmallEnoughForHost(l, vals)) {
         status = RunLibraryOnHost(l, vals, *host);
       } else {
-        status = RunLibrary(l, vals);
+        status = RunLibrary(l, vals, symbols);
       }
       if (!status.ok()) break;
       for (int r : s.release) vals[r].reset();
@@ -1181,6 +395,10 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
       }
     }
     for (size_t i = 0; i < inputs.size(); ++i) vals[input_slots_[i]] = inputs[i];
+    std::vector<int64_t> symbols;
+    if (symbolic()) {
+      KILN_ASSIGN_OR_RETURN(symbols, BindSizes(inputs));
+    }
     at::Tensor arena;
     if (arena_bytes_ > 0) {
       const auto bytes = static_cast<int64_t>(arena_bytes_);
@@ -1188,7 +406,7 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
                   ? at::Tensor(at::detail::empty_cpu({bytes}, at::kByte))
                   : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     }
-    KILN_RETURN_IF_ERROR(RunSteps(steps_, vals, arena));
+    KILN_RETURN_IF_ERROR(RunSteps(steps_, vals, arena, nullptr, symbolic() ? &symbols : nullptr));
     if (!input_updates_.empty()) KILN_RETURN_IF_ERROR(ApplyInputUpdates(vals, inputs));
     outputs->clear();
     outputs->reserve(output_slots_.size());
@@ -1201,6 +419,34 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
   }
 }
 
+StatusOr<std::vector<int64_t>> Plan::BindSizes(const std::vector<at::Tensor>& inputs) const {
+  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> symbols,
+                        sizes_.Bind([&](size_t i, uint32_t dim) -> std::optional<int64_t> {
+                          const at::Tensor& t = inputs[i];
+                          if (!t.defined() || dim >= static_cast<uint32_t>(t.dim())) {
+                            return std::nullopt;
+                          }
+                          return t.size(static_cast<int64_t>(dim));
+                        }));
+  // The guards that chose this plan imply these sizes; a call that disagrees runs no step.
+  for (const SizedInput& in : sized_inputs_) {
+    const at::Tensor& t = inputs[in.index];
+    std::vector<int64_t> expected;
+    for (const SizeExpr& e : in.sizes) {
+      KILN_ASSIGN_OR_RETURN(const int64_t v, PlanSizes::Evaluate(e, symbols));
+      expected.push_back(v);
+    }
+    if (!t.defined() || t.sizes() != c10::IntArrayRef(expected)) {
+      return Status::RuntimeError(
+          "kiln plan: input " + std::to_string(in.index) + " has sizes " +
+          (t.defined() ? Describe(t.scalar_type(), t.sizes(), t.strides()) : "(undefined)") +
+          ", the plan's size symbols make them " +
+          Describe(metas_[input_slots_[in.index]].dtype, expected, {}));
+    }
+  }
+  return symbols;
+}
+
 Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
                                const std::vector<at::Tensor>& inputs) const {
   // Every check before the first write: a plan that fails here leaves the inputs as they were,
@@ -1209,7 +455,7 @@ Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
   for (const InputUpdate& u : input_updates_) {
     // Built only for a failure's message: this runs on every call.
     const auto where = [&] {
-      return "kiln plan: input update of " + Id(ids_[u.input_slot]) + ": ";
+      return "kiln plan: input update of " + ValueName(ids_[u.input_slot]) + ": ";
     };
     const at::Tensor& target =
         u.call_index >= 0 ? inputs[static_cast<size_t>(u.call_index)] : originals_[u.input_slot];
@@ -1276,9 +522,22 @@ std::vector<Plan::OutputSource> Plan::OutputSources() const {
 std::vector<at::Tensor> Plan::ExampleInputs() const {
   std::vector<at::Tensor> inputs;
   inputs.reserve(input_slots_.size());
+  const std::vector<int64_t> symbols = sizes_.ExampleValues();
   for (int s : input_slots_) {
     const ValueMeta& m = metas_[s];
-    inputs.push_back(EmptyWithLayout(m, at::TensorOptions().dtype(m.dtype).device(device_)));
+    const at::TensorOptions options = at::TensorOptions().dtype(m.dtype).device(device_);
+    if (!symbolic_[s]) {
+      inputs.push_back(EmptyWithLayout(m, options));
+    } else {  // contiguous, of the sizes the example values give (Create checked them)
+      const auto in = std::find_if(sized_inputs_.begin(), sized_inputs_.end(),
+                                   [&](const SizedInput& i) { return input_slots_[i.index] == s; });
+      std::vector<int64_t> sizes;
+      for (const SizeExpr& e : in->sizes) {
+        const StatusOr<int64_t> v = PlanSizes::Evaluate(e, symbols);
+        sizes.push_back(v.ok() ? std::max<int64_t>(*v, 0) : 0);
+      }
+      inputs.push_back(at::empty(sizes, options));
+    }
     inputs.back().zero_();
   }
   return inputs;

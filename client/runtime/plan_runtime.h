@@ -19,19 +19,13 @@
 
 #include "runtime/cuda_module.h"
 #include "runtime/kernel_library.h"
+#include "runtime/plan_sizes.h"
 #include "runtime/plan_spec.h"
+#include "runtime/value_layout.h"
 #include "status.h"
 
 namespace kiln::runtime {
 
-// A value's metadata as the plan runs it (kiln.v1.TensorMeta without device and requires_grad): a
-// kernel is compiled for exactly this dtype, these sizes and strides.
-struct ValueMeta {
-  at::ScalarType dtype = at::ScalarType::Undefined;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;  // In elements; as many as sizes.
-  int64_t storage_offset = 0;    // In elements.
-};
 
 // What a plan is bound to when it is built, besides its PlanSpec.
 struct PlanBinding {
@@ -152,6 +146,11 @@ class Plan {
   // the first real call.
   std::vector<at::Tensor> ExampleInputs() const;
 
+  // Whether the plan has size symbols (kiln.v1.ExecutionPlan.size_symbols): one plan for every
+  // size in their ranges, read from each call's inputs. Its steps are library calls (this
+  // runtime launches no kernel over runtime sizes); no CUDA graph replays it (one is recorded
+  // per shape).
+  bool symbolic() const { return !sizes_.empty(); }
   int num_kernels() const { return num_kernels_; }
   int num_library_calls() const { return num_library_calls_; }
   size_t num_inputs() const { return input_slots_.size(); }
@@ -211,6 +210,13 @@ class Plan {
     bool fresh_results = false;
     // The schema returns numbers beside its tensors, which bind to no slot.
     bool skips_numbers = false;
+    // SymInt and SymInt[] arguments (a view's sizes): evaluated per call into the stack.
+    struct SizeArg {
+      size_t position;
+      std::vector<SizeExpr> exprs;  // One for a SymInt.
+      bool list;
+    };
+    std::vector<SizeArg> size_args = {};
   };
   struct Step {
     std::string label;  // "step 3 (aten::mm)", for errors.
@@ -225,13 +231,17 @@ class Plan {
 
   using Stamps = std::vector<std::pair<int64_t, const void*>>;  // (version, data) per watched
 
-  class Builder;  // Create's checks and bindings, in plan_runtime.cpp.
+  class Builder;  // Create's checks and bindings, in plan_builder.cpp.
 
   Plan(c10::Device device, uint64_t arena_bytes);
   // `host`: a CUDA plan's prologue, whose small steps run on the host (RunLibraryOnHost), the
-  // host copies of its values; null elsewhere.
+  // host copies of its values; null elsewhere. `symbols`: the call's size symbols (a symbolic
+  // plan's per-call steps).
   Status RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& vals,
-                  const at::Tensor& arena, std::vector<at::Tensor>* host = nullptr) const;
+                  const at::Tensor& arena, std::vector<at::Tensor>* host = nullptr,
+                  const std::vector<int64_t>* symbols = nullptr) const;
+  // The size symbols' values for a call, its inputs checked against the sizes they imply.
+  StatusOr<std::vector<int64_t>> BindSizes(const std::vector<at::Tensor>& inputs) const;
   Stamps StampWatched() const;
   Status RunMain(const std::vector<at::Tensor>* prologue_values,
                  const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
@@ -240,7 +250,8 @@ class Plan {
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
   Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
   Status LaunchCuda(const KernelStep& k, void* const* pointers) const;
-  Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals) const;
+  Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
+                    const std::vector<int64_t>* symbols = nullptr) const;
   bool SmallEnoughForHost(const LibraryStep& l, const std::vector<at::Tensor>& vals) const;
   Status RunLibraryOnHost(const LibraryStep& l, std::vector<at::Tensor>& vals,
                           std::vector<at::Tensor>& host) const;
@@ -249,6 +260,16 @@ class Plan {
   std::unique_ptr<CudaModule> cuda_module_;  // Null unless a CUDA plan launches kernels.
   std::vector<uint32_t> ids_;                // Slot -> value id, sorted.
   std::vector<ValueMeta> metas_;             // Slot -> metadata.
+  // Slot -> whether its metadata depends on the size symbols (metas_ then holds zeros there:
+  // nothing reads a symbolic value's layout).
+  std::vector<char> symbolic_;
+  PlanSizes sizes_;  // The size symbols; empty for a static plan.
+  // Per-call inputs whose sizes depend on the symbols: position in Run's inputs, their sizes.
+  struct SizedInput {
+    size_t index;
+    std::vector<SizeExpr> sizes;
+  };
+  std::vector<SizedInput> sized_inputs_;
   std::vector<at::Tensor> bound_;            // Slot -> constant (undefined for other values).
   std::vector<at::Tensor> originals_;        // Slot -> the constant as given (before any copy).
   std::vector<Buffer> buffers_;              // Slot -> buffer placement (for buffer slots).

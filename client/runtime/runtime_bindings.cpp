@@ -230,7 +230,8 @@ std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::
   std::shared_ptr<const Plan> made = ValueOrThrow(std::move(built));
   std::unique_ptr<GraphRunner> graphs;
 #ifdef KILN_WITH_CUDA
-  if (cuda_graphs && *cuda_graphs && made->device().is_cuda()) {
+  // A symbolic plan serves many shapes: no one graph replays it.
+  if (cuda_graphs && *cuda_graphs && made->device().is_cuda() && !made->symbolic()) {
     graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs);
   }
 #endif
@@ -322,6 +323,9 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly(
           "failed", [](const PyPlan& p) { return p.failed_.load(); },
           "Whether a run has failed and later calls go to the fallback.")
+      .def_property_readonly(
+          "symbolic", [](const PyPlan& p) { return p.plan_->symbolic(); },
+          "Whether the plan has size symbols: one plan for every size in their ranges.")
       .def_property_readonly("num_kernels", [](const PyPlan& p) { return p.plan_->num_kernels(); })
       .def_property_readonly("num_library_calls",
                              [](const PyPlan& p) { return p.plan_->num_library_calls(); })

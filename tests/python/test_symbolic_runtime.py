@@ -1,0 +1,146 @@
+"""kiln._C.Plan with size symbols: one plan for every size in the symbols' ranges, its sizes read
+from each call's inputs, SymInt arguments evaluated per call; results equal eager's at every size;
+a call outside a range, or whose inputs disagree with the sizes the symbols imply, fails naming
+why; plans the runtime cannot run over runtime sizes are refused when built."""
+import pytest
+import torch
+from torch.testing import assert_close
+
+from kiln import _C
+from kiln.daemon import protocol
+
+if not protocol.available():
+    pytest.skip("the kiln.v1 modules are not available (grpcio-tools/protobuf missing)",
+                allow_module_level=True)
+
+from test_runtime import kernel, library, plan_bytes, pos, value  # noqa: E402
+
+pb = protocol.messages()
+
+
+def expr(*terms):
+    """A kiln.v1.SymExpr from (coefficient, [symbols]) terms, in canonical order."""
+    e = pb.graph.SymExpr()
+    for c, symbols in terms:
+        e.terms.add(coefficient=c, symbols=list(symbols))
+    return e
+
+
+def sym_value(vid, sizes, dtype=torch.float32):
+    """A contiguous value whose sizes are SymExprs (or ints): size -1 / stride 0 where symbolic."""
+    v = value(vid, [1] * len(sizes), dtype)
+    del v.meta.sizes[:], v.meta.strides[:]
+    exprs = [s if isinstance(s, pb.graph.SymExpr) else expr((s, [])) for s in sizes]
+    strides, stride = [], {(): 1}  # polynomials as {symbols: coefficient}
+    for e in reversed(exprs):
+        strides.append(stride)
+        product = {}
+        for syms, c in stride.items():
+            for t in e.terms:
+                key = tuple(sorted(syms + tuple(t.symbols)))
+                product[key] = product.get(key, 0) + c * t.coefficient
+        stride = product
+    strides.reverse()
+    for e, s in zip(exprs, strides):
+        v.meta.size_exprs.append(e)
+        v.meta.stride_exprs.append(expr(*sorted((c, list(k)) for k, c in s.items() if c)))
+        constant = [t.coefficient for t in e.terms if not t.symbols]
+        v.meta.sizes.append(constant[0] if len(e.terms) == 1 and constant else
+                            (0 if not e.terms else -1))
+        v.meta.strides.append(s[()] if list(s) == [()] else 0)
+    return v
+
+
+def sym_ints(*exprs):
+    a = pb.graph.Argument()
+    for e in exprs:
+        a.sym_int_list.values.append(e)
+    return a
+
+
+def sym_int(e):
+    a = pb.graph.Argument()
+    a.sym_int_value.CopyFrom(e)
+    return a
+
+
+S0 = expr((1, [0]))
+
+
+def symbolic_plan(steps, values, inputs, outputs, symbols, params=()):
+    p = pb.artifact.ExecutionPlan()
+    p.ParseFromString(plan_bytes(values, inputs, [], outputs))
+    p.steps.extend(steps)
+    p.size_symbols.extend(symbols)
+    return _C.Plan(p.SerializeToString(), b"", list(params))
+
+
+def relu_scale_flatten():
+    """w [4] bound; x [s0, 4] (s0 >= 2) -> z = view(relu(x) * w, [4 * s0]), then narrow it to
+    its first 4 * s0 - 3 elements."""
+    steps = [library("aten::relu", [pos("value", 1)], [2]),
+             library("aten::mul.Tensor", [pos("value", 2), pos("value", 0)], [3])]
+    view = library("aten::view", [pos("value", 3)], [4])
+    view.library.args.append(sym_ints(expr((4, [0]))))
+    narrow = library("aten::narrow", [pos("value", 4), pos("int", 0), pos("int", 0)], [5])
+    narrow.library.args.append(sym_int(expr((-3, []), (4, [0]))))
+    values = [value(0, [4]), sym_value(1, [S0, 4]), sym_value(2, [S0, 4]),
+              sym_value(3, [S0, 4]), sym_value(4, [expr((4, [0]))]),
+              sym_value(5, [expr((-3, []), (4, [0]))])]
+    symbol = pb.graph.SizeSymbol(id=0, input=1, dim=0, min=2, max=64)
+    return steps + [view, narrow], values, symbol
+
+
+def test_one_plan_runs_every_size_in_the_range_as_eager_does():
+    steps, values, symbol = relu_scale_flatten()
+    w = torch.randn(4)
+    p = symbolic_plan(steps, values, [0, 1], [5], [symbol], params=[w])
+    assert p.symbolic and p.num_inputs == 1
+    for n in (2, 3, 17, 64, 5):
+        x = torch.randn(n, 4)
+        (out,) = p(x)
+        assert_close(out, (torch.relu(x) * w).view(4 * n)[:4 * n - 3])
+
+
+def test_a_size_outside_the_range_fails_naming_the_symbol():
+    steps, values, symbol = relu_scale_flatten()
+    p = symbolic_plan(steps, values, [0, 1], [5], [symbol], params=[torch.randn(4)])
+    with pytest.raises(RuntimeError, match=r"size symbol 0 is 65, outside \[2, 64\]"):
+        p(torch.randn(65, 4))
+    with pytest.raises(RuntimeError, match="has no dimension 0"):
+        p(torch.randn(()))
+
+
+def test_inputs_that_disagree_with_the_symbols_sizes_fail_before_any_step():
+    steps, values, symbol = relu_scale_flatten()
+    p = symbolic_plan(steps, values, [0, 1], [5], [symbol], params=[torch.randn(4)])
+    with pytest.raises(RuntimeError, match="the plan's size symbols make them"):
+        p(torch.randn(6, 5))  # s0 = 6 says [6, 4]
+
+
+def test_two_inputs_share_a_symbol():
+    # x [s0, 3], y [s0, 3] -> x + y; the symbol is read from x, y checked against it.
+    steps = [library("aten::add.Tensor", [pos("value", 0), pos("value", 1)], [2])]
+    values = [sym_value(i, [S0, 3]) for i in range(3)]
+    p = symbolic_plan(steps, values, [0, 1], [2],
+                      [pb.graph.SizeSymbol(id=0, input=0, dim=0, min=2)])
+    for n in (2, 9):
+        x, y = torch.randn(n, 3), torch.randn(n, 3)
+        assert_close(p(x, y)[0], x + y)
+    with pytest.raises(RuntimeError, match="input 1 has sizes"):
+        p(torch.randn(4, 3), torch.randn(5, 3))
+
+
+def test_plans_the_runtime_cannot_run_over_runtime_sizes_are_refused():
+    steps, values, symbol = relu_scale_flatten()
+    with_kernel = steps + [kernel("k", [3], [3])]
+    with pytest.raises(ValueError, match="launches a kernel"):
+        symbolic_plan(with_kernel, values, [0, 1], [5], [symbol], params=[torch.randn(4)])
+    with pytest.raises(ValueError, match="the plan no symbols"):
+        symbolic_plan(steps, values, [0, 1], [5], [], params=[torch.randn(4)])
+    bound = pb.graph.SizeSymbol(id=0, input=0, dim=0, min=2)  # the parameter is bound once
+    with pytest.raises(ValueError, match="not a per-call input"):
+        symbolic_plan(steps, values, [0, 1], [5], [bound], params=[torch.randn(4)])
+    undeclared = pb.graph.SizeSymbol(id=1, input=1, dim=0, min=2)
+    with pytest.raises(ValueError, match="symbol 0 is not declared"):
+        symbolic_plan(steps, values, [0, 1], [5], [undeclared], params=[torch.randn(4)])
