@@ -77,13 +77,6 @@ c10::TypePtr ListElement(const c10::TypePtr& t) {
   return nullptr;
 }
 
-// A Python number where the schema takes a Tensor (x * 2.0 traced as aten::mul.Tensor): a
-// wrapped number, as eager PyTorch makes it, so type promotion treats it as a scalar.
-at::Tensor WrappedNumber(const c10::Scalar& value) {
-  at::Tensor t = c10::scalar_to_tensor(value);
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
 
 // The IValue of a non-tensor argument, typed for the schema argument it binds to; an error
 // (naming `where`) when the payload cannot take that type.
@@ -780,11 +773,16 @@ StatusOr<Plan::LibraryStep> Plan::Builder::BindLibrary(const LibraryStepSpec& sp
     } else if (a.kind == CallArg::Kind::kSymInt || a.kind == CallArg::Kind::kSymInts) {
       const bool list = a.kind == CallArg::Kind::kSymInts;
       const c10::TypePtr type = list ? ListElement(f.type) : f.type;
-      if (type == nullptr || !IsIntLike(type) || (!list && a.exprs.size() != 1)) {
+      // A Scalar takes the int as it takes an int's (arange's end), a Tensor as a wrapped
+      // number (arange(n) + s0).
+      const bool tensor = !list && IsTensor(type);
+      const bool fits = type != nullptr && (IsIntLike(type) || tensor ||
+                                            (!list && type->kind() == c10::TypeKind::NumberType));
+      if (!fits || (!list && a.exprs.size() != 1)) {
         return Invalid(arg_where + ": a SymInt" + (list ? " list" : "") + " cannot bind to " +
                        f.type->str());
       }
-      LibraryStep::SizeArg arg{position, {}, list};
+      LibraryStep::SizeArg arg{position, {}, list, tensor};
       for (const SymExprSpec& e : a.exprs) {
         StatusOr<SizeExpr> compiled = plan_.sizes_.Compile(e);
         if (!compiled.ok()) return Invalid(arg_where + ": " + compiled.status().message());

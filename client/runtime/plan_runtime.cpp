@@ -123,7 +123,7 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
     if (symbols == nullptr) return Status::RuntimeError("internal: a SymInt without symbols");
     if (!arg.list) {
       KILN_ASSIGN_OR_RETURN(const int64_t v, PlanSizes::Evaluate(arg.exprs[0], *symbols));
-      stack[arg.position] = v;
+      stack[arg.position] = arg.tensor ? c10::IValue(WrappedNumber(c10::Scalar(v))) : v;
       continue;
     }
     c10::List<int64_t> values;

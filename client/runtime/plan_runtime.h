@@ -215,6 +215,7 @@ class Plan {
       size_t position;
       std::vector<SizeExpr> exprs;  // One for a SymInt.
       bool list;
+      bool tensor;  // A SymInt where the schema takes a Tensor: passed as a wrapped number.
     };
     std::vector<SizeArg> size_args = {};
   };

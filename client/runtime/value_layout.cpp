@@ -2,6 +2,7 @@
 #include "runtime/value_layout.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 
 namespace kiln::runtime {
 
@@ -68,6 +69,12 @@ at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m,
   at::Tensor copy = EmptyWithLayout(m, t.options().dtype(dtype.value_or(t.scalar_type())));
   copy.copy_(t);
   return copy;
+}
+
+at::Tensor WrappedNumber(const c10::Scalar& value) {
+  at::Tensor t = c10::scalar_to_tensor(value);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
 }
 
 }  // namespace kiln::runtime

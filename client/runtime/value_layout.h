@@ -5,6 +5,7 @@
 #define KILN_RUNTIME_VALUE_LAYOUT_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -46,6 +47,10 @@ bool HasLayout(const at::Tensor& t, const ValueMeta& m);
 // A copy of `t` with the metadata's layout (for a `t` that lacks it), of `t`'s dtype or `dtype`.
 at::Tensor CopyWithLayout(const at::Tensor& t, const ValueMeta& m,
                           std::optional<at::ScalarType> dtype = std::nullopt);
+
+// A Python number where the schema takes a Tensor (x * 2.0 traced as aten::mul.Tensor): a
+// wrapped number, as eager PyTorch makes it, so type promotion treats it as a scalar.
+at::Tensor WrappedNumber(const c10::Scalar& value);
 
 }  // namespace kiln::runtime
 

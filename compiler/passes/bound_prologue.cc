@@ -2,6 +2,8 @@
 // first.
 #include "compiler/passes/bound_prologue.h"
 
+#include "compiler/ir/sym_expr.h"
+
 #include "compiler/ir/graph_index.h"
 #include "compiler/ir/op_classes.h"
 
@@ -21,7 +23,14 @@ std::unordered_set<uint32_t> BoundValues(const Graph& graph) {
     if (random.Contains(node.op()) || node.outputs_size() == 0) continue;
     bool only_bound = true;
     for (uint32_t id : ValuesRead(node)) only_bound = only_bound && bound.count(id);
-    for (const auto& out : node.outputs()) only_bound = only_bound && !escaping.count(out.id());
+    for (const auto& out : node.outputs()) {
+      only_bound = only_bound && !escaping.count(out.id()) && !IsSymbolic(out.meta());
+    }
+    // A size argument over the graph's symbols (arange(s0)) is the call's, not a parameter's.
+    for (const auto& arg : node.args()) {
+      only_bound = only_bound && arg.kind_case() != kiln::v1::Argument::kSymIntValue &&
+                   arg.kind_case() != kiln::v1::Argument::kSymIntList;
+    }
     if (!only_bound) continue;
     for (const auto& out : node.outputs()) bound.insert(out.id());
   }

@@ -12,7 +12,8 @@ namespace kiln::compiler {
 
 // The bound inputs, the constants, and the outputs of every deterministic node that reads only
 // such values and whose result no graph output may alias (a cached tensor is shared by every
-// call; an output must be the caller's own).
+// call; an output must be the caller's own), and whose sizes and arguments do not depend on the
+// graph's size symbols (those are each call's).
 std::unordered_set<uint32_t> BoundValues(const kiln::v1::Graph& graph);
 
 // True when every output of `node` is in `bound`.

@@ -264,8 +264,10 @@ def test_kiln_backend_specialises_per_shape_with_one_capture(kilnd_cache, monkey
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert len(_entries(compiled)) == 2
     assert kiln.wait_for_compiles(timeout=120)
-    # the static graph for 2, then 3 and 5 once each was called again (specialize_after=2)
-    assert len(kiln.debug.artifacts()) == 3
+    # the static graph for 2, then 3 and 5 once each was called again (specialize_after=2),
+    # and the symbolic graph once for every size (kiln.config.symbolic_plans)
+    artifacts = kiln.debug.artifacts()
+    assert sorted(a.plan.symbolic for a in artifacts) == [False, False, False, True]
 
 
 def test_an_int_argument_that_changes_becomes_a_symbol():

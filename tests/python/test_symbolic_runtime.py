@@ -144,3 +144,19 @@ def test_plans_the_runtime_cannot_run_over_runtime_sizes_are_refused():
     undeclared = pb.graph.SizeSymbol(id=1, input=1, dim=0, min=2)
     with pytest.raises(ValueError, match="symbol 0 is not declared"):
         symbolic_plan(steps, values, [0, 1], [5], [undeclared], params=[torch.randn(4)])
+
+
+def test_a_size_passed_where_a_tensor_or_scalar_is_taken():
+    # x [s0, 2] -> arange(2 * s0) + s0 (end: a Scalar; other: a Tensor, as a wrapped number)
+    arange = library("aten::arange", [], [1])
+    arange.library.args.append(sym_int(expr((2, [0]))))
+    add = library("aten::add.Tensor", [pos("value", 1)], [2])
+    add.library.args.append(sym_int(S0))
+    values = [sym_value(0, [S0, 2]), sym_value(1, [expr((2, [0]))], torch.int64),
+              sym_value(2, [expr((2, [0]))], torch.int64)]
+    p = symbolic_plan([arange, add], values, [0], [2],
+                      [pb.graph.SizeSymbol(id=0, input=0, dim=0, min=2)])
+    for n in (2, 5):
+        (out,) = p(torch.randn(n, 2))
+        assert out.dtype == torch.int64
+        assert torch.equal(out, torch.arange(2 * n) + n)

@@ -38,6 +38,11 @@ specialize_in_background = os.environ.get("KILN_SPECIALIZE_IN_BACKGROUND", "1") 
 # compiled per signature in regions of their own (kiln.backends.stable_regions).
 # KILN_STABLE_REGIONS=0.
 stable_regions = os.environ.get("KILN_STABLE_REGIONS", "1") != "0"
+# ...and, with the kiln backend, the graph is compiled once whole for every size in its symbols'
+# ranges (one kilnd artifact whose plan reads its sizes from each call's inputs), which runs
+# the calls no signature's compile serves instead of PyTorch's kernels from Python.
+# KILN_SYMBOLIC_PLANS=0.
+symbolic_plans = os.environ.get("KILN_SYMBOLIC_PLANS", "1") != "0"
 # How long kiln.reset() waits for background work under way to finish.
 reset_waits_for_compiles_s = 120.0
 

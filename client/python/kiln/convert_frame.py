@@ -10,7 +10,7 @@ from typing import List
 import torch
 
 from kiln import _C, config
-from kiln.backends.registry import static_shapes_only
+from kiln.backends.registry import static_shapes_only, symbolic_compiler
 from kiln.backends.specialize import per_signature
 from kiln.capture.frame import capture_frame
 from kiln.entry import EntryInfo, next_compile_id
@@ -92,8 +92,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
         gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
         try:
-            raw = (per_signature(gm, example_inputs, backend) if output.is_dynamic and
-                   static_shapes_only(backend) else backend(gm, example_inputs))
+            raw = (per_signature(gm, example_inputs, backend, symbolic_compiler(backend))
+                   if output.is_dynamic and static_shapes_only(backend)
+                   else backend(gm, example_inputs))
         except Exception as e:
             raise BackendCompilerFailed(backend_name, e) from e
         compiled = realized(raw, gm)

@@ -114,7 +114,8 @@ def _start_daemon() -> None:
 
 
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
-                  static_shapes=True)
+                  static_shapes=True,
+                  symbolic=lambda *a, **k: compile_symbolic(*a, **k))  # defined below
 def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
          options: Optional[dict] = None):
     """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""
@@ -219,19 +220,85 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     lowered = lowering.lower(gm, example_inputs, params)
     lowering_seconds = time.perf_counter() - lowering_start
     request = pb.service.CompileRequest(graph=lowered.graph, target=target)
-    response = client.compile(request)
-    if response.WhichOneof("result") == "error":
-        err = response.error
-        raise CompileFailed(f"kilnd could not compile the graph: "
-                            f"{pb.service.CompileError.Code.Name(err.code)}: {err.message}")
-    # The key is the client's own (of the request it sent), not the answer's: only then is the
-    # artifact known to be this graph's, and only then may the index remember it.
-    body = art.verify_for_request(response.artifact, mac_key, request)
-    LocalArtifacts(client.settings, mac_key).keep(response.artifact, body)
+    response, body = _compiled(client, request, mac_key)
     art.check_inputs(body, inputs)
     plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs) if load else None
     if skey is not None:
         index.put(skey, body.key)
+    return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
+                            time.perf_counter() - start, body, plan, lowered.aten_graph,
+                            lowering_seconds)
+
+
+def _compiled(client, request, mac_key):
+    """(response, verified body) of kilnd's compile of `request`, the artifact kept in the cache
+    directory. Raises CompileFailed when kilnd answers with a CompileError."""
+    from kiln.daemon import artifact as art
+    from kiln.daemon import protocol
+
+    response = client.compile(request)
+    if response.WhichOneof("result") == "error":
+        err = response.error
+        raise CompileFailed(f"kilnd could not compile the graph: "
+                            f"{protocol.messages().service.CompileError.Code.Name(err.code)}: "
+                            f"{err.message}")
+    # The key is the client's own (of the request it sent), not the answer's: only then is the
+    # artifact known to be this graph's, and only then may the index remember it.
+    body = art.verify_for_request(response.artifact, mac_key, request)
+    LocalArtifacts(client.settings, mac_key).keep(response.artifact, body)
+    return response, body
+
+
+def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
+                     options: Optional[dict] = None):
+    """The kiln backend's compile of a graph with symbolic sizes, whole (register_backend's
+    `symbolic`): one kilnd artifact whose plan serves every size in the symbols' ranges, reading
+    them from each call's inputs. None where the graph cannot be compiled so (it records
+    autograd history, mixes devices, or has a size the IR cannot express; kilnd refuses it;
+    no kilnd): its calls then run as PyTorch's kernels until a signature's compile serves
+    them. (`mode` and `options` choose CUDA graphs, which replay one shape each: a symbolic
+    plan runs without.)"""
+    from kiln.graph.lowering import needs_autograd
+
+    if not config.symbolic_plans or config.compile_only or stand_in.target() is not None:
+        return None
+    if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
+        return None
+    try:
+        compiled = compile_symbolic_graph(gm, example_inputs)
+    except Exception as e:  # the graph runs as it is, as before this compile existed
+        log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
+                  type(e).__name__, e)
+        return None
+    compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
+    STATE.artifacts.append(compiled)
+    if config.logs("codegen"):
+        print(format_artifact(compiled))
+    return compiled.plan
+
+
+def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:
+    """The loaded artifact of `gm` (symbolic sizes, its placeholders' fakes carrying them) for
+    every size in the symbols' ranges (see compile_symbolic)."""
+    from kiln.daemon import artifact as art
+    from kiln.daemon import protocol
+    from kiln.daemon.client import read_mac_key
+    from kiln.graph import lowering
+
+    start = time.perf_counter()
+    pb = protocol.messages()
+    client = STATE.daemon.client()
+    client.ensure_running()
+    mac_key = read_mac_key(client.settings.mac_key_file)
+    params = list(lowering.attr_tensors(gm).values())
+    device = _graph_device(params + list(example_inputs))
+    lowering_start = time.perf_counter()
+    lowered = lowering.lower_symbolic(gm, params)
+    lowering_seconds = time.perf_counter() - lowering_start
+    request = pb.service.CompileRequest(graph=lowered.graph, target=art.target_for(device))
+    response, body = _compiled(client, request, mac_key)
+    art.check_inputs(body, params + list(example_inputs))
+    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs=False)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
                             lowering_seconds)

@@ -19,6 +19,9 @@ class _Hooks:
     takes_mode: bool = False
     before_capture: Optional[Callable[[], None]] = None
     static_shapes: bool = False
+    # For a static-shapes backend: compiles a graph with symbolic sizes whole, for every size in
+    # their ranges, (gm, example_inputs, mode, options) -> a callable, or None where it cannot.
+    symbolic: Optional[Callable] = None
 
 
 _NO_HOOKS = _Hooks()
@@ -29,7 +32,7 @@ _HOOKS: Dict[int, _Hooks] = {}
 def register_backend(compiler_fn: CompilerFn = None, name: str = None,
                      prepare: Optional[Callable[[], None]] = None, takes_mode: bool = False,
                      before_capture: Optional[Callable[[], None]] = None,
-                     static_shapes: bool = False):
+                     static_shapes: bool = False, symbolic: Optional[Callable] = None):
     """Registers `compiler_fn` under `name` (default: its __name__); usable as a decorator.
     `prepare`, when given, runs each time the backend is chosen (kiln.compile, kiln.optimize):
     work every first call would otherwise pay, such as imports. It must not raise.
@@ -38,16 +41,17 @@ def register_backend(compiler_fn: CompilerFn = None, name: str = None,
     traced for the backend: it starts what the graph's compile will wait on, to go on beside
     the capture. It must neither raise nor block. `static_shapes`: compiler_fn compiles graphs
     with static sizes only; a graph with symbolic sizes reaches it once per concrete signature
-    of its inputs (kiln.backends.specialize). Other backends get the symbolic graph itself, as
-    torch.compile's do."""
+    of its inputs (kiln.backends.specialize), and, when it gives `symbolic`, that compiles the
+    graph whole for the calls no signature's compile serves yet. Other backends get the
+    symbolic graph itself, as torch.compile's do."""
     if compiler_fn is None:
         return lambda fn: register_backend(fn, name, prepare, takes_mode, before_capture,
-                                           static_shapes)
+                                           static_shapes, symbolic)
     key = name or compiler_fn.__name__
     if key in _BACKENDS and _BACKENDS[key] is not compiler_fn:
         raise InvalidBackend(f"a backend named {key!r} is already registered")
     _BACKENDS[key] = compiler_fn
-    hooks = _Hooks(prepare, takes_mode, before_capture, static_shapes)
+    hooks = _Hooks(prepare, takes_mode, before_capture, static_shapes, symbolic)
     if hooks != _NO_HOOKS:
         _HOOKS[id(compiler_fn)] = hooks
     return compiler_fn
@@ -78,6 +82,20 @@ def static_shapes_only(compiler_fn: CompilerFn) -> bool:
     """Whether `compiler_fn` (or the backend with_mode bound) compiles static sizes only."""
     fn = compiler_fn.func if isinstance(compiler_fn, functools.partial) else compiler_fn
     return _HOOKS.get(id(fn), _NO_HOOKS).static_shapes
+
+
+def symbolic_compiler(compiler_fn: CompilerFn) -> Optional[Callable]:
+    """What compiles a symbolic graph whole for `compiler_fn` (bound to its mode and options
+    when with_mode bound them): (gm, example_inputs) -> a callable or None; None when the
+    backend has no such compile."""
+    fn, mode, options = compiler_fn, None, None
+    if isinstance(compiler_fn, functools.partial):
+        fn = compiler_fn.func
+        mode, options = compiler_fn.keywords.get("mode"), compiler_fn.keywords.get("options")
+    symbolic = _HOOKS.get(id(fn), _NO_HOOKS).symbolic
+    if symbolic is None:
+        return None
+    return functools.partial(symbolic, mode=mode, options=options)
 
 
 def lookup_backend(backend) -> CompilerFn:

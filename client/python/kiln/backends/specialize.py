@@ -9,7 +9,9 @@ once on static fake tensors of the call's inputs. The most recently used
 kiln.config.specializations_per_graph specialisations are kept.
 
 A signature is compiled on its kiln.config.specialize_after-th call (8 by default): until then
-the graph runs as it is (PyTorch's kernels, on any sizes). A decoder's growing cache or a
+the graph runs as it is (PyTorch's kernels, on any sizes), or compiled whole for every size
+when the backend can (the kiln backend: one kilnd artifact whose plan reads its sizes from each
+call's inputs). A decoder's growing cache or a
 server's random shapes bring a new signature on almost every call, and compiling each one the
 first time it is seen would cost far more than it saves; the shapes a program comes back to
 are compiled. With kiln.config.specialize_in_background (the default) that compile runs on
@@ -40,10 +42,16 @@ _NUMBERS = (bool, int, float)
 REGION_SPECIALIZE_AFTER = 2
 
 
-def per_signature(gm: torch.fx.GraphModule, example_inputs: list, compile_static) -> Callable:
+def per_signature(gm: torch.fx.GraphModule, example_inputs: list, compile_static,
+                  compile_whole: Optional[Callable] = None) -> Callable:
     """A backend's compile of `gm` (symbolic sizes) for a backend that takes static sizes only:
-    `compile_static(graph, tensors)` per signature. Unboxed: called with the graph's inputs."""
-    return PerSignature(gm, compile_static)
+    `compile_static(graph, tensors)` per signature; `compile_whole(graph, example_inputs)`, when
+    the backend has one, compiles the graph once for every size, which runs the calls no
+    signature's compile serves. Unboxed: called with the graph's inputs."""
+    fn = PerSignature(gm, compile_static)
+    if compile_whole is not None:
+        fn.compile_whole(compile_whole, example_inputs)
+    return fn
 
 
 class PerSignature:
@@ -68,6 +76,38 @@ class PerSignature:
         # changing are known: kiln.backends.stable_regions) its stable regions compiled.
         self.sizes = SizeHistory()
         self.uncompiled: Optional[Callable] = None
+        # The graph compiled once for every size (compile_whole), once it is ready: what calls
+        # run instead of the graph as it is.
+        self.whole: Optional[Callable] = None
+
+    def compile_whole(self, compile_whole: Callable, example_inputs: list) -> None:
+        """Has `compile_whole(gm, example_inputs)` make self.whole: on kiln's background worker
+        with config.specialize_in_background (calls run the graph as it is meanwhile), else
+        now. A compile that fails or returns None leaves the graph as it is."""
+        def work():
+            whole = compile_whole(self.gm, example_inputs)
+            if whole is not None:
+                self.whole = whole
+            return whole
+
+        if not config.specialize_in_background:
+            try:
+                work()
+            except Exception as e:
+                log.warning("kiln: compiling a dynamic graph whole failed: %s: %s",
+                            type(e).__name__, e)
+            return
+        from kiln.background import BACKGROUND
+
+        done = BACKGROUND.submit(work, (self, "whole"))
+
+        def failed(future):
+            e = future.exception()
+            if e is not None:
+                log.warning("kiln: compiling a dynamic graph whole failed: %s: %s",
+                            type(e).__name__, e)
+
+        done.add_done_callback(failed)
 
     def __call__(self, *args):
         key = signature(args)
@@ -97,7 +137,7 @@ class PerSignature:
                 changing = self.sizes.changing()
                 if changing:
                     self.uncompiled = self._split(changing)
-        return (self.uncompiled or self.gm)(*args)
+        return (self.uncompiled or self.whole or self.gm)(*args)
 
     def _split(self, changing) -> Callable:
         """The graph's stable regions (or the graph itself when none is worth compiling)."""

@@ -165,9 +165,12 @@ def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -
         if device is None:
             device = devices[where] = device_from_pb(meta.device)
         # The device too: a plan's kernels given another device's memory would not fail
-        # cleanly (a GPU plan handed a module's parameters still on the CPU).
-        if dtype != t.dtype or device != t.device or tuple(meta.sizes) != tuple(t.shape) or \
-                tuple(meta.strides) != t.stride():
+        # cleanly (a GPU plan handed a module's parameters still on the CPU). An input whose
+        # sizes are a symbolic plan's symbols has them checked per call by the runtime.
+        symbolic = len(meta.size_exprs) > 0
+        if dtype != t.dtype or device != t.device or (symbolic and len(meta.sizes) != t.dim()) or \
+                (not symbolic and (tuple(meta.sizes) != tuple(t.shape) or
+                                   tuple(meta.strides) != t.stride())):
             want = (dtype, tuple(meta.sizes), tuple(meta.strides), device)
             have = (t.dtype, tuple(t.shape), tuple(t.stride()), t.device)
             raise ArtifactRejected(f"plan input {i} is {want}, the graph's is {have}")

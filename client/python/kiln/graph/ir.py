@@ -5,11 +5,12 @@ its inputs (kiln.graph.input_updates). Part of the "kiln" backend's lowering (ki
 makes the ATen graph)."""
 import operator
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from kiln.graph.aten_nodes import LoweringError, _bound_arguments  # noqa: F401
+from kiln.graph.symbolic_ir import SizeSymbols, is_symbolic, static_value
 
 aten = torch.ops.aten
 
@@ -87,10 +88,17 @@ def _device_to_pb(device: torch.device, out) -> None:
     out.index = device.index or 0
 
 
-def meta_to_pb(t: torch.Tensor, out) -> None:
+def meta_to_pb(t: torch.Tensor, out, symbols: Optional[SizeSymbols] = None) -> None:
+    """`t`'s metadata; with `symbols` (a graph with size symbols), a symbolic size or stride is
+    -1 / 0 and its expression is written beside (kiln.graph.symbolic_ir)."""
+    if symbols is None:
+        out.sizes.extend(int(s) for s in t.shape)
+        out.strides.extend(int(s) for s in t.stride())
+    else:
+        out.sizes.extend(-1 if is_symbolic(s) else int(s) for s in t.shape)
+        out.strides.extend(0 if is_symbolic(s) else int(s) for s in t.stride())
+        symbols.meta(t, out)
     out.dtype = dtype_to_pb(t.dtype)
-    out.sizes.extend(int(s) for s in t.shape)
-    out.strides.extend(int(s) for s in t.stride())
     _device_to_pb(t.device, out.device)
     out.storage_offset = int(t.storage_offset())
     out.requires_grad = bool(t.requires_grad)
@@ -128,6 +136,12 @@ class _Meta:
 
 
 @dataclass(frozen=True)
+class _Size:
+    """A node of a graph with size symbols that computes a size (a SymInt), not a tensor."""
+    value: torch.SymInt
+
+
+@dataclass(frozen=True)
 class _Number:
     """A result of a node that is not a tensor (the int sizes CUDA's fused attention returns
     beside its tensors): no IR value stands for it, and nothing the IR holds may read it."""
@@ -137,7 +151,8 @@ class _Number:
 
 
 class _Builder:
-    def __init__(self):
+    def __init__(self, symbols: Optional[SizeSymbols] = None):
+        self.symbols = symbols  # a graph with size symbols (kiln.graph.symbolic_ir)
         self.pb = _pb()
         self.graph = self.pb.graph.Graph()
         self.ids: Dict[torch.fx.Node, object] = {}  # node -> id, or tuple of ids (and _Numbers)
@@ -149,10 +164,38 @@ class _Builder:
             raise LoweringError(f"a non-tensor value ({type(fake).__name__}) in the ATen graph")
         out.id = self.next_id
         self.next_id += 1
-        meta_to_pb(fake, out.meta)
+        meta_to_pb(fake, out.meta, self.symbols)
         return out.id
 
+    def _size(self, value):
+        """A size argument's value: an int, a SymInt, or a node computing one (make_fx's
+        sym_size and the arithmetic over it), as the SymInt it is; None when `value` is none
+        of these. Only a graph with size symbols has them."""
+        if isinstance(value, torch.fx.Node) and isinstance(self.ids.get(value), _Size):
+            return self.ids[value].value
+        if isinstance(value, torch.SymInt):
+            return value
+        return None
+
     def argument(self, arg, value, schema_arg) -> None:
+        size = self._size(value) if self.symbols is not None else None
+        if size is not None:
+            if static_value(size) is not None:
+                arg.int_value = static_value(size)
+            else:
+                self.symbols.expr(size, arg.sym_int_value, f"argument {schema_arg}")
+            return
+        if self.symbols is not None and isinstance(value, (list, tuple)) and value and \
+                any(self._size(v) is not None for v in value):
+            sizes = [self._size(v) if self._size(v) is not None else v for v in value]
+            if any(static_value(v) is None and not isinstance(v, torch.SymInt) for v in sizes):
+                raise LoweringError(f"unsupported list argument {value!r} of {schema_arg}")
+            if all(static_value(v) is not None for v in sizes):
+                arg.int_list.values.extend(static_value(v) for v in sizes)
+            else:
+                for v in sizes:
+                    self.symbols.expr(v, arg.sym_int_list.values.add(), f"argument {schema_arg}")
+            return
         if isinstance(value, _Value):
             arg.value = int(value)
         elif isinstance(value, torch.fx.Node):
@@ -204,6 +247,11 @@ class _Builder:
         if n.target is operator.getitem:
             base, index = n.args
             self.ids[n] = self.ids[base][index]
+            return
+        if self.symbols is not None and isinstance(n.meta.get("val"), torch.SymInt):
+            # A size the graph computes (sym_size, s0 * 768): no node of the IR; the calls
+            # that take it get its expression.
+            self.ids[n] = _Size(n.meta["val"])
             return
         if not isinstance(n.target, torch._ops.OpOverload):
             raise LoweringError(f"non-ATen call {n.target}")
@@ -327,15 +375,19 @@ def _describe(val) -> str:
     return type(val).__name__
 
 
-def to_ir(aten_gm: torch.fx.GraphModule):
+def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None):
     """The kiln.v1.Graph of an ATen-level graph module (placeholders in order are its inputs; the
-    values after its own outputs are its input updates, see kiln.graph.input_updates)."""
+    values after its own outputs are its input updates, see kiln.graph.input_updates). With
+    `num_bound` (how many leading inputs are bound parameters), a graph traced over symbolic
+    sizes: its size symbols are the per-call inputs' (kiln.graph.symbolic_ir)."""
     from kiln.graph.input_updates import outputs_and_updates
 
-    b = _Builder()
+    b = _Builder(SizeSymbols() if num_bound is not None else None)
     inputs, n_inputs = [], []
     for n in aten_gm.graph.nodes:
         if n.op == "placeholder":
+            if b.symbols is not None and len(inputs) >= num_bound:
+                b.symbols.bind(b.next_id, n.meta["val"])
             b.ids[n] = b.new_value(n.meta["val"], b.graph.inputs.add())
             inputs.append(b.ids[n])
             n_inputs.append(n)
@@ -372,6 +424,11 @@ def to_ir(aten_gm: torch.fx.GraphModule):
         else:
             raise LoweringError(f"unexpected node kind {n.op}")
     b.declare_schemas()
+    if b.symbols is not None:
+        if len(b.graph.input_updates):
+            from kiln.graph.symbolic_ir import NotSymbolic
+            raise NotSymbolic("a graph with symbolic sizes updates an input in place")
+        b.symbols.write(b.graph)
     return b.graph
 
 

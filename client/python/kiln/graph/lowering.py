@@ -521,12 +521,14 @@ def _with_attrs_as_inputs(gm: torch.fx.GraphModule) -> Tuple[torch.fx.GraphModul
 
 
 def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
-            params: Optional[List[torch.Tensor]] = None) -> Tuple[torch.fx.GraphModule,
-                                                                  List[torch.Tensor]]:
+            params: Optional[List[torch.Tensor]] = None,
+            eager_ops: bool = False) -> Tuple[torch.fx.GraphModule, List[torch.Tensor]]:
     """The ATen-level, functional graph of `gm` over (params..., inputs...). `params`: what
     stands for the graph's tensor attributes, in attr_tensors' order (default: themselves). The
     inputs the program updates in place are written by no node: the graph returns their new
-    values after its own outputs (kiln.graph.input_updates)."""
+    values after its own outputs (kiln.graph.input_updates). `eager_ops`: the ops as eager
+    runs them, for a plan of library calls: not decomposed for kiln's fusion, and not
+    functionalized (an in-place op stays one, which to_ir refuses)."""
     flat, attrs = _with_attrs_as_inputs(gm)
     if params is None:
         params = attrs
@@ -541,8 +543,10 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
     # The ATen graph's Python code is written only if something reads or runs it (a debug
     # print): lowering itself reads nodes and their metadata.
     with torch.no_grad(), _use_lazy_graph_module(True):
-        traced = make_fx(torch.func.functionalize(flat, remove="mutations"),
-                         decomposition_table=decompositions(), tracing_mode="fake",
+        traced = make_fx(flat if eager_ops else
+                         torch.func.functionalize(flat, remove="mutations"),
+                         decomposition_table={} if eager_ops else decompositions(),
+                         tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
         input_updates.returned_as_outputs(traced)
         input_updates.functional_restrides(traced)
@@ -565,6 +569,36 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence,
     graph = to_ir(aten_gm)
     graph.num_bound_inputs = len(params)  # bound once at load (build_plan); see graph.proto
     return LoweredGraph(graph, params, len(example_inputs), aten_gm)
+
+
+def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> LoweredGraph:
+    """The kiln.v1 graph of `gm`, captured with symbolic sizes, for every size in its symbols'
+    ranges: traced over its placeholders' fakes (the capture's, whose ShapeEnv holds the
+    symbols), each size an expression over the per-call inputs' (kiln.graph.symbolic_ir).
+    Raises NotSymbolic for a graph the IR cannot carry exactly, or whose lowering would rely on
+    a relation between sizes that the capture did not guard."""
+    from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged
+    from kiln.graph.symbolic_shapes import python_dispatcher
+
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    env = next((s.node.shape_env for f in fakes if isinstance(f, torch.Tensor)
+                for s in f.shape if isinstance(s, torch.SymInt)), None)
+    if env is None:
+        raise NotSymbolic("no input has a symbolic size")
+    # Under the Python dispatcher, as the capture ran them: composite ops (linear) decompose
+    # through kernels written for symbolic sizes instead of reading a size as an int. Eager's
+    # ops: the plan runs them as library calls (kilnd generates no kernel over runtime sizes
+    # yet), and torch's functionalization reads sizes as ints (a linear over a 3-d input
+    # specialises its batch); a graph with an in-place op is refused by to_ir instead.
+    # The parameters as static fakes of the capture's mode (a real tensor it converted itself
+    # would get symbols of its own).
+    mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
+    static = [mode.from_tensor(p, static_shapes=True) for p in params]
+    with ShapeEnvUnchanged(env), python_dispatcher():
+        aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True)
+        graph = to_ir(aten_gm, num_bound=len(params))
+    graph.num_bound_inputs = len(params)
+    return LoweredGraph(graph, params, len(fakes), aten_gm)
 
 
 def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,

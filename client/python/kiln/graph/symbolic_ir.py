@@ -1,0 +1,159 @@
+"""Size symbols in the kiln.v1 IR (kiln.graph.ir.to_ir of an ATen graph traced over fakes whose
+sizes are torch's SymInts): each size, stride and SymInt argument becomes a polynomial over the
+graph's size symbols (kiln.v1.SymExpr, in its canonical form), each symbol bound to the first
+per-call input dimension whose size is exactly it, with the range the capture's ShapeEnv gives
+it. What the IR cannot say exactly (a floor division, a min or max, a symbol no input dimension
+gives, a symbolic storage offset) raises NotSymbolic: the graph then runs per signature, never a
+plan that would compute something else."""
+from typing import Dict, Optional, Tuple
+
+import sympy
+import torch
+
+from kiln.graph.aten_nodes import LoweringError
+
+
+class NotSymbolic(LoweringError):
+    """A graph with symbolic sizes the kiln.v1 IR cannot carry exactly."""
+
+
+def is_symbolic(value) -> bool:
+    return isinstance(value, torch.SymInt) and not isinstance(_expr(value), sympy.Integer)
+
+
+def _expr(value: torch.SymInt):
+    return value.node.expr
+
+
+class SizeSymbols:
+    """The graph's size symbols: sympy symbol -> kiln.v1 id, each with its binding."""
+
+    def __init__(self):
+        self.ids: Dict[sympy.Symbol, int] = {}
+        self.bindings: Dict[int, Tuple[int, int]] = {}  # id -> (input value id, dim)
+        self.env = None
+
+    def bind(self, value_id: int, fake: torch.Tensor) -> None:
+        """Numbers the symbols that are exactly a dimension of per-call input `value_id`."""
+        for d, size in enumerate(fake.shape):
+            if not is_symbolic(size):
+                continue
+            e = _expr(size)
+            self.env = size.node.shape_env
+            if isinstance(e, sympy.Symbol) and e not in self.ids:
+                self.ids[e] = len(self.ids)
+                self.bindings[self.ids[e]] = (value_id, d)
+
+    def expr(self, value, out, where: str) -> None:
+        """Writes int or SymInt `value` into kiln.v1.SymExpr `out` (canonical form)."""
+        if isinstance(value, torch.SymInt):
+            e = sympy.expand(_expr(value))
+        else:
+            e = sympy.Integer(int(value))
+        terms = []
+        for monomial, coefficient in e.as_coefficients_dict().items():
+            if not (isinstance(coefficient, sympy.Integer) or coefficient.is_integer):
+                raise NotSymbolic(f"{where}: {e} has a coefficient that is not an integer")
+            terms.append((self._symbols(monomial, e, where), int(coefficient)))
+        for symbols, coefficient in sorted(terms):
+            if coefficient == 0:
+                continue
+            term = out.terms.add()
+            term.coefficient = coefficient
+            term.symbols.extend(symbols)
+
+    def _symbols(self, monomial, whole, where: str) -> Tuple[int, ...]:
+        """The sorted symbol ids (repeated for powers) of one monomial of an expanded sum."""
+        if monomial == 1:
+            return ()
+        factors = monomial.args if isinstance(monomial, sympy.Mul) else (monomial,)
+        ids = []
+        for f in factors:
+            base, power = (f.args if isinstance(f, sympy.Pow) else (f, sympy.Integer(1)))
+            if not isinstance(base, sympy.Symbol) or not isinstance(power, sympy.Integer) or \
+                    power < 1:
+                raise NotSymbolic(f"{where}: {whole} is not a polynomial of the sizes")
+            if base not in self.ids:
+                raise NotSymbolic(f"{where}: {whole} names {base}, which no input dimension "
+                                  "gives")
+            ids += [self.ids[base]] * int(power)
+        return tuple(sorted(ids))
+
+    def meta(self, t, out) -> None:
+        """The size and stride expressions of tensor (or _Meta) `t` into TensorMeta `out`
+        (whose sizes and strides meta_to_pb wrote: -1 / 0 where symbolic)."""
+        sizes, strides = tuple(t.shape), tuple(t.stride())
+        if not any(is_symbolic(v) for v in (*sizes, *strides)):
+            return
+        offset = t.storage_offset()
+        if is_symbolic(offset):
+            raise NotSymbolic(f"a tensor whose storage offset is {offset}")
+        for v in sizes:
+            self.expr(v, out.size_exprs.add(), "a size")
+        for v in strides:
+            self.expr(v, out.stride_exprs.add(), "a stride")
+
+    def write(self, graph) -> None:
+        """kiln.v1.Graph.size_symbols, with the ranges the ShapeEnv gives."""
+        for sym, sid in sorted(self.ids.items(), key=lambda kv: kv[1]):
+            s = graph.size_symbols.add()
+            s.id = sid
+            s.input, s.dim = self.bindings[sid]
+            vr = self.env.var_to_range.get(sym) if self.env is not None else None
+            lower = _finite(vr.lower) if vr is not None else None
+            upper = _finite(vr.upper) if vr is not None else None
+            s.min = max(lower or 0, 0)
+            s.max = upper if upper is not None else 0  # 0: unbounded
+
+
+def _finite(bound) -> Optional[int]:
+    """A range bound as an int; None for an infinite one (sympy's oo, torch's int_oo)."""
+    if bound in (sympy.oo, -sympy.oo) or type(bound).__name__ in ("IntInfinity",
+                                                                     "NegativeIntInfinity"):
+        return None
+    try:
+        return int(bound)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def static_value(value) -> Optional[int]:
+    """`value` as a plain int when it is one (an int, or a SymInt with a constant expression)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.SymInt) and not is_symbolic(value):
+        return int(_expr(value))
+    return None
+
+
+class ShapeEnvUnchanged:
+    """Fails a lowering that taught the capture's ShapeEnv anything (a guard, a replacement, a
+    narrowed range): the capture's guards, installed already, would not check it, and a plan
+    that relied on it could compute something else for sizes they admit."""
+
+    def __init__(self, env):
+        self.env = env
+
+    def _state(self):
+        env = self.env
+        return (len(env.guards), dict(env.replacements), dict(env.var_to_range),
+                sum(len(v) for v in getattr(env, "deferred_runtime_asserts", {}).values()))
+
+    def __enter__(self):
+        self.before = self._state() if self.env is not None else None
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if kind is None and self.env is not None and self._state() != self.before:
+            guards, replacements, ranges, asserts = self.before
+            env = self.env
+            learnt = [str(g.expr) for g in env.guards[guards:]]
+            learnt += [f"{k} = {v}" for k, v in env.replacements.items()
+                       if replacements.get(k) != v]
+            learnt += [f"{k} in [{v.lower}, {v.upper}]" for k, v in env.var_to_range.items()
+                       if ranges.get(k) != v]
+            raise NotSymbolic("lowering the graph relied on sizes its capture did not guard: " +
+                              ", ".join(learnt[:4] or ["a runtime assertion"]))
+        return False

@@ -1,0 +1,120 @@
+"""A graph captured with symbolic sizes, through the kiln backend: compiled once whole into one
+kilnd artifact whose plan reads its sizes from each call's inputs (kiln.config.symbolic_plans),
+which runs every size the graph's guards admit, equal to eager; graphs the IR cannot carry
+exactly keep running per signature. Needs kilnd (skips without)."""
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.backends import specialize
+
+
+@pytest.fixture
+def whole_graphs(kilnd_cache, monkeypatch):
+    """The PerSignature of every dynamic graph compiled whole while the test runs."""
+    made = []
+    compile_whole = specialize.PerSignature.compile_whole
+
+    def spy(self, fn, example_inputs):
+        made.append(self)
+        return compile_whole(self, fn, example_inputs)
+
+    monkeypatch.setattr(specialize.PerSignature, "compile_whole", spy)
+    monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+    return made
+
+
+class Block(torch.nn.Module):
+    """Attention and an MLP with layer norms over (batch, sequence, 32)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        self.norm1, self.norm2 = torch.nn.LayerNorm(32), torch.nn.LayerNorm(32)
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        y = self.norm1(x + self.attn(x, x, x, need_weights=False)[0])
+        return self.norm2(y + self.down(F.gelu(self.up(y))))
+
+
+def _symbolic(artifacts):
+    return [a for a in artifacts if a.plan.symbolic]
+
+
+def test_one_plan_serves_every_batch_and_sequence_length(whole_graphs):
+    model = Block().eval()
+    compiled = kiln.compile(model)
+    random.seed(0)
+    shapes = [(random.randint(2, 9), random.randint(2, 40)) for _ in range(12)]
+    with torch.no_grad():
+        for i, (b, t) in enumerate(shapes):
+            x = torch.randn(b, t, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+            if i == 1:  # the symbolic graph is compiled: from here on only its plan runs
+                (graph,) = whole_graphs
+                assert graph.whole is not None and graph.whole.symbolic
+
+                def not_the_graph(*args):
+                    raise AssertionError("the graph ran instead of its plan")
+
+                graph.gm = not_the_graph
+    assert len(kiln.debug.cache_entries(compiled)) == 2  # static, then symbolic
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert not plan.plan.failed and plan.plan.num_kernels == 0
+
+
+def test_sizes_the_trace_computes_reach_the_plan_as_expressions(whole_graphs):
+    def g(x, y):
+        z = torch.cat([x, y]) * 2
+        return z.view(z.shape[0] * z.shape[1]), torch.arange(x.shape[0] * 2) + x.shape[1]
+
+    compiled = kiln.compile(g)
+    for n, m in ((2, 3), (4, 5), (7, 2), (3, 9)):
+        x, y = torch.randn(n, 6), torch.randn(m, 6)
+        for got, want in zip(compiled(x, y), g(x, y)):
+            torch.testing.assert_close(got, want)
+    assert len(_symbolic(kiln.debug.artifacts())) == 1
+    assert whole_graphs[0].whole is not None
+
+
+def test_a_graph_with_an_in_place_op_keeps_running_per_signature(whole_graphs):
+    def f(x):
+        y = x * 2
+        y.add_(1)
+        return y.relu()
+
+    compiled = kiln.compile(f)
+    for n in (2, 3, 5, 8):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert whole_graphs and whole_graphs[0].whole is None
+    assert not _symbolic(kiln.debug.artifacts())
+
+
+def test_symbolic_plans_can_be_turned_off(whole_graphs, monkeypatch):
+    monkeypatch.setattr(kiln.config, "symbolic_plans", False)
+    model = Block().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = torch.randn(b, 5, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert not _symbolic(kiln.debug.artifacts())
+
+
+def test_the_whole_compile_runs_in_the_background_while_calls_run_the_graph(kilnd_cache):
+    model = Block().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for b in (2, 3, 4):
+            x = torch.randn(b, 5, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        assert kiln.wait_for_compiles(timeout=120)
+        assert len(_symbolic(kiln.debug.artifacts())) == 1
+        x = torch.randn(6, 7, 32)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
