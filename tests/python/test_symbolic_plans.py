@@ -46,6 +46,13 @@ def _symbolic(artifacts):
     return [a for a in artifacts if a.plan.symbolic]
 
 
+def _run_as_eager(compiled, model, batches, length=5):
+    with torch.no_grad():
+        for b in batches:
+            x = torch.randn(b, length, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_one_plan_serves_every_batch_and_sequence_length(whole_graphs):
     model = Block().eval()
     compiled = kiln.compile(model)
@@ -100,21 +107,14 @@ def test_symbolic_plans_can_be_turned_off(whole_graphs, monkeypatch):
     monkeypatch.setattr(kiln.config, "symbolic_plans", False)
     model = Block().eval()
     compiled = kiln.compile(model)
-    with torch.no_grad():
-        for b in (2, 3, 4):
-            x = torch.randn(b, 5, 32)
-            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    _run_as_eager(compiled, model, (2, 3, 4))
     assert not _symbolic(kiln.debug.artifacts())
 
 
 def test_the_whole_compile_runs_in_the_background_while_calls_run_the_graph(kilnd_cache):
     model = Block().eval()
     compiled = kiln.compile(model)
-    with torch.no_grad():
-        for b in (2, 3, 4):
-            x = torch.randn(b, 5, 32)
-            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-        assert kiln.wait_for_compiles(timeout=120)
-        assert len(_symbolic(kiln.debug.artifacts())) == 1
-        x = torch.randn(6, 7, 32)
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    _run_as_eager(compiled, model, (2, 3, 4))
+    assert kiln.wait_for_compiles(timeout=120)
+    assert len(_symbolic(kiln.debug.artifacts())) == 1
+    _run_as_eager(compiled, model, (6, 9), length=7)

@@ -178,15 +178,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     not loaded (plan None: a target this machine cannot run, kiln.config.compile_only)."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
-    from kiln.daemon.client import read_mac_key
     from kiln.daemon.graph_index import GraphIndex
     from kiln.graph import lowering
 
     start = time.perf_counter()
     pb = protocol.messages()
-    client = STATE.daemon.client()
-    client.ensure_running()
-    mac_key = read_mac_key(client.settings.mac_key_file)
+    client, mac_key = _daemon()
     params = list(lowering.attr_tensors(gm).values())
     example_inputs = list(example_inputs)
     device = _graph_device(params + example_inputs)
@@ -228,6 +225,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
                             lowering_seconds)
+
+
+def _daemon():
+    """(client, MAC key) of the running kilnd, started if it is local and not running."""
+    from kiln.daemon.client import read_mac_key
+
+    client = STATE.daemon.client()
+    client.ensure_running()
+    return client, read_mac_key(client.settings.mac_key_file)
 
 
 def _compiled(client, request, mac_key):
@@ -282,14 +288,11 @@ def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Co
     every size in the symbols' ranges (see compile_symbolic)."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
-    from kiln.daemon.client import read_mac_key
     from kiln.graph import lowering
 
     start = time.perf_counter()
     pb = protocol.messages()
-    client = STATE.daemon.client()
-    client.ensure_running()
-    mac_key = read_mac_key(client.settings.mac_key_file)
+    client, mac_key = _daemon()
     params = list(lowering.attr_tensors(gm).values())
     device = _graph_device(params + list(example_inputs))
     lowering_start = time.perf_counter()
