@@ -1,9 +1,10 @@
 """kiln.graph.symbolic_ir through lower_symbolic: a graph captured with symbolic sizes becomes a
 kiln.v1 graph whose sizes, strides and SymInt arguments are canonical polynomials over size
 symbols bound to per-call input dimensions with the capture's ranges; what the IR cannot carry
-exactly (a floor division, a symbol no input gives, an in-place op, a lowering that would need
-a guard the capture did not make) is refused with NotSymbolic or LoweringError, never lowered
-to another computation."""
+exactly (a floor division, a min, max or mod, a symbol no input gives, an in-place op or input
+update, a lowering that would need a guard the capture did not make) is refused with NotSymbolic
+or LoweringError, never lowered to another computation. A graph without symbols is the same
+bytes as the static lowering makes."""
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -15,7 +16,8 @@ if not protocol.available():
     pytest.skip("the kiln.v1 modules are not available", allow_module_level=True)
 
 from kiln.graph.aten_nodes import LoweringError  # noqa: E402
-from kiln.graph.lowering import attr_tensors, lower_symbolic  # noqa: E402
+from kiln.graph.ir import to_ir  # noqa: E402
+from kiln.graph.lowering import attr_tensors, lower_symbolic, to_aten  # noqa: E402
 from kiln.graph.symbolic_ir import NotSymbolic  # noqa: E402
 
 
@@ -128,3 +130,103 @@ def test_a_graph_without_symbols_is_refused():
     gm, env = symbolic_graph(lambda x: x * 2, (6, 3), dynamic=[[]])
     with pytest.raises(NotSymbolic, match="no input has a symbolic size"):
         lower_symbolic(gm, [])
+
+
+def test_a_view_over_the_product_of_two_sizes_takes_a_list_of_expressions():
+    gm, env = symbolic_graph(lambda x: x.view(x.size(0) * x.size(1), 3) * 2, (4, 5, 3))
+    graph = lower_symbolic(gm, []).graph
+    x = graph.inputs[0]
+    assert list(x.meta.sizes) == [-1, -1, 3] and list(x.meta.strides) == [0, 3, 1]
+    assert [terms(e) for e in x.meta.stride_exprs] == [[(3, [1])], [(3, [])], [(1, [])]]
+    view = node(graph, "aten::view")
+    assert view.args[1].WhichOneof("kind") == "sym_int_list"
+    assert [terms(e) for e in view.args[1].sym_int_list.values] == [[(1, [0, 1])], [(3, [])]]
+    out = view.outputs[0].meta
+    assert list(out.sizes) == [-1, 3] and list(out.strides) == [3, 1]
+    assert [terms(e) for e in out.stride_exprs] == [[(3, [])], [(1, [])]]
+
+
+def test_an_expression_is_canonical_and_a_lone_size_is_a_sym_int():
+    gm, env = symbolic_graph(
+        lambda x: x.new_zeros(2 * x.size(1) - 1 + x.size(0) * x.size(0)) + torch.arange(
+            x.size(0) * x.size(0) + 2 * x.size(1) - 1), (6, 3), dynamic=[[0, 1]])
+    graph = lower_symbolic(gm, []).graph
+    canonical = [(-1, []), (1, [0, 0]), (2, [1])]  # constant first, then by symbol list
+    assert [terms(e) for e in node(graph, "aten::new_zeros").args[1].sym_int_list.values] == \
+        [canonical]
+    end = node(graph, "aten::arange").args[0]
+    assert end.WhichOneof("kind") == "sym_int_value" and terms(end.sym_int_value) == canonical
+    assert list(node(graph, "aten::add.Tensor").outputs[0].meta.sizes) == [-1]
+
+
+@pytest.mark.parametrize("fn,what", [
+    (lambda x, y: x.new_zeros(torch.sym_max(x.size(0), y.size(0))), "Max"),
+    (lambda x, y: x.view(-1)[: x.size(0) % 4] + 1, "Mod")])
+def test_a_size_that_is_no_polynomial_is_refused(fn, what):
+    gm, env = symbolic_graph(fn, (6, 3), (7, 3))
+    with pytest.raises(NotSymbolic, match=f"{what}.*not a polynomial"):
+        lower_symbolic(gm, [])
+
+
+def test_an_earlier_inputs_size_may_be_an_expression_of_a_later_inputs_symbol():
+    # The capture's guard (x's rows equal cat's 2 * y's) replaced x's symbol by 2 * y's.
+    fn = lambda x, y: x + torch.cat([y, y])  # noqa: E731
+    gm, env = symbolic_graph(fn, (8, 3), (4, 3))
+    fn(*[n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"])
+    graph = lower_symbolic(gm, []).graph
+    assert [(s.id, s.input, s.dim) for s in graph.size_symbols] == [(0, graph.inputs[1].id, 0)]
+    assert [terms(e) for e in graph.inputs[0].meta.size_exprs] == [[(2, [0])], [(3, [])]]
+
+
+def _one_node_graph(fake, op, args, result):
+    """The ATen graph calling `op` over placeholder `fake` (its first argument) and `args`."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = fake
+    n = graph.call_function(op, (x, *args))
+    n.meta["val"] = result
+    graph.output((n,))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _size_symbol(env, hint, name):
+    """A SymInt of `env` that no input's size holds (as a symbol made for an int attribute)."""
+    from torch._dynamo.source import ConstantSource
+
+    return env.create_symintnode(env.create_symbol(hint, ConstantSource(name),
+                                                   dynamic_dim=DimDynamic.DYNAMIC), hint=hint)
+
+
+@pytest.mark.filterwarnings("ignore:Raw SymInt")  # k, a raw SymInt argument of the node
+def test_a_symbol_no_input_dimension_gives_is_refused():
+    gm, env = symbolic_graph(lambda x: x, (6, 3))
+    fake = gm.graph.find_nodes(op="placeholder")[0].meta["example_value"]
+    k = _size_symbol(env, 5, "k")
+    with fake.fake_mode:
+        as_arg = _one_node_graph(fake, torch.ops.aten.new_zeros.default, ([k],),
+                                 fake.new_zeros(k))
+        strided = torch.empty_strided((fake.size(0), 3), (k, 1))
+        in_stride = _one_node_graph(strided, torch.ops.aten.mul.Tensor, (2,), strided * 2)
+    with pytest.raises(NotSymbolic, match=r"argument size: s\d+ names s\d+, which no input"):
+        to_ir(as_arg, num_bound=0)
+    with pytest.raises(NotSymbolic, match=r"a stride: s\d+ names s\d+, which no input"):
+        to_ir(in_stride, num_bound=0)
+
+
+def test_an_input_update_is_refused():
+    # Functionalized, as the static lowering traces: the update is the graph's extra output.
+    gm, env = symbolic_graph(lambda x: x.add_(1) * 2, (6, 3))
+    aten_gm, _ = to_aten(gm, [gm.graph.find_nodes(op="placeholder")[0].meta["example_value"]])
+    with pytest.raises(NotSymbolic, match="updates an input in place"):
+        to_ir(aten_gm, num_bound=0)
+
+
+def test_a_static_graph_is_the_same_bytes_with_or_without_symbols():
+    gm = torch.fx.symbolic_trace(_Mlp())
+    params = list(attr_tensors(gm).values())
+    aten_gm, _ = to_aten(gm, [torch.randn(4, 6, 8)])
+    static = to_ir(aten_gm)
+    assert not any(len(v.meta.size_exprs) for n in static.nodes for v in n.outputs)
+    assert not len(static.size_symbols)
+    assert static.SerializeToString(deterministic=True) == \
+        to_ir(aten_gm, num_bound=len(params)).SerializeToString(deterministic=True)

@@ -383,11 +383,14 @@ def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None):
     from kiln.graph.input_updates import outputs_and_updates
 
     b = _Builder(SizeSymbols() if num_bound is not None else None)
+    if b.symbols is not None:
+        placeholders = [n.meta["val"] for n in aten_gm.graph.nodes if n.op == "placeholder"]
+        for index in range(num_bound, len(placeholders)):
+            if isinstance(placeholders[index], torch.Tensor):  # new_value refuses the others
+                b.symbols.bind(index, placeholders[index])
     inputs, n_inputs = [], []
     for n in aten_gm.graph.nodes:
         if n.op == "placeholder":
-            if b.symbols is not None and len(inputs) >= num_bound:
-                b.symbols.bind(b.next_id, n.meta["val"])
             b.ids[n] = b.new_value(n.meta["val"], b.graph.inputs.add())
             inputs.append(b.ids[n])
             n_inputs.append(n)
@@ -428,7 +431,7 @@ def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None):
         if len(b.graph.input_updates):
             from kiln.graph.symbolic_ir import NotSymbolic
             raise NotSymbolic("a graph with symbolic sizes updates an input in place")
-        b.symbols.write(b.graph)
+        b.symbols.write(b.graph, inputs)
     return b.graph
 
 

@@ -5,7 +5,7 @@ per-call input dimension whose size is exactly it, with the range the capture's 
 it. What the IR cannot say exactly (a floor division, a min or max, a symbol no input dimension
 gives, a symbolic storage offset) raises NotSymbolic: the graph then runs per signature, never a
 plan that would compute something else."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import sympy
 import torch
@@ -30,11 +30,14 @@ class SizeSymbols:
 
     def __init__(self):
         self.ids: Dict[sympy.Symbol, int] = {}
-        self.bindings: Dict[int, Tuple[int, int]] = {}  # id -> (input value id, dim)
+        self.bindings: Dict[int, Tuple[int, int]] = {}  # id -> (input index, dim)
         self.env = None
 
-    def bind(self, value_id: int, fake: torch.Tensor) -> None:
-        """Numbers the symbols that are exactly a dimension of per-call input `value_id`."""
+    def bind(self, index: int, fake: torch.Tensor) -> None:
+        """Numbers the symbols that are exactly a dimension of per-call input `index` (its
+        position among the graph's inputs). Every input is bound before any value is written:
+        an earlier input's size may be an expression of a later one's symbol (2 * s1 where the
+        capture's guards replaced s0 by it)."""
         for d, size in enumerate(fake.shape):
             if not is_symbolic(size):
                 continue
@@ -42,7 +45,7 @@ class SizeSymbols:
             self.env = size.node.shape_env
             if isinstance(e, sympy.Symbol) and e not in self.ids:
                 self.ids[e] = len(self.ids)
-                self.bindings[self.ids[e]] = (value_id, d)
+                self.bindings[self.ids[e]] = (index, d)
 
     def expr(self, value, out, where: str) -> None:
         """Writes int or SymInt `value` into kiln.v1.SymExpr `out` (canonical form)."""
@@ -93,12 +96,14 @@ class SizeSymbols:
         for v in strides:
             self.expr(v, out.stride_exprs.add(), "a stride")
 
-    def write(self, graph) -> None:
-        """kiln.v1.Graph.size_symbols, with the ranges the ShapeEnv gives."""
+    def write(self, graph, inputs: List[int]) -> None:
+        """kiln.v1.Graph.size_symbols, with the ranges the ShapeEnv gives; `inputs`: the value
+        id of each graph input, in order."""
         for sym, sid in sorted(self.ids.items(), key=lambda kv: kv[1]):
             s = graph.size_symbols.add()
             s.id = sid
-            s.input, s.dim = self.bindings[sid]
+            index, s.dim = self.bindings[sid]
+            s.input = inputs[index]
             vr = self.env.var_to_range.get(sym) if self.env is not None else None
             lower = _finite(vr.lower) if vr is not None else None
             upper = _finite(vr.upper) if vr is not None else None
