@@ -262,8 +262,12 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-# torch >= 2.12 keeps torch.fx's "is tracing" flag per thread (an older one's is global).
-_FX_TRACING_PER_THREAD = hasattr(torch.fx._symbolic_trace, "_is_fx_tracing_tls")
+def _fx_tracing_per_thread() -> bool:
+    """Whether torch.fx's "is tracing" flag is per thread (torch >= 2.12; an older one's is one
+    for the process)."""
+    from torch.fx import _symbolic_trace
+
+    return hasattr(_symbolic_trace, "_is_fx_tracing_tls")
 
 
 def run_pass(lanes, requests, device, logs, check, reference, n_pass):
@@ -285,7 +289,7 @@ def run_pass(lanes, requests, device, logs, check, reference, n_pass):
                 _sync(device)
                 t = time.perf_counter()
                 outs[lane.name] = lane.run(req)
-                if lane.name == "kiln" and not _FX_TRACING_PER_THREAD:
+                if lane.name == "kiln" and not _fx_tracing_per_thread():
                     # This torch's FX tracing flag is one for the process: kiln's background
                     # lowering (make_fx) would make the torch.compile lane's next call refuse
                     # to run ("FX to symbolically trace a dynamo-optimized function"). Its
