@@ -113,9 +113,36 @@ def _start_daemon() -> None:
     threading.Thread(target=start, name="kiln-start-kilnd", daemon=True).start()
 
 
+def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
+                     options: Optional[dict] = None):
+    """The kiln backend's compile of a graph with symbolic sizes, whole (register_backend's
+    `symbolic`): one kilnd artifact whose plan serves every size in the symbols' ranges, reading
+    them from each call's inputs. None where the graph cannot be compiled so (it records
+    autograd history, mixes devices, or has a size the IR cannot express; kilnd refuses it;
+    no kilnd): its calls then run as PyTorch's kernels until a signature's compile serves
+    them. (`mode` and `options` choose CUDA graphs, which replay one shape each: a symbolic
+    plan runs without.)"""
+    from kiln.graph.lowering import needs_autograd
+
+    if not config.symbolic_plans or config.compile_only or stand_in.target() is not None:
+        return None
+    if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
+        return None
+    try:
+        compiled = compile_symbolic_graph(gm, example_inputs)
+    except Exception as e:  # the graph runs as it is, as before this compile existed
+        log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
+                  type(e).__name__, e)
+        return None
+    compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
+    STATE.artifacts.append(compiled)
+    if config.logs("codegen"):
+        print(format_artifact(compiled))
+    return compiled.plan
+
+
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
-                  static_shapes=True,
-                  symbolic=lambda *a, **k: compile_symbolic(*a, **k))  # defined below
+                  static_shapes=True, symbolic=compile_symbolic)
 def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
          options: Optional[dict] = None):
     """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""
@@ -253,34 +280,6 @@ def _compiled(client, request, mac_key):
     body = art.verify_for_request(response.artifact, mac_key, request)
     LocalArtifacts(client.settings, mac_key).keep(response.artifact, body)
     return response, body
-
-
-def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
-                     options: Optional[dict] = None):
-    """The kiln backend's compile of a graph with symbolic sizes, whole (register_backend's
-    `symbolic`): one kilnd artifact whose plan serves every size in the symbols' ranges, reading
-    them from each call's inputs. None where the graph cannot be compiled so (it records
-    autograd history, mixes devices, or has a size the IR cannot express; kilnd refuses it;
-    no kilnd): its calls then run as PyTorch's kernels until a signature's compile serves
-    them. (`mode` and `options` choose CUDA graphs, which replay one shape each: a symbolic
-    plan runs without.)"""
-    from kiln.graph.lowering import needs_autograd
-
-    if not config.symbolic_plans or config.compile_only or stand_in.target() is not None:
-        return None
-    if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
-        return None
-    try:
-        compiled = compile_symbolic_graph(gm, example_inputs)
-    except Exception as e:  # the graph runs as it is, as before this compile existed
-        log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
-                  type(e).__name__, e)
-        return None
-    compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
-    STATE.artifacts.append(compiled)
-    if config.logs("codegen"):
-        print(format_artifact(compiled))
-    return compiled.plan
 
 
 def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:

@@ -90,24 +90,13 @@ class PerSignature:
                 self.whole = whole
             return whole
 
-        if not config.specialize_in_background:
-            try:
-                work()
-            except Exception as e:
-                log.warning("kiln: compiling a dynamic graph whole failed: %s: %s",
-                            type(e).__name__, e)
+        if config.specialize_in_background:
+            _in_background(work, (self, "whole"), "whole")
             return
-        from kiln.background import BACKGROUND
-
-        done = BACKGROUND.submit(work, (self, "whole"))
-
-        def failed(future):
-            e = future.exception()
-            if e is not None:
-                log.warning("kiln: compiling a dynamic graph whole failed: %s: %s",
-                            type(e).__name__, e)
-
-        done.add_done_callback(failed)
+        try:
+            work()
+        except Exception as e:
+            _failed("whole", e)
 
     def __call__(self, *args):
         key = signature(args)
@@ -154,20 +143,11 @@ class PerSignature:
         return regions or self.gm
 
     def _specialise_in_background(self, key: Tuple, args: Sequence) -> None:
-        from kiln.background import BACKGROUND
-
         # Tensors like the call's (same sizes, strides, device, dtype), none of its data: the
         # call goes on with its own while the worker compiles.
         alike = [_like(a) if isinstance(a, torch.Tensor) else a for a in args]
-        done = BACKGROUND.submit(lambda: self._specialise(key, alike), (self, key))
-
-        def failed(future):
-            e = future.exception()
-            if e is not None:  # the signature keeps running the graph as it is
-                log.warning("kiln: compiling a dynamic graph for %s failed: %s: %s", key,
-                            type(e).__name__, e)
-
-        done.add_done_callback(failed)
+        # (A failure leaves the signature running the graph as it is.)
+        _in_background(lambda: self._specialise(key, alike), (self, key), f"for {key}")
 
     def _count(self, key: Tuple) -> int:
         n = self.calls.pop(key, 0) + 1
@@ -205,6 +185,24 @@ class PerSignature:
             self.compiled[key] = fn
             self.calls.pop(key, None)
         return fn
+
+
+def _in_background(work: Callable, key, what: str) -> None:
+    """Runs `work()` on kiln's background worker (pending under `key`), a failure logged as a
+    dynamic graph's compile `what` ("whole", "for <signature>")."""
+    from kiln.background import BACKGROUND
+
+    done = BACKGROUND.submit(work, key)
+
+    def failed(future):
+        if future.exception() is not None:
+            _failed(what, future.exception())
+
+    done.add_done_callback(failed)
+
+
+def _failed(what: str, e: BaseException) -> None:
+    log.warning("kiln: compiling a dynamic graph %s failed: %s: %s", what, type(e).__name__, e)
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:

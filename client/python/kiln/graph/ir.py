@@ -185,9 +185,10 @@ class _Builder:
             else:
                 self.symbols.expr(size, arg.sym_int_value, f"argument {schema_arg}")
             return
-        if self.symbols is not None and isinstance(value, (list, tuple)) and value and \
-                any(self._size(v) is not None for v in value):
-            sizes = [self._size(v) if self._size(v) is not None else v for v in value]
+        sizes = [self._size(v) for v in value] if self.symbols is not None and \
+            isinstance(value, (list, tuple)) else []
+        if any(v is not None for v in sizes):
+            sizes = [v if size is None else size for v, size in zip(value, sizes)]
             if any(static_value(v) is None and not isinstance(v, torch.SymInt) for v in sizes):
                 raise LoweringError(f"unsupported list argument {value!r} of {schema_arg}")
             if all(static_value(v) is not None for v in sizes):

@@ -152,7 +152,7 @@ class ShapeEnvUnchanged:
 
     def __exit__(self, kind, value, tb):
         if kind is None and self.env is not None and self._state() != self.before:
-            guards, replacements, ranges, asserts = self.before
+            guards, replacements, ranges, _ = self.before
             env = self.env
             learnt = [str(g.expr) for g in env.guards[guards:]]
             learnt += [f"{k} = {v}" for k, v in env.replacements.items()
