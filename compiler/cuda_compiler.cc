@@ -15,7 +15,7 @@ namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules,
 // NVRTC flags).
-constexpr char kCudaCompilerVersion[] = "kiln-cuda-10";
+constexpr char kCudaCompilerVersion[] = "kiln-cuda-11";
 
 // The architecture kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does
 // not build for.
@@ -40,6 +40,11 @@ void SetLaunch(const CudaSource& kernels, kiln::v1::PlanStep& step) {
   for (uint32_t g : launch.grid) k->add_grid(g);
   for (uint32_t b : launch.block) k->add_block(b);
   k->set_shared_memory_bytes(launch.shared_memory_bytes);
+  if (launch.grid_work) {
+    *k->mutable_grid_work() = *launch.grid_work;
+    k->set_grid_work_per_block(launch.grid_work_per_block);
+    k->set_grid_max(launch.grid_max);
+  }
 }
 
 }  // namespace

@@ -325,24 +325,28 @@ Status Plan::Builder::Values(const PlanSpec& spec) {
     }
     const bool symbolic = !v->meta.size_exprs.empty() || !v->meta.stride_exprs.empty();
     if (symbolic) {
-      // Its sizes are the call's: checked per call where they matter (the inputs'), never read
-      // from metas_ (zeros there).
+      // Its sizes are the call's: checked per call where they matter (the inputs', kernels'
+      // arguments), evaluated from layouts_, never read from metas_ (zeros there).
       if (plan_.sizes_.empty()) return Invalid(what + " has size expressions, the plan no symbols");
       if (v->meta.size_exprs.size() != meta.sizes.size() ||
           v->meta.stride_exprs.size() != meta.sizes.size()) {
         return Invalid(what + ": its size or stride expressions are not one per dimension");
       }
-      std::vector<SizeExpr> sizes;
+      SymbolicLayout layout;
       for (const auto* exprs : {&v->meta.size_exprs, &v->meta.stride_exprs}) {
         for (const SymExprSpec& e : *exprs) {
           StatusOr<SizeExpr> compiled = plan_.sizes_.Compile(e);
           if (!compiled.ok()) return Invalid(what + ": " + compiled.status().message());
-          if (exprs == &v->meta.size_exprs) sizes.push_back(*std::move(compiled));
+          (exprs == &v->meta.size_exprs ? layout.sizes : layout.strides)
+              .push_back(*std::move(compiled));
         }
       }
-      symbolic_sizes_[v->id] = std::move(sizes);
+      symbolic_sizes_[v->id] = layout.sizes;
+      plan_.layouts_.push_back(std::move(layout));
       std::fill(meta.sizes.begin(), meta.sizes.end(), 0);
       std::fill(meta.strides.begin(), meta.strides.end(), 0);
+    } else {
+      plan_.layouts_.emplace_back();
     }
     plan_.symbolic_.push_back(symbolic);
     if (std::any_of(meta.sizes.begin(), meta.sizes.end(), [](int64_t x) { return x < 0; }) ||
@@ -391,6 +395,7 @@ Status Plan::Builder::Buffers(const PlanSpec& spec) {
     if (is_buffer_[s] || state_[s] != kUndefined) return Invalid(what + " is defined twice");
     is_buffer_[s] = 1;
     if (!b.in_arena) continue;
+    if (plan_.symbolic_[s]) return Invalid(what + " has symbolic sizes and is in the arena");
     const ValueMeta& m = plan_.metas_[s];
     const auto element = static_cast<uint64_t>(c10::elementSize(m.dtype));
     const auto bytes = static_cast<uint64_t>(*CheckedStorageBytes(m));  // Values() checked it.
@@ -423,17 +428,7 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
     const std::vector<uint32_t> per_call(spec.inputs.begin() + static_cast<long>(bound),
                                          spec.inputs.end());
     KILN_ASSIGN_OR_RETURN(plan_.sizes_, PlanSizes::Create(spec.size_symbols, per_call));
-    if (!spec.buffers.empty() || spec.arena_bytes > 0 || !spec.input_updates.empty()) {
-      return Invalid("a plan with size symbols has buffers or input updates");
-    }
-    for (const auto* steps : {&spec.steps, &spec.prologue}) {
-      for (const StepSpec& step : *steps) {
-        if (std::holds_alternative<KernelStepSpec>(step)) {
-          return Invalid("a plan with size symbols launches a kernel: this runtime runs their "
-                         "sizes through library calls only");
-        }
-      }
-    }
+    if (!spec.input_updates.empty()) return Invalid("a plan with size symbols has input updates");
   }
   KILN_RETURN_IF_ERROR(Values(spec));
   // Kernels before constants: a plan whose kernels cannot load fails before it copies anything
@@ -590,6 +585,25 @@ Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step*
   const std::string& where = step->label;
   KernelStep ks{};
   ks.symbol = k.symbol;
+  if ((!k.size_args.empty() || k.has_grid_work) && !plan_.symbolic()) {
+    return Invalid(where + " takes sizes per call in a plan without size symbols");
+  }
+  for (const SymExprSpec& e : k.size_args) {
+    StatusOr<SizeExpr> compiled = plan_.sizes_.Compile(e);
+    if (!compiled.ok()) return Invalid(where + ": " + compiled.status().message());
+    ks.size_args.push_back(*std::move(compiled));
+  }
+  if (k.has_grid_work) {
+    if (!plan_.cuda_module_) return Invalid(where + ": a grid per call for a CPU kernel");
+    if (k.grid_work_per_block == 0 || k.grid_max == 0) {
+      return Invalid(where + ": a grid per call with no work per block or no largest grid");
+    }
+    StatusOr<SizeExpr> compiled = plan_.sizes_.Compile(k.grid_work);
+    if (!compiled.ok()) return Invalid(where + ": " + compiled.status().message());
+    ks.grid_work = *std::move(compiled);
+    ks.grid_work_per_block = k.grid_work_per_block;
+    ks.grid_max = k.grid_max;
+  }
   if (plan_.cuda_module_) {
     ks.fn = nullptr;
     KILN_RETURN_IF_ERROR(CudaLaunchOf(k, where, &ks.cuda));

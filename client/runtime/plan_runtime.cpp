@@ -31,7 +31,35 @@
 
 namespace kiln::runtime {
 
-at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena) const {
+StatusOr<ValueMeta> Plan::MetaAt(int s, const std::vector<int64_t>* symbols) const {
+  if (!symbolic_[s]) return metas_[s];
+  if (symbols == nullptr) return Status::RuntimeError("internal: a symbolic value without symbols");
+  ValueMeta m = metas_[s];
+  const SymbolicLayout& layout = layouts_[s];
+  for (size_t d = 0; d < layout.sizes.size(); ++d) {
+    KILN_ASSIGN_OR_RETURN(m.sizes[d], PlanSizes::Evaluate(layout.sizes[d], *symbols));
+    KILN_ASSIGN_OR_RETURN(m.strides[d], PlanSizes::Evaluate(layout.strides[d], *symbols));
+    if (m.sizes[d] < 0 || m.strides[d] < 0) {
+      return Status::RuntimeError(ValueName(ids_[s]) + " has a negative size or stride here");
+    }
+  }
+  if (!CheckedStorageBytes(m)) {
+    return Status::RuntimeError(ValueName(ids_[s]) + " spans more bytes than int64_t counts");
+  }
+  return m;
+}
+
+at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena,
+                                const std::vector<int64_t>* symbols) const {
+  if (symbolic_[slot]) {
+    // Sized per call (never in the arena: Create checked).
+    StatusOr<ValueMeta> m = MetaAt(slot, symbols);
+    if (!m.ok()) throw std::runtime_error(std::string(m.status().message()));
+    if (device_.is_cpu() && m->storage_offset == 0) {
+      return at::Tensor(at::detail::empty_strided_cpu(m->sizes, m->strides, m->dtype));
+    }
+    return EmptyWithLayout(*m, at::TensorOptions().dtype(m->dtype).device(device_));
+  }
   const ValueMeta& m = metas_[slot];
   if (!buffers_[slot].in_arena) {
     // On the CPU straight from the allocator: what at::empty_strided ends in, without its trip
@@ -60,14 +88,35 @@ void ParallelFor(int64_t begin, int64_t end, int64_t grain, kiln_range_fn fn, vo
 
 }  // namespace
 
-Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const {
+Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals,
+                       const std::vector<int64_t>* symbols) const {
   constexpr size_t kInline = 16;
   std::array<void*, kInline> inline_pointers;
   std::vector<void*> heap_pointers;
   void** pointers = inline_pointers.data();
-  if (k.slots.size() > kInline) {
-    heap_pointers.resize(k.slots.size());
+  const size_t n = k.slots.size() + k.size_args.size();
+  if (n > kInline) {
+    heap_pointers.resize(n);
     pointers = heap_pointers.data();
+  }
+  // The integers after the pointers: a CPU kernel gets a pointer to each, a CUDA kernel the
+  // value itself (cuLaunchKernel copies 8 bytes from each slot for an int64_t parameter).
+  std::array<int64_t, 4> inline_sizes{};
+  std::vector<int64_t> heap_sizes;
+  int64_t* sizes = inline_sizes.data();
+  if (k.size_args.size() > inline_sizes.size()) {
+    heap_sizes.resize(k.size_args.size());
+    sizes = heap_sizes.data();
+  }
+  for (size_t i = 0; i < k.size_args.size(); ++i) {
+    if (symbols == nullptr) return Status::RuntimeError("internal: a size argument without symbols");
+    KILN_ASSIGN_OR_RETURN(sizes[i], PlanSizes::Evaluate(k.size_args[i], *symbols));
+    void*& slot = pointers[k.slots.size() + i];
+    if (cuda_module_) {
+      std::memcpy(&slot, &sizes[i], sizeof(int64_t));
+    } else {
+      slot = &sizes[i];
+    }
   }
   // Copies made for this launch only: the value table keeps the caller's tensor, so an output
   // that names an input is still that input. (Their data pointers are taken before the next
@@ -81,7 +130,7 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
                                   ") is undefined");
     }
     if (k.checked[i]) {
-      const ValueMeta& m = metas_[s];
+      KILN_ASSIGN_OR_RETURN(const ValueMeta m, MetaAt(s, symbols));
       if (t->device().type() != device_.type() || t->scalar_type() != m.dtype ||
           t->sizes() != c10::IntArrayRef(m.sizes) ||
           (cuda_module_ && t->device().index() != device_.index())) {
@@ -100,18 +149,27 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const
   }
   // Visible to torch.profiler beside the library ops; costs a flag test when nothing records.
   RECORD_FUNCTION(k.symbol, c10::ArrayRef<const c10::IValue>{});
-  if (cuda_module_) return LaunchCuda(k, pointers);
+  if (cuda_module_) return LaunchCuda(k, pointers, n, symbols);
   k.fn(pointers, &ParallelFor);
   return Status::OK();
 }
 
-Status Plan::LaunchCuda(const KernelStep& k, void* const* pointers) const {
+Status Plan::LaunchCuda(const KernelStep& k, void* const* pointers, size_t n,
+                        const std::vector<int64_t>* symbols) const {
 #ifdef KILN_WITH_CUDA
   // Run's device guard made the plan's device current: this is the caller's stream on it.
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-  return cuda_module_->Launch(k.cuda, pointers, k.slots.size(), stream);
+  if (!k.grid_work) return cuda_module_->Launch(k.cuda, pointers, n, stream);
+  if (symbols == nullptr) return Status::RuntimeError("internal: a grid per call without symbols");
+  KILN_ASSIGN_OR_RETURN(const int64_t work, PlanSizes::Evaluate(*k.grid_work, *symbols));
+  if (work <= 0) return Status::OK();  // nothing to compute: no launch (a 0 grid is an error)
+  CudaKernel launch = k.cuda;
+  const int64_t per_block = k.grid_work_per_block;
+  launch.grid[0] = static_cast<uint32_t>(
+      std::clamp<int64_t>(work / per_block + (work % per_block != 0), 1, k.grid_max));
+  return cuda_module_->Launch(launch, pointers, n, stream);
 #else
-  (void)k, (void)pointers;  // Create refuses CUDA kernels without CUDA.
+  (void)k, (void)pointers, (void)n, (void)symbols;  // Create refuses CUDA kernels without CUDA.
   return Status::RuntimeError("kiln._C was built without CUDA");
 #endif
 }
@@ -275,9 +333,9 @@ Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& v
   try {
     for (const Step& s : steps) {
       step = &s;
-      for (int b : s.allocate) vals[b] = AllocateBuffer(b, arena);
+      for (int b : s.allocate) vals[b] = AllocateBuffer(b, arena, symbols);
       if (const auto* k = std::get_if<KernelStep>(&s.body)) {
-        status = RunKernel(*k, vals);
+        status = RunKernel(*k, vals, symbols);
       } else if (const auto& l = std::get<LibraryStep>(s.body);
                  host != nullptr && SmallEnoughForHost(l, vals)) {
         status = RunLibraryOnHost(l, vals, *host);

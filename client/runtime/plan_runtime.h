@@ -191,6 +191,13 @@ class Plan {
     std::string symbol;  // For profilers: "kiln_kernel_3".
     std::vector<int> slots;     // Argument slots, in parameter order.
     std::vector<char> checked;  // Per argument: not a buffer, so its layout may differ.
+    // A symbolic plan's kernel: integers after the pointers (the runtime outer extent), and
+    // grid[0] per call, ceil(grid_work / grid_work_per_block) within [1, grid_max]. (No
+    // initializers, as for fn; KernelStep{} zeroes them.)
+    std::vector<SizeExpr> size_args;
+    std::optional<SizeExpr> grid_work;
+    uint32_t grid_work_per_block;
+    uint32_t grid_max;
   };
   struct LibraryStep {
     c10::OperatorHandle op;
@@ -248,9 +255,14 @@ class Plan {
                  const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
   Status ApplyInputUpdates(const std::vector<at::Tensor>& vals,
                            const std::vector<at::Tensor>& inputs) const;
-  at::Tensor AllocateBuffer(int slot, const at::Tensor& arena) const;
-  Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals) const;
-  Status LaunchCuda(const KernelStep& k, void* const* pointers) const;
+  at::Tensor AllocateBuffer(int slot, const at::Tensor& arena,
+                            const std::vector<int64_t>* symbols) const;
+  // The metadata of slot `s` at the call's symbol values (metas_[s] for a static slot).
+  StatusOr<ValueMeta> MetaAt(int s, const std::vector<int64_t>* symbols) const;
+  Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals,
+                   const std::vector<int64_t>* symbols) const;
+  Status LaunchCuda(const KernelStep& k, void* const* pointers, size_t n,
+                    const std::vector<int64_t>* symbols) const;
   Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
                     const std::vector<int64_t>* symbols = nullptr) const;
   bool SmallEnoughForHost(const LibraryStep& l, const std::vector<at::Tensor>& vals) const;
@@ -264,6 +276,12 @@ class Plan {
   // Slot -> whether its metadata depends on the size symbols (metas_ then holds zeros there:
   // nothing reads a symbolic value's layout).
   std::vector<char> symbolic_;
+  // Slot -> a symbolic value's size and stride expressions (empty for a static slot): the
+  // layout of its buffer, or of what a kernel reads, per call.
+  struct SymbolicLayout {
+    std::vector<SizeExpr> sizes, strides;
+  };
+  std::vector<SymbolicLayout> layouts_;
   PlanSizes sizes_;  // The size symbols; empty for a static plan.
   // Per-call inputs whose sizes depend on the symbols: position in Run's inputs, their sizes.
   struct SizedInput {

@@ -29,4 +29,15 @@ std::string Decompose(const std::vector<int64_t>& sizes, const std::string& p,
                       const std::string& name, const std::string& type, const std::string& indent,
                       int first_dim = 0, const std::string& last = "");
 
+// The name a kernel with a runtime outer extent (FusedGroup::runtime_outer) gives its value.
+inline constexpr char kOuterExtent[] = "kiln_outer";
+
+// The code of an outermost extent `size` (of a loop space, or of a group's rows): the number, or
+// when `runtime_outer` (the group's sizes[0] at the representative sizes, which divides `size`)
+// is not 0, kOuterExtent times size / runtime_outer.
+std::string OuterExtent(int64_t size, int64_t runtime_outer);
+
+// The code of the product of `sizes`, the first one OuterExtent's.
+std::string ExtentProduct(const std::vector<int64_t>& sizes, int64_t runtime_outer);
+
 }  // namespace kiln::compiler

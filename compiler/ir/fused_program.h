@@ -39,6 +39,10 @@ struct FusedGroup {
   // the kernel computes per element before its other nodes, its epilogue; the space is its
   // output's sizes. Such a group never becomes row-wise and never merges with another.
   int convolution = -1;
+  // Graphs with size symbols (FuseSymbolicGraph): when set, sizes[0] is this expression's value
+  // at each call (sizes[0] holds it at the compile's representative sizes), every other size and
+  // every stride static. The kernel takes it as its one size argument (KernelLaunch.size_args).
+  std::optional<kiln::v1::SymExpr> runtime_outer;
 };
 
 struct FusedStep {

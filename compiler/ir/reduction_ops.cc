@@ -113,4 +113,25 @@ std::optional<Reduction> MatchReduction(
   return r;
 }
 
+bool DimsFromEnd(kiln::v1::Node& node, int rank) {
+  const auto& table = Table();
+  auto op = std::find_if(table.begin(), table.end(),
+                         [&](const ReductionOp& r) { return node.op() == r.name; });
+  if (op == table.end()) return false;
+  auto dim_formal = std::find(op->formals.begin(), op->formals.end(), "dim");
+  if (dim_formal == op->formals.end()) return false;
+  auto bound = BindArguments(node, op->formals);
+  if (!bound) return false;
+  const Argument* dim = (*bound)[dim_formal - op->formals.begin()];
+  if (Absent(dim) || dim->kind_case() != Argument::kIntList) return false;
+  for (Argument& a : *node.mutable_args()) {
+    if (&a != dim) continue;
+    for (int64_t& d : *a.mutable_int_list()->mutable_values()) {
+      if (d >= 0) d -= rank;
+    }
+    return true;
+  }
+  return false;
+}
+
 }  // namespace kiln::compiler

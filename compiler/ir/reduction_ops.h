@@ -34,4 +34,9 @@ std::optional<Reduction> MatchReduction(
     const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta,
     kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU);
 
+// Rewrites the dim argument of `node` (a reduction MatchReduction accepts over an input of rank
+// `rank`) to count from the end: it then names the same reduced dims of an input whose leading
+// (kept) dims were merged into one. False when `node` has no such argument.
+bool DimsFromEnd(kiln::v1::Node& node, int rank);
+
 }  // namespace kiln::compiler

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "kiln/v1/graph.pb.h"
@@ -21,6 +22,20 @@ std::optional<int64_t> ConstantOf(const kiln::v1::SymExpr& e);
 
 // Whether `e` is exactly one symbol (coefficient 1, power 1); that symbol in `*symbol`.
 bool IsSymbol(const kiln::v1::SymExpr& e, uint32_t* symbol);
+
+// The canonical expression of constant `c` (no terms for 0).
+kiln::v1::SymExpr SymConstant(int64_t c);
+
+// The canonical product of canonical `a` and `b`; nullopt when a coefficient overflows int64_t.
+std::optional<kiln::v1::SymExpr> SymProduct(const kiln::v1::SymExpr& a, const kiln::v1::SymExpr& b);
+
+// Whether canonical `a` and `b` are equal for every value of the symbols.
+bool SymEqual(const kiln::v1::SymExpr& a, const kiln::v1::SymExpr& b);
+
+// The value of `e` with each symbol given by `values`; nullopt when one is missing or the value
+// overflows int64_t.
+std::optional<int64_t> SymEvaluate(const kiln::v1::SymExpr& e,
+                                   const std::unordered_map<uint32_t, int64_t>& values);
 
 // Whether the metadata has sizes or strides over symbols (size_exprs set).
 inline bool IsSymbolic(const kiln::v1::TensorMeta& meta) { return meta.size_exprs_size() > 0; }

@@ -28,23 +28,6 @@ using kiln::v1::Node;
 using kiln::v1::TensorMeta;
 using MetaMap = std::unordered_map<uint32_t, const TensorMeta*>;
 
-// True when `node`'s single result addresses its first input's storage with the result's own
-// strides and storage offset, so a kernel may read the input in its place.
-bool FoldableView(const Node& node, const MetaMap& meta) {
-  if (node.outputs_size() != 1 || node.args_size() == 0 ||
-      node.args(0).kind_case() != Argument::kValue) {
-    return false;
-  }
-  if (IsAlwaysView(node.op())) return true;
-  if (!MayAliasInput(node.op())) return false;
-  // reshape/contiguous of a row-major input never copies: the result is row-major at the
-  // input's offset. Of anything else it may have copied, and its strides describe new memory.
-  auto in = meta.find(node.args(0).value());
-  const TensorMeta& out = node.outputs(0).meta();
-  return in != meta.end() && IsRowMajor(*in->second) && IsRowMajor(out) &&
-         in->second->storage_offset() == out.storage_offset() && in->second->dtype() == out.dtype();
-}
-
 // A C++ expression in the compute type for the single element of a one-element constant, or
 // nullopt (then the kernel reads the constant's memory).
 std::optional<std::string> ConstantLiteral(const kiln::v1::Constant& c) {
@@ -266,6 +249,21 @@ void MergeIndependentGroups(const Graph& graph, FusedProgram& program,
 
 }  // namespace
 
+bool FoldableView(const Node& node, const MetaMap& meta) {
+  if (node.outputs_size() != 1 || node.args_size() == 0 ||
+      node.args(0).kind_case() != Argument::kValue) {
+    return false;
+  }
+  if (IsAlwaysView(node.op())) return true;
+  if (!MayAliasInput(node.op())) return false;
+  // reshape/contiguous of a row-major input never copies: the result is row-major at the
+  // input's offset. Of anything else it may have copied, and its strides describe new memory.
+  auto in = meta.find(node.args(0).value());
+  const TensorMeta& out = node.outputs(0).meta();
+  return in != meta.end() && IsRowMajor(*in->second) && IsRowMajor(out) &&
+         in->second->storage_offset() == out.storage_offset() && in->second->dtype() == out.dtype();
+}
+
 bool IsFusable(const Node& node, const MetaMap& meta, kiln::v1::DeviceKind device) {
   const PointwiseOp* op = FindPointwise(node.op());
   if (op == nullptr || node.outputs_size() != 1) return false;
@@ -316,7 +314,7 @@ bool IsFusable(const Node& node, const MetaMap& meta, kiln::v1::DeviceKind devic
 }
 
 FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* bound,
-                       kiln::v1::DeviceKind device) {
+                       kiln::v1::DeviceKind device, const std::unordered_set<int>* library_nodes) {
   FusedProgram program;
   MetaMap& meta = program.meta;
   std::unordered_map<uint32_t, int> producer;  // value -> node index
@@ -347,7 +345,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
   };
   auto start = [&](std::vector<int64_t> sizes, int outer_rank) {
     close();
-    program.groups.push_back(FusedGroup{{}, std::move(sizes), {}, {}, {}, outer_rank, -1});
+    program.groups.push_back(FusedGroup{{}, std::move(sizes), {}, {}, {}, outer_rank, -1, std::nullopt});
     open = static_cast<int>(program.groups.size()) - 1;
   };
   // Whether node `n` may join the open group as a full node (`row` false) or a row node: the
@@ -378,7 +376,7 @@ FusedProgram FuseGraph(const Graph& graph, const std::unordered_set<uint32_t>* b
     // of the artifact's build (on CUDA, half of a convolution net's NVRTC time) to save
     // microseconds once.
     const bool is_bound = bound != nullptr && IsBoundNode(n, *bound);
-    if (is_bound) {
+    if (is_bound || (library_nodes != nullptr && library_nodes->count(i))) {
       close();
       program.steps.push_back({false, i, -1});
       continue;

@@ -20,9 +20,18 @@ namespace kiln::compiler {
 // ordered by BoundNodesFirst), nodes defining bound values (the plan's prologue, run once per
 // parameter version) are library steps, never in a kernel. Only nodes whose tensors all live on a
 // device of kind `device` (the target's) are fused; the rest are library steps.
+// Nodes whose indices are in `library_nodes` (when given) are library steps too.
 FusedProgram FuseGraph(const kiln::v1::Graph& graph,
                        const std::unordered_set<uint32_t>* bound = nullptr,
-                       kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU);
+                       kiln::v1::DeviceKind device = kiln::v1::DEVICE_KIND_CPU,
+                       const std::unordered_set<int>* library_nodes = nullptr);
+
+// True when `node`'s single result addresses its first input's storage with the result's own
+// strides and storage offset, so a kernel may read the input in its place (FuseGraph folds it).
+// For reshape-like ops (MayAliasInput, not IsAlwaysView) this holds for the static sizes of
+// `meta` only: both the input and the result are row-major there.
+bool FoldableView(const kiln::v1::Node& node,
+                  const std::unordered_map<uint32_t, const kiln::v1::TensorMeta*>& meta);
 
 // True when `node` can be computed inside a generated kernel (a pointwise op of the table over
 // dtypes the generator handles, whose operands broadcast to its output, all on one device of kind

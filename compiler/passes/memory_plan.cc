@@ -11,6 +11,7 @@
 
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/op_classes.h"
+#include "compiler/ir/sym_expr.h"
 #include "compiler/passes/bound_prologue.h"
 
 namespace kiln::compiler {
@@ -65,6 +66,7 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
         k->add_args(in.base);
         step_reads[s].push_back(in.base);
       }
+      if (g.runtime_outer) *k->add_size_args() = *g.runtime_outer;
       for (uint32_t id : g.outputs) {
         k->add_args(id);
         k->add_writes(id);
@@ -148,7 +150,11 @@ kiln::v1::ExecutionPlan BuildPlan(const kiln::v1::Graph& graph, const FusedProgr
     for (uint32_t id : program.groups[program.steps[s].group].outputs) {
       auto* b = plan.add_buffers();
       b->set_id(id);
-      if (outputs.count(id) || viewed.count(id) || where[s].prologue) continue;
+      // A buffer whose sizes are the call's is allocated per call, as the caller's tensors are.
+      if (outputs.count(id) || viewed.count(id) || where[s].prologue ||
+          IsSymbolic(*program.meta.at(id))) {
+        continue;
+      }
       const int64_t size = Align64(std::max<int64_t>(SpanBytes(*program.meta.at(id)), 1));
       const int first = static_cast<int>(s), last = last_use[id];
       std::vector<std::pair<int64_t, int64_t>> busy;  // [begin, end) of live-together buffers

@@ -5,6 +5,7 @@
 #include "compiler/passes/conv_folding.h"
 #include "compiler/passes/graph_passes.h"
 #include "compiler/passes/memory_plan.h"
+#include "compiler/passes/symbolic_fusion.h"
 #include "compiler/ir/sym_expr.h"
 
 namespace kiln::compiler {
@@ -19,9 +20,8 @@ kiln::v1::Graph ReturningUpdatedValues(const kiln::v1::Graph& graph) {
   return out;
 }
 
-// Every node of `graph` a library step, in order: a graph with size symbols, whose kernels the
-// fuser does not generate yet (their sizes would be runtime values), runs as ATen's calls from
-// one plan that evaluates every size per call.
+// Every node of `graph` a library step, in order: a graph whose representative sizes overflow
+// runs as ATen's calls from one plan that evaluates every size per call.
 FusedProgram LibrarySteps(const kiln::v1::Graph& graph) {
   FusedProgram program;
   for (const auto& v : graph.inputs()) program.meta[v.id()] = &v.meta();
@@ -36,8 +36,10 @@ FusedProgram LibrarySteps(const kiln::v1::Graph& graph) {
 }
 
 // The pipeline of a graph with size symbols: only passes that read no size (dead code, bound
-// work first), then one library step per node.
-PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request,
+// work first), then kernels whose outer extent is a runtime value where the fuser's decisions
+// hold for every size (FuseSymbolicGraph), library steps for the rest. The plan names the
+// graph's values with their size expressions; the generators read the kernels' graph.
+PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request, kiln::v1::DeviceKind device,
                                kiln::v1::PassSnapshots& snapshots, PassLog& passes) {
   kiln::v1::Graph graph = passes.After("dead code", EliminateDeadCode(request.graph()));
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
@@ -45,10 +47,21 @@ PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request,
   planned.graph = std::make_unique<kiln::v1::Graph>(
       passes.After("bound nodes first", BoundNodesFirst(graph, bound)));
   planned.body.set_pass_snapshots(CompressPassSnapshots(snapshots));
-  planned.program = LibrarySteps(*planned.graph);
   kiln::v1::ExecutionPlan* plan = planned.body.mutable_plan();
-  *plan = BuildPlan(*planned.graph, planned.program, &bound);
-  *plan->mutable_size_symbols() = planned.graph->size_symbols();
+  std::optional<SymbolicFusion> fused = FuseSymbolicGraph(*planned.graph, &bound, device);
+  if (!fused) {
+    planned.program = LibrarySteps(*planned.graph);
+    *plan = BuildPlan(*planned.graph, planned.program, &bound);
+  } else {
+    // The plan's values keep their expressions: the same steps over the symbolic graph's metas.
+    FusedProgram over_symbols = fused->program;
+    over_symbols.meta = LibrarySteps(*planned.graph).meta;
+    *plan = BuildPlan(*planned.graph, over_symbols, &bound);
+    planned.graph = std::move(fused->kernels_graph);
+    planned.program = std::move(fused->program);
+    for (const FusedStep& s : planned.program.steps) planned.has_kernels |= s.is_kernel;
+  }
+  *plan->mutable_size_symbols() = request.graph().size_symbols();
   return planned;
 }
 
@@ -59,7 +72,7 @@ PlannedGraph PlanGraph(const kiln::v1::CompileRequest& request, kiln::v1::Device
   kiln::v1::PassSnapshots snapshots;
   PassLog passes(&snapshots);
   passes.Record("received", request.graph());
-  if (IsSymbolic(request.graph())) return PlanSymbolicGraph(request, snapshots, passes);
+  if (IsSymbolic(request.graph())) return PlanSymbolicGraph(request, device, snapshots, passes);
   const int returned = request.graph().outputs_size();
   kiln::v1::Graph graph = passes.After(
       "batch norm decomposed", DecomposeBatchNormEval(ReturningUpdatedValues(request.graph())));

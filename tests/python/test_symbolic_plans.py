@@ -72,7 +72,8 @@ def test_one_plan_serves_every_batch_and_sequence_length(whole_graphs):
                 graph.gm = not_the_graph
     assert len(kiln.debug.cache_entries(compiled)) == 2  # static, then symbolic
     (plan,) = _symbolic(kiln.debug.artifacts())
-    assert not plan.plan.failed and plan.plan.num_kernels == 0
+    # The add and GELU run as generated kernels over the call's rows (batch * sequence).
+    assert not plan.plan.failed and plan.plan.num_kernels >= 2
 
 
 def test_sizes_the_trace_computes_reach_the_plan_as_expressions(whole_graphs):

@@ -1,7 +1,8 @@
 """kiln._C.Plan with size symbols: one plan for every size in the symbols' ranges, its sizes read
 from each call's inputs, SymInt arguments evaluated per call; results equal eager's at every size;
 a call outside a range, or whose inputs disagree with the sizes the symbols imply, fails naming
-why; plans the runtime cannot run over runtime sizes are refused when built."""
+why; kernels take sizes per call (their buffers sized per call, inputs laid out as the plan says);
+plans the runtime cannot run over runtime sizes are refused when built."""
 import pytest
 import torch
 from torch.testing import assert_close
@@ -13,7 +14,7 @@ if not protocol.available():
     pytest.skip("the kiln.v1 modules are not available (grpcio-tools/protobuf missing)",
                 allow_module_level=True)
 
-from test_runtime import kernel, library, plan_bytes, pos, value  # noqa: E402
+from test_runtime import _build, kernel, library, plan_bytes, pos, value  # noqa: E402
 
 pb = protocol.messages()
 
@@ -131,11 +132,55 @@ def test_two_inputs_share_a_symbol():
         p(torch.randn(4, 3), torch.randn(5, 3))
 
 
-def test_plans_the_runtime_cannot_run_over_runtime_sizes_are_refused():
+SCALE_ROWS = r"""
+#include <stdint.h>
+// y = 2x over a contiguous float[n, 4], n (a size argument) after the pointers.
+extern "C" void scale_rows(void* const* a, void*) {
+  const float* x = (const float*)a[0]; float* y = (float*)a[1];
+  const int64_t n = *(const int64_t*)a[2];
+  for (int64_t i = 0; i < n * 4; i++) y[i] = x[i] * 2;
+}
+"""
+
+
+def scale_rows_plan(binary, in_arena=False, size_args=(S0,)):
+    """x [s0, 4] per call -> kernel scale_rows writes buffer y [s0, 4] -> y + x (a library call
+    reading the buffer)."""
+    k = kernel("scale_rows", [0, 1], [1])
+    k.kernel.size_args.extend(size_args)
+    add = library("aten::add.Tensor", [pos("value", 1), pos("value", 0)], [2])
+    p = pb.artifact.ExecutionPlan()
+    p.ParseFromString(plan_bytes([sym_value(i, [S0, 4]) for i in range(3)], [0], [k, add], [2],
+                                 buffers=[(1, in_arena, 0)], arena=256 if in_arena else 0))
+    p.size_symbols.append(pb.graph.SizeSymbol(id=0, input=0, dim=0, min=1))
+    return _C.Plan(p.SerializeToString(), binary, [])
+
+
+def test_a_kernel_takes_its_rows_per_call_into_a_buffer_sized_per_call(tmp_path_factory):
+    p = scale_rows_plan(_build(tmp_path_factory, "scale_rows", SCALE_ROWS))
+    assert p.symbolic and p.num_kernels == 1
+    for n in (1, 3, 50, 7):
+        x = torch.randn(n, 4)
+        assert_close(p(x)[0], 3 * x)
+    # An input laid out otherwise than the plan says is copied into its layout for the kernel.
+    x = torch.randn(4, 6).t()
+    assert_close(p(x)[0], 3 * x)
+
+
+def test_plans_the_runtime_cannot_run_over_runtime_sizes_are_refused(tmp_path_factory):
+    binary = _build(tmp_path_factory, "scale_rows", SCALE_ROWS)
+    with pytest.raises(ValueError, match="symbolic sizes and is in the arena"):
+        scale_rows_plan(binary, in_arena=True)
+    with pytest.raises(ValueError, match="symbol 3 is not declared"):
+        scale_rows_plan(binary, size_args=[expr((1, [3]))])
+    static = pb.artifact.ExecutionPlan()
+    static.ParseFromString(plan_bytes([value(0, [2, 4]), value(1, [2, 4])], [0],
+                                      [kernel("scale_rows", [0, 1], [1])], [1],
+                                      buffers=[(1, False, 0)]))
+    static.steps[0].kernel.size_args.append(S0)
+    with pytest.raises(ValueError, match="sizes per call in a plan without size symbols"):
+        _C.Plan(static.SerializeToString(), binary, [])
     steps, values, symbol = relu_scale_flatten()
-    with_kernel = steps + [kernel("k", [3], [3])]
-    with pytest.raises(ValueError, match="launches a kernel"):
-        symbolic_plan(with_kernel, values, [0, 1], [5], [symbol], params=[torch.randn(4)])
     with pytest.raises(ValueError, match="the plan no symbols"):
         symbolic_plan(steps, values, [0, 1], [5], [], params=[torch.randn(4)])
     bound = pb.graph.SizeSymbol(id=0, input=0, dim=0, min=2)  # the parameter is bound once

@@ -106,8 +106,19 @@ std::string FlatLoop(const std::vector<int64_t>& sizes, const std::string& inden
          Decompose(sizes, "kiln_p", "i", "int64_t", indent + "  ", 0, last);
 }
 
+// The runtime outer extent's definition (kOuterExtent) from the argument after the pointers; ""
+// for a static group.
+std::string OuterArgument(const FusedGroup& g) {
+  if (!g.runtime_outer) return "";
+  size_t pointers = g.outputs.size();
+  for (const KernelOperand& in : g.inputs) pointers += !in.literal;
+  return "  const int64_t " + std::string(kOuterExtent) + " = *(const int64_t*)args[" +
+         std::to_string(pointers) + "];\n";
+}
+
 // The kernel's arguments as variables: in<i> for each non-literal input (the value of a literal
-// one is lit<i>), then out<i> for each output, in the order of the ABI's args.
+// one is lit<i>), then out<i> for each output, in the order of the ABI's args; then the runtime
+// outer extent.
 std::string Arguments(const FusedGroup& g, const FusedProgram& program) {
   std::ostringstream head;
   int arg = 0;
@@ -126,25 +137,26 @@ std::string Arguments(const FusedGroup& g, const FusedProgram& program) {
     head << "  " << StorageType(m.dtype()) << "* __restrict__ out" << i << " = ("
          << StorageType(m.dtype()) << "*)args[" << arg++ << "];\n";
   }
-  return head.str();
+  return head.str() + OuterArgument(g);
 }
 
-// The kernel's functions: with range 0 the exported entry runs `body` itself; otherwise `body`
+// The kernel's functions: with range "" the exported entry runs `body` itself; otherwise `body`
 // runs over [kiln_begin, kiln_end) in a range function the entry hands to the runtime's
-// parallel_for with the whole range [0, range).
+// parallel_for with the whole range [0, range) (code, after `entry_decls`).
 std::string KernelFunctions(int index, const std::string& decls, const std::string& body,
-                            int64_t range, int64_t grain) {
+                            const std::string& range, int64_t grain,
+                            const std::string& entry_decls) {
   const std::string symbol = KernelSymbol(index);
-  if (range == 0) {
+  if (range.empty()) {
     return "extern \"C\" void " + symbol + "(void* const* args, kiln_parallel_for_fn) {\n" + decls +
            body + "}\n";
   }
   const std::string fn = symbol + "_range";
   return "static void " + fn + "(int64_t kiln_begin, int64_t kiln_end, void* const* args) {\n" +
          decls + body + "}\n\nextern \"C\" void " + symbol +
-         "(void* const* args, kiln_parallel_for_fn kiln_parallel_for) {\n  kiln_parallel_for(0, " +
-         std::to_string(range) + ", " + std::to_string(std::max<int64_t>(grain, 1)) + ", " + fn +
-         ", args);\n}\n";
+         "(void* const* args, kiln_parallel_for_fn kiln_parallel_for) {\n" + entry_decls +
+         "  kiln_parallel_for(0, " + range + ", " + std::to_string(std::max<int64_t>(grain, 1)) +
+         ", " + fn + ", args);\n}\n";
 }
 
 // The CPU's row-wise kernel (RowKernel): loops over the kept rows (OpenMP across them); per row,
@@ -178,7 +190,10 @@ class CpuRowKernel : public RowKernel {
     int64_t units = 1;
     for (int64_t n : outer_sizes) units *= n;
     const int64_t unit_length = row_length * std::max(lanes_, 1);
-    const bool parallel = units > 1 && total >= kParallelElements;
+    // Rows counted per call: always the parallel form (parallel_for runs a range shorter than
+    // its grain on the calling thread).
+    const int64_t runtime_outer = g_.runtime_outer ? g_.sizes[0] : 0;
+    const bool parallel = runtime_outer > 0 || (units > 1 && total >= kParallelElements);
     // Reduction inputs computed in the kernel are kept per row in a stack buffer when rows are
     // short: the passes after the first read them instead of recomputing their prologue.
     if (unit_length <= kRowBufferElements) {
@@ -222,8 +237,10 @@ class CpuRowKernel : public RowKernel {
       indent.resize(indent.size() - 2);
       body_ << indent << "}\n";
     }
-    return KernelFunctions(index_, Arguments(g_, program_), body_.str(), parallel ? units : 0,
-                           kChunkElements / std::max<int64_t>(unit_length, 1));
+    return KernelFunctions(index_, Arguments(g_, program_), body_.str(),
+                           parallel ? ExtentProduct(outer_sizes, runtime_outer) : "",
+                           kChunkElements / std::max<int64_t>(unit_length, 1),
+                           OuterArgument(g_));
   }
 
  private:
@@ -232,6 +249,7 @@ class CpuRowKernel : public RowKernel {
   // none of them; else 0: the scalar form, whose inner loop then reads consecutive elements.
   int ChooseLanes() const {
     if (outer_ < 1 || outer_ >= rank_ || g_.sizes[outer_ - 1] < 8) return 0;
+    if (g_.runtime_outer && outer_ == 1) return 0;  // the lane dim's size is the call's
     int inner = rank_ - 1;
     while (inner > outer_ && g_.sizes[inner] == 1) --inner;
     bool lane_contiguous = false;
@@ -367,9 +385,11 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
   // vectorizes nothing and strides through the inputs: the longest dim some input reads
   // contiguously goes innermost instead, so the loop reads consecutive elements and its
   // writes, a few elements apart, stay within the same cache lines.
+  const int64_t runtime_outer = g.runtime_outer ? g.sizes[0] : 0;
   if (csizes.size() >= 2 && csizes.back() < 16) {
     int longest = -1;
-    for (int d = 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
+    // (A runtime outer extent stays outermost: its size is the call's.)
+    for (int d = runtime_outer > 0 ? 1 : 0; d + 1 < static_cast<int>(csizes.size()); ++d) {
       if (csizes[d] < 64 || (longest >= 0 && csizes[d] <= csizes[longest])) continue;
       for (size_t a = 0; a < accesses.size(); ++a) {
         if (accesses[a].input >= 0 && cstrides[a][d] == 1) longest = d;
@@ -397,21 +417,22 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
 
   int64_t numel = 1;
   for (int64_t s : csizes) numel *= s;
-  const bool parallel = numel >= kParallelElements;
+  const bool parallel = runtime_outer > 0 || numel >= kParallelElements;
   std::string indent = "  ";
   // Parallel: over chunks of a flat loop (one dim), or over the flattened outer dims.
-  int64_t range = 0, grain = 0;
+  std::string range;
+  int64_t grain = 0;
   int first = 0, opened = 0;
   if (parallel && crank == 1) {
     body << indent << "#pragma omp simd\n"
          << indent << "for (int64_t i0 = kiln_begin; i0 < kiln_end; ++i0) {\n";
     indent += "  ";
-    range = csizes[0];
+    range = OuterExtent(csizes[0], runtime_outer);
     grain = kChunkElements;
     first = crank;
     opened = 1;
   } else if (parallel) {
-    range = numel / csizes.back();
+    range = ExtentProduct({csizes.begin(), csizes.end() - 1}, runtime_outer);
     grain = kChunkElements / csizes.back();
     body << FlatLoop({csizes.begin(), csizes.end() - 1}, indent);
     indent += "  ";
@@ -431,7 +452,8 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
     indent.resize(indent.size() - 2);
     body << indent << "}\n";
   }
-  return KernelFunctions(group, Arguments(g, program), body.str(), range, grain);
+  return KernelFunctions(group, Arguments(g, program), body.str(), range, grain,
+                         OuterArgument(g));
 }
 
 }  // namespace

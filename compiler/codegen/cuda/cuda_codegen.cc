@@ -21,6 +21,7 @@
 #include "compiler/ir/op_classes.h"
 #include "compiler/ir/pointwise_ops.h"
 #include "compiler/ir/reduction_ops.h"
+#include "compiler/ir/sym_expr.h"
 #include "compiler/ir/window_ops.h"
 
 namespace kiln::compiler {
@@ -218,6 +219,17 @@ void Parameters(const FusedGroup& g, const FusedProgram& program, std::ostringst
     params << (first ? "" : ", ") << Storage(m.dtype()) << "* __restrict__ out" << i;
     first = false;
   }
+  if (g.runtime_outer) params << ", const int64_t " << kOuterExtent;
+}
+
+// The launch's grid per call for a kernel with a runtime outer extent: `work` (a multiple of
+// the group's representative outer extent `runtime_outer`) units of work in the outer extent's
+// terms, `per_block` of them a block.
+void RuntimeGrid(const FusedGroup& g, int64_t work, int64_t per_block, CudaLaunch* launch) {
+  const int64_t runtime_outer = g.sizes[0];
+  launch->grid_work = SymProduct(*g.runtime_outer, SymConstant(work / runtime_outer));
+  launch->grid_work_per_block = static_cast<uint32_t>(per_block);
+  launch->grid_max = static_cast<uint32_t>(kMaxGrid);
 }
 
 std::string Signature(int index, int64_t block, const std::string& params) {
@@ -259,6 +271,8 @@ class PointwiseKernel {
     }
     int64_t numel = 1;
     for (int64_t s : space_.sizes) numel *= s;
+    runtime_outer_ = g_.runtime_outer ? g_.sizes[0] : 0;
+    const std::string numel_text = ExtentProduct(space_.sizes, runtime_outer_);
     int64_t largest = numel;
     for (size_t a = 0; a < accesses_.size(); ++a) {
       largest = std::max(largest, LastOffset(accesses_[a].offset, space_.sizes, space_.strides[a]));
@@ -273,11 +287,14 @@ class PointwiseKernel {
     const int vector = VectorWidth(numel);
     const int64_t threads = vector > 0 ? CeilDiv(numel, vector) : numel;
     const int64_t block =
-        std::min(kPointwiseBlock, std::max<int64_t>(32, CeilDiv(threads, 32) * 32));
+        runtime_outer_ > 0
+            ? kPointwiseBlock
+            : std::min(kPointwiseBlock, std::max<int64_t>(32, CeilDiv(threads, 32) * 32));
     const int64_t grid = std::clamp<int64_t>(CeilDiv(threads, block), 1, kMaxGrid);
     launch->grid[0] = static_cast<uint32_t>(grid);
     launch->block[0] = static_cast<uint32_t>(block);
-    type_ = IndexType(largest + grid * block);
+    type_ = runtime_outer_ > 0 ? "int64_t" : IndexType(largest + grid * block);
+    if (runtime_outer_ > 0) RuntimeGrid(g_, numel, block * std::max(vector, 1), launch);
 
     std::ostringstream params, head, body;
     Parameters(g_, program_, params, head);
@@ -295,7 +312,9 @@ class PointwiseKernel {
       if (conv_ && WeightVectorized(vector)) {
         aligned += " | (uint64_t)in" + std::to_string(InputIndex(conv_->weight));
       }
-      const int64_t vectors = numel / vector;
+      const std::string vectors =
+          runtime_outer_ > 0 ? "(" + numel_text + " / " + std::to_string(vector) + ")"
+                             : std::to_string(numel / vector);
       body << "  // Every pointer 16-byte aligned (the same answer in every thread): vectors of "
            << vector << ", then the remaining elements one by one.\n";
       body << "  const bool kiln_aligned = ((" << aligned << ") & " << kVectorBytes - 1
@@ -305,9 +324,9 @@ class PointwiseKernel {
            << ") {\n";
       EmitVector(body, "      ", vector);
       body << "    }\n  }\n";
-      tail_start = "(kiln_aligned ? " + std::to_string(vectors * vector) + " : 0) + " + start;
+      tail_start = "(kiln_aligned ? " + vectors + " * " + std::to_string(vector) + " : 0) + " + start;
     }
-    body << "  for (" << type_ << " p = " << tail_start << "; p < " << numel << "; p += " << stride
+    body << "  for (" << type_ << " p = " << tail_start << "; p < " << numel_text << "; p += " << stride
          << ") {\n";
     body << Decompose(space_.sizes, "p", "i", type_, "    ");
     if (conv_) EmitConvolution(body, "    ", "i", 1);
@@ -447,7 +466,11 @@ class PointwiseKernel {
     }
     if (widest == 0) return 0;
     const int64_t width = kVectorBytes / widest;
-    if (width < 2 || numel < width || space_.sizes[last] % width != 0) return 0;
+    // With a runtime outer extent the innermost dim's size may be the call's: a multiple of
+    // (size / representative outer extent), which must hold whole vectors.
+    const int64_t innermost =
+        runtime_outer_ > 0 && last == 0 ? space_.sizes[0] / runtime_outer_ : space_.sizes[last];
+    if (width < 2 || (runtime_outer_ == 0 && numel < width) || innermost % width != 0) return 0;
     for (size_t a = 0; a < accesses_.size(); ++a) {
       if (!IsVectorized(a)) continue;
       if (accesses_[a].offset % width != 0) return 0;
@@ -531,6 +554,7 @@ class PointwiseKernel {
   std::optional<WindowConvolution> conv_;  // a convolution group's
   std::vector<int> conv_dim_;              // its output dim -> loop space dim
   std::string type_;                       // the index type
+  int64_t runtime_outer_ = 0;              // g_.sizes[0] when it is the call's (runtime_outer)
 };
 
 // The CUDA row-wise kernel (RowKernel): a block per kept row, looping over the rows with a grid
@@ -550,6 +574,9 @@ class CudaRowKernel : public RowKernel {
     int64_t rows = 1, largest = 1;
     for (int d = 0; d < outer_; ++d) rows *= g_.sizes[d];
     const int64_t length = length_;
+    const int64_t runtime_outer = g_.runtime_outer ? g_.sizes[0] : 0;
+    const std::string rows_text =
+        ExtentProduct({g_.sizes.begin(), g_.sizes.begin() + outer_}, runtime_outer);
     for (const KernelOperand& in : g_.inputs) {
       largest = std::max(largest, LastOffset(in.offset, g_.sizes, in.strides));
     }
@@ -557,7 +584,7 @@ class CudaRowKernel : public RowKernel {
       const auto& m = *program_.meta.at(id);
       largest = std::max(largest, LastOffset(m.storage_offset(), Sizes(m), Strides(m)));
     }
-    column_ = RowsAdjacent();
+    column_ = RowsAdjacent() && !(runtime_outer > 0 && outer_ == 1);
     int64_t block = 32, grid = 0;
     if (column_) {
       int64_t threads = 1;  // along a row
@@ -569,6 +596,7 @@ class CudaRowKernel : public RowKernel {
       launch->block[1] = static_cast<uint32_t>(threads);
       block = kColumnRows * threads;
       type_ = IndexType(std::max({largest, rows + grid * kColumnRows, length + threads}));
+      if (runtime_outer > 0) RuntimeGrid(g_, rows, kColumnRows, launch);
     } else {
       while (block < kMaxRowBlock && block * kRowElementsPerThread < length) block *= 2;
       grid = std::clamp<int64_t>(rows, 1, kMaxGrid);
@@ -577,8 +605,10 @@ class CudaRowKernel : public RowKernel {
       registers_ = unroll_ <= kMaxRowUnroll;
       block_ = block;
       type_ = IndexType(std::max({largest, rows + grid, length + block}));
+      if (runtime_outer > 0) RuntimeGrid(g_, rows, 1, launch);
     }
     launch->grid[0] = static_cast<uint32_t>(grid);
+    if (runtime_outer > 0) type_ = "int64_t";
 
     std::ostringstream params, head;
     Parameters(g_, program_, params, head);
@@ -598,15 +628,16 @@ class CudaRowKernel : public RowKernel {
     if (column_) {
       // Threads past the last row compute the last row again and store nothing; they take part
       // in every column reduction.
-      body_ << "  for (" << type_ << " kiln_tile = blockIdx.x; kiln_tile < "
-            << CeilDiv(rows, kColumnRows) << "; kiln_tile += gridDim.x) {\n"
+      body_ << "  for (" << type_ << " kiln_tile = blockIdx.x; kiln_tile < (" << rows_text
+            << " + " << kColumnRows - 1 << ") / " << kColumnRows
+            << "; kiln_tile += gridDim.x) {\n"
             << indent << "const " << type_ << " kiln_first = kiln_tile * " << kColumnRows
             << " + threadIdx.x;\n"
-            << indent << "const bool kiln_active = kiln_first < " << rows << ";\n"
-            << indent << "const " << type_ << " kiln_row = kiln_active ? kiln_first : " << rows - 1
-            << ";\n";
+            << indent << "const bool kiln_active = kiln_first < " << rows_text << ";\n"
+            << indent << "const " << type_ << " kiln_row = kiln_active ? kiln_first : " << rows_text
+            << " - 1;\n";
     } else {
-      body_ << "  for (" << type_ << " kiln_row = blockIdx.x; kiln_row < " << rows
+      body_ << "  for (" << type_ << " kiln_row = blockIdx.x; kiln_row < " << rows_text
             << "; kiln_row += gridDim.x) {\n";
     }
     body_ << Decompose({g_.sizes.begin(), g_.sizes.begin() + outer_}, "kiln_row", "i", type_,

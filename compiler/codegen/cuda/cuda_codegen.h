@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "compiler/ir/fused_program.h"
@@ -17,6 +18,11 @@ struct CudaLaunch {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_memory_bytes = 0;  // dynamic; the kernels' shared memory is static
+  // A kernel with a runtime outer extent (FusedGroup::runtime_outer): grid[0] per call, the work
+  // (elements, rows) over grid_work_per_block, clamped to [1, grid_max] (KernelLaunch's fields).
+  std::optional<kiln::v1::SymExpr> grid_work;
+  uint32_t grid_work_per_block = 0;
+  uint32_t grid_max = 0;
   // The __global__ function the step launches: its own KernelSymbol, or that of an earlier group
   // whose kernel is the same code (one transformer layer's kernels are every layer's).
   std::string function;

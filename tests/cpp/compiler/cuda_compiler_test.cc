@@ -16,6 +16,7 @@
 #include "tests/cpp/support/cubin_reader.h"
 #include "tests/cpp/support/graph_builder.h"
 #include "tests/cpp/support/nvrtc_for_tests.h"
+#include "tests/cpp/support/symbolic_meta.h"
 
 namespace kiln::compiler {
 namespace {
@@ -27,6 +28,8 @@ using kiln::testing::I;
 using kiln::testing::Ints;
 using kiln::testing::Named;
 using kiln::testing::None;
+using kiln::testing::SetSymbolic;
+using kiln::testing::Term;
 using kiln::testing::V;
 constexpr kiln::v1::DType kF32 = kiln::v1::DTYPE_FLOAT32;
 constexpr kiln::v1::DType kBF16 = kiln::v1::DTYPE_BFLOAT16;
@@ -479,6 +482,51 @@ TEST_F(CudaKernelTest, DepthwiseConvolutionIsOneKernelWithItsEpilogue) {
 // Each layer's kernels are the same code: NVRTC builds one function per distinct kernel, and
 // every step of a repeated one launches the first. The cubin check (Build) finds each launched
 // symbol in the cubin.
+// x [s0, s1, 64] per call (dtype): a = x + x, the row max of a, a - max: a pointwise kernel and a
+// row kernel over s0 * s1 rows that NVRTC builds once for every size.
+TEST_F(CudaKernelTest, KernelsOverSymbolicRowsTakeTheirExtentAndGridPerCall) {
+  for (kiln::v1::DType dtype : {kF32, kBF16}) {
+    GraphBuilder b;
+    const uint32_t x = b.Input({3, 5, 64}, dtype);
+    const uint32_t a = b.Op("aten::add.Tensor", {V(x), V(x)}, {3, 5, 64}, dtype);
+    const uint32_t m = b.Op("aten::amax", {V(a), Ints({-1}), B(true)}, {3, 5, 1}, dtype);
+    const uint32_t d = b.Op("aten::sub.Tensor", {V(a), V(m)}, {3, 5, 64}, dtype);
+    const uint32_t t = b.Op("aten::mul.Scalar", {V(x), F(3.0)}, {3, 5, 64}, dtype);
+    b.Output(d);
+    b.Output(t);
+    kiln::v1::CompileRequest request = CudaRequest(b);
+    kiln::v1::Graph* g = request.mutable_graph();
+    const std::vector<kiln::v1::SymExpr> full{Term(1, {0}), Term(1, {1}), Term(64)};
+    SetSymbolic(g->mutable_inputs(0)->mutable_meta(), full);
+    for (int n : {0, 2, 3}) SetSymbolic(g->mutable_nodes(n)->mutable_outputs(0)->mutable_meta(), full);
+    SetSymbolic(g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta(),
+                {Term(1, {0}), Term(1, {1}), Term(1)});
+    for (uint32_t id : {0u, 1u}) {
+      auto* sym = g->add_size_symbols();
+      sym->set_id(id);
+      sym->set_input(x);
+      sym->set_dim(id);
+      sym->set_min(2);
+    }
+    auto body = Build(request, nullptr);
+    KILN_SKIP_IF_NO_NVRTC();
+    const auto launches = Launches(body.plan());
+    ASSERT_FALSE(launches.empty());
+    for (const kiln::v1::KernelLaunch* k : launches) {
+      ASSERT_EQ(k->size_args_size(), 1) << k->symbol();
+      EXPECT_EQ(k->size_args(0).SerializeAsString(), Term(1, {0, 1}).SerializeAsString());
+      ASSERT_TRUE(k->has_grid_work()) << k->symbol();
+      EXPECT_GT(k->grid_work_per_block(), 0u);
+      EXPECT_GT(k->grid_max(), 0u);
+      // The work is a multiple of the rows (s0 * s1): rows for a row kernel, elements otherwise.
+      ASSERT_EQ(k->grid_work().terms_size(), 1);
+      EXPECT_EQ(k->grid_work().terms(0).symbols_size(), 2);
+    }
+    EXPECT_NE(body.kernel_source().find("const int64_t kiln_outer"), std::string::npos);
+    EXPECT_NE(body.kernel_source().find("kiln_row < kiln_outer;"), std::string::npos);
+  }
+}
+
 TEST_F(CudaKernelTest, RepeatedLayersBuildEachDistinctKernelOnce) {
   for (kiln::v1::DType dtype : {kF32, kBF16}) {
     auto body = Build(CudaRequest(kiln::testing::RepeatedLayers(4, dtype)), nullptr);
@@ -566,7 +614,7 @@ TEST(CudaCompilerTest, WithoutNvrtcCudaTargetsAreUnimplementedWithTheReason) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(none.status().message().find("no NVRTC"), std::string::npos);
   CudaCompiler compiler{std::move(none)};
-  EXPECT_EQ(compiler.Version(), "kiln-cuda-10|no-nvrtc");
+  EXPECT_EQ(compiler.Version(), "kiln-cuda-11|no-nvrtc");
   auto body = compiler.Compile(CudaRequest(PointwiseChain(kF32)));
   ASSERT_FALSE(body.ok());
   const kiln::v1::CompileError e = CompileErrorFromStatus(body.status());
@@ -726,7 +774,7 @@ TEST(TargetCompilerTest, DispatchesOnTheDeviceKindAndVersionsBoth) {
   TargetCompiler compiler(std::make_unique<CpuCompiler>(),
                           std::make_unique<CudaCompiler>(Nvrtc::Load({"/nonexistent/libnvrtc"})));
   EXPECT_NE(compiler.Version().find("kiln-cpu-"), std::string::npos);
-  EXPECT_NE(compiler.Version().find("||kiln-cuda-10|no-nvrtc"), std::string::npos);
+  EXPECT_NE(compiler.Version().find("||kiln-cuda-11|no-nvrtc"), std::string::npos);
   auto cpu = compiler.Compile(PointwiseChain(kF32).Request());
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   EXPECT_EQ(cpu->format(), kiln::v1::BINARY_FORMAT_ELF_SHARED_OBJECT);
@@ -744,7 +792,7 @@ TEST(TargetCompilerTest, EachKindsKeysDependOnlyOnItsOwnCompiler) {
   TargetCompiler a = with_nvrtc_missing("/nonexistent/a/libnvrtc");
   CpuCompiler cpu;
   EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CPU), cpu.Version());
-  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-10|no-nvrtc");
+  EXPECT_EQ(a.VersionFor(kiln::v1::DEVICE_KIND_CUDA), "kiln-cuda-11|no-nvrtc");
   // Whether a daemon has NVRTC changes neither its CPU keys nor what its CPU artifacts carry.
   std::string why;
   std::unique_ptr<Nvrtc> nvrtc = kiln::testing::LoadNvrtcForTests(&why);

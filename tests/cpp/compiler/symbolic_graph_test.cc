@@ -1,57 +1,25 @@
 // Graphs with size symbols: what validation accepts and refuses of their expressions and
-// bindings, and the plan the pipeline makes of them (library steps whose values keep their
-// expressions, the symbols passed on for the runtime to bind per call).
+// bindings, and the plan the pipeline makes of them (kernels over a runtime outer extent where
+// every access walks the symbolic dims as one block, library steps elsewhere, values keeping
+// their expressions, the symbols passed on for the runtime to bind per call).
 #include <gtest/gtest.h>
 
 #include "compiler/ir/ir_validator.h"
 #include "compiler/ir/sym_expr.h"
 #include "compiler/passes/plan_pipeline.h"
 #include "tests/cpp/support/graph_builder.h"
+#include "tests/cpp/support/symbolic_meta.h"
 
 namespace kiln::compiler {
 namespace {
 
 using kiln::testing::GraphBuilder;
+using kiln::testing::B;
+using kiln::testing::Ints;
+using kiln::testing::SetSymbolic;
+using kiln::testing::Term;
 using kiln::testing::V;
 using kiln::v1::SymExpr;
-
-// c * symbols..., one term (c 0: no terms).
-SymExpr Term(int64_t c, std::vector<uint32_t> symbols = {}) {
-  SymExpr e;
-  if (c == 0) return e;
-  auto* t = e.add_terms();
-  t->set_coefficient(c);
-  for (uint32_t s : symbols) t->add_symbols(s);
-  return e;
-}
-
-// Sets value meta `m` to sizes `exprs` with row-major strides over them (products of the
-// sizes after each dim: single terms here, so the product of terms is one term).
-void SetSymbolic(kiln::v1::TensorMeta* m, const std::vector<SymExpr>& exprs) {
-  m->clear_sizes();
-  m->clear_strides();
-  m->clear_size_exprs();
-  m->clear_stride_exprs();
-  std::vector<SymExpr> strides(exprs.size());
-  SymExpr stride = Term(1);
-  for (int d = static_cast<int>(exprs.size()) - 1; d >= 0; --d) {
-    strides[d] = stride;
-    const auto& a = stride.terms(0);
-    const auto& b = exprs[d].terms(0);
-    std::vector<uint32_t> symbols(a.symbols().begin(), a.symbols().end());
-    symbols.insert(symbols.end(), b.symbols().begin(), b.symbols().end());
-    std::sort(symbols.begin(), symbols.end());
-    stride = Term(a.coefficient() * b.coefficient(), symbols);
-  }
-  for (size_t d = 0; d < exprs.size(); ++d) {
-    *m->add_size_exprs() = exprs[d];
-    *m->add_stride_exprs() = strides[d];
-    const auto size = ConstantOf(exprs[d]);
-    const auto step = ConstantOf(strides[d]);
-    m->add_sizes(size ? *size : -1);
-    m->add_strides(step ? *step : 0);
-  }
-}
 
 // w [8] bound; x [s0, 8] per call -> y = relu(x) * w -> z = view(y, [s0 * 8]).
 struct Mlp {
@@ -166,19 +134,26 @@ TEST(SymbolicGraph, ExpressionsNeedSymbolsAndSymbolsForbidInputUpdates) {
   EXPECT_NE(Problem(updates).find("updates an input"), std::string::npos) << Problem(updates);
 }
 
-TEST(SymbolicGraph, ThePlanRunsEveryNodeAsALibraryCallOverTheExpressions) {
+TEST(SymbolicGraph, PointwiseNodesBecomeOneKernelOverARuntimeOuterExtent) {
   Mlp m;
   ASSERT_EQ(Problem(m.request), "");
   PlannedGraph planned = PlanGraph(m.request, kiln::v1::DEVICE_KIND_CPU);
-  EXPECT_FALSE(planned.has_kernels);
+  EXPECT_TRUE(planned.has_kernels);
   const kiln::v1::ExecutionPlan& plan = planned.body.plan();
-  ASSERT_EQ(plan.steps_size(), 3);
-  EXPECT_EQ(plan.steps(0).library().op(), "aten::relu");
-  EXPECT_EQ(plan.steps(1).library().op(), "aten::mul.Tensor");
-  EXPECT_EQ(plan.steps(2).library().op(), "aten::view");
-  EXPECT_EQ(plan.steps(2).library().args(1).sym_int_list().SerializeAsString(),
+  ASSERT_EQ(plan.steps_size(), 2);
+  const kiln::v1::KernelLaunch& k = plan.steps(0).kernel();
+  // relu and mul over [s0, 8]: one kernel over s0 * 8 elements, s0 passed per call.
+  EXPECT_EQ(std::vector<uint32_t>(k.args().begin(), k.args().end()),
+            (std::vector<uint32_t>{m.x, m.w, m.y}));
+  ASSERT_EQ(k.size_args_size(), 1);
+  EXPECT_EQ(k.size_args(0).SerializeAsString(), Term(1, {0}).SerializeAsString());
+  EXPECT_EQ(plan.steps(1).library().op(), "aten::view");
+  EXPECT_EQ(plan.steps(1).library().args(1).sym_int_list().SerializeAsString(),
             m.request.graph().nodes(2).args(1).sym_int_list().SerializeAsString());
-  EXPECT_EQ(plan.buffers_size(), 0);
+  // The kernel's result is sized per call: a buffer outside the arena.
+  ASSERT_EQ(plan.buffers_size(), 1);
+  EXPECT_EQ(plan.buffers(0).id(), m.y);
+  EXPECT_FALSE(plan.buffers(0).in_arena());
   EXPECT_EQ(plan.arena_bytes(), 0u);
   ASSERT_EQ(plan.size_symbols_size(), 1);
   EXPECT_EQ(plan.size_symbols(0).SerializeAsString(),
@@ -192,6 +167,111 @@ TEST(SymbolicGraph, ThePlanRunsEveryNodeAsALibraryCallOverTheExpressions) {
     EXPECT_EQ(v.meta().sizes(0), -1);
   }
   EXPECT_TRUE(found);
+  // The generators see the group over [representative s0, 8] with s0 at run time.
+  ASSERT_EQ(planned.program.groups.size(), 1u);
+  const FusedGroup& g = planned.program.groups[0];
+  ASSERT_TRUE(g.runtime_outer.has_value());
+  EXPECT_EQ(g.runtime_outer->SerializeAsString(), Term(1, {0}).SerializeAsString());
+  EXPECT_EQ(g.sizes.size(), 2u);
+  EXPECT_EQ(g.sizes[1], 8);
+}
+
+// x [s0, s1, 8] per call, b [s1, 8] per call: out = x + b over [s0, s1, 8]; with `mean`, also
+// mean(x, dim=-1 or 2, keepdim) over the rows.
+kiln::v1::CompileRequest TwoSymbols(bool broadcast_b, bool mean, int64_t dim = -1) {
+  GraphBuilder b;
+  const uint32_t x = b.Input({3, 5, 8});
+  const uint32_t y = b.Input(broadcast_b ? std::vector<int64_t>{5, 8} : std::vector<int64_t>{3, 5, 8});
+  const uint32_t sum = b.Op("aten::add.Tensor", {V(x), V(y)}, {3, 5, 8});
+  b.Output(sum);
+  uint32_t rows = 0;
+  if (mean) {
+    rows = b.Op("aten::mean.dim", {V(sum), Ints({dim}), B(true)}, {3, 5, 1});
+    b.Output(rows);
+  }
+  kiln::v1::CompileRequest request = b.Request();
+  kiln::v1::Graph* g = request.mutable_graph();
+  SetSymbolic(g->mutable_inputs(0)->mutable_meta(), {Term(1, {0}), Term(1, {1}), Term(8)});
+  if (broadcast_b) {
+    SetSymbolic(g->mutable_inputs(1)->mutable_meta(), {Term(1, {1}), Term(8)});
+  } else {
+    SetSymbolic(g->mutable_inputs(1)->mutable_meta(), {Term(1, {0}), Term(1, {1}), Term(8)});
+  }
+  SetSymbolic(g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta(),
+              {Term(1, {0}), Term(1, {1}), Term(8)});
+  if (mean) {
+    SetSymbolic(g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta(),
+                {Term(1, {0}), Term(1, {1}), Term(1)});
+  }
+  for (uint32_t id : {0u, 1u}) {
+    auto* s = g->add_size_symbols();
+    s->set_id(id);
+    s->set_input(x);
+    s->set_dim(id);
+    s->set_min(2);
+  }
+  return request;
+}
+
+TEST(SymbolicGraph, SymbolicDimsMergeIntoOneExtentWhenEveryAccessWalksThemAsOne) {
+  const kiln::v1::CompileRequest request = TwoSymbols(false, false);
+  ASSERT_EQ(Problem(request), "");
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU);
+  ASSERT_TRUE(planned.has_kernels);
+  const kiln::v1::KernelLaunch& k = planned.body.plan().steps(0).kernel();
+  ASSERT_EQ(k.size_args_size(), 1);
+  EXPECT_EQ(k.size_args(0).SerializeAsString(), Term(1, {0, 1}).SerializeAsString());
+  const FusedGroup& g = planned.program.groups[0];
+  EXPECT_EQ(g.sizes.size(), 2u);  // [s0 * s1, 8]
+  for (const KernelOperand& in : g.inputs) EXPECT_EQ(in.strides, (std::vector<int64_t>{8, 1}));
+}
+
+TEST(SymbolicGraph, AnOperandBroadcastOverPartOfTheSymbolicDimsKeepsTheNodeALibraryCall) {
+  // b [s1, 8] broadcast over s0 only: no static stride walks [s0, s1] as one extent.
+  const kiln::v1::CompileRequest request = TwoSymbols(true, false);
+  ASSERT_EQ(Problem(request), "");
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU);
+  EXPECT_FALSE(planned.has_kernels);
+  ASSERT_EQ(planned.body.plan().steps_size(), 1);
+  EXPECT_EQ(planned.body.plan().steps(0).library().op(), "aten::add.Tensor");
+}
+
+TEST(SymbolicGraph, ARowReductionOverSymbolicRowsIsAKernelWithItsDimsCountedFromTheEnd) {
+  for (int64_t dim : {-1, 2}) {
+    const kiln::v1::CompileRequest request = TwoSymbols(false, true, dim);
+    ASSERT_EQ(Problem(request), "");
+    PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU);
+    ASSERT_TRUE(planned.has_kernels);
+    ASSERT_EQ(planned.program.groups.size(), 1u) << dim;
+    const FusedGroup& g = planned.program.groups[0];
+    EXPECT_EQ(g.outer_rank, 1);
+    EXPECT_EQ(g.sizes.size(), 2u);
+    ASSERT_TRUE(g.runtime_outer.has_value());
+    EXPECT_EQ(g.runtime_outer->SerializeAsString(), Term(1, {0, 1}).SerializeAsString());
+    // The kernels' graph: the mean reads [rows, 8] and reduces dim -1.
+    const kiln::v1::Node& mean = planned.graph->nodes(1);
+    EXPECT_EQ(mean.args(1).int_list().values(0), -1);
+    EXPECT_EQ(mean.outputs(0).meta().sizes_size(), 2);
+  }
+}
+
+TEST(SymExpr, ProductsAndEvaluationKeepTheCanonicalForm) {
+  SymExpr a = Term(2, {0});
+  auto* t = a.add_terms();
+  t->set_coefficient(3);
+  t->add_symbols(1);
+  const std::optional<SymExpr> square = SymProduct(a, a);  // 4 s0^2 + 12 s0 s1 + 9 s1^2
+  ASSERT_TRUE(square.has_value());
+  EXPECT_EQ(SymExprProblem(*square, {0, 1}), "");
+  ASSERT_EQ(square->terms_size(), 3);
+  EXPECT_EQ(square->terms(1).coefficient(), 12);
+  EXPECT_TRUE(SymEqual(*SymProduct(Term(1, {1}), Term(1, {0})), Term(1, {0, 1})));
+  EXPECT_FALSE(SymEqual(Term(1, {0}), Term(1, {1})));
+  EXPECT_EQ(SymEvaluate(*square, {{0, 2}, {1, 1}}), 16 + 24 + 9);
+  EXPECT_FALSE(SymEvaluate(*square, {{0, 2}}).has_value());
+  EXPECT_FALSE(SymEvaluate(Term(1, {0, 0}), {{0, int64_t{1} << 40}}).has_value());
+  EXPECT_FALSE(SymProduct(Term(INT64_MAX, {0}), Term(2)).has_value());
+  EXPECT_EQ(SymConstant(0).terms_size(), 0);
 }
 
 TEST(SymExpr, ConstantsAndSingleSymbolsAreRecognised) {

@@ -87,7 +87,7 @@ TEST(KilndCuda, CudaRequestGetsACubinArtifactKeyedByArchitecture) {
             "ELF");
   EXPECT_NE(body.kernel_ptx().find(".target sm_90"), std::string::npos);
   EXPECT_EQ(body.target().cuda_arch(), "sm_90");
-  EXPECT_NE(body.compiler_version().find("kiln-cuda-10|nvrtc-"), std::string::npos);
+  EXPECT_NE(body.compiler_version().find("kiln-cuda-11|nvrtc-"), std::string::npos);
   EXPECT_EQ(sm90.artifact().mac().size(), 32u);
 
   const kiln::v1::CompileResponse sm80 = kilnd.Compile(CudaRequest("sm_80"));
