@@ -203,6 +203,18 @@ bool MayAlias(const c10::Argument& formal) {
   return formal.alias_info() != nullptr && !formal.alias_info()->isWrite();
 }
 
+// Ops whose one result is a view of their first argument, its sizes, strides and storage offset
+// determined by the argument's and the op's other arguments alone: the trace's metadata of the
+// result is what the op makes of an input laid out as the input's metadata says.
+bool IsPlainView(const std::string& op) {
+  static const auto* ops = new std::unordered_set<std::string>{
+      "aten::view",         "aten::_unsafe_view", "aten::transpose.int", "aten::t",
+      "aten::permute",      "aten::unsqueeze",    "aten::squeeze",       "aten::squeeze.dim",
+      "aten::squeeze.dims", "aten::expand",       "aten::slice.Tensor",  "aten::select.int",
+      "aten::alias"};
+  return ops->count(op) != 0;
+}
+
 // The tensor a kiln.v1.Constant holds: its elements are contiguous, little-endian, exactly
 // numel * element size bytes.
 StatusOr<at::Tensor> ConstantTensor(const ConstantSpec& c) {
@@ -250,6 +262,7 @@ class Plan::Builder {
   Status Steps(const std::vector<StepSpec>& specs, const char* list, bool prologue,
                std::vector<Step>* into);
   Status KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step);
+  void KeepViewChains(std::vector<Step>& steps);
   Status LibraryStepOf(const LibraryStepSpec& l, bool prologue, Step* step);
   StatusOr<LibraryStep> BindLibrary(const LibraryStepSpec& spec, const std::string& where) const;
   Status Release(const std::vector<uint32_t>& ids, Step* step);
@@ -578,7 +591,37 @@ Status Plan::Builder::Steps(const std::vector<StepSpec>& specs, const char* list
     }
     into->push_back(std::move(step));
   }
+  KeepViewChains(*into);
   return Status::OK();
+}
+
+// A view made from metadata (MadeView) has no autograd view metadata: a view the dispatcher made
+// of it (a plan output, any op whose result aliases an argument) would name it as its base
+// instead of the tensor the program viewed. Such a view's input, and back along a chain of
+// views, is made by the dispatcher too.
+void Plan::Builder::KeepViewChains(std::vector<Step>& steps) {
+  std::unordered_map<int, size_t> made;  // slot -> the step making it from metadata
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto* l = std::get_if<LibraryStep>(&steps[i].body);
+    if (l == nullptr) continue;
+    if (l->view_of >= 0) {
+      made[l->outputs[0]] = i;
+      continue;
+    }
+    const auto& returns = l->op.schema().returns();
+    if (std::none_of(returns.begin(), returns.end(),
+                     [](const c10::Argument& r) { return r.alias_info() != nullptr; })) {
+      continue;
+    }
+    for (const auto& [position, slot] : l->tensor_args) {
+      for (int s = slot; made.count(s);) {
+        LibraryStep& producer = std::get<LibraryStep>(steps[made[s]].body);
+        made.erase(s);
+        s = producer.view_of;
+        producer.view_of = -1;
+      }
+    }
+  }
 }
 
 Status Plan::Builder::KernelStepOf(const KernelStepSpec& k, bool prologue, Step* step) {
@@ -672,6 +715,11 @@ Status Plan::Builder::LibraryStepOf(const LibraryStepSpec& l, bool prologue, Ste
   const std::string& where = step->label;
   KILN_ASSIGN_OR_RETURN(LibraryStep ls, BindLibrary(l, where));
   const auto& formals = ls.op.schema().arguments();
+  if (IsPlainView(l.op) && ls.outputs.size() == 1 && !is_output_[ls.outputs[0]] &&
+      ls.list_args.empty() && !ls.tensor_args.empty() && ls.tensor_args[0].first == 0) {
+    ls.view_of = ls.tensor_args[0].second;
+    ls.reshapes = l.op == "aten::view" || l.op == "aten::_unsafe_view";
+  }
   auto check_read = [&](int s, size_t position) -> Status {
     KILN_RETURN_IF_ERROR(Require(s, where));
     if (prologue && plan_.originals_[s].defined()) watched_.insert(s);

@@ -6,6 +6,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/record_function.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Layout.h>
@@ -256,6 +257,45 @@ Status Plan::RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
   return Status::OK();
 }
 
+at::Tensor Plan::MadeView(const LibraryStep& l, const std::vector<at::Tensor>& vals,
+                          const std::vector<int64_t>* symbols) const {
+  const at::Tensor& in = vals[l.view_of];
+  if (!in.defined() || in.layout() != at::kStrided || !in.has_storage() ||
+      (in.requires_grad() && at::GradMode::is_enabled())) {
+    return at::Tensor();
+  }
+  StatusOr<ValueMeta> im = MetaAt(l.view_of, symbols);
+  StatusOr<ValueMeta> om = MetaAt(l.outputs[0], symbols);
+  if (!im.ok() || !om.ok() || om->dtype != im->dtype || in.scalar_type() != im->dtype ||
+      in.sizes() != c10::IntArrayRef(im->sizes) || in.strides() != c10::IntArrayRef(im->strides)) {
+    return at::Tensor();
+  }
+  if (l.reshapes) {
+    // Where the input cannot be viewed with the new sizes the op raises, and where it can, its
+    // strides are these: the dispatcher runs it unless the metadata says the same.
+    const std::optional<std::vector<int64_t>> strides =
+        at::detail::computeStride(in.sizes(), in.strides(), om->sizes);
+    if (!strides || *strides != om->strides) return at::Tensor();
+  }
+  const int64_t offset = in.storage_offset() + om->storage_offset - im->storage_offset;
+  if (offset < 0) return at::Tensor();
+  // Never past the input's storage, whatever the metadata says.
+  int64_t last = offset;
+  for (size_t d = 0; d < om->sizes.size(); ++d) {
+    if (om->sizes[d] == 0) return at::Tensor();  // empty: the dispatcher's result is as cheap
+    last += (om->sizes[d] - 1) * om->strides[d];
+  }
+  if ((last + 1) * static_cast<int64_t>(in.element_size()) >
+      static_cast<int64_t>(in.storage().nbytes())) {
+    return at::Tensor();
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(in.storage()), in.key_set(),
+                                                   in.dtype());
+  impl->set_sizes_and_strides(om->sizes, om->strides, offset);
+  impl->set_version_counter(in.unsafeGetTensorImpl()->version_counter());
+  return at::Tensor(std::move(impl));
+}
+
 // A CUDA plan's prologue step whose tensor arguments all have at most this many elements runs
 // on the host: a folded batch norm's per-channel statistics, the scale and shift made of them.
 constexpr int64_t kHostPrologueElements = 1 << 14;
@@ -339,6 +379,10 @@ Status Plan::RunSteps(const std::vector<Step>& steps, std::vector<at::Tensor>& v
       } else if (const auto& l = std::get<LibraryStep>(s.body);
                  host != nullptr && SmallEnoughForHost(l, vals)) {
         status = RunLibraryOnHost(l, vals, *host);
+      } else if (at::Tensor view; l.view_of >= 0 && (view = MadeView(l, vals, symbols)).defined()) {
+        // (A symbolic plan runs every view of its graph per call: through the dispatcher, each
+        // costs more than the kernels around it at small sizes.)
+        vals[l.outputs[0]] = std::move(view);
       } else {
         status = RunLibrary(l, vals, symbols);
       }

@@ -225,6 +225,10 @@ class Plan {
       bool tensor;  // A SymInt where the schema takes a Tensor: passed as a wrapped number.
     };
     std::vector<SizeArg> size_args = {};
+    // A view op (IsPlainView) whose result is no plan output: its input's slot. The result is
+    // then made from the plan's metadata without the dispatcher where it can be (MadeView).
+    int view_of = -1;
+    bool reshapes = false;  // aten::view or _unsafe_view: the result's strides are checked
   };
   struct Step {
     std::string label;  // "step 3 (aten::mm)", for errors.
@@ -265,6 +269,12 @@ class Plan {
                     const std::vector<int64_t>* symbols) const;
   Status RunLibrary(const LibraryStep& l, std::vector<at::Tensor>& vals,
                     const std::vector<int64_t>* symbols = nullptr) const;
+  // The result of view step `l` made as the op would make it: the input's storage with the
+  // result's metadata (at the call's sizes), its storage offset moved as the trace moved it,
+  // sharing the input's version counter. An undefined tensor where the dispatcher must run the
+  // op: autograd records the view, or the input is not laid out as its metadata says.
+  at::Tensor MadeView(const LibraryStep& l, const std::vector<at::Tensor>& vals,
+                      const std::vector<int64_t>* symbols) const;
   bool SmallEnoughForHost(const LibraryStep& l, const std::vector<at::Tensor>& vals) const;
   Status RunLibraryOnHost(const LibraryStep& l, std::vector<at::Tensor>& vals,
                           std::vector<at::Tensor>& host) const;

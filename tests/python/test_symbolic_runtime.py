@@ -205,3 +205,49 @@ def test_a_size_passed_where_a_tensor_or_scalar_is_taken():
         (out,) = p(torch.randn(n, 2))
         assert out.dtype == torch.int64
         assert torch.equal(out, torch.arange(2 * n) + n)
+
+
+def _ops_called(p, *args):
+    """The ATen ops the dispatcher ran for one call of plan `p`, and its outputs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = p(*args)
+    return {e.name for e in prof.events()}, out
+
+
+def test_views_inside_the_plan_are_made_without_the_dispatcher_where_the_layout_allows():
+    # x [s0, 4] -> transpose -> a contiguous copy -> a view [4 * s0] of it -> relu: the transpose
+    # and the view are made from the plan's metadata; only the copy and the relu are dispatched.
+    t = library("aten::transpose.int", [pos("value", 0), pos("int", 0), pos("int", 1)], [1])
+    contiguous = library("aten::clone", [pos("value", 1)], [2])
+    contiguous.library.args.append(pb.graph.Argument(
+        name="memory_format", memory_format_value=pb.graph.MEMORY_FORMAT_CONTIGUOUS))
+    view = library("aten::view", [pos("value", 2)], [3])
+    view.library.args.append(sym_ints(expr((4, [0]))))
+    relu = library("aten::relu", [pos("value", 3)], [4])
+    transposed = sym_value(1, [4, S0])
+    transposed.meta.stride_exprs[0].CopyFrom(expr((1, [])))
+    transposed.meta.stride_exprs[1].CopyFrom(expr((4, [])))
+    transposed.meta.strides[:] = [1, 4]
+    values = [sym_value(0, [S0, 4]), transposed, sym_value(2, [4, S0]),
+              sym_value(3, [expr((4, [0]))]), sym_value(4, [expr((4, [0]))])]
+    p = symbolic_plan([t, contiguous, view, relu], values, [0], [4],
+                      [pb.graph.SizeSymbol(id=0, input=0, dim=0, min=2)])
+    for n in (2, 7, 30):
+        x = torch.randn(n, 4)
+        called, (out,) = _ops_called(p, x)
+        assert_close(out, torch.relu(x.t().contiguous().view(4 * n)))
+        assert "aten::relu" in called and "aten::clone" in called
+        assert "aten::view" not in called and "aten::transpose" not in called
+    # An input laid out otherwise than the plan's metadata says: the dispatcher makes the view.
+    x = torch.randn(4, 9).t()
+    called, (out,) = _ops_called(p, x)
+    assert_close(out, torch.relu(x.t().contiguous().view(36)))
+    assert "aten::transpose" in called
+
+
+def test_a_returned_view_keeps_the_programs_base():
+    # z = view(y), then narrow(z) returned: eager's result is a view whose base is y's root.
+    steps, values, symbol = relu_scale_flatten()
+    p = symbolic_plan(steps, values, [0, 1], [5], [symbol], params=[torch.randn(4)])
+    (out,) = p(torch.randn(6, 4))
+    assert out._base is not None and out._base.shape == (6, 4)
