@@ -155,9 +155,11 @@ class GroupCheck {
         device_(device) {}
 
   // How group `g` becomes a kernel with a runtime outer extent (merged 0: static as fused), or
-  // nullopt when what the fuser decided at the representative sizes does not hold for all.
+  // nullopt when what the fuser decided at the representative sizes does not hold for all;
+  // then blame() names the nodes that made it fail (all of the group's when no node alone did).
   std::optional<Merge> Check(const FusedGroup& g) {
     g_ = &g;
+    blame_.clear();
     rank_ = static_cast<int>(g.sizes.size());
     outer_ = g.outer_rank;
     if (!Space() || !NodesOverSpace()) return std::nullopt;
@@ -199,14 +201,14 @@ class GroupCheck {
       } else if (FoldsForAll(g.input_ids[i])) {
         s = Merged(Over(*meta_.at(g.input_ids[i]), false));
       }
-      if (!s) return std::nullopt;
+      if (!s) return Blame(ReadersOf(g.input_ids[i]));
       m.input_strides.push_back(*std::move(s));
     }
     for (uint32_t id : g.outputs) {
       const TensorMeta& om = *meta_.at(id);
       const bool rows_only = outer_ >= 0 && om.sizes_size() == outer_ && outer_ != rank_;
       std::optional<std::vector<int64_t>> s = Merged(Over(om, rows_only));
-      if (!s) return std::nullopt;
+      if (!s) return Blame({producer_.at(id)});
       if (rows_only) s->resize(outer_ - m.merged + (m.merged > 0));
       m.output_strides[id] = *std::move(s);
     }
@@ -220,7 +222,24 @@ class GroupCheck {
     return m;
   }
 
+  const std::vector<int>& blame() const { return blame_.empty() ? g_->nodes : blame_; }
+
  private:
+  std::nullopt_t Blame(std::vector<int> nodes) {
+    blame_ = std::move(nodes);
+    return std::nullopt;
+  }
+
+  // The group's nodes that read `id`.
+  std::vector<int> ReadersOf(uint32_t id) const {
+    std::vector<int> out;
+    for (int ni : g_->nodes) {
+      const std::vector<uint32_t> read = ValuesRead(graph_.nodes(ni));
+      if (std::find(read.begin(), read.end(), id) != read.end()) out.push_back(ni);
+    }
+    return out;
+  }
+
   // The space's sizes as expressions: those of a value of the group over its whole space.
   bool Space() {
     space_.clear();
@@ -242,29 +261,35 @@ class GroupCheck {
   // Every node's results over the space, its rows, or (a reduction without keepdim) the kept
   // dims; every pointwise operand broadcasting to its node's result; every reduction over the
   // whole space with static reduced dims.
-  bool NodesOverSpace() const {
+  bool NodesOverSpace() {
     for (int ni : g_->nodes) {
-      const kiln::v1::Node& node = graph_.nodes(ni);
-      if (auto r = MatchReduction(represented_.nodes(ni), rmeta_, device_)) {
-        if (!Same(SizeExprs(*meta_.at(r->input)), space_)) return false;
-        for (int d = std::max(outer_, 0); d < rank_; ++d) {
-          if (!ConstantOf(space_[d])) return false;
-        }
+      if (!NodeOverSpace(ni)) {
+        blame_ = {ni};
+        return false;
       }
-      for (const auto& out : node.outputs()) {
-        const Exprs s = SizeExprs(out.meta());
-        if (!Same(s, space_) && !(outer_ >= 0 && (Same(s, rows_) || Same(s, kept_)))) {
-          return false;
-        }
+    }
+    return true;
+  }
+
+  bool NodeOverSpace(int ni) const {
+    const kiln::v1::Node& node = graph_.nodes(ni);
+    if (auto r = MatchReduction(represented_.nodes(ni), rmeta_, device_)) {
+      if (!Same(SizeExprs(*meta_.at(r->input)), space_)) return false;
+      for (int d = std::max(outer_, 0); d < rank_; ++d) {
+        if (!ConstantOf(space_[d])) return false;
       }
-      if (FindPointwise(node.op()) == nullptr) continue;
-      const Exprs o = SizeExprs(node.outputs(0).meta());
-      for (uint32_t id : ValuesRead(node)) {
-        const Exprs a = SizeExprs(*meta_.at(id));
-        if (a.size() > o.size()) return false;
-        for (size_t d = 0; d < a.size(); ++d) {
-          if (!IsOne(a[d]) && !SymEqual(a[d], o[o.size() - a.size() + d])) return false;
-        }
+    }
+    for (const auto& out : node.outputs()) {
+      const Exprs s = SizeExprs(out.meta());
+      if (!Same(s, space_) && !(outer_ >= 0 && (Same(s, rows_) || Same(s, kept_)))) return false;
+    }
+    if (FindPointwise(node.op()) == nullptr) return true;
+    const Exprs o = SizeExprs(node.outputs(0).meta());
+    for (uint32_t id : ValuesRead(node)) {
+      const Exprs a = SizeExprs(*meta_.at(id));
+      if (a.size() > o.size()) return false;
+      for (size_t d = 0; d < a.size(); ++d) {
+        if (!IsOne(a[d]) && !SymEqual(a[d], o[o.size() - a.size() + d])) return false;
       }
     }
     return true;
@@ -335,6 +360,7 @@ class GroupCheck {
   int rank_ = 0, outer_ = -1, merged_ = 0;
   Exprs space_, rows_, kept_;  // the space; its rows (keepdim); its kept dims
   std::vector<int> order_, merged_dims_;
+  std::vector<int> blame_;  // the nodes that made the last Check fail
 };
 
 // Meta `m`, given sizes and strides; false when an earlier group gave the value others.
@@ -432,7 +458,8 @@ std::optional<SymbolicFusion> FuseSymbolicGraph(const Graph& graph,
     for (FusedGroup& g : program.groups) {
       std::optional<Merge> merge = check.Check(g);
       if (merge && Apply(*merge, g, *kernels, kmeta, meta, rmeta, device, set)) continue;
-      library.insert(g.nodes.begin(), g.nodes.end());
+      const std::vector<int>& blamed = merge ? g.nodes : check.blame();
+      library.insert(blamed.begin(), blamed.end());
       refuse = true;
     }
     if (refuse) continue;

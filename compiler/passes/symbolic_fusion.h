@@ -8,7 +8,9 @@
 // merge into one extent that every access walks with a static stride (a contiguous or broadcast
 // block), every other size and stride static. Such a group becomes a kernel over
 // [outer, static dims...] whose outer extent is evaluated per call (FusedGroup::runtime_outer);
-// the others' nodes are library steps, and the graph is fused again without them.
+// where a group fails, the nodes that made it fail (one that reads an operand no static stride
+// walks, say; all of its nodes when none alone did) are library steps, and the graph is fused
+// again without them.
 #pragma once
 
 #include <memory>

@@ -236,6 +236,20 @@ TEST(SymbolicGraph, AnOperandBroadcastOverPartOfTheSymbolicDimsKeepsTheNodeALibr
   EXPECT_EQ(planned.body.plan().steps(0).library().op(), "aten::add.Tensor");
 }
 
+TEST(SymbolicGraph, TheNodeThatFailsTheChecksIsALibraryCallAndTheRestOfItsGroupAKernel) {
+  // The add reads b [s1, 8] broadcast over s0 only; the mean of its result still merges.
+  const kiln::v1::CompileRequest request = TwoSymbols(true, true);
+  ASSERT_EQ(Problem(request), "");
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU);
+  ASSERT_TRUE(planned.has_kernels);
+  const kiln::v1::ExecutionPlan& plan = planned.body.plan();
+  ASSERT_EQ(plan.steps_size(), 2);
+  EXPECT_EQ(plan.steps(0).library().op(), "aten::add.Tensor");
+  ASSERT_TRUE(plan.steps(1).has_kernel());
+  ASSERT_EQ(planned.program.groups.size(), 1u);
+  EXPECT_EQ(planned.program.groups[0].outer_rank, 1);
+}
+
 TEST(SymbolicGraph, ARowReductionOverSymbolicRowsIsAKernelWithItsDimsCountedFromTheEnd) {
   for (int64_t dim : {-1, 2}) {
     const kiln::v1::CompileRequest request = TwoSymbols(false, true, dim);

@@ -522,13 +522,15 @@ def _with_attrs_as_inputs(gm: torch.fx.GraphModule) -> Tuple[torch.fx.GraphModul
 
 def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
             params: Optional[List[torch.Tensor]] = None,
-            eager_ops: bool = False) -> Tuple[torch.fx.GraphModule, List[torch.Tensor]]:
+            eager_ops: bool = False,
+            eager_decompositions: Optional[dict] = None
+            ) -> Tuple[torch.fx.GraphModule, List[torch.Tensor]]:
     """The ATen-level, functional graph of `gm` over (params..., inputs...). `params`: what
     stands for the graph's tensor attributes, in attr_tensors' order (default: themselves). The
     inputs the program updates in place are written by no node: the graph returns their new
     values after its own outputs (kiln.graph.input_updates). `eager_ops`: the ops as eager
-    runs them, for a plan of library calls: not decomposed for kiln's fusion, and not
-    functionalized (an in-place op stays one, which to_ir refuses)."""
+    runs them: not decomposed by kiln's table (only by `eager_decompositions`, when given), and
+    not functionalized (an in-place op stays one, which to_ir refuses)."""
     flat, attrs = _with_attrs_as_inputs(gm)
     if params is None:
         params = attrs
@@ -545,7 +547,8 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
     with torch.no_grad(), _use_lazy_graph_module(True):
         traced = make_fx(flat if eager_ops else
                          torch.func.functionalize(flat, remove="mutations"),
-                         decomposition_table={} if eager_ops else decompositions(),
+                         decomposition_table=(eager_decompositions or {}) if eager_ops
+                         else decompositions(),
                          tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
         input_updates.returned_as_outputs(traced)
@@ -587,15 +590,17 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
         raise NotSymbolic("no input has a symbolic size")
     # Under the Python dispatcher, as the capture ran them: composite ops (linear) decompose
     # through kernels written for symbolic sizes instead of reading a size as an int. Eager's
-    # ops: the plan runs them as library calls (kilnd generates no kernel over runtime sizes
-    # yet), and torch's functionalization reads sizes as ints (a linear over a 3-d input
-    # specialises its batch); a graph with an in-place op is refused by to_ir instead.
+    # ops (torch's functionalization reads sizes as ints: a linear over a 3-d input specialises
+    # its batch; a graph with an in-place op is refused by to_ir instead), except the layer norm,
+    # traced through torch's own decomposition: its row statistics and affine become kilnd's row
+    # kernel over the call's rows, with the residual add before it.
     # The parameters as static fakes of the capture's mode (a real tensor it converted itself
     # would get symbols of its own).
     mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
     static = [mode.from_tensor(p, static_shapes=True) for p in params]
     with ShapeEnvUnchanged(env), python_dispatcher():
-        aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True)
+        aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True,
+                             eager_decompositions=get_decompositions([aten.native_layer_norm]))
         graph = to_ir(aten_gm, num_bound=len(params))
     graph.num_bound_inputs = len(params)
     return LoweredGraph(graph, params, len(fakes), aten_gm)
