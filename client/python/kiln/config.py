@@ -30,6 +30,12 @@ specializations_per_graph = int(os.environ.get("KILN_SPECIALIZATIONS_PER_GRAPH",
 # then: a new size on almost every call (a decoder's cache, a server's random shapes) is not
 # worth a compile each; the sizes a program keeps coming back to are. KILN_SPECIALIZE_AFTER.
 specialize_after = int(os.environ.get("KILN_SPECIALIZE_AFTER", "8"))
+# ...or, once the graph's plan for every size (symbolic_plans) is ready, on its
+# specialize_after_whole-th call: that plan runs generated kernels over the call's sizes, and a
+# signature's own compile (lowering, kilnd, its first run and CUDA graph) pays only for one a
+# program calls often, as a decode step with a static cache is, not for each of a dynamic cache's
+# lengths that a request of the same batch meets once. KILN_SPECIALIZE_AFTER_WHOLE.
+specialize_after_whole = int(os.environ.get("KILN_SPECIALIZE_AFTER_WHOLE", "32"))
 # ...on kiln's background worker, the calls running PyTorch's kernels until it is ready (off:
 # the call that reaches specialize_after compiles it and waits). KILN_SPECIALIZE_IN_BACKGROUND=0.
 specialize_in_background = os.environ.get("KILN_SPECIALIZE_IN_BACKGROUND", "1") != "0"

@@ -109,6 +109,8 @@ class PerSignature:
         if fn is not None:
             return fn(*args)
         after = self.specialize_after or config.specialize_after
+        if self.whole is not None:
+            after = max(after, config.specialize_after_whole)
         if count is not None and count < after:
             return self._uncompiled(count, args)  # not compiled yet
         if count is not None and config.specialize_in_background:
@@ -118,15 +120,20 @@ class PerSignature:
         return self._specialise(key, args)(*args)
 
     def _uncompiled(self, count: int, args: Sequence):
-        """A call whose signature has no specialisation: the graph as it is (PyTorch's kernels
-        on any sizes), or its stable regions once the sizes that keep changing are known."""
+        """A call whose signature has no specialisation: the graph compiled whole for every size
+        once it is ready; until then the graph as it is (PyTorch's kernels on any sizes), or its
+        stable regions once the sizes that keep changing are known."""
+        if self.whole is not None:
+            # One plan with kernels over the call's sizes: no region compiles a signature again
+            # for sizes that never come back.
+            return self.whole(*args)
         if self.regions and self.uncompiled is None:
             self.sizes.add(args)
             if count == 1 and self.sizes.full() and config.stable_regions:
                 changing = self.sizes.changing()
                 if changing:
                     self.uncompiled = self._split(changing)
-        return (self.uncompiled or self.whole or self.gm)(*args)
+        return (self.uncompiled or self.gm)(*args)
 
     def _split(self, changing) -> Callable:
         """The graph's stable regions (or the graph itself when none is worth compiling)."""
