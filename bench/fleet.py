@@ -249,13 +249,18 @@ def _read_record(out: Path, slot: int, exit_status) -> dict:
 
 
 def summarize(records: List[dict], stats: List[dict], wall_s: float, models: List[str]) -> dict:
-    keys = {}  # artifact key -> {"model", "compiled_by": daemons, "served": clients}
+    # artifact key -> {"model", "compiled_by": daemons, "served": clients, the clients' slots
+    # and how many of them installed the frame from a stored capture}
+    keys = {}
     for r in records:
         for name, m in r["models"].items():
             for a in m["artifacts"]:
                 k = keys.setdefault(a["key"], {"model": name, "compiled_by": set(), "served": 0,
-                                               "served_compiled": 0, "index_hits": 0})
+                                               "served_compiled": 0, "index_hits": 0,
+                                               "slots": [], "from_stored_capture": 0})
                 k["served"] += 1
+                k["slots"].append(r["slot"])
+                k["from_stored_capture"] += bool(m.get("stored_capture"))
                 k["index_hits"] += a["index_hit"]
                 if not a["cache_hit"]:
                     k["compiled_by"].add(r["daemon"])

@@ -30,7 +30,9 @@ DAEMONS, CLIENTS = 3, 6
 def check_wave(wave: dict, graphs: int) -> None:
     assert wave["failed"] == 0, wave["failures"]
     assert wave["correct"] == CLIENTS
-    assert wave["distinct_graphs"] == graphs, wave["keys"]
+    assert wave["distinct_graphs"] == graphs, "; ".join(
+        f"{k[:12]}: {v['model']} for clients {v['slots']} ({v['from_stored_capture']} from "
+        f"stored captures), compiled by {v['compiled_by']}" for k, v in wave["keys"].items())
     for key in wave["keys"].values():
         assert key["served"] == CLIENTS  # every client ran this graph's artifact
 
