@@ -41,7 +41,9 @@ Per (workload, compiler), one JSON line and a table row:
   (kiln._C.cache_entries) and the artifacts kilnd built.
 - total_s: wall time of the first pass's calls, compiles included (first_s: its first request);
   warm_*: the second pass's per-request times (median, p90, sum); llm: tokens_per_s over the
-  second pass (tokens = batch x max_new_tokens per request).
+  second pass (tokens = batch x max_new_tokens per request). With --static-baseline N (bert):
+  kiln's plan compiled for one shape (dynamic=False) at the first N distinct shapes, beside the
+  kiln lane's second-pass time there (static_baseline; warm_vs_static_median, 1.0 = as fast).
 - correctness, every request of both passes against eager's output for the same request in the
   same pass: bert: largest absolute difference of last_hidden_state and the requests outside the
   tolerance (bench_models.compare: 1e-3 relative and of the largest magnitude in float32, 3e-2
@@ -196,6 +198,10 @@ def compile_with(name, fn):
         import kiln
 
         return kiln.compile(fn)
+    if name == "kiln_static":  # one shape's plan: the static baseline (--static-baseline)
+        import kiln
+
+        return kiln.compile(fn, dynamic=False)
     raise SystemExit(f"unknown compiler {name}")
 
 
@@ -460,6 +466,8 @@ def run_workload(a, workload, compilers) -> list:
             run_pass(lanes, reqs, a.device, logs, check, reference, n_pass)
             print(f"# {workload}: pass {n_pass} took {time.perf_counter() - t:.1f} s", flush=True)
     kiln_codes = kiln_entries() if "kiln" in compilers else None
+    baseline = (static_baseline(a, workload, make, reqs, lanes)
+                if a.static_baseline and "kiln" in compilers else None)
     tokens_per_request = ([ids.shape[0] * a.max_new_tokens for ids, _ in reqs]
                           if workload != "bert" else None)
     records = []
@@ -492,6 +500,10 @@ def run_workload(a, workload, compilers) -> list:
                      if "recompile_limit" in str(r.msg) or "hit config." in str(r.msg)]
             rec.update(graph_breaks=lane.graph_breaks, cache_limit=len(limit),
                        cache_limit_frames=[" ".join(l[:2])[:300] for l in limit][:10])
+        if lane.name == "kiln" and baseline:
+            rec["static_baseline"] = baseline
+            rec["warm_vs_static_median"] = statistics.median(
+                b["warm_ms"] / b["static_ms"] for b in baseline)
         if lane.name == "kiln":
             events = kiln_log_events(lane.logs)
             rec.update(cache_limit=len(events["cache_limit"]),
@@ -507,6 +519,39 @@ def run_workload(a, workload, compilers) -> list:
         records.append(rec)
     add_ratios(records)
     return records
+
+
+def static_baseline(a, workload, make, requests, lanes) -> list:
+    """kiln's plan for one shape beside what the kiln lane's second pass took at that shape: for
+    the first --static-baseline requests of distinct shapes (BERT), a model compiled with
+    dynamic=False, its first call (the compile) untimed, then the median of three calls."""
+    import kiln
+
+    if workload != "bert":
+        return []
+    kiln_lane = next(l for l in lanes if l.name == "kiln")
+    out, seen = [], set()
+    for i, req in enumerate(requests):
+        shape = tuple(req[0].shape)
+        if shape in seen or i >= len(kiln_lane.times[2]):
+            continue
+        seen.add(shape)
+        kiln.reset()
+        run = make("kiln_static")
+        run(req)
+        kiln.wait_for_compiles()
+        times = []
+        for _ in range(3):
+            _sync(a.device)
+            t = time.perf_counter()
+            run(req)
+            _sync(a.device)
+            times.append(time.perf_counter() - t)
+        out.append({"shape": list(shape), "static_ms": statistics.median(times) * 1e3,
+                    "warm_ms": kiln_lane.times[2][i] * 1e3})
+        if len(out) >= a.static_baseline:
+            break
+    return out
 
 
 def kiln_entries() -> dict:
@@ -591,6 +636,9 @@ def print_table(records):
             notes.append(f"at the limit: {', '.join(r['cache_limit_frames'])[:160]}")
         if r.get("max_abs_err") is not None:
             notes.append(f"max abs err {r['max_abs_err']:.2g}")
+        if r.get("warm_vs_static_median") is not None:
+            notes.append(f"{r['warm_vs_static_median']:.2f}x the time of its static plan "
+                         f"(median of {len(r['static_baseline'])} shapes)")
         print(line + (f"  [{'; '.join(notes)}]" if notes else ""))
     print("compiles: graphs compiled in pass 1 (warm: in pass 2); limit: frames that reached the "
           "cache size / recompile limit and run eagerly since; eagerfr: kiln's frames run eagerly "
@@ -626,6 +674,9 @@ def main():
                    help="default 8..256 cuda, 4..64 cpu")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default 64 cuda, 16 cpu")
     p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--static-baseline", type=int, default=0, metavar="N",
+                   help="BERT: kiln's static plan for the first N distinct shapes beside the "
+                        "kiln lane's second pass at them (warm_vs_static_median)")
     p.add_argument("--json", default=None, help="append each record (JSON lines) here")
     p.add_argument("--csv", default=None)
     a = p.parse_args()
