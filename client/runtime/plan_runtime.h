@@ -147,9 +147,9 @@ class Plan {
   std::vector<at::Tensor> ExampleInputs() const;
 
   // Whether the plan has size symbols (kiln.v1.ExecutionPlan.size_symbols): one plan for every
-  // size in their ranges, read from each call's inputs. Its steps are library calls (this
-  // runtime launches no kernel over runtime sizes); no CUDA graph replays it (one is recorded
-  // per shape).
+  // size in their ranges, read from each call's inputs. Its kernels take their outer extent per
+  // call (KernelStep::size_args, the CUDA grid per call) and its symbolic buffers are allocated
+  // at the call's sizes; no CUDA graph replays it.
   bool symbolic() const { return !sizes_.empty(); }
   int num_kernels() const { return num_kernels_; }
   int num_library_calls() const { return num_library_calls_; }
@@ -284,7 +284,7 @@ class Plan {
   std::vector<uint32_t> ids_;                // Slot -> value id, sorted.
   std::vector<ValueMeta> metas_;             // Slot -> metadata.
   // Slot -> whether its metadata depends on the size symbols (metas_ then holds zeros there:
-  // nothing reads a symbolic value's layout).
+  // its layout is evaluated per call from layouts_, MetaAt).
   std::vector<char> symbolic_;
   // Slot -> a symbolic value's size and stride expressions (empty for a static slot): the
   // layout of its buffer, or of what a kernel reads, per call.

@@ -18,7 +18,9 @@ typedef void (*kiln_parallel_for_fn)(int64_t begin, int64_t end, int64_t grain, 
 // A kernel, exported from the artifact's shared object as
 //   extern "C" void <KernelLaunch.symbol>(void* const* args, kiln_parallel_for_fn parallel_for);
 // args[i] is the data pointer (storage offset applied) of value KernelLaunch.args[i], which has
-// exactly the dtype, sizes and strides ExecutionPlan.values gives for it.
+// exactly the dtype, sizes and strides ExecutionPlan.values gives for it (in a plan with size
+// symbols, evaluated at the call's); after them, args[args_size() + j] points to the int64_t
+// value of KernelLaunch.size_args[j] at this call.
 typedef void (*kiln_kernel_fn)(void* const* args, kiln_parallel_for_fn parallel_for);
 
 // CUDA kernels (BINARY_FORMAT_CUBIN) need no type from this file: the cubin exports
@@ -26,7 +28,8 @@ typedef void (*kiln_kernel_fn)(void* const* args, kiln_parallel_for_fn parallel_
 // with exactly one pointer parameter per KernelLaunch.args entry, in order: the device address
 // (storage offset applied) of that value, which has exactly the dtype, sizes and strides
 // ExecutionPlan.values gives for it (sizes and strides are compiled in; bf16 and f16 are passed as
-// 16-bit words). The runtime launches it with cuLaunchKernel on the caller's current stream with
+// 16-bit words); then one int64_t parameter per KernelLaunch.size_args entry, its value at this
+// call, and grid[0] computed per call where KernelLaunch.grid_work is set. The runtime launches it with cuLaunchKernel on the caller's current stream with
 // KernelLaunch.grid, .block and .shared_memory_bytes (dynamic shared memory) and nothing else;
 // kernels never allocate. Artifact.kernel_ptx holds the same kernels as PTX for newer GPUs.
 
