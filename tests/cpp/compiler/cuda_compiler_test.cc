@@ -21,6 +21,7 @@
 namespace kiln::compiler {
 namespace {
 
+using kiln::testing::AddSizeSymbols;
 using kiln::testing::B;
 using kiln::testing::F;
 using kiln::testing::GraphBuilder;
@@ -501,13 +502,7 @@ TEST_F(CudaKernelTest, KernelsOverSymbolicRowsTakeTheirExtentAndGridPerCall) {
     for (int n : {0, 2, 3}) SetSymbolic(g->mutable_nodes(n)->mutable_outputs(0)->mutable_meta(), full);
     SetSymbolic(g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta(),
                 {Term(1, {0}), Term(1, {1}), Term(1)});
-    for (uint32_t id : {0u, 1u}) {
-      auto* sym = g->add_size_symbols();
-      sym->set_id(id);
-      sym->set_input(x);
-      sym->set_dim(id);
-      sym->set_min(2);
-    }
+    AddSizeSymbols(g, x, 2, 2);
     auto body = Build(request, nullptr);
     KILN_SKIP_IF_NO_NVRTC();
     const auto launches = Launches(body.plan());

@@ -14,6 +14,7 @@ namespace kiln::compiler {
 namespace {
 
 using kiln::testing::GraphBuilder;
+using kiln::testing::AddSizeSymbols;
 using kiln::testing::B;
 using kiln::testing::Ints;
 using kiln::testing::SetSymbolic;
@@ -203,13 +204,7 @@ kiln::v1::CompileRequest TwoSymbols(bool broadcast_b, bool mean, int64_t dim = -
     SetSymbolic(g->mutable_nodes(1)->mutable_outputs(0)->mutable_meta(),
                 {Term(1, {0}), Term(1, {1}), Term(1)});
   }
-  for (uint32_t id : {0u, 1u}) {
-    auto* s = g->add_size_symbols();
-    s->set_id(id);
-    s->set_input(x);
-    s->set_dim(id);
-    s->set_min(2);
-  }
+  AddSizeSymbols(g, x, 2, 2);
   return request;
 }
 

@@ -51,4 +51,15 @@ inline void SetSymbolic(kiln::v1::TensorMeta* m, const std::vector<SymExpr>& exp
   }
 }
 
+// Declares size symbols 0 .. count - 1, symbol d the size of input `input`'s dim d, each >= min.
+inline void AddSizeSymbols(kiln::v1::Graph* g, uint32_t input, uint32_t count, int64_t min) {
+  for (uint32_t id = 0; id < count; ++id) {
+    auto* s = g->add_size_symbols();
+    s->set_id(id);
+    s->set_input(input);
+    s->set_dim(id);
+    s->set_min(min);
+  }
+}
+
 }  // namespace kiln::testing
