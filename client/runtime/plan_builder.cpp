@@ -270,7 +270,6 @@ class Plan::Builder {
 
   Plan& plan_;
   // Value id -> its size expressions, for the values whose sizes depend on the symbols.
-  std::unordered_map<uint32_t, std::vector<SizeExpr>> symbolic_sizes_;
   std::vector<char> state_, is_buffer_, written_, is_output_;
   std::set<int> watched_;  // Constant slots the prologue reads.
 };
@@ -354,7 +353,6 @@ Status Plan::Builder::Values(const PlanSpec& spec) {
               .push_back(*std::move(compiled));
         }
       }
-      symbolic_sizes_[v->id] = layout.sizes;
       plan_.layouts_.push_back(std::move(layout));
       std::fill(meta.sizes.begin(), meta.sizes.end(), 0);
       std::fill(meta.strides.begin(), meta.strides.end(), 0);
@@ -477,7 +475,7 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
     KILN_ASSIGN_OR_RETURN(const int s, Slot(spec.inputs[i]));
     KILN_RETURN_IF_ERROR(Define(s, "input"));
     if (plan_.symbolic_[s]) {
-      plan_.sized_inputs_.push_back({i - num_params, symbolic_sizes_.at(spec.inputs[i])});
+      plan_.sized_inputs_.push_back({i - num_params, plan_.layouts_[s].sizes});
     }
     plan_.input_slots_.push_back(s);
   }

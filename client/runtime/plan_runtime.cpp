@@ -32,10 +32,12 @@
 
 namespace kiln::runtime {
 
-StatusOr<ValueMeta> Plan::MetaAt(int s, const std::vector<int64_t>* symbols) const {
-  if (!symbolic_[s]) return metas_[s];
+StatusOr<const ValueMeta*> Plan::MetaAt(int s, const std::vector<int64_t>* symbols,
+                                         ValueMeta* scratch) const {
+  if (!symbolic_[s]) return &metas_[s];
   if (symbols == nullptr) return Status::RuntimeError("internal: a symbolic value without symbols");
-  ValueMeta m = metas_[s];
+  ValueMeta& m = *scratch;
+  m = metas_[s];
   const SymbolicLayout& layout = layouts_[s];
   for (size_t d = 0; d < layout.sizes.size(); ++d) {
     KILN_ASSIGN_OR_RETURN(m.sizes[d], PlanSizes::Evaluate(layout.sizes[d], *symbols));
@@ -47,21 +49,16 @@ StatusOr<ValueMeta> Plan::MetaAt(int s, const std::vector<int64_t>* symbols) con
   if (!CheckedStorageBytes(m)) {
     return Status::RuntimeError(ValueName(ids_[s]) + " spans more bytes than int64_t counts");
   }
-  return m;
+  return &m;
 }
 
 at::Tensor Plan::AllocateBuffer(int slot, const at::Tensor& arena,
                                 const std::vector<int64_t>* symbols) const {
-  if (symbolic_[slot]) {
-    // Sized per call (never in the arena: Create checked).
-    StatusOr<ValueMeta> m = MetaAt(slot, symbols);
-    if (!m.ok()) throw std::runtime_error(std::string(m.status().message()));
-    if (device_.is_cpu() && m->storage_offset == 0) {
-      return at::Tensor(at::detail::empty_strided_cpu(m->sizes, m->strides, m->dtype));
-    }
-    return EmptyWithLayout(*m, at::TensorOptions().dtype(m->dtype).device(device_));
-  }
-  const ValueMeta& m = metas_[slot];
+  // A symbolic buffer is sized per call (never in the arena: Create checked).
+  ValueMeta scratch;
+  StatusOr<const ValueMeta*> at_call = MetaAt(slot, symbols, &scratch);
+  if (!at_call.ok()) throw std::runtime_error(std::string(at_call.status().message()));
+  const ValueMeta& m = **at_call;
   if (!buffers_[slot].in_arena) {
     // On the CPU straight from the allocator: what at::empty_strided ends in, without its trip
     // through the dispatcher (a plan allocates every intermediate of every call).
@@ -131,7 +128,9 @@ Status Plan::RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals,
                                   ") is undefined");
     }
     if (k.checked[i]) {
-      KILN_ASSIGN_OR_RETURN(const ValueMeta m, MetaAt(s, symbols));
+      ValueMeta scratch;
+      KILN_ASSIGN_OR_RETURN(const ValueMeta* at_call, MetaAt(s, symbols, &scratch));
+      const ValueMeta& m = *at_call;
       if (t->device().type() != device_.type() || t->scalar_type() != m.dtype ||
           t->sizes() != c10::IntArrayRef(m.sizes) ||
           (cuda_module_ && t->device().index() != device_.index())) {
@@ -264,9 +263,13 @@ at::Tensor Plan::MadeView(const LibraryStep& l, const std::vector<at::Tensor>& v
       (in.requires_grad() && at::GradMode::is_enabled())) {
     return at::Tensor();
   }
-  StatusOr<ValueMeta> im = MetaAt(l.view_of, symbols);
-  StatusOr<ValueMeta> om = MetaAt(l.outputs[0], symbols);
-  if (!im.ok() || !om.ok() || om->dtype != im->dtype || in.scalar_type() != im->dtype ||
+  ValueMeta in_scratch, out_scratch;
+  StatusOr<const ValueMeta*> im_at = MetaAt(l.view_of, symbols, &in_scratch);
+  StatusOr<const ValueMeta*> om_at = MetaAt(l.outputs[0], symbols, &out_scratch);
+  if (!im_at.ok() || !om_at.ok()) return at::Tensor();
+  const ValueMeta* im = *im_at;
+  const ValueMeta* om = *om_at;
+  if (om->dtype != im->dtype || in.scalar_type() != im->dtype ||
       in.sizes() != c10::IntArrayRef(im->sizes) || in.strides() != c10::IntArrayRef(im->strides)) {
     return at::Tensor();
   }

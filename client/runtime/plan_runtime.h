@@ -261,8 +261,10 @@ class Plan {
                            const std::vector<at::Tensor>& inputs) const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena,
                             const std::vector<int64_t>* symbols) const;
-  // The metadata of slot `s` at the call's symbol values (metas_[s] for a static slot).
-  StatusOr<ValueMeta> MetaAt(int s, const std::vector<int64_t>* symbols) const;
+  // The metadata of slot `s` at the call's symbol values: metas_[s] itself for a static slot (no
+  // copy on the per-call path), else evaluated into `*scratch`.
+  StatusOr<const ValueMeta*> MetaAt(int s, const std::vector<int64_t>* symbols,
+                                    ValueMeta* scratch) const;
   Status RunKernel(const KernelStep& k, std::vector<at::Tensor>& vals,
                    const std::vector<int64_t>* symbols) const;
   Status LaunchCuda(const KernelStep& k, void* const* pointers, size_t n,

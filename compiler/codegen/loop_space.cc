@@ -78,15 +78,9 @@ std::string OuterExtent(int64_t size, int64_t runtime_outer) {
 }
 
 std::string ExtentProduct(const std::vector<int64_t>& sizes, int64_t runtime_outer) {
-  if (runtime_outer == 0 || sizes.empty()) {
-    int64_t n = 1;
-    for (int64_t s : sizes) n *= s;
-    return std::to_string(n);
-  }
-  int64_t rest = sizes[0] / runtime_outer;
-  for (size_t d = 1; d < sizes.size(); ++d) rest *= sizes[d];
-  return rest == 1 ? std::string(kOuterExtent)
-                   : "(" + std::string(kOuterExtent) + " * " + std::to_string(rest) + ")";
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return OuterExtent(n, sizes.empty() ? 0 : runtime_outer);
 }
 
 }  // namespace kiln::compiler

@@ -60,6 +60,9 @@ struct FusedProgram {
 // The symbol a code generator exports for group `index` and the plan's KernelLaunch names.
 std::string KernelSymbol(int index);
 
+// sizes[0] where it is the call's (runtime_outer set); 0 for a static group.
+inline int64_t RuntimeOuter(const FusedGroup& g) { return g.runtime_outer ? g.sizes[0] : 0; }
+
 // The shape of a row value of a row-wise group: sizes[:outer_rank] then ones.
 std::vector<int64_t> RowShape(const FusedGroup& group);
 

@@ -1,6 +1,7 @@
 // PlanGraph: the passes every compile runs, in order, each recorded for kiln.debug.
 #include "compiler/passes/plan_pipeline.h"
 
+#include "compiler/ir/graph_index.h"
 #include "compiler/passes/bound_prologue.h"
 #include "compiler/passes/conv_folding.h"
 #include "compiler/passes/graph_passes.h"
@@ -24,10 +25,8 @@ kiln::v1::Graph ReturningUpdatedValues(const kiln::v1::Graph& graph) {
 // runs as ATen's calls from one plan that evaluates every size per call.
 FusedProgram LibrarySteps(const kiln::v1::Graph& graph) {
   FusedProgram program;
-  for (const auto& v : graph.inputs()) program.meta[v.id()] = &v.meta();
-  for (const auto& c : graph.constants()) program.meta[c.value().id()] = &c.value().meta();
+  program.meta = IndexValues(graph).meta;
   for (int i = 0; i < graph.nodes_size(); ++i) {
-    for (const auto& out : graph.nodes(i).outputs()) program.meta[out.id()] = &out.meta();
     FusedStep step;
     step.node = i;
     program.steps.push_back(step);
@@ -55,7 +54,7 @@ PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request, kiln::v1
   } else {
     // The plan's values keep their expressions: the same steps over the symbolic graph's metas.
     FusedProgram over_symbols = fused->program;
-    over_symbols.meta = LibrarySteps(*planned.graph).meta;
+    over_symbols.meta = IndexValues(*planned.graph).meta;
     *plan = BuildPlan(*planned.graph, over_symbols, &bound);
     planned.graph = std::move(fused->kernels_graph);
     planned.program = std::move(fused->program);

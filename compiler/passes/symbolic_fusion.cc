@@ -94,23 +94,13 @@ std::unique_ptr<Graph> RepresentativeGraph(const Graph& graph, const SymbolValue
   return out;
 }
 
-template <typename G, typename M>
-std::unordered_map<uint32_t, M*> MetasOf(G& graph) {
-  std::unordered_map<uint32_t, M*> meta;
+// Every value's metadata, to rewrite (IndexValues' meta, mutable).
+std::unordered_map<uint32_t, TensorMeta*> MutableMetas(Graph& graph) {
+  std::unordered_map<uint32_t, TensorMeta*> meta;
   for (auto& v : *graph.mutable_inputs()) meta[v.id()] = v.mutable_meta();
   for (auto& c : *graph.mutable_constants()) meta[c.value().id()] = c.mutable_value()->mutable_meta();
   for (auto& n : *graph.mutable_nodes()) {
     for (auto& o : *n.mutable_outputs()) meta[o.id()] = o.mutable_meta();
-  }
-  return meta;
-}
-
-MetaMap ConstMetas(const Graph& graph) {
-  MetaMap meta;
-  for (const auto& v : graph.inputs()) meta[v.id()] = &v.meta();
-  for (const auto& c : graph.constants()) meta[c.value().id()] = &c.value().meta();
-  for (const auto& n : graph.nodes()) {
-    for (const auto& o : n.outputs()) meta[o.id()] = &o.meta();
   }
   return meta;
 }
@@ -394,18 +384,14 @@ bool Apply(const Merge& merge, FusedGroup& g, Graph& kernels,
     std::copy(sizes.begin(), sizes.begin() + new_outer, rows.begin());
     kept.assign(sizes.begin(), sizes.begin() + new_outer);
   }
-  std::unordered_set<uint32_t> defined;
+  std::unordered_set<uint32_t> reduced;  // what the group's reductions read
   for (int ni : g.nodes) {
     kiln::v1::Node& node = *kernels.mutable_nodes(ni);
     if (auto r = MatchReduction(node, rmeta, device)) {
-      const int input_rank = rmeta.at(r->input)->sizes_size();
-      if (!DimsFromEnd(node, input_rank)) return false;
-      if (!defined.count(r->input) && !std::count(g.input_ids.begin(), g.input_ids.end(), r->input)) {
-        return false;
-      }
+      if (!DimsFromEnd(node, rmeta.at(r->input)->sizes_size())) return false;
+      reduced.insert(r->input);
     }
     for (auto& out : *node.mutable_outputs()) {
-      defined.insert(out.id());
       const TensorMeta& original = *meta.at(out.id());
       const std::vector<int64_t>* shape = &sizes;
       if (outer >= 0 && Sizes(*rmeta.at(out.id())) != g.sizes) {
@@ -421,12 +407,9 @@ bool Apply(const Merge& merge, FusedGroup& g, Graph& kernels,
     g.inputs[i].strides = merge.input_strides[i];
     // A reduction reading a group input sees it over the merged space.
     const uint32_t id = g.input_ids[i];
-    bool reduced = false;
-    for (int ni : g.nodes) {
-      auto r = MatchReduction(kernels.nodes(ni), rmeta, device);
-      reduced = reduced || (r && r->input == id);
+    if (reduced.count(id) && !SetMeta(*kmeta.at(id), sizes, merge.input_strides[i], set, id)) {
+      return false;
     }
-    if (reduced && !SetMeta(*kmeta.at(id), sizes, merge.input_strides[i], set, id)) return false;
   }
   g.sizes = sizes;
   if (outer >= 0) g.outer_rank = outer - merge.merged + 1;
@@ -442,28 +425,25 @@ std::optional<SymbolicFusion> FuseSymbolicGraph(const Graph& graph,
   const SymbolValues values = Representatives(graph);
   std::unique_ptr<Graph> represented = RepresentativeGraph(graph, values);
   if (!represented) return std::nullopt;
-  const MetaMap meta = ConstMetas(graph), rmeta = ConstMetas(*represented);
-  std::unordered_map<uint32_t, int> producer;
-  for (int i = 0; i < graph.nodes_size(); ++i) {
-    for (const auto& out : graph.nodes(i).outputs()) producer[out.id()] = i;
-  }
-  GroupCheck check(graph, *represented, meta, rmeta, producer, device);
+  const ValueIndex index = IndexValues(graph);
+  const MetaMap rmeta = IndexValues(*represented).meta;
+  GroupCheck check(graph, *represented, index.meta, rmeta, index.producer, device);
   std::unordered_set<int> library;
   while (true) {
     FusedProgram program = FuseGraph(*represented, bound, device, &library);
     auto kernels = std::make_unique<Graph>(*represented);
-    auto kmeta = MetasOf<Graph, TensorMeta>(*kernels);
+    auto kmeta = MutableMetas(*kernels);
     std::unordered_map<uint32_t, std::vector<int64_t>> set;
     bool refuse = false;
     for (FusedGroup& g : program.groups) {
       std::optional<Merge> merge = check.Check(g);
-      if (merge && Apply(*merge, g, *kernels, kmeta, meta, rmeta, device, set)) continue;
+      if (merge && Apply(*merge, g, *kernels, kmeta, index.meta, rmeta, device, set)) continue;
       const std::vector<int>& blamed = merge ? g.nodes : check.blame();
       library.insert(blamed.begin(), blamed.end());
       refuse = true;
     }
     if (refuse) continue;
-    program.meta = ConstMetas(*kernels);
+    program.meta = IndexValues(*kernels).meta;
     return SymbolicFusion{std::move(kernels), std::move(program)};
   }
 }

@@ -192,7 +192,7 @@ class CpuRowKernel : public RowKernel {
     const int64_t unit_length = row_length * std::max(lanes_, 1);
     // Rows counted per call: always the parallel form (parallel_for runs a range shorter than
     // its grain on the calling thread).
-    const int64_t runtime_outer = g_.runtime_outer ? g_.sizes[0] : 0;
+    const int64_t runtime_outer = RuntimeOuter(g_);
     const bool parallel = runtime_outer > 0 || (units > 1 && total >= kParallelElements);
     // Reduction inputs computed in the kernel are kept per row in a stack buffer when rows are
     // short: the passes after the first read them instead of recomputing their prologue.
@@ -385,7 +385,7 @@ std::string PointwiseKernel(const kiln::v1::Graph& graph, const FusedProgram& pr
   // vectorizes nothing and strides through the inputs: the longest dim some input reads
   // contiguously goes innermost instead, so the loop reads consecutive elements and its
   // writes, a few elements apart, stay within the same cache lines.
-  const int64_t runtime_outer = g.runtime_outer ? g.sizes[0] : 0;
+  const int64_t runtime_outer = RuntimeOuter(g);
   if (csizes.size() >= 2 && csizes.back() < 16) {
     int longest = -1;
     // (A runtime outer extent stays outermost: its size is the call's.)

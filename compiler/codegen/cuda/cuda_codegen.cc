@@ -226,8 +226,7 @@ void Parameters(const FusedGroup& g, const FusedProgram& program, std::ostringst
 // the group's representative outer extent `runtime_outer`) units of work in the outer extent's
 // terms, `per_block` of them a block.
 void RuntimeGrid(const FusedGroup& g, int64_t work, int64_t per_block, CudaLaunch* launch) {
-  const int64_t runtime_outer = g.sizes[0];
-  launch->grid_work = SymProduct(*g.runtime_outer, SymConstant(work / runtime_outer));
+  launch->grid_work = SymProduct(*g.runtime_outer, SymConstant(work / RuntimeOuter(g)));
   launch->grid_work_per_block = static_cast<uint32_t>(per_block);
   launch->grid_max = static_cast<uint32_t>(kMaxGrid);
 }
@@ -271,7 +270,7 @@ class PointwiseKernel {
     }
     int64_t numel = 1;
     for (int64_t s : space_.sizes) numel *= s;
-    runtime_outer_ = g_.runtime_outer ? g_.sizes[0] : 0;
+    runtime_outer_ = RuntimeOuter(g_);
     const std::string numel_text = ExtentProduct(space_.sizes, runtime_outer_);
     int64_t largest = numel;
     for (size_t a = 0; a < accesses_.size(); ++a) {
@@ -574,7 +573,7 @@ class CudaRowKernel : public RowKernel {
     int64_t rows = 1, largest = 1;
     for (int d = 0; d < outer_; ++d) rows *= g_.sizes[d];
     const int64_t length = length_;
-    const int64_t runtime_outer = g_.runtime_outer ? g_.sizes[0] : 0;
+    const int64_t runtime_outer = RuntimeOuter(g_);
     const std::string rows_text =
         ExtentProduct({g_.sizes.begin(), g_.sizes.begin() + outer_}, runtime_outer);
     for (const KernelOperand& in : g_.inputs) {
