@@ -439,7 +439,6 @@ Status Plan::Builder::Build(const PlanSpec& spec, const PlanBinding& binding) {
     const std::vector<uint32_t> per_call(spec.inputs.begin() + static_cast<long>(bound),
                                          spec.inputs.end());
     KILN_ASSIGN_OR_RETURN(plan_.sizes_, PlanSizes::Create(spec.size_symbols, per_call));
-    if (!spec.input_updates.empty()) return Invalid("a plan with size symbols has input updates");
   }
   KILN_RETURN_IF_ERROR(Values(spec));
   // Kernels before constants: a plan whose kernels cannot load fails before it copies anything
@@ -528,7 +527,17 @@ Status Plan::Builder::InputUpdates(const PlanSpec& spec, size_t num_params) {
       update.new_meta = after;
     }
     const ValueMeta& value = plan_.metas_[update.value_slot];
-    if (value.dtype != after.dtype || value.sizes != after.sizes) {
+    if (plan_.symbolic_[update.input_slot] || plan_.symbolic_[update.value_slot]) {
+      // Sizes that are expressions are compared per call (ApplyInputUpdates), at their values.
+      if (update.restride) {
+        return Invalid(where + ": a plan with size symbols changes an input's layout");
+      }
+      if (value.dtype != after.dtype || value.sizes.size() != after.sizes.size()) {
+        return Invalid(where + ": " + ValueName(u.value) + " is " + c10::toString(value.dtype) +
+                       " of " + std::to_string(value.sizes.size()) + " dims, its input " +
+                       c10::toString(after.dtype) + " of " + std::to_string(after.sizes.size()));
+      }
+    } else if (value.dtype != after.dtype || value.sizes != after.sizes) {
       return Invalid(where + ": " + ValueName(u.value) + " is " +
                      Describe(value.dtype, value.sizes, value.strides) + ", its input " +
                      Describe(after.dtype, after.sizes, after.strides));

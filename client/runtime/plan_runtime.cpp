@@ -512,7 +512,9 @@ Status Plan::RunMain(const std::vector<at::Tensor>* prologue_values,
                   : at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
     }
     KILN_RETURN_IF_ERROR(RunSteps(steps_, vals, arena, nullptr, symbolic() ? &symbols : nullptr));
-    if (!input_updates_.empty()) KILN_RETURN_IF_ERROR(ApplyInputUpdates(vals, inputs));
+    if (!input_updates_.empty()) {
+      KILN_RETURN_IF_ERROR(ApplyInputUpdates(vals, inputs, symbolic() ? &symbols : nullptr));
+    }
     outputs->clear();
     outputs->reserve(output_slots_.size());
     for (int s : output_slots_) outputs->push_back(vals[s]);
@@ -553,11 +555,16 @@ StatusOr<std::vector<int64_t>> Plan::BindSizes(const std::vector<at::Tensor>& in
 }
 
 Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
-                               const std::vector<at::Tensor>& inputs) const {
+                               const std::vector<at::Tensor>& inputs,
+                               const std::vector<int64_t>* symbols) const {
   // Every check before the first write: a plan that fails here leaves the inputs as they were,
   // so that the eager fallback runs the graph on what the caller passed.
   std::vector<at::Tensor> targets, sources;
-  for (const InputUpdate& u : input_updates_) {
+  // Each input's layout at this call: its metadata, or a symbolic one's evaluated into scratch.
+  std::vector<ValueMeta> scratch(symbols != nullptr ? input_updates_.size() : 0);
+  std::vector<const ValueMeta*> layouts(input_updates_.size());
+  for (size_t i = 0; i < input_updates_.size(); ++i) {
+    const InputUpdate& u = input_updates_[i];
     // Built only for a failure's message: this runs on every call.
     const auto where = [&] {
       return "kiln plan: input update of " + ValueName(ids_[u.input_slot]) + ": ";
@@ -565,12 +572,16 @@ Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
     const at::Tensor& target =
         u.call_index >= 0 ? inputs[static_cast<size_t>(u.call_index)] : originals_[u.input_slot];
     const at::Tensor& value = vals[u.value_slot];
-    const ValueMeta& in = metas_[u.input_slot];
     if (!target.defined() || !value.defined()) {
       return Status::RuntimeError(where() + "an undefined tensor");
     }
+    KILN_ASSIGN_OR_RETURN(layouts[i], MetaAt(u.input_slot, symbols,
+                                             symbols != nullptr ? &scratch[i] : nullptr));
+    const ValueMeta& in = *layouts[i];
+    // The value's sizes too: copy_ would broadcast a smaller one without a word.
+    const c10::IntArrayRef written(u.restride ? u.new_meta.sizes : in.sizes);
     if (target.scalar_type() != in.dtype || target.sizes() != c10::IntArrayRef(in.sizes) ||
-        value.scalar_type() != in.dtype) {
+        value.scalar_type() != in.dtype || value.sizes() != written) {
       return Status::RuntimeError(where() + "the input is " +
                                   Describe(target.scalar_type(), target.sizes(), target.strides()) +
                                   ", the plan's " + Describe(in.dtype, in.sizes, in.strides));
@@ -591,7 +602,7 @@ Status Plan::ApplyInputUpdates(const std::vector<at::Tensor>& vals,
     const InputUpdate& u = input_updates_[i];
     for (size_t j = 0; j < targets.size(); ++j) {
       if (!sources[i].is_alias_of(targets[j])) continue;
-      const ValueMeta& own = u.restride ? u.new_meta : metas_[u.input_slot];
+      const ValueMeta& own = u.restride ? u.new_meta : *layouts[i];
       if (j == i && (u.restride || HasLayout(targets[j], own)) && HasLayout(sources[i], own)) {
         continue;  // the input's own elements, in its final layout: copy_ leaves them
       }

@@ -258,7 +258,8 @@ class Plan {
   Status RunMain(const std::vector<at::Tensor>* prologue_values,
                  const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs) const;
   Status ApplyInputUpdates(const std::vector<at::Tensor>& vals,
-                           const std::vector<at::Tensor>& inputs) const;
+                           const std::vector<at::Tensor>& inputs,
+                           const std::vector<int64_t>* symbols) const;
   at::Tensor AllocateBuffer(int slot, const at::Tensor& arena,
                             const std::vector<int64_t>* symbols) const;
   // The metadata of slot `s` at the call's symbol values: metas_[s] itself for a static slot (no

@@ -183,6 +183,11 @@ absl::Status ValidateInputUpdates(const kiln::v1::Graph& graph, const Validation
       return Invalid(absl::StrCat(where, ": value ", u.value(), " is undefined"));
     }
     const TensorMeta* after = input->second;
+    if (u.has_new_meta() && IsSymbolic(graph)) {
+      // The update writes the input's elements per call; its metadata cannot spell a layout at
+      // the call's sizes.
+      return Invalid(where + ": a graph with size symbols changes an input's layout");
+    }
     if (u.has_new_meta()) {
       int64_t numel = 0;
       if (absl::Status s = ValidateMeta(u.new_meta(), limits, &numel); !s.ok()) {
@@ -196,8 +201,15 @@ absl::Status ValidateInputUpdates(const kiln::v1::Graph& graph, const Validation
       after = &u.new_meta();
     }
     const TensorMeta& v = *value->second;
-    if (v.dtype() != after->dtype() || !std::equal(v.sizes().begin(), v.sizes().end(),
-                                                   after->sizes().begin(), after->sizes().end())) {
+    const bool same_sizes =
+        std::equal(v.sizes().begin(), v.sizes().end(), after->sizes().begin(),
+                   after->sizes().end()) &&
+        std::equal(v.size_exprs().begin(), v.size_exprs().end(), after->size_exprs().begin(),
+                   after->size_exprs().end(),
+                   [](const kiln::v1::SymExpr& a, const kiln::v1::SymExpr& b) {
+                     return SymEqual(a, b);
+                   });
+    if (v.dtype() != after->dtype() || !same_sizes) {
       return Invalid(absl::StrCat(where, ": value ", u.value(),
                                   " has another dtype or other sizes than its input"));
     }
@@ -206,10 +218,9 @@ absl::Status ValidateInputUpdates(const kiln::v1::Graph& graph, const Validation
 }
 
 // Each size symbol bound to a per-call input's dimension whose size is exactly that symbol, with
-// a range; a graph with symbols updates no input.
+// a range.
 absl::Status ValidateSizeSymbols(const kiln::v1::Graph& graph) {
   if (!IsSymbolic(graph)) return absl::OkStatus();
-  if (graph.input_updates_size() > 0) return Invalid("a graph with size symbols updates an input");
   std::unordered_map<uint32_t, const TensorMeta*> per_call;
   for (int i = static_cast<int>(graph.num_bound_inputs()); i < graph.inputs_size(); ++i) {
     per_call[graph.inputs(i).id()] = &graph.inputs(i).meta();

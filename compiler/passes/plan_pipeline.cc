@@ -35,12 +35,14 @@ FusedProgram LibrarySteps(const kiln::v1::Graph& graph) {
 }
 
 // The pipeline of a graph with size symbols: only passes that read no size (dead code, bound
-// work first), then kernels whose outer extent is a runtime value where the fuser's decisions
+// work first; the updated values kept as outputs are), then kernels whose outer extent is a runtime value where the fuser's decisions
 // hold for every size (FuseSymbolicGraph), library steps for the rest. The plan names the
 // graph's values with their size expressions; the generators read the kernels' graph.
 PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request, kiln::v1::DeviceKind device,
                                kiln::v1::PassSnapshots& snapshots, PassLog& passes) {
-  kiln::v1::Graph graph = passes.After("dead code", EliminateDeadCode(request.graph()));
+  const int returned = request.graph().outputs_size();
+  kiln::v1::Graph graph =
+      passes.After("dead code", EliminateDeadCode(ReturningUpdatedValues(request.graph())));
   const std::unordered_set<uint32_t> bound = BoundValues(graph);
   PlannedGraph planned;
   planned.graph = std::make_unique<kiln::v1::Graph>(
@@ -61,6 +63,8 @@ PlannedGraph PlanSymbolicGraph(const kiln::v1::CompileRequest& request, kiln::v1
     for (const FusedStep& s : planned.program.steps) planned.has_kernels |= s.is_kernel;
   }
   *plan->mutable_size_symbols() = request.graph().size_symbols();
+  plan->mutable_outputs()->Truncate(returned);  // the updated values: written, not returned
+  *plan->mutable_input_updates() = request.graph().input_updates();
   return planned;
 }
 

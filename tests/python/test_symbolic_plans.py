@@ -90,7 +90,7 @@ def test_sizes_the_trace_computes_reach_the_plan_as_expressions(whole_graphs):
     assert whole_graphs[0].whole is not None
 
 
-def test_a_graph_with_an_in_place_op_keeps_running_per_signature(whole_graphs):
+def test_an_in_place_op_on_a_value_the_graph_made_becomes_its_functional_op(whole_graphs):
     def f(x):
         y = x * 2
         y.add_(1)
@@ -100,7 +100,99 @@ def test_a_graph_with_an_in_place_op_keeps_running_per_signature(whole_graphs):
     for n in (2, 3, 5, 8):
         x = torch.randn(n, 4)
         torch.testing.assert_close(compiled(x), f(x))
+    assert whole_graphs and whole_graphs[0].whole is not None
+    assert _symbolic(kiln.debug.artifacts())
+
+
+def test_a_write_through_a_view_of_an_input_keeps_running_per_signature(whole_graphs):
+    def f(x):
+        x[:, :1].add_(1)
+        return x * 2
+
+    compiled = kiln.compile(f)
+    for n in (2, 3, 5, 8):
+        x = torch.randn(n, 4)
+        mine = x.clone()
+        torch.testing.assert_close(compiled(mine), f(x))
+        torch.testing.assert_close(mine, x)
     assert whole_graphs and whole_graphs[0].whole is None
+    assert not _symbolic(kiln.debug.artifacts())
+
+
+def _cache_step(keys, values, length, position, k, v):
+    """A decoder's static-cache step: the new key and value written into the caches at
+    `position`, the count of tokens bumped, attention over the whole cache."""
+    keys.index_copy_(2, position, k)
+    values.index_copy_(2, position, v)
+    length.add_(k.shape[2])
+    scores = (k @ keys.transpose(-1, -2)).softmax(-1)
+    return scores @ values, length * 1
+
+
+def test_writes_into_its_inputs_are_updates_of_one_plan_for_every_size(whole_graphs):
+    compiled = kiln.compile(_cache_step)
+    torch.manual_seed(0)
+    for batch, cache_len in ((2, 6), (3, 9), (4, 7), (2, 12), (5, 10)):
+        caches = [torch.randn(batch, 2, cache_len, 8) for _ in range(2)]
+        length = torch.zeros(1, dtype=torch.long)
+        mine = [c.clone() for c in caches] + [length.clone()]
+        for step in range(3):
+            position = torch.tensor([step])
+            k, v = torch.randn(batch, 2, 1, 8), torch.randn(batch, 2, 1, 8)
+            expected = _cache_step(*caches, length, position, k, v)
+            got = compiled(*mine, position, k, v)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+            # The caller's own tensors hold the writes, as eager's do.
+            for a, b in zip(mine, caches + [length]):
+                torch.testing.assert_close(a, b)
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert plan.plan.symbolic
+    assert any(g.whole is not None for g in whole_graphs)
+
+
+def test_a_view_taken_before_a_write_into_an_input_is_read_as_eager_reads_it(whole_graphs):
+    def f(x, y):
+        before = x[:, :1]  # a view: in eager it shows the write below
+        x.mul_(2)
+        return before + y
+
+    compiled = kiln.compile(f)
+    for n in (2, 3, 5, 8):
+        x, y = torch.randn(n, 4), torch.randn(n, 1)
+        mine = x.clone()
+        torch.testing.assert_close(compiled(mine, y), f(x, y))
+        torch.testing.assert_close(mine, x)
+    assert not _symbolic(kiln.debug.artifacts())
+
+
+def _with_sizes(x):
+    """Sizes among the results (a cache's batch size stored on its first call), and a number
+    that is an expression of them."""
+    return (x * 2).relu(), x.shape[0], x.shape[1] * 2
+
+
+def test_sizes_it_returns_are_read_from_each_calls_inputs(whole_graphs):
+    def f(x):
+        y, rows, _ = _with_sizes(x)
+        return y, rows
+
+    compiled = kiln.compile(f)
+    for b, t in ((2, 5), (3, 7), (4, 6), (6, 9), (5, 4)):
+        x = torch.randn(b, t)
+        (got, rows), (expected, eager_rows) = compiled(x), f(x)
+        torch.testing.assert_close(got, expected)
+        assert rows == eager_rows and type(rows) is int
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert len(plan.body.plan.outputs) == 1  # the size is no output of the plan
+
+
+def test_a_number_that_is_no_inputs_size_keeps_the_graph_per_signature(whole_graphs):
+    compiled = kiln.compile(_with_sizes)
+    for b, t in ((2, 5), (3, 7), (4, 6)):
+        x = torch.randn(b, t)
+        got, expected = compiled(x), _with_sizes(x)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:]
     assert not _symbolic(kiln.debug.artifacts())
 
 

@@ -116,7 +116,7 @@ TEST(SymbolicGraph, EachSymbolIsAPerCallInputsDimension) {
   EXPECT_NE(Problem(twice).find("declared twice"), std::string::npos) << Problem(twice);
 }
 
-TEST(SymbolicGraph, ExpressionsNeedSymbolsAndSymbolsForbidInputUpdates) {
+TEST(SymbolicGraph, ExpressionsNeedSymbols) {
   Mlp m;
   auto no_symbols = m.request;
   no_symbols.mutable_graph()->clear_size_symbols();
@@ -129,10 +129,29 @@ TEST(SymbolicGraph, ExpressionsNeedSymbolsAndSymbolsForbidInputUpdates) {
   b.Output(b.Op("aten::view", {V(x), shape}, {4}));
   EXPECT_NE(Problem(b.Request()).find("SymInt argument in a static graph"), std::string::npos)
       << Problem(b.Request());
+}
+
+TEST(SymbolicGraph, AnInputUpdateWritesAValueOfTheInputsSizeExpressionsInItsLayout) {
+  Mlp m;
   auto updates = m.request;
   updates.mutable_graph()->add_input_updates()->set_input(m.x);
-  updates.mutable_graph()->mutable_input_updates(0)->set_value(m.r);
-  EXPECT_NE(Problem(updates).find("updates an input"), std::string::npos) << Problem(updates);
+  updates.mutable_graph()->mutable_input_updates(0)->set_value(m.r);  // [s0, 8] into [s0, 8]
+  EXPECT_EQ(Problem(updates), "");
+  auto other_sizes = updates;
+  other_sizes.mutable_graph()->mutable_input_updates(0)->set_value(m.z);  // [8 * s0]
+  EXPECT_NE(Problem(other_sizes).find("other sizes than its input"), std::string::npos)
+      << Problem(other_sizes);
+  auto other_exprs = updates;  // the same sizes at the example, another expression
+  SetSymbolic(other_exprs.mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta(),
+              {Term(1, {0}), Term(8)});
+  *other_exprs.mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()
+       ->mutable_size_exprs(1) = Term(4, {0});
+  EXPECT_NE(Problem(other_exprs), "");
+  auto restrided = updates;
+  *restrided.mutable_graph()->mutable_input_updates(0)->mutable_new_meta() =
+      restrided.graph().inputs(1).meta();
+  EXPECT_NE(Problem(restrided).find("changes an input's layout"), std::string::npos)
+      << Problem(restrided);
 }
 
 TEST(SymbolicGraph, PointwiseNodesBecomeOneKernelOverARuntimeOuterExtent) {

@@ -128,17 +128,21 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         return None
     if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
         return None
+    from kiln.graph.size_outputs import tensors_only
+
     try:
-        compiled = compile_symbolic_graph(gm, example_inputs)
+        # Sizes among its outputs are read from each call's inputs (kiln.graph.size_outputs).
+        graph, sizes = tensors_only(gm)
+        compiled = compile_symbolic_graph(graph, example_inputs)
     except Exception as e:  # the graph runs as it is, as before this compile existed
         log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
                   type(e).__name__, e)
         return None
-    compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
+    compiled.plan.fallback = graph.forward  # a run that fails warns once and goes eager
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
         print(format_artifact(compiled))
-    return compiled.plan
+    return compiled.plan if sizes is None else sizes.adapt(compiled.plan, gm.forward)
 
 
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,

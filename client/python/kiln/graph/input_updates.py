@@ -218,3 +218,128 @@ def _view_op(inplace: torch._ops.OpOverload) -> Optional[torch._ops.OpOverload]:
             return op
     return None
 
+
+
+def functional_writes(gm: torch.fx.GraphModule) -> None:
+    """For a graph traced without functionalization (lower_symbolic traces eager's ops: torch's
+    functionalization reads sizes as ints): each in-place op that writes a graph input itself
+    (cumulative_length.add_(n), keys.index_copy_(2, position, k): a decoder's static cache) or
+    a value the graph made (a cache's first call: zeros, then index_copy_ into them) becomes
+    its functional op; a trailing copy_ writes an input's last value back, as functionalization
+    leaves a graph, and returned_as_outputs takes it from there. The trace already points the
+    readers after a write at the in-place node (make_fx tracks the tensor's new value there),
+    which the functional node replaces.
+
+    A write the rewrite cannot make exact stays an in-place op, which to_ir refuses: one through
+    a view (of an input or of a value), into an input sharing memory with another, one whose
+    tensor a reader after it reads as it was (directly, or through a view taken before the
+    write: in eager that view shows the write), or an op without a functional twin of the same
+    arguments. The caller recompiles gm."""
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    written: Dict[torch.fx.Node, torch.fx.Node] = {}  # rewritten in-place node -> its tensor
+    last: Dict[torch.fx.Node, torch.fx.Node] = {}  # written tensor -> its latest value
+    for node in nodes:
+        functional = _functional_twin(node)
+        if functional is None:
+            continue
+        dst = written.get(node.args[0], node.args[0])
+        if not _own_memory(dst, placeholders) or \
+                not _writable_in_order(dst, node, placeholders, order, set(written)):
+            continue
+        with graph.inserting_after(node):
+            replacement = graph.call_function(functional, node.args, dict(node.kwargs))
+        replacement.meta = dict(node.meta)
+        try:
+            replacement.meta["val"] = _fresh_value(functional, node.args, node.kwargs)
+        except Exception:  # no fake value for it: left to to_ir, which refuses the write
+            graph.erase_node(replacement)
+            continue
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+        order[replacement] = order[node]
+        written[replacement] = dst
+        last[dst] = replacement
+    inputs = [dst for dst in last if dst.op == "placeholder"]
+    if not inputs:
+        return
+    output = next(n for n in graph.nodes if n.op == "output")
+    with graph.inserting_before(output):
+        for dst in inputs:
+            graph.call_function(aten.copy_.default, (dst, last[dst]))
+
+
+def _own_memory(node: torch.fx.Node, placeholders) -> bool:
+    """Whether `node` is a graph input, or a value the graph made in memory of its own (an op's
+    result that is no view, in no input's storage)."""
+    if node.op == "placeholder":
+        return True
+    if node.op != "call_function" or _is_view(node):
+        return False
+    storage = _storage(node)
+    return storage is not None and all(_storage(p) != storage for p in placeholders)
+
+
+def _functional_twin(node: torch.fx.Node):
+    """The functional overload of `node`'s in-place op (add_.Tensor -> add.Tensor) when it writes
+    only its first argument, returns it, and the twin takes the same arguments; else None."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or \
+            not node.args or not isinstance(node.args[0], torch.fx.Node) or \
+            torch.Tag.inplace_view in node.target.tags:
+        return None
+    schema = node.target._schema
+    writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+    if not writes or not writes[0] or any(writes[1:]) or schema.is_mutable is False or \
+            len(schema.returns) != 1 or schema.returns[0].alias_info is None:
+        return None
+    name = schema.name.split("::")[-1]
+    if not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    twin = getattr(packet, node.target._overloadname, None) if packet is not None else None
+    if twin is None or [a.name for a in twin._schema.arguments] != \
+            [a.name for a in schema.arguments] or \
+            any(a.alias_info is not None for a in twin._schema.arguments):
+        return None
+    return twin
+
+
+def _writable_in_order(dst: torch.fx.Node, write: torch.fx.Node, placeholders, order,
+                       rewritten) -> bool:
+    """Whether the write into `dst` (a graph input or a value of its own memory) at `write` can
+    become a functional value: no other input shares an input's memory, and nothing read after
+    the write reads `dst` as it was (the node itself, or a view of its memory computed before
+    the write), other than for its sizes and strides, which a write of its elements leaves as
+    they were."""
+    storage = _storage(dst)
+    if storage is None:
+        return False
+    if dst.op == "placeholder" and \
+            any(p is not dst and _storage(p) == storage for p in placeholders):
+        return False
+    at = order[write]
+    for node, position in order.items():
+        if node is write or node in rewritten or position >= at or node.op == "placeholder" \
+                and node is not dst:
+            continue
+        if node is not dst and (not _is_view(node) or _storage(node) != storage):
+            continue
+        if any(order.get(user, -1) > at for user in node.users
+               if user is not write and user.target not in _METADATA_READS):
+            return False
+    return True
+
+
+# Ops that read only a tensor's metadata.
+_METADATA_READS = (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default,
+                   aten.sym_storage_offset.default, aten.dim.default)
+
+
+def _fresh_value(target, args, kwargs) -> torch.Tensor:
+    """The fake tensor `target` makes of the nodes' values: a new tensor, not the input's."""
+    values, kw = meta_values(args), meta_values(kwargs)
+    with detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)]) or \
+            contextlib.nullcontext():
+        return target(*values, **kw)

@@ -429,9 +429,11 @@ def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None):
             raise LoweringError(f"unexpected node kind {n.op}")
     b.declare_schemas()
     if b.symbols is not None:
-        if len(b.graph.input_updates):
+        if any(u.HasField("new_meta") for u in b.graph.input_updates):
+            # The plan writes an input's elements per call; a new layout would be sizes of the
+            # call that the update's metadata cannot spell.
             from kiln.graph.symbolic_ir import NotSymbolic
-            raise NotSymbolic("a graph with symbolic sizes updates an input in place")
+            raise NotSymbolic("a graph with symbolic sizes changes an input's layout in place")
         b.symbols.write(b.graph, inputs)
     return b.graph
 

@@ -530,7 +530,9 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
     inputs the program updates in place are written by no node: the graph returns their new
     values after its own outputs (kiln.graph.input_updates). `eager_ops`: the ops as eager
     runs them: not decomposed by kiln's table (only by `eager_decompositions`, when given), and
-    not functionalized (an in-place op stays one, which to_ir refuses)."""
+    not functionalized: an in-place write becomes a functional op (of a graph input: an update
+    as above) where input_updates.functional_writes can make it exact; any other stays one,
+    which to_ir refuses."""
     flat, attrs = _with_attrs_as_inputs(gm)
     if params is None:
         params = attrs
@@ -551,6 +553,8 @@ def to_aten(gm: torch.fx.GraphModule, example_inputs: Sequence,
                          else decompositions(),
                          tracing_mode="fake",
                          _allow_non_fake_inputs=True)(*params, *example_inputs)
+        if eager_ops:
+            input_updates.functional_writes(traced)
         input_updates.returned_as_outputs(traced)
         input_updates.functional_restrides(traced)
         traced.graph.eliminate_dead_code()
