@@ -120,8 +120,15 @@ def _branchy(x):
 torch.fx.wrap("_branchy")
 
 
-def test_an_in_place_op_is_refused():
+def test_an_in_place_op_on_a_value_the_graph_made_is_its_functional_op():
     gm, env = symbolic_graph(lambda x: (x * 2).add_(1), (6, 3))
+    graph = lower_symbolic(gm, []).graph
+    assert [n.op for n in graph.nodes] == ["aten::mul.Tensor", "aten::add.Tensor"]
+    assert not len(graph.input_updates)
+
+
+def test_a_write_through_a_view_of_an_input_is_refused():
+    gm, env = symbolic_graph(lambda x: x[:, :1].add_(1) * 2, (6, 3))
     with pytest.raises(LoweringError, match="mutates its input"):
         lower_symbolic(gm, [])
 
@@ -213,12 +220,14 @@ def test_a_symbol_no_input_dimension_gives_is_refused():
         to_ir(in_stride, num_bound=0)
 
 
-def test_an_input_update_is_refused():
-    # Functionalized, as the static lowering traces: the update is the graph's extra output.
+def test_a_write_into_an_input_is_an_update_of_the_symbolic_graph():
     gm, env = symbolic_graph(lambda x: x.add_(1) * 2, (6, 3))
-    aten_gm, _ = to_aten(gm, [gm.graph.find_nodes(op="placeholder")[0].meta["example_value"]])
-    with pytest.raises(NotSymbolic, match="updates an input in place"):
-        to_ir(aten_gm, num_bound=0)
+    graph = lower_symbolic(gm, []).graph
+    (update,) = graph.input_updates
+    assert update.input == graph.inputs[0].id
+    written = next(v.meta for n in graph.nodes for v in n.outputs if v.id == update.value)
+    assert [terms(e) for e in written.size_exprs] == \
+        [terms(e) for e in graph.inputs[0].meta.size_exprs]
 
 
 def test_a_static_graph_is_the_same_bytes_with_or_without_symbols():
