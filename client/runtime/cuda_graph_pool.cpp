@@ -61,4 +61,36 @@ void CudaGraphPool::OrderAfterLast(const c10::cuda::CUDAStream& stream) {
   it->second = stream;
 }
 
+void CudaGraphPool::SetShapeBudget(int64_t graphs, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  max_shape_graphs_ = graphs;
+  max_shape_bytes_ = bytes;
+}
+
+bool CudaGraphPool::ShapeGraphFits(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  return (max_shape_graphs_ <= 0 || shape_graphs_ + 1 <= max_shape_graphs_) &&
+         (max_shape_bytes_ <= 0 || shape_bytes_ + bytes <= max_shape_bytes_);
+}
+
+bool CudaGraphPool::ReserveShapeGraph(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  if (max_shape_graphs_ > 0 && shape_graphs_ + 1 > max_shape_graphs_) return false;
+  if (max_shape_bytes_ > 0 && shape_bytes_ + bytes > max_shape_bytes_) return false;
+  ++shape_graphs_;
+  shape_bytes_ += bytes;
+  return true;
+}
+
+void CudaGraphPool::ReleaseShapeGraph(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  --shape_graphs_;
+  shape_bytes_ -= bytes;
+}
+
+std::pair<int64_t, int64_t> CudaGraphPool::ShapeGraphsHeld() {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  return {shape_graphs_, shape_bytes_};
+}
+
 }  // namespace kiln::runtime

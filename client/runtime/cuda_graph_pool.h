@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 namespace at::cuda {
 struct CUDAGraph;
@@ -52,7 +53,21 @@ class CudaGraphPool {
   // that was another stream; then records `stream` as the last.
   void OrderAfterLast(const c10::cuda::CUDAStream& stream);
 
+  // The budget of the graphs recorded per shape (CudaGraphShapes) of all plans: how many, and
+  // the bytes they hold (static inputs, outputs, prologue copies). <= 0: no limit.
+  void SetShapeBudget(int64_t graphs, int64_t bytes);
+  // Whether one more graph of `bytes` fits the budget now.
+  bool ShapeGraphFits(int64_t bytes);
+  // Takes one graph of `bytes` from the budget; false (nothing taken) when it does not fit.
+  bool ReserveShapeGraph(int64_t bytes);
+  void ReleaseShapeGraph(int64_t bytes);
+  // (graphs, bytes) held now under the budget.
+  std::pair<int64_t, int64_t> ShapeGraphsHeld();
+
  private:
+  std::mutex budget_mutex_;  // The shape graphs' budget: apart from Lock(), held while replaying.
+  int64_t max_shape_graphs_ = 0, max_shape_bytes_ = 0;
+  int64_t shape_graphs_ = 0, shape_bytes_ = 0;
   std::mutex mutex_;
   std::map<c10::DeviceIndex, c10::MempoolId_t> ids_;
   std::map<c10::DeviceIndex, std::unique_ptr<at::cuda::CUDAGraph>> anchors_;

@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <set>
 #include <utility>
 
 namespace kiln::runtime {
@@ -100,6 +101,7 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
       pending_note_ = "the plan updates a parameter or an input's layout in place";
     }
   }
+  refusal_ = pending_note_;
 }
 
 CudaGraphRunner::~CudaGraphRunner() {
@@ -125,6 +127,25 @@ int CudaGraphRunner::captures() const {
 bool CudaGraphRunner::disabled() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return disabled_;
+}
+
+int64_t CudaGraphRunner::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (graph_ == nullptr) return 0;
+  // Each storage once; an output that is an input or a bound tensor is not the graph's.
+  std::set<const void*> counted;
+  int64_t total = 0;
+  auto count = [&](const at::Tensor& t) {
+    if (t.defined() && t.has_storage() && counted.insert(t.storage().data()).second) {
+      total += static_cast<int64_t>(t.storage().nbytes());
+    }
+  };
+  for (const at::Tensor& t : static_inputs_) count(t);
+  for (const at::Tensor& t : prologue_span_) count(t);
+  for (size_t i = 0; i < static_outputs_.size() && i < sources_.size(); ++i) {
+    if (sources_[i].kind == Plan::OutputSource::kComputed) count(static_outputs_[i]);
+  }
+  return total;
 }
 
 bool CudaGraphRunner::Matches(const std::vector<at::Tensor>& inputs) const {

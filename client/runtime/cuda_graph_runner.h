@@ -69,8 +69,13 @@ class CudaGraphRunner {
   // parameter moved counts again).
   bool captured() const;
   int captures() const;
-  // Whether the runner gave up on graphs (a capture failed).
+  // Whether the runner gave up on graphs (a capture failed, or the plan can never be captured).
   bool disabled() const;
+  // Why the plan can never be captured, from its construction; empty when it can.
+  const std::string& refusal() const { return refusal_; }
+  // The bytes the captured graph holds of its own: static inputs, outputs, prologue copies
+  // (its intermediates are the pool's). 0 before a capture.
+  int64_t bytes() const;
 
  private:
   bool Matches(const std::vector<at::Tensor>& inputs) const;
@@ -87,6 +92,7 @@ class CudaGraphRunner {
   const std::shared_ptr<CudaGraphPool> pool_;
   const std::vector<Plan::OutputSource> sources_;
   const std::vector<at::Tensor> bound_;  // The plan's bound tensors, watched for moves.
+  std::string refusal_;
 
   mutable std::mutex mutex_;  // Guards everything below.
   bool disabled_ = false;

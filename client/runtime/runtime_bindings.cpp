@@ -21,6 +21,7 @@
 #include "runtime/plan_runtime.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/cuda_graph_shapes.h"
 #endif
 
 namespace py = pybind11;
@@ -79,6 +80,7 @@ c10::Device DeviceOf(py::handle h) {
 
 #ifdef KILN_WITH_CUDA
 using GraphRunner = CudaGraphRunner;
+using ShapeGraphs = CudaGraphShapes;
 #else
 // Without CUDA no plan runs on a GPU, so none is ever captured: a type that is never made.
 struct GraphRunner {
@@ -89,14 +91,20 @@ struct GraphRunner {
   int captures() const { return 0; }
   bool disabled() const { return true; }
 };
+struct ShapeGraphs : GraphRunner {
+  int graphs() const { return 0; }
+  int evictions() const { return 0; }
+  int64_t bytes() const { return 0; }
+};
 #endif
 
 // The Python object: the plan (replayed as a CUDA graph when `graphs_` is set) plus the eager
 // fallback it switches to after a failed run.
 class PyPlan {
  public:
-  PyPlan(std::shared_ptr<const Plan> plan, std::unique_ptr<GraphRunner> graphs)
-      : plan_(std::move(plan)), graphs_(std::move(graphs)) {}
+  PyPlan(std::shared_ptr<const Plan> plan, std::unique_ptr<GraphRunner> graphs,
+         std::unique_ptr<ShapeGraphs> shapes)
+      : plan_(std::move(plan)), graphs_(std::move(graphs)), shapes_(std::move(shapes)) {}
 
   // `args[0..n)` are the call's tensors; `tuple` holds them for a fallback call.
   py::object Call(PyObject* const* args, size_t n, py::handle tuple) {
@@ -139,7 +147,9 @@ class PyPlan {
     std::string graph_note;
     {
       py::gil_scoped_release no_gil;
-      status = graphs_ ? graphs_->Run(inputs, outputs, &graph_note) : plan_->Run(inputs, outputs);
+      status = graphs_   ? graphs_->Run(inputs, outputs, &graph_note)
+               : shapes_ ? shapes_->Run(inputs, outputs, &graph_note)
+                         : plan_->Run(inputs, outputs);
     }
     if (!graph_note.empty()) {
       py::module_::import("logging").attr("getLogger")("kiln").attr("warning")(
@@ -175,6 +185,11 @@ class PyPlan {
   // thread made goes with it. A CUDA plan stays on the caller's thread (its current stream).
   Status WarmRun(const std::vector<at::Tensor>& inputs) {
     std::vector<at::Tensor> outputs;
+    if (shapes_) {
+      // The example sizes are no call's: no graph is recorded (or budgeted) for them.
+      py::gil_scoped_release no_gil;
+      return plan_->Run(inputs, &outputs);
+    }
     if (graphs_ || !plan_->device().is_cpu()) return Run(inputs, &outputs);
     const at::ThreadLocalState state;
     Status status;
@@ -198,6 +213,7 @@ class PyPlan {
 
   std::shared_ptr<const Plan> plan_;
   std::unique_ptr<GraphRunner> graphs_;  // Null: no CUDA graph.
+  std::unique_ptr<ShapeGraphs> shapes_;  // A symbolic plan's graphs per shape; null: none.
   py::object fallback_;
   std::atomic<bool> failed_{false};
 };
@@ -229,13 +245,18 @@ std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::
   }();
   std::shared_ptr<const Plan> made = ValueOrThrow(std::move(built));
   std::unique_ptr<GraphRunner> graphs;
+  std::unique_ptr<ShapeGraphs> shapes;
 #ifdef KILN_WITH_CUDA
-  // A symbolic plan serves many shapes: no one graph replays it.
-  if (cuda_graphs && *cuda_graphs && made->device().is_cuda() && !made->symbolic()) {
-    graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs);
+  // A symbolic plan serves many shapes: a graph per shape.
+  if (cuda_graphs && *cuda_graphs && made->device().is_cuda()) {
+    if (made->symbolic()) {
+      shapes = std::make_unique<CudaGraphShapes>(made, *cuda_graphs);
+    } else {
+      graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs);
+    }
   }
 #endif
-  return std::make_unique<PyPlan>(std::move(made), std::move(graphs));
+  return std::make_unique<PyPlan>(std::move(made), std::move(graphs), std::move(shapes));
 }
 
 constexpr const char* kPlanDoc =
@@ -289,7 +310,14 @@ void RegisterRuntime(py::module_& m) {
       m, "CudaGraphPool",
       "The private memory pool the CUDA graphs of plans share (one per process: kiln's state "
       "makes it); it orders their replays.")
-      .def(py::init<>());
+      .def(py::init<>())
+      .def("set_shape_budget", &CudaGraphPool::SetShapeBudget, py::arg("graphs"),
+           py::arg("bytes"),
+           "The budget of the graphs that plans with size symbols record per shape, all plans "
+           "together: how many, and the bytes they hold (<= 0: no limit).")
+      .def_property_readonly(
+          "shape_graphs_held", &CudaGraphPool::ShapeGraphsHeld,
+          "(graphs, bytes) that plans with size symbols hold now under the budget.");
 #endif
   m.attr("HAS_CUDA") = py::bool_(
 #ifdef KILN_WITH_CUDA
@@ -345,17 +373,39 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly(
           "cuda_graph",
           [](const PyPlan& p) -> py::object {
+            if (p.shapes_) {
+              return py::str(p.shapes_->disabled()       ? "off"
+                             : p.shapes_->graphs() > 0 ? "captured"
+                                                         : "pending");
+            }
             if (!p.graphs_) return py::none();
             return py::str(p.graphs_->disabled()   ? "off"
                            : p.graphs_->captured() ? "captured"
                                                    : "pending");
           },
-          "None without CUDA graphs; else 'pending' (not captured yet), 'captured', or 'off' "
-          "(a capture failed: the plan runs without a graph).")
+          "None without CUDA graphs; else 'pending' (not captured yet), 'captured' (a plan with "
+          "size symbols: at least one shape's graph held), or 'off' (a capture failed: the "
+          "plan runs without a graph).")
       .def_property_readonly(
           "cuda_graph_captures",
-          [](const PyPlan& p) { return p.graphs_ ? p.graphs_->captures() : 0; },
-          "How many times the plan was captured (again after a parameter's storage moved).");
+          [](const PyPlan& p) {
+            return p.shapes_ ? p.shapes_->captures() : p.graphs_ ? p.graphs_->captures() : 0;
+          },
+          "How many times the plan was captured (again after a parameter's storage moved; a "
+          "plan with size symbols: once per shape recorded, evicted ones included).")
+      .def_property_readonly(
+          "cuda_graph_shapes",
+          [](const PyPlan& p) -> py::object {
+            if (!p.shapes_) return py::none();
+            py::dict d;
+            d["graphs"] = p.shapes_->graphs();
+            d["captures"] = p.shapes_->captures();
+            d["evictions"] = p.shapes_->evictions();
+            d["bytes"] = p.shapes_->bytes();
+            return d;
+          },
+          "A plan with size symbols replayed per shape (runtime/cuda_graph_shapes.h): the "
+          "graphs it holds, has recorded and has evicted, and the bytes they hold; else None.");
   // Plan is final (py::is_final): every instance is a PyPlan, which the slot relies on.
   // plan.__call__ read as an attribute stays the pybind11 method.
   reinterpret_cast<PyTypeObject*>(plan.ptr())->tp_call = PlanCallSlot;

@@ -259,3 +259,72 @@ def test_kernels_over_the_calls_rows_match_eager_at_every_size(whole_graphs, dev
     # specialise: a second graph may be symbolic in the other dim).
     for a in plans:
         assert not a.plan.failed and a.plan.num_kernels >= 2, a.plan.num_kernels
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def shape_budget():
+    """Sets the process's budget of per-shape graphs for one test (restored after)."""
+    from kiln.state import STATE, _shape_graph_bytes
+
+    pool = STATE.cuda_graph_pool()
+    yield pool.set_shape_budget
+    pool.set_shape_budget(kiln.config.cuda_graph_shapes, _shape_graph_bytes())
+
+
+def _whole_plan(whole_graphs):
+    (graph,) = [g for g in whole_graphs if g.whole is not None]
+    return graph.whole
+
+
+@requires_cuda
+def test_a_symbolic_plan_on_a_gpu_replays_one_graph_per_shape(whole_graphs):
+    model = Block().cuda().eval()
+    compiled = kiln.compile(model)
+    shapes = [(2, 5), (3, 7), (4, 9), (2, 11), (5, 6)]
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 32, device="cuda"))  # the static first capture
+        for n_pass in range(3):
+            for b, t in shapes:
+                x = torch.randn(b, t, 32, device="cuda")
+                first = compiled(x)
+                kept = first.clone()
+                again = compiled(torch.randn(b, t, 32, device="cuda"))
+                # A replay's outputs are the caller's own: the next replay leaves them alone.
+                torch.testing.assert_close(first, kept)
+                torch.testing.assert_close(first, model(x), rtol=1e-4, atol=1e-4)
+                assert again.shape == first.shape
+    plan = _whole_plan(whole_graphs)
+    stats = plan.cuda_graph_shapes
+    # Every shape the symbolic plan ran was recorded once, in the first pass, and replayed since.
+    assert plan.cuda_graph == "captured"
+    assert stats["graphs"] == stats["captures"] and stats["evictions"] == 0
+    assert len(shapes) - 1 <= stats["graphs"] <= len(shapes)
+    assert stats["bytes"] > 0
+
+
+@requires_cuda
+def test_shapes_past_the_budget_run_without_a_graph_and_idle_ones_make_room(whole_graphs,
+                                                                            shape_budget):
+    shape_budget(2, 0)
+    model = Block().cuda().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 32, device="cuda"))
+        cycle = [(2, 5), (3, 7), (4, 9), (5, 6)]
+        for _ in range(3):  # a cycle of four shapes: the first two keep their graphs
+            for b, t in cycle:
+                x = torch.randn(b, t, 32, device="cuda")
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        plan = _whole_plan(whole_graphs)
+        stats = plan.cuda_graph_shapes
+        assert stats["graphs"] == 2 and stats["evictions"] == 0
+        # The program moves on to other shapes: the two graphs idle out and new shapes get them.
+        for _ in range(16):  # 32 calls: more than 4 * 2 + 16 since either graph's last
+            for b, t in ((6, 3), (7, 4)):
+                x = torch.randn(b, t, 32, device="cuda")
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        stats = plan.cuda_graph_shapes
+        assert stats["graphs"] == 2 and stats["evictions"] == 2

@@ -61,6 +61,15 @@ default_backend = os.environ.get("KILN_BACKEND", "kiln")
 # turn it off for one compile, mode="reduce-overhead" on; KILN_CUDA_GRAPHS=0 off by default).
 cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 
+# A plan with size symbols on a GPU records one CUDA graph per shape of its inputs, on that
+# shape's first call (client/runtime/cuda_graph_shapes.h), within a budget for all such graphs of
+# the process: at most cuda_graph_shapes graphs, holding at most cuda_graph_shape_memory (a
+# fraction of the GPU's memory when <= 1, else bytes) of static inputs, outputs and prologue
+# copies. Past it, a shape that has not come back for long is evicted; otherwise new shapes run
+# without a graph. Read when the process's graph pool is made (its first CUDA plan).
+cuda_graph_shapes = int(os.environ.get("KILN_CUDA_GRAPH_SHAPES", "1024"))
+cuda_graph_shape_memory = float(os.environ.get("KILN_CUDA_GRAPH_SHAPE_MEMORY", "0.25"))
+
 # Stored captures (kiln.stored_capture): a frame compiled by the "kiln" backend is stored in the
 # cache directory, and a process that meets the same code (same kiln, torch, Python) installs it
 # without tracing when its guards hold. KILN_STORED_CAPTURES=0 turns both off.

@@ -8,7 +8,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, List
 
-from kiln import _C
+from kiln import _C, config
 
 if TYPE_CHECKING:
     from kiln.daemon.client import DaemonClient
@@ -126,7 +126,9 @@ class ProcessState:
         when kiln._C was built without CUDA."""
         with self._lock:
             if self._cuda_graph_pool is None and getattr(_C, "HAS_CUDA", False):
-                self._cuda_graph_pool = _C.CudaGraphPool()
+                pool = _C.CudaGraphPool()
+                pool.set_shape_budget(config.cuda_graph_shapes, _shape_graph_bytes())
+                self._cuda_graph_pool = pool
             return self._cuda_graph_pool
 
     @property
@@ -168,3 +170,14 @@ STATE = ProcessState()
 # Event counts, as torch._dynamo.utils.counters keeps them: counters["frames"]["total"] (frames
 # the hook asked kiln to capture) and ["ok"] (those that got an entry). Never reset by kiln.
 counters = collections.defaultdict(collections.Counter)
+
+
+def _shape_graph_bytes() -> int:
+    """kiln.config.cuda_graph_shape_memory in bytes: a fraction (<= 1) of the first GPU's
+    memory, or a byte count."""
+    import torch
+
+    limit = config.cuda_graph_shape_memory
+    if 0 < limit <= 1:
+        return int(limit * torch.cuda.get_device_properties(0).total_memory)
+    return int(limit)

@@ -120,8 +120,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     them from each call's inputs. None where the graph cannot be compiled so (it records
     autograd history, mixes devices, or has a size the IR cannot express; kilnd refuses it;
     no kilnd): its calls then run as PyTorch's kernels until a signature's compile serves
-    them. (`mode` and `options` choose CUDA graphs, which replay one shape each: a symbolic
-    plan runs without.)"""
+    them. (`mode` and `options` choose CUDA graphs: on a GPU the plan records one per shape
+    of its inputs, kiln.config.cuda_graph_shapes.)"""
     from kiln.graph.lowering import needs_autograd
 
     if not config.symbolic_plans or config.compile_only or stand_in.target() is not None:
@@ -133,7 +133,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     try:
         # Sizes among its outputs are read from each call's inputs (kiln.graph.size_outputs).
         graph, sizes = tensors_only(gm)
-        compiled = compile_symbolic_graph(graph, example_inputs)
+        compiled = compile_symbolic_graph(graph, example_inputs,
+                                          cuda_graphs_wanted(mode, options))
     except Exception as e:  # the graph runs as it is, as before this compile existed
         log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
                   type(e).__name__, e)
@@ -286,9 +287,11 @@ def _compiled(client, request, mac_key):
     return response, body
 
 
-def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list) -> CompiledArtifact:
+def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
+                           cuda_graphs: bool = False) -> CompiledArtifact:
     """The loaded artifact of `gm` (symbolic sizes, its placeholders' fakes carrying them) for
-    every size in the symbols' ranges (see compile_symbolic)."""
+    every size in the symbols' ranges (see compile_symbolic); `cuda_graphs`: a plan on a GPU
+    replays a CUDA graph per shape of its inputs."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.graph import lowering
@@ -304,7 +307,7 @@ def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Co
     request = pb.service.CompileRequest(graph=lowered.graph, target=art.target_for(device))
     response, body = _compiled(client, request, mac_key)
     art.check_inputs(body, params + list(example_inputs))
-    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs=False)
+    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
                             lowering_seconds)

@@ -1,0 +1,162 @@
+// A plan with size symbols replayed as one CUDA graph per shape of its inputs, within the
+// process's budget of such graphs.
+#include "runtime/cuda_graph_shapes.h"
+
+#include <utility>
+
+namespace kiln::runtime {
+
+CudaGraphShapes::CudaGraphShapes(std::shared_ptr<const Plan> plan,
+                                 std::shared_ptr<CudaGraphPool> pool)
+    : plan_(std::move(plan)), pool_(std::move(pool)) {
+  // The refusals that hold for every shape (the plan's ops, its updates): asked once, of a
+  // runner that is never run.
+  const CudaGraphRunner probe(plan_, pool_);
+  if (probe.disabled()) {
+    disabled_ = true;
+    pending_note_ = probe.refusal();
+  }
+}
+
+CudaGraphShapes::~CudaGraphShapes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [key, entry] : entries_) {
+    if (entry.bytes > 0) pool_->ReleaseShapeGraph(entry.bytes);
+  }
+}
+
+int CudaGraphShapes::graphs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int>(entries_.size());
+}
+
+int CudaGraphShapes::captures() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return captures_;
+}
+
+int CudaGraphShapes::evictions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evictions_;
+}
+
+int64_t CudaGraphShapes::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+bool CudaGraphShapes::disabled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return disabled_;
+}
+
+bool CudaGraphShapes::KeyOf(const std::vector<at::Tensor>& inputs, Key* key) const {
+  key->clear();
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || t.device() != plan_->device() || t.storage_offset() != 0 ||
+        !t.is_non_overlapping_and_dense()) {
+      return false;
+    }
+    key->push_back(static_cast<int64_t>(t.scalar_type()));
+    key->push_back(t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      key->push_back(t.size(d));
+      key->push_back(t.stride(d));
+    }
+  }
+  return true;
+}
+
+void CudaGraphShapes::Drop(std::map<Key, Entry>::iterator it) {
+  if (it->second.bytes > 0) {
+    pool_->ReleaseShapeGraph(it->second.bytes);
+    bytes_ -= it->second.bytes;
+  }
+  lru_.erase(it->second.lru);
+  entries_.erase(it);  // A replay under way keeps its runner (shared_ptr).
+}
+
+bool CudaGraphShapes::EvictIdle() {
+  if (lru_.empty()) return false;
+  auto it = entries_.find(lru_.back());
+  // Idle for four times as many calls as the plan holds graphs (and 16 more): a shape the
+  // program left behind, not one of a cycle of shapes longer than the budget.
+  const uint64_t idle = calls_ - it->second.last_call;
+  if (idle <= 4 * static_cast<uint64_t>(entries_.size()) + 16) return false;
+  Drop(it);
+  ++evictions_;
+  too_big_.clear();  // Room was made: they may fit now.
+  return true;
+}
+
+Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
+                            std::vector<at::Tensor>* outputs, std::string* note) {
+  std::shared_ptr<CudaGraphRunner> runner;
+  Key key;
+  bool fresh = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (disabled_) {
+      if (!pending_note_.empty()) *note = std::move(pending_note_);
+      pending_note_.clear();
+      return plan_->Run(inputs, outputs);
+    }
+    if (!KeyOf(inputs, &key)) return plan_->Run(inputs, outputs);
+    ++calls_;
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+      it->second.last_call = calls_;
+      runner = it->second.runner;
+    } else {
+      // A new shape is recorded when one more graph fits (its bytes are known once it is
+      // recorded; those of its inputs now), after an idle graph made room if needed.
+      int64_t input_bytes = 0;
+      for (const at::Tensor& t : inputs) input_bytes += static_cast<int64_t>(t.nbytes());
+      if (too_big_.count(key) != 0 ||
+          (!pool_->ShapeGraphFits(input_bytes) &&
+           (!EvictIdle() || !pool_->ShapeGraphFits(input_bytes)))) {
+        return plan_->Run(inputs, outputs);
+      }
+      runner = std::make_shared<CudaGraphRunner>(plan_, pool_);
+      lru_.push_front(key);
+      Entry entry;
+      entry.runner = runner;
+      entry.lru = lru_.begin();
+      entry.last_call = calls_;
+      entries_.emplace(key, std::move(entry));
+      fresh = true;
+    }
+  }
+  std::string graph_note;
+  Status status = runner->Run(inputs, outputs, &graph_note);
+  if (!fresh) return status;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.runner != runner) return status;  // evicted meanwhile
+  if (!runner->captured()) {
+    // The capture failed: this shape runs without a graph (its runner says so from now on).
+    if (++failures_ >= kMaxFailures && !disabled_) {
+      disabled_ = true;
+      *note = graph_note + " (" + std::to_string(failures_) +
+              " shapes failed to capture: no more shapes are recorded)";
+    }
+    return status;
+  }
+  ++captures_;
+  const int64_t bytes = runner->bytes();
+  while (!pool_->ReserveShapeGraph(bytes)) {
+    // Over the budget now that its size is known: an idle graph makes room, or this one is
+    // given up and its shape runs without a graph until room is made.
+    if (lru_.back() == it->first || !EvictIdle()) {
+      Drop(it);
+      too_big_.insert(key);
+      return status;
+    }
+  }
+  it->second.bytes = bytes;
+  bytes_ += bytes;
+  return status;
+}
+
+}  // namespace kiln::runtime
