@@ -43,7 +43,7 @@ CHILD = textwrap.dedent("""
     from kiln.state import STATE
     resumed = [e for c in list(STATE.compiled_codes) if c.co_name.startswith("__resume_at_")
                for e in kiln.debug.cache_entries(c)]
-    print(json.dumps({
+    report = {
         "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
         "prepared": [e.info.extra.get("prepared_plan", False) for e in entries],
         "prepare_seconds": [sorted(e.info.extra.get("prepare_seconds", {})) for e in entries],
@@ -54,7 +54,14 @@ CHILD = textwrap.dedent("""
         "grpc": "grpc" in sys.modules,
         "artifacts": len(kiln.debug.artifacts()),
         "miss": kiln.debug.explain_miss(m),
-    }))
+    }
+    if after == "drop":  # the model dies: does the frame's next capture guard by structure?
+        import gc
+        code = type(m).forward.__code__
+        del compiled, m, entries
+        gc.collect()
+        report["shared"] = code in STATE.shared_module_codes
+    print(json.dumps(report))
 """)
 
 MODEL = textwrap.dedent("""
@@ -143,6 +150,16 @@ def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache
     assert not second["grpc"]
     assert second["artifacts"] == 1
     assert second["miss"] is None
+
+
+def test_an_installed_capture_watches_its_modules_as_a_traced_one_does(kilnd_cache, model_dir):
+    # Whether a frame's next capture guards its modules by structure (its module died) must not
+    # depend on how its entry came: processes of one fleet, some tracing and some installing,
+    # would otherwise capture the next model through that code differently.
+    traced = run_child(model_dir, MODEL_AFTER_COMPILE="drop")
+    installed = run_child(model_dir, MODEL_AFTER_COMPILE="drop")
+    assert traced["stored"] == [False] and installed["stored"] == [True]
+    assert traced["shared"] and installed["shared"]
 
 
 def test_compile_prepares_the_stored_plan_so_the_first_call_only_checks_guards(

@@ -725,25 +725,29 @@ def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: in
 
 
 def _guard_tree(record: dict, frame: _Frame, code):
+    import torch
+
     from kiln.guards.builder import entry_dropper
 
-    on_dead, manager_ref = entry_dropper(code)
-    manager = _C.GuardManager(on_dead=on_dead)
-    manager_ref.append(__import__("weakref").ref(manager))
     groups: Dict[int, Any] = {}
-    descriptions = []
-    for g in record["guards"]:
-        at = g["path"]
-        path = frame.paths[at]
-        check = _check_tuple(frame, g["kind"], g.get("value"), groups, at)
-        try:
-            manager.add(path, check, g["text"])
-        except ValueError as e:
-            raise NotInstallable(f"guard {g['text']!r}: {e}") from None
-        descriptions.append(g["text"])
+    checks = [(frame.paths[g["path"]], _check_tuple(frame, g["kind"], g.get("value"), groups,
+                                                      g["path"]), g["text"])
+              for g in record["guards"]]
     if len({id(v) for v in groups.values()}) != len(groups):
         raise NotInstallable("objects that were two are now one")
-    return manager, descriptions
+    # The modules whose identity the entry checks, watched as a traced entry's are: when one
+    # dies, the code's later captures guard modules by structure, whichever way the entry came.
+    modules = [c[1] for _, c, _ in checks
+               if c[0] == "id" and isinstance(c[1], torch.nn.Module)]
+    on_dead, manager_ref = entry_dropper(code, modules)
+    manager = _C.GuardManager(on_dead=on_dead)
+    manager_ref.append(__import__("weakref").ref(manager))
+    for path, check, text in checks:
+        try:
+            manager.add(path, check, text)
+        except ValueError as e:
+            raise NotInstallable(f"guard {text!r}: {e}") from None
+    return manager, [text for _, _, text in checks]
 
 
 def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPlan"] = None):
