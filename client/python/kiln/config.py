@@ -64,8 +64,8 @@ cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 # A plan with size symbols on a GPU records one CUDA graph per shape of its inputs, on that
 # shape's first call (client/runtime/cuda_graph_shapes.h), within a budget for all such graphs of
 # the process: at most cuda_graph_shapes graphs, holding at most cuda_graph_shape_memory (a
-# fraction of the GPU's memory when <= 1, else bytes) of static inputs, outputs and prologue
-# copies. Past it, a shape that has not come back for long is evicted; otherwise new shapes run
+# fraction of the GPU memory free when the first CUDA plan is made when <= 1, else bytes) of
+# static inputs, outputs and prologue copies. Past it, a shape that has not come back for long is evicted; otherwise new shapes run
 # without a graph. Read when the process's graph pool is made (its first CUDA plan).
 cuda_graph_shapes = int(os.environ.get("KILN_CUDA_GRAPH_SHAPES", "1024"))
 cuda_graph_shape_memory = float(os.environ.get("KILN_CUDA_GRAPH_SHAPE_MEMORY", "0.25"))

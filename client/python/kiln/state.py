@@ -173,11 +173,13 @@ counters = collections.defaultdict(collections.Counter)
 
 
 def _shape_graph_bytes() -> int:
-    """kiln.config.cuda_graph_shape_memory in bytes: a fraction (<= 1) of the first GPU's
-    memory, or a byte count."""
+    """kiln.config.cuda_graph_shape_memory in bytes: a fraction (<= 1) of the memory free on
+    the current GPU when the pool is made (its first CUDA plan: after the model was loaded), or
+    a byte count."""
     import torch
 
     limit = config.cuda_graph_shape_memory
     if 0 < limit <= 1:
-        return int(limit * torch.cuda.get_device_properties(0).total_memory)
+        free, _total = torch.cuda.mem_get_info()
+        return int(limit * free)
     return int(limit)
