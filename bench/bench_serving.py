@@ -38,7 +38,8 @@ Per (workload, compiler), one JSON line and a table row:
   kiln.state.STATE.warned_limit), eager_frames (kiln: frames run eagerly for an unsupported
   construct, an internal error or a backend failure, from its log), graph_breaks (torch:
   counters["graph_break"]); kiln: the cache entries of its codes with the most
-  (kiln._C.cache_entries) and the artifacts kilnd built.
+  (kiln._C.cache_entries), the artifacts kilnd built, and for each plan with size symbols on a
+  GPU its CUDA graphs per shape (cuda_graph_shapes: gate, graphs, captures, evictions, bytes).
 - total_s: wall time of the first pass's calls, compiles included (first_s: its first request);
   warm_*: the second pass's per-request times (median, p90, sum); llm: tokens_per_s over the
   second pass (tokens = batch x max_new_tokens per request). With --static-baseline N (bert):
@@ -564,8 +565,12 @@ def kiln_entries() -> dict:
     per_code = sorted(((len(_C.cache_entries(c)), f"{c.co_qualname}:{c.co_firstlineno}")
                        for c in list(STATE.compiled_codes)), reverse=True)
     arts = kiln.debug.artifacts()
+    # Plans with size symbols on a GPU: their graphs per shape (runtime/cuda_graph_shapes.h).
+    shapes = [a.plan.cuda_graph_shapes for a in arts
+              if getattr(a.plan, "cuda_graph_shapes", None) is not None]
     return {"entries": sum(n for n, _ in per_code),
             "entries_per_code": {name: n for n, name in per_code[:8] if n},
+            "cuda_graph_shapes": shapes,
             "cache_size_limit": config.cache_size_limit,
             "cache_limit_codes": len(list(STATE.warned_limit)),
             "artifacts": len(arts), "kilnd_compile_s": sum(x.compile_seconds for x in arts)}

@@ -5,6 +5,7 @@
 #define KILN_RUNTIME_CUDA_GRAPH_SHAPES_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include <cstdint>
 #include <list>
@@ -36,6 +37,14 @@ namespace kiln::runtime {
 // random numbers, parameter updates: CudaGraphRunner's refusals) runs without graphs, said once
 // through `note`; so does every shape after kMaxFailures captures failed.
 //
+// Graphs pay only where launching the plan's work costs the host about as long as the GPU takes
+// to run it (a decoder's step); a plan whose GPU work outlasts its launches (a large batch
+// through BERT) gains nothing from a graph and would pay each new shape's recording. So the
+// plan's first calls run without a graph and are timed: after the first (which pays one-time
+// setup), kSamples calls give the GPU's time between two events around the run over the host's
+// time for the run; a median below kLaunchBound records graphs per shape from then on, else the
+// plan runs without graphs.
+//
 // Run may be called from several threads: the map is guarded, and a graph being replayed stays
 // alive while another call evicts it.
 class CudaGraphShapes {
@@ -54,8 +63,13 @@ class CudaGraphShapes {
   int evictions() const;   // Graphs evicted to make room for another shape.
   int64_t bytes() const;   // Memory the graphs held now account for.
   bool disabled() const;   // No shape is recorded any more.
+  // "measuring" (the first calls, timed), "record" (graphs per shape), or "plain" (the GPU's
+  // work outlasts the launches: no graphs).
+  std::string gate() const;
 
   static constexpr int kMaxFailures = 3;
+  static constexpr int kSamples = 3;
+  static constexpr double kLaunchBound = 1.5;
 
  private:
   using Key = std::vector<int64_t>;
@@ -68,6 +82,11 @@ class CudaGraphShapes {
   // The shape of a call; false for one no graph can take (an input not dense from offset 0, or
   // undefined, or on another device).
   bool KeyOf(const std::vector<at::Tensor>& inputs, Key* key) const;
+  // A call while measuring: run without a graph, timed; decides the gate once enough samples
+  // completed.
+  Status MeasuredRun(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs);
+  // Under mutex_: the samples whose GPU time is known, and the gate once kSamples are.
+  void Harvest();
   // Under mutex_: frees the least recently used graph if it sat unused long enough.
   bool EvictIdle();
   void Drop(std::map<Key, Entry>::iterator it);
@@ -88,6 +107,15 @@ class CudaGraphShapes {
   int64_t bytes_ = 0;
   bool disabled_ = false;
   std::string pending_note_;
+  enum class Gate { kMeasuring, kRecord, kPlain };
+  Gate gate_ = Gate::kMeasuring;
+  struct Sample {
+    std::unique_ptr<c10::Event> start, end;  // Timing enabled (BACKEND_DEFAULT).
+    double host_ms = 0;
+  };
+  std::vector<Sample> pending_;  // Timed runs whose GPU time is not known yet.
+  std::vector<double> ratios_;   // GPU time over host time, of the runs measured.
+  int timed_calls_ = 0;
 };
 
 }  // namespace kiln::runtime

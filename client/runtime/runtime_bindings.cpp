@@ -92,6 +92,7 @@ struct GraphRunner {
   bool disabled() const { return true; }
 };
 struct ShapeGraphs : GraphRunner {
+  std::string gate() const { return "plain"; }
   int graphs() const { return 0; }
   int evictions() const { return 0; }
   int64_t bytes() const { return 0; }
@@ -374,9 +375,9 @@ void RegisterRuntime(py::module_& m) {
           "cuda_graph",
           [](const PyPlan& p) -> py::object {
             if (p.shapes_) {
-              return py::str(p.shapes_->disabled()       ? "off"
-                             : p.shapes_->graphs() > 0 ? "captured"
-                                                         : "pending");
+              return py::str(p.shapes_->disabled() || p.shapes_->gate() == "plain" ? "off"
+                             : p.shapes_->graphs() > 0                               ? "captured"
+                                                                       : "pending");
             }
             if (!p.graphs_) return py::none();
             return py::str(p.graphs_->disabled()   ? "off"
@@ -402,10 +403,12 @@ void RegisterRuntime(py::module_& m) {
             d["captures"] = p.shapes_->captures();
             d["evictions"] = p.shapes_->evictions();
             d["bytes"] = p.shapes_->bytes();
+            d["gate"] = p.shapes_->gate();
             return d;
           },
           "A plan with size symbols replayed per shape (runtime/cuda_graph_shapes.h): the "
-          "graphs it holds, has recorded and has evicted, and the bytes they hold; else None.");
+          "graphs it holds, has recorded and has evicted, the bytes they hold, and whether "
+          "graphs pay for it ('measuring', 'record', 'plain'); else None.");
   // Plan is final (py::is_final): every instance is a PyPlan, which the slot relies on.
   // plan.__call__ read as an attribute stays the pybind11 method.
   reinterpret_cast<PyTypeObject*>(plan.ptr())->tp_call = PlanCallSlot;

@@ -298,7 +298,9 @@ def test_a_symbolic_plan_on_a_gpu_replays_one_graph_per_shape(whole_graphs):
                 assert again.shape == first.shape
     plan = _whole_plan(whole_graphs)
     stats = plan.cuda_graph_shapes
-    # Every shape the symbolic plan ran was recorded once, in the first pass, and replayed since.
+    # A small block's launches take the GPU as long as its work: graphs pay. Every shape the
+    # plan ran after its first timed calls was recorded once and replayed since.
+    assert stats["gate"] == "record"
     assert plan.cuda_graph == "captured"
     assert stats["graphs"] == stats["captures"] and stats["evictions"] == 0
     assert len(shapes) - 1 <= stats["graphs"] <= len(shapes)
@@ -328,3 +330,17 @@ def test_shapes_past_the_budget_run_without_a_graph_and_idle_ones_make_room(whol
                 torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
         stats = plan.cuda_graph_shapes
         assert stats["graphs"] == 2 and stats["evictions"] == 2
+
+
+@requires_cuda
+def test_a_plan_whose_gpu_work_outlasts_its_launches_records_no_graphs(whole_graphs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(4)]).cuda().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        for n in (2048, 3072, 2560, 3584, 2304, 2816, 3328, 2048, 3072, 2560):
+            x = torch.randn(n, 4096, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+    plan = _whole_plan(whole_graphs)
+    assert plan.cuda_graph_shapes["gate"] == "plain" and plan.cuda_graph_shapes["graphs"] == 0
+    assert plan.cuda_graph == "off"
