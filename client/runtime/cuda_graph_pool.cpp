@@ -88,9 +88,4 @@ void CudaGraphPool::ReleaseShapeGraph(int64_t bytes) {
   shape_bytes_ -= bytes;
 }
 
-std::pair<int64_t, int64_t> CudaGraphPool::ShapeGraphsHeld() {
-  std::lock_guard<std::mutex> lock(budget_mutex_);
-  return {shape_graphs_, shape_bytes_};
-}
-
 }  // namespace kiln::runtime

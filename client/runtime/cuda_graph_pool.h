@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <utility>
 
 namespace at::cuda {
 struct CUDAGraph;
@@ -61,8 +60,6 @@ class CudaGraphPool {
   // Takes one graph of `bytes` from the budget; false (nothing taken) when it does not fit.
   bool ReserveShapeGraph(int64_t bytes);
   void ReleaseShapeGraph(int64_t bytes);
-  // (graphs, bytes) held now under the budget.
-  std::pair<int64_t, int64_t> ShapeGraphsHeld();
 
  private:
   std::mutex budget_mutex_;  // The shape graphs' budget: apart from Lock(), held while replaying.

@@ -20,11 +20,6 @@ at::Tensor StaticCopy(const at::Tensor& t) {
   return copy;
 }
 
-// Whether StaticCopy of `t` has exactly t's layout and copy_ can fill it.
-bool Copyable(const at::Tensor& t) {
-  return t.defined() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense();
-}
-
 // The elements of t's storage that t reads, from the storage's start: [0, offset + the largest
 // element's distance + 1). -1 when a stride is negative (no such view is laid over a span).
 int64_t SpanElements(const at::Tensor& t) {
@@ -55,12 +50,11 @@ void WaitFor(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& s
 
 }  // namespace
 
-CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
-                                 std::shared_ptr<CudaGraphPool> pool)
-    : plan_(std::move(plan)),
-      pool_(std::move(pool)),
-      sources_(plan_->OutputSources()),
-      bound_(plan_->BoundTensors()) {
+bool GraphCopyable(const at::Tensor& t) {
+  return t.defined() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense();
+}
+
+std::string CudaGraphRunner::Refusal(const Plan& plan) {
   // Ops whose CUDA implementations read a device value on the host (their output's size, or the
   // value itself), so that capturing them fails.
   static const std::vector<std::string> kHostSynchronising = {"aten::nonzero",
@@ -82,26 +76,31 @@ CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
                                                               "aten::allclose",
                                                               "aten::_assert_async",
                                                               "aten::multinomial"};
-  const std::string step = plan_->FirstCallOf(kHostSynchronising);
-  if (!step.empty()) {
-    disabled_ = true;
-    pending_note_ = step + " synchronises with the host";
-  } else if (!plan_->first_random_step().empty()) {
+  const std::string step = plan.FirstCallOf(kHostSynchronising);
+  if (!step.empty()) return step + " synchronises with the host";
+  if (!plan.first_random_step().empty()) {
     // The warm-up before the capture would draw from the generator: the first call's numbers
     // would not be eager's.
-    disabled_ = true;
-    pending_note_ = plan_->first_random_step() + " draws random numbers";
+    return plan.first_random_step() + " draws random numbers";
   }
-  for (const Plan::InputUpdate& u : plan_->input_updates()) {
-    if (disabled_) break;
+  for (const Plan::InputUpdate& u : plan.input_updates()) {
     if (u.call_index < 0 || u.restride) {
       // The warm-up would write the parameter once more; a new layout would change the static
       // input the graph reads.
-      disabled_ = true;
-      pending_note_ = "the plan updates a parameter or an input's layout in place";
+      return "the plan updates a parameter or an input's layout in place";
     }
   }
-  refusal_ = pending_note_;
+  return "";
+}
+
+CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
+                                 std::shared_ptr<CudaGraphPool> pool)
+    : plan_(std::move(plan)),
+      pool_(std::move(pool)),
+      sources_(plan_->OutputSources()),
+      bound_(plan_->BoundTensors()) {
+  pending_note_ = Refusal(*plan_);
+  disabled_ = !pending_note_.empty();
 }
 
 CudaGraphRunner::~CudaGraphRunner() {
@@ -152,7 +151,7 @@ bool CudaGraphRunner::Matches(const std::vector<at::Tensor>& inputs) const {
   if (inputs.size() != plan_->num_inputs()) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
-    if (!Copyable(t) || t.device() != plan_->device()) return false;
+    if (!GraphCopyable(t) || t.device() != plan_->device()) return false;
     if (graph_ == nullptr) continue;
     const at::Tensor& s = static_inputs_[i];
     if (t.scalar_type() != s.scalar_type() || t.sizes() != s.sizes() ||

@@ -53,6 +53,10 @@ namespace kiln::runtime {
 //
 // Run may be called from several threads: calls of one runner are serialised, and the pool
 // orders the replays of all runners sharing it.
+// Whether a graph can take `t` as an input: copied into a static buffer of exactly its layout
+// (defined, dense, storage offset 0).
+bool GraphCopyable(const at::Tensor& t);
+
 class CudaGraphRunner {
  public:
   CudaGraphRunner(std::shared_ptr<const Plan> plan, std::shared_ptr<CudaGraphPool> pool);
@@ -71,8 +75,8 @@ class CudaGraphRunner {
   int captures() const;
   // Whether the runner gave up on graphs (a capture failed, or the plan can never be captured).
   bool disabled() const;
-  // Why the plan can never be captured, from its construction; empty when it can.
-  const std::string& refusal() const { return refusal_; }
+  // Why `plan` can never be captured (the policy's refusals); empty when it can.
+  static std::string Refusal(const Plan& plan);
   // The bytes the captured graph holds of its own: static inputs, outputs, prologue copies
   // (its intermediates are the pool's). 0 before a capture.
   int64_t bytes() const;
@@ -92,7 +96,6 @@ class CudaGraphRunner {
   const std::shared_ptr<CudaGraphPool> pool_;
   const std::vector<Plan::OutputSource> sources_;
   const std::vector<at::Tensor> bound_;  // The plan's bound tensors, watched for moves.
-  std::string refusal_;
 
   mutable std::mutex mutex_;  // Guards everything below.
   bool disabled_ = false;

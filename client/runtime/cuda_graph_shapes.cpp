@@ -13,13 +13,9 @@ namespace kiln::runtime {
 CudaGraphShapes::CudaGraphShapes(std::shared_ptr<const Plan> plan,
                                  std::shared_ptr<CudaGraphPool> pool)
     : plan_(std::move(plan)), pool_(std::move(pool)) {
-  // The refusals that hold for every shape (the plan's ops, its updates): asked once, of a
-  // runner that is never run.
-  const CudaGraphRunner probe(plan_, pool_);
-  if (probe.disabled()) {
-    disabled_ = true;
-    pending_note_ = probe.refusal();
-  }
+  // The refusals that hold for every shape (the plan's ops, its updates): asked once.
+  pending_note_ = CudaGraphRunner::Refusal(*plan_);
+  disabled_ = !pending_note_.empty();
 }
 
 CudaGraphShapes::~CudaGraphShapes() {
@@ -29,42 +25,16 @@ CudaGraphShapes::~CudaGraphShapes() {
   }
 }
 
-int CudaGraphShapes::graphs() const {
+CudaGraphShapes::Stats CudaGraphShapes::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int>(entries_.size());
-}
-
-int CudaGraphShapes::captures() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return captures_;
-}
-
-int CudaGraphShapes::evictions() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return evictions_;
-}
-
-int64_t CudaGraphShapes::bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return bytes_;
-}
-
-bool CudaGraphShapes::disabled() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return disabled_;
-}
-
-std::string CudaGraphShapes::gate() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  switch (gate_) {
-    case Gate::kMeasuring:
-      return "measuring";
-    case Gate::kRecord:
-      return "record";
-    case Gate::kPlain:
-      return "plain";
-  }
-  return "";
+  Stats out;
+  out.graphs = static_cast<int>(entries_.size());
+  out.captures = captures_;
+  out.evictions = evictions_;
+  out.bytes = bytes_;
+  out.disabled = disabled_;
+  out.gate = gate_ == Gate::kMeasuring ? "measuring" : gate_ == Gate::kRecord ? "record" : "plain";
+  return out;
 }
 
 void CudaGraphShapes::Harvest() {
@@ -117,10 +87,7 @@ Status CudaGraphShapes::MeasuredRun(const std::vector<at::Tensor>& inputs,
 bool CudaGraphShapes::KeyOf(const std::vector<at::Tensor>& inputs, Key* key) const {
   key->clear();
   for (const at::Tensor& t : inputs) {
-    if (!t.defined() || t.device() != plan_->device() || t.storage_offset() != 0 ||
-        !t.is_non_overlapping_and_dense()) {
-      return false;
-    }
+    if (!GraphCopyable(t) || t.device() != plan_->device()) return false;
     key->push_back(static_cast<int64_t>(t.scalar_type()));
     key->push_back(t.dim());
     for (int64_t d = 0; d < t.dim(); ++d) {
@@ -155,57 +122,69 @@ bool CudaGraphShapes::EvictIdle() {
 
 Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
                             std::vector<at::Tensor>* outputs, std::string* note) {
+  // What this call does is decided under the lock; the plan or its graph runs outside it.
+  enum class Action { kPlain, kMeasure, kReplay, kRecord } action = Action::kPlain;
   std::shared_ptr<CudaGraphRunner> runner;
   Key key;
-  bool fresh = false;
-  bool measure = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (gate_ == Gate::kMeasuring && !disabled_) Harvest();
     if (disabled_) {
       if (!pending_note_.empty()) *note = std::move(pending_note_);
       pending_note_.clear();
-      return plan_->Run(inputs, outputs);
-    }
-    if (gate_ == Gate::kMeasuring) Harvest();
-    if (gate_ == Gate::kPlain) return plan_->Run(inputs, outputs);
-    if (gate_ == Gate::kMeasuring) measure = true;
-    if (!measure && !KeyOf(inputs, &key)) return plan_->Run(inputs, outputs);
-  }
-  if (measure) return MeasuredRun(inputs, outputs);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++calls_;
-    auto it = entries_.find(key);
-    if (it != entries_.end()) {
-      lru_.splice(lru_.begin(), lru_, it->second.lru);
-      it->second.last_call = calls_;
-      runner = it->second.runner;
-    } else {
-      // A new shape is recorded when one more graph fits (its bytes are known once it is
-      // recorded; those of its inputs now), after an idle graph made room if needed.
-      int64_t input_bytes = 0;
-      for (const at::Tensor& t : inputs) input_bytes += static_cast<int64_t>(t.nbytes());
-      if (too_big_.count(key) != 0 ||
-          (!pool_->ShapeGraphFits(input_bytes) &&
-           (!EvictIdle() || !pool_->ShapeGraphFits(input_bytes)))) {
-        return plan_->Run(inputs, outputs);
+    } else if (gate_ == Gate::kMeasuring) {
+      action = Action::kMeasure;
+    } else if (gate_ == Gate::kRecord && KeyOf(inputs, &key)) {
+      ++calls_;
+      auto it = entries_.find(key);
+      if (it != entries_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        it->second.last_call = calls_;
+        runner = it->second.runner;
+        action = Action::kReplay;
+      } else if (Admit(key, inputs)) {
+        runner = std::make_shared<CudaGraphRunner>(plan_, pool_);
+        lru_.push_front(key);
+        Entry entry;
+        entry.runner = runner;
+        entry.lru = lru_.begin();
+        entry.last_call = calls_;
+        entries_.emplace(key, std::move(entry));
+        action = Action::kRecord;
       }
-      runner = std::make_shared<CudaGraphRunner>(plan_, pool_);
-      lru_.push_front(key);
-      Entry entry;
-      entry.runner = runner;
-      entry.lru = lru_.begin();
-      entry.last_call = calls_;
-      entries_.emplace(key, std::move(entry));
-      fresh = true;
     }
+  }
+  switch (action) {
+    case Action::kPlain:
+      return plan_->Run(inputs, outputs);
+    case Action::kMeasure:
+      return MeasuredRun(inputs, outputs);
+    case Action::kReplay:
+    case Action::kRecord:
+      break;
   }
   std::string graph_note;
   Status status = runner->Run(inputs, outputs, &graph_note);
-  if (!fresh) return status;
+  if (action == Action::kReplay) return status;
   std::lock_guard<std::mutex> lock(mutex_);
+  Recorded(key, runner, graph_note, note);
+  return status;
+}
+
+bool CudaGraphShapes::Admit(const Key& key, const std::vector<at::Tensor>& inputs) {
+  // Recorded when one more graph fits (its bytes are known once it is recorded; those of its
+  // inputs now), after an idle graph made room if needed.
+  if (too_big_.count(key) != 0) return false;
+  int64_t input_bytes = 0;
+  for (const at::Tensor& t : inputs) input_bytes += static_cast<int64_t>(t.nbytes());
+  return pool_->ShapeGraphFits(input_bytes) ||
+         (EvictIdle() && pool_->ShapeGraphFits(input_bytes));
+}
+
+void CudaGraphShapes::Recorded(const Key& key, const std::shared_ptr<CudaGraphRunner>& runner,
+                               const std::string& graph_note, std::string* note) {
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.runner != runner) return status;  // evicted meanwhile
+  if (it == entries_.end() || it->second.runner != runner) return;  // evicted meanwhile
   if (!runner->captured()) {
     // The capture failed: this shape runs without a graph (its runner says so from now on).
     if (++failures_ >= kMaxFailures && !disabled_) {
@@ -213,7 +192,7 @@ Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
       *note = graph_note + " (" + std::to_string(failures_) +
               " shapes failed to capture: no more shapes are recorded)";
     }
-    return status;
+    return;
   }
   ++captures_;
   const int64_t bytes = runner->bytes();
@@ -223,12 +202,11 @@ Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
     if (lru_.back() == it->first || !EvictIdle()) {
       Drop(it);
       too_big_.insert(key);
-      return status;
+      return;
     }
   }
   it->second.bytes = bytes;
   bytes_ += bytes;
-  return status;
 }
 
 }  // namespace kiln::runtime

@@ -58,14 +58,17 @@ class CudaGraphShapes {
   Status Run(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs,
              std::string* note);
 
-  int graphs() const;      // Graphs held now.
-  int captures() const;    // Graphs recorded, evicted ones included.
-  int evictions() const;   // Graphs evicted to make room for another shape.
-  int64_t bytes() const;   // Memory the graphs held now account for.
-  bool disabled() const;   // No shape is recorded any more.
-  // "measuring" (the first calls, timed), "record" (graphs per shape), or "plain" (the GPU's
-  // work outlasts the launches: no graphs).
-  std::string gate() const;
+  struct Stats {
+    int graphs = 0;       // Graphs held now.
+    int captures = 0;     // Graphs recorded, evicted ones included.
+    int evictions = 0;    // Graphs evicted to make room for another shape.
+    int64_t bytes = 0;    // Memory the graphs held now account for.
+    bool disabled = false;  // No shape is recorded any more.
+    // "measuring" (the first calls, timed), "record" (graphs per shape), or "plain" (the GPU's
+    // work outlasts the launches: no graphs).
+    std::string gate;
+  };
+  Stats stats() const;
 
   static constexpr int kMaxFailures = 3;
   static constexpr int kSamples = 3;
@@ -87,6 +90,13 @@ class CudaGraphShapes {
   Status MeasuredRun(const std::vector<at::Tensor>& inputs, std::vector<at::Tensor>* outputs);
   // Under mutex_: the samples whose GPU time is known, and the gate once kSamples are.
   void Harvest();
+  // Under mutex_: whether a new shape's graph is recorded now (room in the budget, made by an
+  // idle graph if needed).
+  bool Admit(const Key& key, const std::vector<at::Tensor>& inputs);
+  // Under mutex_, after a new shape's first run: counts its graph against the budget, or drops
+  // it (over the budget, or the capture failed).
+  void Recorded(const Key& key, const std::shared_ptr<CudaGraphRunner>& runner,
+                const std::string& graph_note, std::string* note);
   // Under mutex_: frees the least recently used graph if it sat unused long enough.
   bool EvictIdle();
   void Drop(std::map<Key, Entry>::iterator it);

@@ -92,10 +92,13 @@ struct GraphRunner {
   bool disabled() const { return true; }
 };
 struct ShapeGraphs : GraphRunner {
-  std::string gate() const { return "plain"; }
-  int graphs() const { return 0; }
-  int evictions() const { return 0; }
-  int64_t bytes() const { return 0; }
+  struct Stats {
+    int graphs = 0, captures = 0, evictions = 0;
+    int64_t bytes = 0;
+    bool disabled = true;
+    std::string gate = "plain";
+  };
+  Stats stats() const { return {}; }
 };
 #endif
 
@@ -315,10 +318,7 @@ void RegisterRuntime(py::module_& m) {
       .def("set_shape_budget", &CudaGraphPool::SetShapeBudget, py::arg("graphs"),
            py::arg("bytes"),
            "The budget of the graphs that plans with size symbols record per shape, all plans "
-           "together: how many, and the bytes they hold (<= 0: no limit).")
-      .def_property_readonly(
-          "shape_graphs_held", &CudaGraphPool::ShapeGraphsHeld,
-          "(graphs, bytes) that plans with size symbols hold now under the budget.");
+           "together: how many, and the bytes they hold (<= 0: no limit).");
 #endif
   m.attr("HAS_CUDA") = py::bool_(
 #ifdef KILN_WITH_CUDA
@@ -375,8 +375,9 @@ void RegisterRuntime(py::module_& m) {
           "cuda_graph",
           [](const PyPlan& p) -> py::object {
             if (p.shapes_) {
-              return py::str(p.shapes_->disabled() || p.shapes_->gate() == "plain" ? "off"
-                             : p.shapes_->graphs() > 0                               ? "captured"
+              const auto stats = p.shapes_->stats();
+              return py::str(stats.disabled || stats.gate == "plain" ? "off"
+                             : stats.graphs > 0                        ? "captured"
                                                                        : "pending");
             }
             if (!p.graphs_) return py::none();
@@ -390,7 +391,9 @@ void RegisterRuntime(py::module_& m) {
       .def_property_readonly(
           "cuda_graph_captures",
           [](const PyPlan& p) {
-            return p.shapes_ ? p.shapes_->captures() : p.graphs_ ? p.graphs_->captures() : 0;
+            return p.shapes_ ? p.shapes_->stats().captures
+                   : p.graphs_ ? p.graphs_->captures()
+                               : 0;
           },
           "How many times the plan was captured (again after a parameter's storage moved; a "
           "plan with size symbols: once per shape recorded, evicted ones included).")
@@ -399,11 +402,12 @@ void RegisterRuntime(py::module_& m) {
           [](const PyPlan& p) -> py::object {
             if (!p.shapes_) return py::none();
             py::dict d;
-            d["graphs"] = p.shapes_->graphs();
-            d["captures"] = p.shapes_->captures();
-            d["evictions"] = p.shapes_->evictions();
-            d["bytes"] = p.shapes_->bytes();
-            d["gate"] = p.shapes_->gate();
+            const auto stats = p.shapes_->stats();
+            d["graphs"] = stats.graphs;
+            d["captures"] = stats.captures;
+            d["evictions"] = stats.evictions;
+            d["bytes"] = stats.bytes;
+            d["gate"] = stats.gate;
             return d;
           },
           "A plan with size symbols replayed per shape (runtime/cuda_graph_shapes.h): the "

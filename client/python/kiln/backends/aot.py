@@ -92,4 +92,4 @@ def _compile_static(gm: torch.fx.GraphModule, example_inputs: list,
         compiled = compile_inference(tensors_only, example_inputs)
     if rebuild is None:
         return compiled
-    return lambda *args: rebuild(compiled(*args))
+    return lambda *args: rebuild(compiled(*args), args)

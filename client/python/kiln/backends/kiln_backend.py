@@ -143,7 +143,7 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
         print(format_artifact(compiled))
-    return compiled.plan if sizes is None else sizes.adapt(compiled.plan, gm.forward)
+    return compiled.plan if sizes is None else sizes.adapt(compiled.plan)
 
 
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,

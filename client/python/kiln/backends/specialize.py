@@ -184,8 +184,9 @@ class PerSignature:
             fn = compiled
         else:
             def fn(*a):
-                out = compiled(*[a[i] for i in tensor_at])
-                return out if rebuild is None else rebuild(out)
+                tensors = [a[i] for i in tensor_at]
+                out = compiled(*tensors)
+                return out if rebuild is None else rebuild(out, tensors)
         with self._lock:
             while len(self.compiled) >= max(1, config.specializations_per_graph):
                 self.compiled.popitem(last=False)
@@ -263,33 +264,21 @@ def specialised_graph(gm: torch.fx.GraphModule, args: Sequence) -> torch.fx.Grap
 
 def tensor_outputs(gm: torch.fx.GraphModule):
     """(graph, rebuild): `gm` itself and None when it returns tensors only; else a copy of `gm`
-    that returns just its tensor outputs, and the function that puts its constant outputs (the
-    None gradients of a backward graph) back around them. (None, None) when an output is a
-    value computed by the graph that is not a tensor (a size)."""
+    that returns just its tensor outputs, and rebuild(tensors, graph inputs), which puts its
+    other outputs (the None gradients of a backward graph, a size an input has) back around
+    them (kiln.graph.size_outputs). (None, None) when an output is a value computed by the graph
+    that is not a tensor."""
+    from kiln.graph.size_outputs import tensors_only
+    from kiln.graph.symbolic_ir import NotSymbolic
+
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    results = output.args[0]
-    if not isinstance(results, (tuple, list)):
+    if not isinstance(output.args[0], (tuple, list)):
         return None, None
-    for r in results:
-        # "val": an ATen graph's (make_fx), "example_value": a captured graph's
-        if isinstance(r, torch.fx.Node) and not isinstance(
-                r.meta.get("val", r.meta.get("example_value")), torch.Tensor):
-            return None, None
-    tensor_at = [i for i, r in enumerate(results) if isinstance(r, torch.fx.Node)]
-    if len(tensor_at) == len(results):
-        return gm, None
-    graph = torch.fx.Graph()
-    values = graph.graph_copy(gm.graph, {})
-    graph.output(tuple(values[i] for i in tensor_at))
-    constants = list(results)
-
-    def rebuild(tensors: Sequence[torch.Tensor]) -> List:
-        out = list(constants)
-        for i, t in zip(tensor_at, tensors):
-            out[i] = t
-        return out
-
-    return torch.fx.GraphModule(gm, graph), rebuild
+    try:
+        graph, sizes = tensors_only(gm)
+    except NotSymbolic:
+        return None, None
+    return graph, (sizes.results if sizes is not None else None)
 
 
 _MISSING = object()

@@ -1,9 +1,10 @@
-"""Sizes among a symbolic graph's outputs, for the kiln.v1 IR, whose graphs return tensors only.
+"""Outputs other than tensors, for the kiln.v1 IR, whose graphs return tensors only.
 
 A capture with symbolic sizes may return a size it computed (the batch size a decoder's cache
-stores as an attribute on its first call). Such an output is left out of the compiled graph's;
-each call reads it from its own inputs, where the symbol is exactly one input dimension, and
-puts it back in its place.
+stores as an attribute on its first call); an AOT backward graph returns None for gradients no
+input needs. Such an output is left out of the compiled graph's; each call puts it back in its
+place: a constant as it is, a size read from the call's inputs, where its symbol is exactly one
+input dimension.
 """
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -33,22 +34,21 @@ class SizeOutputs:
                 out.append(where)
         return out
 
-    def adapt(self, plan: Callable, graph: Callable) -> Callable:
-        """The program's graph over `plan`, the compiled tensors-only graph. (`graph`, the
-        program's graph, is what a caller that must run it as it is runs.)"""
+    def adapt(self, plan: Callable) -> Callable:
+        """The program's graph over `plan`, the compiled tensors-only graph."""
         def call(*args):
             return self.results(plan(*args), args)
 
-        call.plan, call.graph = plan, graph
+        call.plan = plan
         return call
 
 
 def tensors_only(gm: torch.fx.GraphModule
                  ) -> Tuple[torch.fx.GraphModule, Optional[SizeOutputs]]:
     """(`gm`, None) when the graph returns tensors only; else a copy of `gm` that returns its
-    tensors, and the SizeOutputs that puts the sizes back. Raises NotSymbolic for a number among
-    the outputs that is not exactly one input dimension's size (an expression of sizes, a value
-    the graph computes)."""
+    tensors, and the SizeOutputs that puts the other outputs back. Raises NotSymbolic for a
+    value the graph computes that is neither a tensor nor exactly one input dimension's size (an
+    expression of sizes, a number it reads)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     output = next(n for n in gm.graph.nodes if n.op == "output")
     results = output.args[0]
@@ -74,7 +74,7 @@ def tensors_only(gm: torch.fx.GraphModule
         value = _value(r) if isinstance(r, torch.fx.Node) else r
         if isinstance(value, torch.SymInt) and value.node.expr in source:
             outputs.append(("size", source[value.node.expr]))
-        elif type(value) is int or r is None:
+        elif not isinstance(r, torch.fx.Node):  # a constant (a backward's None gradient)
             outputs.append(("constant", value))
         else:
             raise NotSymbolic(f"the graph returns {value!r}, which is not a size of an input")
