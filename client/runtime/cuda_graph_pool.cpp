@@ -88,4 +88,9 @@ void CudaGraphPool::ReleaseShapeGraph(int64_t bytes) {
   shape_bytes_ -= bytes;
 }
 
+void CudaGraphPool::AdjustShapeBytes(int64_t delta) {
+  std::lock_guard<std::mutex> lock(budget_mutex_);
+  shape_bytes_ += delta;
+}
+
 }  // namespace kiln::runtime

@@ -60,6 +60,9 @@ class CudaGraphPool {
   // Takes one graph of `bytes` from the budget; false (nothing taken) when it does not fit.
   bool ReserveShapeGraph(int64_t bytes);
   void ReleaseShapeGraph(int64_t bytes);
+  // Memory the shape graphs hold apart from any one graph (a plan's prologue copy, shared by
+  // its graphs): counted against the bytes, never refused (every graph of the plan needs it).
+  void AdjustShapeBytes(int64_t delta);
 
  private:
   std::mutex budget_mutex_;  // The shape graphs' budget: apart from Lock(), held while replaying.

@@ -54,6 +54,66 @@ bool GraphCopyable(const at::Tensor& t) {
   return t.defined() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense();
 }
 
+Status PrologueCopy::Make(const std::shared_ptr<const std::vector<at::Tensor>>& values,
+                          std::shared_ptr<PrologueCopy>* made) {
+  auto copy = std::make_shared<PrologueCopy>();
+  for (const at::Tensor& t : *values) {
+    // Copied with its exact layout (a broadcast or sliced view too: kernels were generated for
+    // its strides): the storage span it reads, and the same view over the copy of that span.
+    if (!t.defined() || SpanElements(t) < 0) {
+      return Status::RuntimeError("a prologue value has a negative stride");
+    }
+    at::Tensor span = at::empty({SpanElements(t)}, t.options());
+    span.copy_(SpanOf(t));
+    copy->views_.push_back(span.as_strided(t.sizes(), t.strides(), t.storage_offset()));
+    copy->spans_.push_back(std::move(span));
+  }
+  copy->source_ = values;
+  *made = std::move(copy);
+  return Status::OK();
+}
+
+bool PrologueCopy::Fits(const std::vector<at::Tensor>& values) const {
+  if (values.size() != views_.size()) return false;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].defined() || !SameLayout(values[i], views_[i])) return false;
+  }
+  return true;
+}
+
+void PrologueCopy::Refresh(const std::shared_ptr<const std::vector<at::Tensor>>& values) {
+  if (values == source_) return;
+  for (size_t i = 0; i < spans_.size(); ++i) spans_[i].copy_(SpanOf((*values)[i]));
+  source_ = values;
+}
+
+int64_t PrologueCopy::bytes() const {
+  int64_t total = 0;
+  for (const at::Tensor& t : spans_) total += static_cast<int64_t>(t.nbytes());
+  return total;
+}
+
+Status PrologueCopies::For(const std::shared_ptr<const std::vector<at::Tensor>>& values,
+                           std::shared_ptr<PrologueCopy>* copy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (current_ == nullptr || !current_->Fits(*values)) {
+    // The first copy, or the values' layouts changed: graphs captured with the old copy keep it
+    // (and capture again when they next run).
+    std::shared_ptr<PrologueCopy> made;
+    KILN_RETURN_IF_ERROR(PrologueCopy::Make(values, &made));
+    current_ = std::move(made);
+  } else {
+    current_->Refresh(values);
+  }
+  *copy = current_;
+  return Status::OK();
+}
+
+int64_t PrologueCopies::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_ == nullptr ? 0 : current_->bytes();
+}
+
 std::string CudaGraphRunner::Refusal(const Plan& plan) {
   // Ops whose CUDA implementations read a device value on the host (their output's size, or the
   // value itself), so that capturing them fails.
@@ -94,11 +154,14 @@ std::string CudaGraphRunner::Refusal(const Plan& plan) {
 }
 
 CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
-                                 std::shared_ptr<CudaGraphPool> pool)
+                                 std::shared_ptr<CudaGraphPool> pool,
+                                 std::shared_ptr<PrologueCopies> prologue)
     : plan_(std::move(plan)),
       pool_(std::move(pool)),
       sources_(plan_->OutputSources()),
-      bound_(plan_->BoundTensors()) {
+      bound_(plan_->BoundTensors()),
+      shared_prologue_(prologue != nullptr),
+      copies_(prologue != nullptr ? std::move(prologue) : std::make_shared<PrologueCopies>()) {
   pending_note_ = Refusal(*plan_);
   disabled_ = !pending_note_.empty();
 }
@@ -140,7 +203,7 @@ int64_t CudaGraphRunner::bytes() const {
     }
   };
   for (const at::Tensor& t : static_inputs_) count(t);
-  for (const at::Tensor& t : prologue_span_) count(t);
+  if (!shared_prologue_ && prologue_ != nullptr) total += prologue_->bytes();
   for (size_t i = 0; i < static_outputs_.size() && i < sources_.size(); ++i) {
     if (sources_[i].kind == Plan::OutputSource::kComputed) count(static_outputs_[i]);
   }
@@ -191,7 +254,7 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
       // Run (again) here when a parameter it reads changed: outside the graph, on this stream.
       KILN_ASSIGN_OR_RETURN(prologue, plan_->PrologueValues());
     }
-    if (graph_ != nullptr && prologue != prologue_source_ && !PrologueFits(*prologue)) {
+    if (graph_ != nullptr && prologue != nullptr && !prologue_->Fits(*prologue)) {
       // Recomputed with another layout than the graph reads: captured again.
       c10::cuda::device_synchronize();
       graph_.reset();
@@ -210,9 +273,7 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
         graph_.reset();
         static_inputs_.clear();
         static_outputs_.clear();
-        prologue_copy_.clear();
-        prologue_span_.clear();
-        prologue_source_.reset();
+        prologue_.reset();
         *note = captured.message();
         return plan_->Run(inputs, outputs);
       }
@@ -233,28 +294,23 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   // Outside the pool: the static inputs and the prologue's copy live as long as the graph.
   static_inputs_.clear();
   for (const at::Tensor& t : inputs) static_inputs_.push_back(StaticCopy(t));
-  prologue_copy_.clear();
-  prologue_span_.clear();
+  prologue_.reset();
+  static const std::vector<at::Tensor> kNoPrologue;
   if (prologue != nullptr) {
-    for (const at::Tensor& t : *prologue) {
-      // Copied with its exact layout (a broadcast or sliced view too: kernels were generated for
-      // its strides): the storage span it reads, and the same view over the copy of that span.
-      if (!t.defined() || SpanElements(t) < 0) {
-        return Status::RuntimeError("a prologue value has a negative stride");
-      }
-      at::Tensor span = at::empty({SpanElements(t)}, t.options());
-      span.copy_(SpanOf(t));
-      prologue_copy_.push_back(span.as_strided(t.sizes(), t.strides(), t.storage_offset()));
-      prologue_span_.push_back(std::move(span));
-    }
+    // The copy may be shared: refreshed under the pool's lock, after the last replay.
+    std::unique_lock<std::mutex> pool_lock = pool_->Lock();
+    pool_->OrderAfterLast(current);
+    KILN_RETURN_IF_ERROR(copies_->For(prologue, &prologue_));
   }
+  const std::vector<at::Tensor>& prologue_values =
+      prologue_ != nullptr ? prologue_->views() : kNoPrologue;
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
   WaitFor(side, current);
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
   {
     c10::cuda::CUDAStreamGuard on_side(side);
     std::vector<at::Tensor> warm;
-    KILN_RETURN_IF_ERROR(plan_->RunWithPrologue(prologue_copy_, static_inputs_, &warm)
+    KILN_RETURN_IF_ERROR(plan_->RunWithPrologue(prologue_values, static_inputs_, &warm)
                              .Prefixed("the warm-up before capture failed: "));
     warm.clear();
     std::unique_lock<std::mutex> pool_lock = pool_->Lock();
@@ -262,7 +318,7 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
     // Thread-local: other threads' CUDA calls during the capture are not disturbed; this
     // thread's unsafe ones (a host synchronisation) fail the capture.
     graph->capture_begin(pool_->Id(device), cudaStreamCaptureModeThreadLocal);
-    Status run = plan_->RunWithPrologue(prologue_copy_, static_inputs_, &static_outputs_);
+    Status run = plan_->RunWithPrologue(prologue_values, static_inputs_, &static_outputs_);
     try {
       graph->capture_end();
     } catch (const c10::Error& e) {
@@ -280,18 +336,9 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   WaitFor(current, side);
   bound_addresses_.clear();
   for (const at::Tensor& t : bound_) bound_addresses_.push_back(t.data_ptr());
-  prologue_source_ = prologue;
   graph_ = std::move(graph);
   ++captures_;
   return Status::OK();
-}
-
-bool CudaGraphRunner::PrologueFits(const std::vector<at::Tensor>& prologue) const {
-  if (prologue.size() != prologue_copy_.size()) return false;
-  for (size_t i = 0; i < prologue.size(); ++i) {
-    if (!prologue[i].defined() || !SameLayout(prologue[i], prologue_copy_[i])) return false;
-  }
-  return true;
 }
 
 Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
@@ -300,13 +347,8 @@ Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(plan_->device().index());
   std::unique_lock<std::mutex> pool_lock = pool_->Lock();
   pool_->OrderAfterLast(current);
-  if (prologue != prologue_source_) {
-    // Recomputed since the graph last read it: its new values into the buffers the graph reads.
-    for (size_t i = 0; i < prologue_span_.size(); ++i) {
-      prologue_span_[i].copy_(SpanOf((*prologue)[i]));
-    }
-    prologue_source_ = prologue;
-  }
+  // Recomputed since a graph last read it: its new values into the buffers the graph reads.
+  if (prologue != nullptr) prologue_->Refresh(prologue);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) static_inputs_[i].copy_(inputs[i]);
   }

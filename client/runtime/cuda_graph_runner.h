@@ -35,10 +35,9 @@ namespace kiln::runtime {
 //    the graph reading freed memory, so every replay compares their data pointers and captures
 //    again when one moved.
 //  - The prologue (values derived from parameters, Plan::PrologueValues) is never captured: the
-//    graph reads the runner's own copy of its values, each in its exact layout (a broadcast or
-//    sliced view is a view of the same sizes, strides and offset over a copy of the storage span
-//    it reads), and a replay that finds the plan's values recomputed (a parameter it reads
-//    changed) copies the new spans into that copy first, or captures again when a layout changed.
+//    graph reads a PrologueCopy of its values (its own, or one shared by the plan's graphs), and
+//    a replay that finds the plan's values recomputed (a parameter it reads changed) copies the
+//    new values into that copy first, or captures again when a layout changed.
 //  - Inputs the plan updates in place (Plan::input_updates) are copied back from their static
 //    buffers into the caller's tensors after the replay.
 // A plan that calls an op known to synchronise with the host (nonzero, masked_select, item,
@@ -57,9 +56,52 @@ namespace kiln::runtime {
 // (defined, dense, storage offset 0).
 bool GraphCopyable(const at::Tensor& t);
 
+// The prologue's values (Plan::PrologueValues) as captured graphs read them: each value in its
+// exact layout (a broadcast or sliced view is a view of the same sizes, strides and offset) over
+// a copy of the storage span it reads. One copy serves every graph of a plan (the graphs
+// CudaGraphShapes records per shape would otherwise each hold the prologue: a decoder's
+// transposed weights, hundreds of MB).
+class PrologueCopy {
+ public:
+  // Copies `values` on the current stream; an error for a value with a negative stride.
+  static Status Make(const std::shared_ptr<const std::vector<at::Tensor>>& values,
+                     std::shared_ptr<PrologueCopy>* made);
+  // Whether `values` have the layouts of those copied.
+  bool Fits(const std::vector<at::Tensor>& values) const;
+  // Copies `values` in when they are not the ones copied last (recomputed: a parameter the
+  // prologue reads changed). Under the pool's lock, ordered after the last replay.
+  void Refresh(const std::shared_ptr<const std::vector<at::Tensor>>& values);
+  const std::vector<at::Tensor>& views() const { return views_; }
+  int64_t bytes() const;
+
+ private:
+  std::vector<at::Tensor> views_;  // What the graphs read, laid over
+  std::vector<at::Tensor> spans_;  // these copies of the values' storage spans.
+  std::shared_ptr<const std::vector<at::Tensor>> source_;  // What was copied last.
+};
+
+// The copy the graphs of one plan share: the one that fits the plan's prologue values now.
+class PrologueCopies {
+ public:
+  // Under the pool's lock, ordered after the last replay: the current copy refreshed to
+  // `values`, or a new copy when their layouts changed (graphs captured with the old one keep
+  // it alive until they are captured again).
+  Status For(const std::shared_ptr<const std::vector<at::Tensor>>& values,
+             std::shared_ptr<PrologueCopy>* copy);
+  // The bytes of the current copy (0 before the first).
+  int64_t bytes() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<PrologueCopy> current_;
+};
+
 class CudaGraphRunner {
  public:
-  CudaGraphRunner(std::shared_ptr<const Plan> plan, std::shared_ptr<CudaGraphPool> pool);
+  // `prologue`: the copy of the prologue's values this graph shares with the plan's other
+  // graphs; null: a copy of its own.
+  CudaGraphRunner(std::shared_ptr<const Plan> plan, std::shared_ptr<CudaGraphPool> pool,
+                  std::shared_ptr<PrologueCopies> prologue = nullptr);
   ~CudaGraphRunner();
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
@@ -77,15 +119,13 @@ class CudaGraphRunner {
   bool disabled() const;
   // Why `plan` can never be captured (the policy's refusals); empty when it can.
   static std::string Refusal(const Plan& plan);
-  // The bytes the captured graph holds of its own: static inputs, outputs, prologue copies
-  // (its intermediates are the pool's). 0 before a capture.
+  // The bytes the captured graph holds of its own: static inputs, outputs, and the prologue's
+  // copy when it is not shared (its intermediates are the pool's). 0 before a capture.
   int64_t bytes() const;
 
  private:
   bool Matches(const std::vector<at::Tensor>& inputs) const;
   bool BoundMoved() const;
-  // Whether recomputed prologue values have the layouts of those the graph was captured with.
-  bool PrologueFits(const std::vector<at::Tensor>& prologue) const;
   Status Capture(const std::vector<at::Tensor>& inputs,
                  const std::shared_ptr<const std::vector<at::Tensor>>& prologue);
   Status Replay(const std::vector<at::Tensor>& inputs,
@@ -96,6 +136,8 @@ class CudaGraphRunner {
   const std::shared_ptr<CudaGraphPool> pool_;
   const std::vector<Plan::OutputSource> sources_;
   const std::vector<at::Tensor> bound_;  // The plan's bound tensors, watched for moves.
+  const bool shared_prologue_;
+  const std::shared_ptr<PrologueCopies> copies_;
 
   mutable std::mutex mutex_;  // Guards everything below.
   bool disabled_ = false;
@@ -104,9 +146,7 @@ class CudaGraphRunner {
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::vector<at::Tensor> static_inputs_;
   std::vector<at::Tensor> static_outputs_;
-  std::vector<at::Tensor> prologue_copy_;  // What the graph reads for the prologue's values,
-  std::vector<at::Tensor> prologue_span_;  // laid over these copies of their storage spans.
-  std::shared_ptr<const std::vector<at::Tensor>> prologue_source_;  // What it was copied from.
+  std::shared_ptr<PrologueCopy> prologue_;  // What the graph reads for the prologue's values.
   std::vector<const void*> bound_addresses_;                        // At capture.
 };
 

@@ -12,7 +12,9 @@ namespace kiln::runtime {
 
 CudaGraphShapes::CudaGraphShapes(std::shared_ptr<const Plan> plan,
                                  std::shared_ptr<CudaGraphPool> pool)
-    : plan_(std::move(plan)), pool_(std::move(pool)) {
+    : plan_(std::move(plan)),
+      pool_(std::move(pool)),
+      prologue_(std::make_shared<PrologueCopies>()) {
   // The refusals that hold for every shape (the plan's ops, its updates): asked once.
   pending_note_ = CudaGraphRunner::Refusal(*plan_);
   disabled_ = !pending_note_.empty();
@@ -23,6 +25,7 @@ CudaGraphShapes::~CudaGraphShapes() {
   for (auto& [key, entry] : entries_) {
     if (entry.bytes > 0) pool_->ReleaseShapeGraph(entry.bytes);
   }
+  pool_->AdjustShapeBytes(-prologue_bytes_);
 }
 
 CudaGraphShapes::Stats CudaGraphShapes::stats() const {
@@ -143,7 +146,7 @@ Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
         runner = it->second.runner;
         action = Action::kReplay;
       } else if (Admit(key, inputs)) {
-        runner = std::make_shared<CudaGraphRunner>(plan_, pool_);
+        runner = std::make_shared<CudaGraphRunner>(plan_, pool_, prologue_);
         lru_.push_front(key);
         Entry entry;
         entry.runner = runner;
@@ -195,6 +198,7 @@ void CudaGraphShapes::Recorded(const Key& key, const std::shared_ptr<CudaGraphRu
     return;
   }
   ++captures_;
+  AccountPrologue();
   const int64_t bytes = runner->bytes();
   while (!pool_->ReserveShapeGraph(bytes)) {
     // Over the budget now that its size is known: an idle graph makes room, or this one is
@@ -207,6 +211,16 @@ void CudaGraphShapes::Recorded(const Key& key, const std::shared_ptr<CudaGraphRu
   }
   it->second.bytes = bytes;
   bytes_ += bytes;
+}
+
+void CudaGraphShapes::AccountPrologue() {
+  // A new copy is made when the values' layouts change; the old one lives on only until the
+  // graphs that read it are captured again.
+  const int64_t now = prologue_->bytes();
+  if (now == prologue_bytes_) return;
+  pool_->AdjustShapeBytes(now - prologue_bytes_);
+  bytes_ += now - prologue_bytes_;
+  prologue_bytes_ = now;
 }
 
 }  // namespace kiln::runtime

@@ -25,10 +25,10 @@ namespace kiln::runtime {
 
 // Policy. A call's shape is its inputs' dtypes, sizes and strides. The first call of a shape
 // records a graph for it (a CudaGraphRunner: the same copies of inputs, outputs and prologue
-// values, the same refusals) and later calls of that shape replay it. The graphs of all plans
-// of the process share the pool's budget (CudaGraphPool::SetShapeBudget: graphs and bytes: a
-// graph's static inputs, outputs and prologue copies; its intermediates are the pool's, shared
-// by every graph). A new shape that would exceed it evicts this plan's least recently used
+// values, the same refusals) and later calls of that shape replay it; the plan's graphs share one
+// copy of its prologue values. The graphs of all plans of the process share the pool's budget
+// (CudaGraphPool::SetShapeBudget: graphs and bytes: each graph's static inputs and outputs, each
+// plan's prologue copy once; a graph's intermediates are the pool's, shared by every graph). A new shape that would exceed it evicts this plan's least recently used
 // graph when that graph sat unused for more than 4 * (graphs the plan holds) + 16 calls (a shape
 // the program left); otherwise the new shape runs the plan without a graph. So shapes that come
 // back in a cycle longer than the budget (up to four times it) keep the graphs they have instead
@@ -100,11 +100,15 @@ class CudaGraphShapes {
   // Under mutex_: frees the least recently used graph if it sat unused long enough.
   bool EvictIdle();
   void Drop(std::map<Key, Entry>::iterator it);
+  // Under mutex_: the shared prologue copy's bytes accounted as they are now.
+  void AccountPrologue();
 
   const std::shared_ptr<const Plan> plan_;
   const std::shared_ptr<CudaGraphPool> pool_;
+  const std::shared_ptr<PrologueCopies> prologue_;  // Shared by the runners.
 
   mutable std::mutex mutex_;  // Guards everything below.
+  int64_t prologue_bytes_ = 0;  // Of prologue_, as accounted with the pool.
   std::map<Key, Entry> entries_;
   std::list<Key> lru_;
   // Shapes whose graph did not fit the budget when recorded: run without one until a graph is

@@ -408,11 +408,13 @@ void RegisterRuntime(py::module_& m) {
             d["evictions"] = stats.evictions;
             d["bytes"] = stats.bytes;
             d["gate"] = stats.gate;
+            d["disabled"] = stats.disabled;
             return d;
           },
           "A plan with size symbols replayed per shape (runtime/cuda_graph_shapes.h): the "
-          "graphs it holds, has recorded and has evicted, the bytes they hold, and whether "
-          "graphs pay for it ('measuring', 'record', 'plain'); else None.");
+          "graphs it holds, has recorded and has evicted, the bytes they hold, whether "
+          "graphs pay for it ('measuring', 'record', 'plain') and whether recording stopped "
+          "(captures failed); else None.");
   // Plan is final (py::is_final): every instance is a PyPlan, which the slot relies on.
   // plan.__call__ read as an attribute stays the pybind11 method.
   reinterpret_cast<PyTypeObject*>(plan.ptr())->tp_call = PlanCallSlot;

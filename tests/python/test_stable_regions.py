@@ -214,8 +214,9 @@ def test_generate_with_the_dynamic_cache_compiles_regions_and_matches_eager(
     # the decoder step's regions over the batch (or its plan for every size) were compiled by
     # kilnd; no frame recompiled per step until the cache size limit (Mistral's window adds
     # graphs where its cache stops growing: its branches on the length)
-    # (Mistral's sliding-window cache counts its tokens in an int, a symbolic input of the graph
-    # that no plan for every size takes yet: its regions are compiled either way.)
+    # (Mistral's sliding-window cache returns its token count, an int input, plus one, and
+    # reads its window at an offset of the count: no plan for every size carries those yet, so
+    # its regions are compiled either way.)
     symbolic = [a for a in kiln.debug.artifacts() if a.plan.symbolic]
     assert bool(symbolic) == (whole and family == "llama")
     if symbolic:

@@ -221,6 +221,34 @@ def test_a_number_that_is_no_inputs_size_keeps_the_graph_per_signature(whole_gra
     assert not _symbolic(kiln.debug.artifacts())
 
 
+def _sized_by(x, n):
+    """A tensor whose size is an int argument (a static cache allocated at max_cache_len)."""
+    return x.sum(1, keepdim=True) + torch.zeros(x.shape[0], n, 3)
+
+
+def test_an_int_that_changes_is_a_size_of_one_plan_for_every_value(whole_graphs):
+    compiled = kiln.compile(_sized_by)
+    for b, n in ((2, 5), (3, 7), (4, 9), (5, 6), (6, 11), (2, 2), (3, 1), (4, 0), (2, 8)):
+        x = torch.randn(b, 4, 3)
+        torch.testing.assert_close(compiled(x, n), _sized_by(x, n))
+    # The number is an input's size (an empty carrier of it), not a compile per value (0 and 1,
+    # and a number equal to the batch, are captures of their own, as torch's are).
+    (plan,) = [a for a in _symbolic(kiln.debug.artifacts()) if len(a.body.plan.inputs) == 2]
+    assert len(kiln.debug.artifacts()) <= 4
+
+
+def _scaled_by(x, n):
+    return x * n + n
+
+
+def test_an_int_that_may_be_negative_keeps_the_graph_per_signature(whole_graphs):
+    compiled = kiln.compile(_scaled_by)
+    for n in (3, -4, 7, -2, 5, 0):
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(compiled(x, n), _scaled_by(x, n))
+    assert not _symbolic(kiln.debug.artifacts())
+
+
 def test_symbolic_plans_can_be_turned_off(whole_graphs, monkeypatch):
     monkeypatch.setattr(kiln.config, "symbolic_plans", False)
     model = Block().eval()
@@ -369,3 +397,58 @@ def test_a_plan_whose_gpu_work_outlasts_its_launches_records_no_graphs(whole_gra
     plan = _whole_plan(whole_graphs)
     assert plan.cuda_graph_shapes["gate"] == "plain" and plan.cuda_graph_shapes["graphs"] == 0
     assert plan.cuda_graph == "off"
+
+
+class Scaled(torch.nn.Module):
+    """x @ (w * 2): the scaled weight is the plan's prologue (a value of its parameters)."""
+
+    def __init__(self, n=512):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(n, n, device="cuda"), requires_grad=False)
+
+    def forward(self, x):
+        return torch.relu(x @ (self.w * 2))
+
+
+@requires_cuda
+def test_the_graphs_of_one_plan_share_its_prologue_and_all_read_it_recomputed(whole_graphs):
+    model = Scaled()
+    compiled = kiln.compile(model)
+    rows = (3, 5, 7, 9, 11, 13)
+
+    def check():
+        for n in rows:
+            x = torch.randn(n, 512, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-3)
+
+    with torch.no_grad():
+        compiled(torch.randn(2, 512, device="cuda"))  # the static first capture
+        check()
+        check()
+        plan = _whole_plan(whole_graphs)
+        stats = plan.cuda_graph_shapes
+        assert stats["gate"] == "record" and stats["graphs"] >= 4
+        prologue = 512 * 512 * 4
+        # One copy of the scaled weight for all the graphs, not one each.
+        assert prologue <= stats["bytes"] < 2 * prologue
+        model.w.add_(1)  # the prologue is recomputed: every graph reads the new values
+        check()
+        assert plan.cuda_graph_shapes["captures"] == stats["captures"]
+
+
+@requires_cuda
+def test_a_signature_called_often_is_not_specialised_while_graphs_replay_per_shape(
+        whole_graphs):
+    model = Block().cuda().eval()
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 32, device="cuda"))
+        for b, t in [(3, 7), (4, 9), (2, 11), (5, 6)] + [(3, 5)] * (
+                2 * kiln.config.specialize_after_whole):
+            x = torch.randn(b, t, 32, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    (graph,) = [g for g in whole_graphs if g.whole is not None]
+    assert graph.whole.cuda_graph_shapes["gate"] == "record"
+    # The shape's graph replays the plan's launches: no static compile of the signature.
+    assert not graph.compiled

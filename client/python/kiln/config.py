@@ -34,7 +34,8 @@ specialize_after = int(os.environ.get("KILN_SPECIALIZE_AFTER", "8"))
 # specialize_after_whole-th call: that plan runs generated kernels over the call's sizes, and a
 # signature's own compile (lowering, kilnd, its first run and CUDA graph) pays only for one a
 # program calls often, as a decode step with a static cache is, not for each of a dynamic cache's
-# lengths that a request of the same batch meets once. KILN_SPECIALIZE_AFTER_WHOLE.
+# lengths that a request of the same batch meets once; never while that plan replays a CUDA
+# graph per shape (cuda_graph_shapes). KILN_SPECIALIZE_AFTER_WHOLE.
 specialize_after_whole = int(os.environ.get("KILN_SPECIALIZE_AFTER_WHOLE", "32"))
 # ...on kiln's background worker, the calls running PyTorch's kernels until it is ready (off:
 # the call that reaches specialize_after compiles it and waits). KILN_SPECIALIZE_IN_BACKGROUND=0.

@@ -128,13 +128,16 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         return None
     if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
         return None
+    from kiln.graph.int_inputs import as_carriers
     from kiln.graph.size_outputs import tensors_only
 
     try:
-        # Sizes among its outputs are read from each call's inputs (kiln.graph.size_outputs).
+        # Sizes among its outputs are read from each call's inputs (kiln.graph.size_outputs);
+        # ints among its inputs are passed as sizes of carriers (kiln.graph.int_inputs).
         graph, sizes = tensors_only(gm)
-        compiled = compile_symbolic_graph(graph, example_inputs,
-                                          cuda_graphs_wanted(mode, options))
+        graph, examples, ints = as_carriers(graph, example_inputs)
+        compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options),
+                                          at_least=ints.at_least if ints is not None else None)
     except Exception as e:  # the graph runs as it is, as before this compile existed
         log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
                   type(e).__name__, e)
@@ -143,7 +146,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
         print(format_artifact(compiled))
-    return compiled.plan if sizes is None else sizes.adapt(compiled.plan)
+    plan = compiled.plan if ints is None else ints.adapt(compiled.plan)
+    return plan if sizes is None else sizes.adapt(plan)
 
 
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
@@ -288,10 +292,11 @@ def _compiled(client, request, mac_key):
 
 
 def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                           cuda_graphs: bool = False) -> CompiledArtifact:
+                           cuda_graphs: bool = False,
+                           at_least: Optional[dict] = None) -> CompiledArtifact:
     """The loaded artifact of `gm` (symbolic sizes, its placeholders' fakes carrying them) for
     every size in the symbols' ranges (see compile_symbolic); `cuda_graphs`: a plan on a GPU
-    replays a CUDA graph per shape of its inputs."""
+    replays a CUDA graph per shape of its inputs; `at_least`: lowering.lower_symbolic's."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.graph import lowering
@@ -302,7 +307,7 @@ def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
     params = list(lowering.attr_tensors(gm).values())
     device = _graph_device(params + list(example_inputs))
     lowering_start = time.perf_counter()
-    lowered = lowering.lower_symbolic(gm, params)
+    lowered = lowering.lower_symbolic(gm, params, at_least)
     lowering_seconds = time.perf_counter() - lowering_start
     request = pb.service.CompileRequest(graph=lowered.graph, target=art.target_for(device))
     response, body = _compiled(client, request, mac_key)

@@ -14,7 +14,9 @@ when the backend can (the kiln backend: one kilnd artifact whose plan reads its 
 call's inputs). A decoder's growing cache or a
 server's random shapes bring a new signature on almost every call, and compiling each one the
 first time it is seen would cost far more than it saves; the shapes a program comes back to
-are compiled. With kiln.config.specialize_in_background (the default) that compile runs on
+are compiled; none is while the graph compiled whole replays a CUDA graph per shape (its
+launches were its cost: a signature's compile would gain nothing). With
+kiln.config.specialize_in_background (the default) that compile runs on
 kiln's background worker (kiln.background), for tensors like the call's but not its own (no
 compile reads or writes a caller's data), and calls keep running the graph as it is until it is
 ready: no call waits for it. kiln.wait_for_compiles() waits for those under way.
@@ -110,6 +112,11 @@ class PerSignature:
             return fn(*args)
         after = self.specialize_after or config.specialize_after
         if self.whole is not None:
+            if _replays_per_shape(self.whole):
+                # Its launches were the cost, and each shape replays a graph of them now: a
+                # signature's own compile would gain nothing for the seconds it takes (holding
+                # the interpreter from the calls while it lowers).
+                return self.whole(*args)
             after = max(after, config.specialize_after_whole)
         if count is not None and count < after:
             return self._uncompiled(count, args)  # not compiled yet
@@ -193,6 +200,17 @@ class PerSignature:
             self.compiled[key] = fn
             self.calls.pop(key, None)
         return fn
+
+
+def _replays_per_shape(whole: Callable) -> bool:
+    """Whether the plan compiled for every size replays a CUDA graph per shape (its calls'
+    launches took the GPU's time: kiln.runtime's CudaGraphShapes gate said so)."""
+    plan = whole
+    while not hasattr(plan, "cuda_graph_shapes") and hasattr(plan, "plan"):
+        plan = plan.plan  # through kiln.graph.size_outputs' and int_inputs' adapters
+    stats = getattr(plan, "cuda_graph_shapes", None)
+    return isinstance(stats, dict) and stats.get("gate") == "record" and \
+        not stats.get("disabled")
 
 
 def _in_background(work: Callable, key, what: str) -> None:

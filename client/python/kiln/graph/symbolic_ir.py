@@ -28,7 +28,11 @@ def _expr(value: torch.SymInt):
 class SizeSymbols:
     """The graph's size symbols: sympy symbol -> kiln.v1 id, each with its binding."""
 
-    def __init__(self):
+    def __init__(self, at_least: Optional[Dict[sympy.Symbol, int]] = None):
+        # The least value each call gives a symbol where it is more than its range's lower
+        # bound (an int input passed as a carrier, whose adapter runs smaller ones elsewhere):
+        # Max(1, s) is s for such an s >= 1.
+        self.at_least = dict(at_least or {})
         self.ids: Dict[sympy.Symbol, int] = {}
         self.bindings: Dict[int, Tuple[int, int]] = {}  # id -> (input index, dim)
         self.env = None
@@ -50,7 +54,7 @@ class SizeSymbols:
     def expr(self, value, out, where: str) -> None:
         """Writes int or SymInt `value` into kiln.v1.SymExpr `out` (canonical form)."""
         if isinstance(value, torch.SymInt):
-            e = sympy.expand(_expr(value))
+            e = sympy.expand(self._lifted(_expr(value)))
         else:
             e = sympy.Integer(int(value))
         terms = []
@@ -64,6 +68,20 @@ class SizeSymbols:
             term = out.terms.add()
             term.coefficient = coefficient
             term.symbols.extend(symbols)
+
+    def _lifted(self, e):
+        """`e` with each Max(k, s) that is s for every call (s at least k) replaced by s."""
+        if not self.at_least:
+            return e
+
+        def lift(m):
+            symbols = [a for a in m.args if not a.is_number]
+            if len(symbols) == 1 and symbols[0] in self.at_least and all(
+                    a <= self.at_least[symbols[0]] for a in m.args if a.is_number):
+                return symbols[0]
+            return m
+
+        return e.replace(lambda x: type(x).__name__ == "Max", lift)
 
     def _symbols(self, monomial, whole, where: str) -> Tuple[int, ...]:
         """The sorted symbol ids (repeated for powers) of one monomial of an expanded sum."""
@@ -107,7 +125,7 @@ class SizeSymbols:
             vr = self.env.var_to_range.get(sym) if self.env is not None else None
             lower = _finite(vr.lower) if vr is not None else None
             upper = _finite(vr.upper) if vr is not None else None
-            s.min = max(lower or 0, 0)
+            s.min = max(lower or 0, 0, self.at_least.get(sym, 0))
             s.max = upper if upper is not None else 0  # 0: unbounded
 
 
