@@ -45,6 +45,14 @@ Per (workload, compiler), one JSON line and a table row:
   second pass (tokens = batch x max_new_tokens per request). With --static-baseline N (bert):
   kiln's plan compiled for one shape (dynamic=False) at the first N distinct shapes, beside the
   kiln lane's second-pass time there (static_baseline; warm_vs_static_median, 1.0 = as fast).
+- With --warm-process N: a second process on the same kiln cache (its kilnd, stored captures
+  and artifacts filled by the first) serves N requests drawn with another seed (shapes the
+  first process did not see, as a restarted or scaled-out server meets), each through kiln and
+  eager in turn, the order alternating; warm_process: per request kiln's and eager's ms (kiln's
+  first call of every shape: guard checks, a stored capture installed, a CUDA graph recorded),
+  kiln.compile's own ms (the plan prepared before the first request), and whether kiln traced
+  anything; warm_first_excess_ms: kiln's first request over eager's, warm_max_excess_ms: the
+  largest such excess.
 - correctness, every request of both passes against eager's output for the same request in the
   same pass: bert: largest absolute difference of last_hidden_state and the requests outside the
   tolerance (bench_models.compare: 1e-3 relative and of the largest magnitude in float32, 3e-2
@@ -501,6 +509,11 @@ def run_workload(a, workload, compilers) -> list:
                      if "recompile_limit" in str(r.msg) or "hit config." in str(r.msg)]
             rec.update(graph_breaks=lane.graph_breaks, cache_limit=len(limit),
                        cache_limit_frames=[" ".join(l[:2])[:300] for l in limit][:10])
+        if lane.name == "kiln" and not lane.error and a.warm_process:
+            rec["warm_process"] = warmed = warm_process(a, workload)
+            if warmed.get("requests"):
+                excess = [r["kiln_ms"] - r["eager_ms"] for r in warmed["requests"]]
+                rec.update(warm_first_excess_ms=excess[0], warm_max_excess_ms=max(excess))
         if lane.name == "kiln" and baseline:
             rec["static_baseline"] = baseline
             rec["warm_vs_static_median"] = statistics.median(
@@ -520,6 +533,75 @@ def run_workload(a, workload, compilers) -> list:
         records.append(rec)
     add_ratios(records)
     return records
+
+
+def warm_process(a, workload) -> dict:
+    """What a second process on this run's kiln cache measured (--warm-process; the docstring
+    says what): its JSON, or {"error": ...}."""
+    import json
+    import subprocess
+
+    argv = [sys.executable, os.path.abspath(__file__), "--warm-child", workload,
+            "--device", a.device, "--seed", str(a.seed + 1), "--requests", str(a.warm_process),
+            "--prompts", str(a.warm_process),
+            "--batch-range", f"{a.batch_range[0]}..{a.batch_range[1]}",
+            "--seq-range", f"{a.seq_range[0]}..{a.seq_range[1]}",
+            "--llm-batch-range", f"{a.llm_batch_range[0]}..{a.llm_batch_range[1]}",
+            "--prompt-range", f"{a.prompt_range[0]}..{a.prompt_range[1]}",
+            "--max-new-tokens", str(a.max_new_tokens)]
+    for flag, value in (("--dtype", a.dtype), ("--layers", a.layers), ("--threads", a.threads)):
+        if value:
+            argv += [flag, str(value)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": "the warm process did not finish in 900 s"}
+    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"the warm process failed ({done.returncode}): {done.stderr[-500:]}"}
+    return json.loads(lines[-1])
+
+
+def warm_child(a, workload) -> None:
+    """--warm-child: kiln and eager side by side on requests this process has not seen, on the
+    kiln cache its parent filled; prints one JSON line."""
+    import json
+
+    import torch
+
+    dtype = a.dtype or ("bf16" if a.device == "cuda" and workload != "bert" else "fp32")
+    if workload == "bert":
+        make, reqs, check, _, _ = bert_workload(a, dtype)
+    else:
+        make, reqs, check, _, _ = llm_workload(a, dtype, workload.split("_")[1])
+    # The process's own first use of the device and its BLAS, which neither compiler owes.
+    dt = getattr(torch, DTYPES[dtype])
+    x = torch.ones(8, 8, device=a.device, dtype=dt)
+    (x @ x).sum().item()
+    eager = make("eager")
+    t = time.perf_counter()
+    kiln_run = make("kiln")
+    compile_ms = (time.perf_counter() - t) * 1e3
+    lane = Lane("kiln")
+    out = []
+    for i, req in enumerate(reqs):
+        ms, results = {}, {}
+        for name in (("kiln", "eager") if i % 2 == 0 else ("eager", "kiln")):
+            fn = kiln_run if name == "kiln" else eager
+            _sync(a.device)
+            t = time.perf_counter()
+            results[name] = fn(req)
+            _sync(a.device)
+            ms[name] = round((time.perf_counter() - t) * 1e3, 3)
+        why = check(results["kiln"], results["eager"], lane)
+        shape = list(req[0].shape)
+        out.append({"shape": shape, "kiln_ms": ms["kiln"], "eager_ms": ms["eager"],
+                    **({"mismatch": why} if why else {})})
+    from kiln.state import counters
+
+    print(json.dumps({"requests": out, "compile_ms": round(compile_ms, 3),
+                      "traced": counters["frames"]["total"],
+                      "tracer": "kiln.convert_frame" in sys.modules}))
 
 
 def static_baseline(a, workload, make, requests, lanes) -> list:
@@ -641,6 +723,11 @@ def print_table(records):
             notes.append(f"at the limit: {', '.join(r['cache_limit_frames'])[:160]}")
         if r.get("max_abs_err") is not None:
             notes.append(f"max abs err {r['max_abs_err']:.2g}")
+        if r.get("warm_first_excess_ms") is not None:
+            notes.append(f"warm process: first request {r['warm_first_excess_ms']:+.1f} ms "
+                         f"vs eager, worst {r['warm_max_excess_ms']:+.1f} ms")
+        elif (r.get("warm_process") or {}).get("error"):
+            notes.append(f"warm process: {r['warm_process']['error'][:160]}")
         if r.get("warm_vs_static_median") is not None:
             notes.append(f"{r['warm_vs_static_median']:.2f}x the time of its static plan "
                          f"(median of {len(r['static_baseline'])} shapes)")
@@ -682,6 +769,10 @@ def main():
     p.add_argument("--static-baseline", type=int, default=0, metavar="N",
                    help="BERT: kiln's static plan for the first N distinct shapes beside the "
                         "kiln lane's second pass at them (warm_vs_static_median)")
+    p.add_argument("--warm-process", type=int, default=0, metavar="N",
+                   help="a second process on the kiln cache serves N new requests, kiln beside "
+                        "eager (warm_process)")
+    p.add_argument("--warm-child", choices=WORKLOADS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help="append each record (JSON lines) here")
     p.add_argument("--csv", default=None)
     a = p.parse_args()
@@ -693,6 +784,14 @@ def main():
     a.llm_batch_range = a.llm_batch_range or ((1, 8) if gpu else (1, 4))
     a.prompt_range = a.prompt_range or ((8, 256) if gpu else (4, 64))
     a.max_new_tokens = a.max_new_tokens or (64 if gpu else 16)
+    if a.warm_child:  # on the parent's cache (KILN_CACHE_DIR) and kilnd
+        os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        if a.threads:
+            import torch
+
+            torch.set_num_threads(a.threads)
+        warm_child(a, a.warm_child)
+        return
     print(f"# {command_line()}", flush=True)
 
     cache_root = tempfile.mkdtemp(prefix="kiln-bench-serving-")

@@ -76,10 +76,13 @@ MODEL = textwrap.dedent("""
     WRAPPER_BREAK = os.environ.get("MODEL_WRAPPER_BREAK") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
-        if os.environ.get("MODEL_DECORATED") != "1":
+        decorated = os.environ.get("MODEL_DECORATED")
+        if decorated not in ("1", "code"):
             return fn
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
+            if decorated == "code" and "x" in fn.__code__.co_varnames:  # as transformers' do
+                kwargs = dict(kwargs)
             out = fn(self, *args, **kwargs)
             if WRAPPER_BREAK and out.sum() > 0:  # a break in the closure's own frame
                 out = out * 0.5
@@ -150,6 +153,58 @@ def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache
     assert not second["grpc"]
     assert second["artifacts"] == 1
     assert second["miss"] is None
+
+
+# The child for symbolic sizes: calls the model with each batch of BATCHES, checks every answer
+# against eager, and prints what kiln did.
+CHILD_DYNAMIC = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import kiln
+    kiln.config.specialize_in_background = False
+    sys.path.insert(0, os.environ["MODEL_DIR"])
+    import model
+    torch.manual_seed(0)
+    m = model.make().eval()
+    compiled = kiln.compile(m)
+    with torch.no_grad():
+        for b in map(int, os.environ["BATCHES"].split(",")):
+            x = torch.randn(b, model.WIDTH)
+            torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+    entries = kiln.debug.cache_entries(type(m).forward.__code__)
+    print(json.dumps({
+        "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "prepared": [e.info.extra.get("prepared_plan", False) for e in entries],
+        "symbolic": [bool(a.plan.symbolic) for a in kiln.debug.artifacts()],
+        "tracer": "kiln.convert_frame" in sys.modules,
+        "dynamo": "torch._dynamo" in sys.modules,
+    }))
+""")
+
+
+def run_dynamic(model_dir, batches: str):
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1",
+               BATCHES=batches)
+    env.pop("KILN_STORED_CAPTURES", None)
+    done = subprocess.run([sys.executable, "-c", CHILD_DYNAMIC], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(kilnd_cache,
+                                                                               model_dir):
+    first = run_dynamic(model_dir, "4,6,9")
+    assert first["tracer"] and first["symbolic"] == [False, True]  # static, then every size
+    # Sizes the first process never saw: one installed entry, its symbolic guards and its plan
+    # for every size, and no trace.
+    second = run_dynamic(model_dir, "5,12,7,3")
+    assert second["stored"] == [True] and second["symbolic"] == [True]
+    assert second["prepared"] == [True]  # by kiln.compile, before the first call
+    assert not second["tracer"] and not second["dynamo"]
+    # A batch of 1 was specialised by the capture: the stored guards refuse it (captured again).
+    third = run_dynamic(model_dir, "1")
+    assert third["tracer"] and not any(third["symbolic"])
 
 
 def test_an_installed_capture_watches_its_modules_as_a_traced_one_does(kilnd_cache, model_dir):
@@ -253,6 +308,14 @@ def test_a_wrapped_forward_is_stored_through_its_closure(kilnd_cache, model_dir)
     source = (model_dir / "model.py").read_text()
     (model_dir / "model.py").write_text(source.replace("* SCALE", "* SCALE + 1"))
     assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [False]
+
+
+def test_a_wrapper_reading_its_functions_code_is_stored(kilnd_cache, model_dir):
+    # The capture guards the code object the wrapper reads (func.__code__.co_varnames): named
+    # by its path and digest, bound to the live one at installation.
+    assert run_child(model_dir, MODEL_DECORATED="code")["stored"] == [False]
+    second = run_child(model_dir, MODEL_DECORATED="code")
+    assert second["stored"] == [True] and not second["tracer"]
 
 
 def test_a_method_calling_super_through_its_class_cell_is_stored(kilnd_cache, model_dir):

@@ -146,9 +146,21 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
 
 def _store(stored, code, output, consts, src, region, gm, compiled, global_state) -> None:
     # `compiled`: what the backend returned (the artifact's plan, or under compile_only the
-    # graph module's forward it runs meanwhile).
+    # graph module's forward it runs meanwhile; for symbolic sizes, its per-signature compile).
     """Stores the entry for other processes (kiln.stored_capture), when a record can name all
-    it holds; otherwise says why at debug level."""
+    it holds; otherwise says why at debug level. An entry with symbolic sizes is stored once
+    its plan for every size is ready (on kiln's background worker, when it compiles there):
+    the record names that plan, which serves another process's calls of every size."""
+    from kiln.backends.specialize import PerSignature
+
+    if output.is_dynamic and gm is not None and isinstance(compiled, PerSignature):
+        compiled.when_whole(lambda whole: _store_now(stored, code, output, consts, src, region,
+                                                     gm, whole, global_state))
+        return
+    _store_now(stored, code, output, consts, src, region, gm, compiled, global_state)
+
+
+def _store_now(stored, code, output, consts, src, region, gm, compiled, global_state) -> None:
     from kiln import stored_capture
     from kiln.graph.lowering import attr_tensors
 
@@ -157,8 +169,11 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
     with stored_capture.collector_held():
         try:
             graph = None
+            size_outputs = None
             if output.is_dynamic:
-                raise stored_capture.NotStorable("the graph has symbolic sizes")
+                if gm is None:
+                    raise stored_capture.NotStorable("the graph has symbolic sizes")
+                compiled, size_outputs = stored_capture.whole_plan_parts(compiled)
             if any(i.plain for i in output.inputs):
                 raise stored_capture.NotStorable("the graph takes a tensor whose class "
                                                  "overrides __torch_function__")
@@ -179,7 +194,8 @@ def _store(stored, code, output, consts, src, region, gm, compiled, global_state
                 graph = stored_capture.describe_graph(artifact, sources,
                                                       [i.source for i in output.inputs], device,
                                                       stored.cuda_graphs,
-                                                      output.unspecialized_modules)
+                                                      output.unspecialized_modules,
+                                                      size_outputs)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph)

@@ -590,7 +590,11 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
         kind, value = g.kind, g.value
         if kind == "TENSOR_MATCH":
             # As the GPU's tensor where CPU tensors stand for one (kiln.graph.stand_in).
-            meta = _tensor_meta(value)
+            if isinstance(value, tuple):  # a dynamic input: its symbolic dimensions None
+                real, sizes, strides = value
+                meta = dict(_tensor_meta(real), size=list(sizes), stride=list(strides))
+            else:
+                meta = _tensor_meta(value)
             enc["value"] = stand_in.stored_meta(meta)
             if enc["value"] is not meta:
                 enc["text"] = enc["text"].replace(f" {meta['device']} size=",
@@ -599,6 +603,11 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             name = name_of(value)
             if name is not None:
                 enc["value"] = {"object": name}
+            elif isinstance(value, types.CodeType):
+                # A code object (a wrapped function's, read through its __code__): bound at load
+                # to the one at its path whose digest is the captured code's.
+                enc["value"] = {"code": code_digest(value),
+                                "group": groups.setdefault(id(value), len(groups))}
             elif isinstance(value, types.FunctionType):
                 # A function with no importable name (a decorator's inner function, a closure):
                 # bound at load to the function at its path whose code is the one inlined; what
@@ -618,6 +627,13 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             enc["value"] = encode(value)
         elif kind == "DICT_KEYS":
             enc["value"] = encode(tuple(value))
+        elif kind == "SHAPE":
+            # The relations over the symbolic sizes (kiln.graph.symbolic_shapes): the sources
+            # they read, how each slot is read from them, and the evaluator's trees.
+            paths, bindings, constraints = value
+            enc["value"] = {"sources": [table.add(p) for p in paths],
+                            "bindings": encode(tuple(bindings)),
+                            "constraints": encode(tuple(constraints))}
         elif kind == "ALIAS":
             enc["value"] = table.add(value.guard_path())
         elif kind == "DISTINCT":
@@ -661,14 +677,34 @@ def record_id(record: dict) -> str:
 
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
-                   cuda_graphs: bool, shared_modules: bool = False) -> dict:
+                   cuda_graphs: bool, shared_modules: bool = False,
+                   size_outputs=None) -> dict:
     """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
     with its parameters and inputs at these sources. `shared_modules`: the entry serves many
-    instances of its modules' classes, whose parameters are inputs of each call."""
-    return {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
-            "params": [s.guard_path() for s in param_sources],
-            "inputs": [s.guard_path() for s in input_sources],
-            "shared_modules": bool(shared_modules)}
+    instances of its modules' classes, whose parameters are inputs of each call.
+    `size_outputs`: for a plan with size symbols (whole_plan_parts), where the outputs that
+    are no tensor come from (kiln.graph.size_outputs), or None."""
+    graph = {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
+             "params": [s.guard_path() for s in param_sources],
+             "inputs": [s.guard_path() for s in input_sources],
+             "shared_modules": bool(shared_modules)}
+    if getattr(artifact.plan, "symbolic", False):
+        graph["symbolic"] = True
+    if size_outputs is not None:
+        graph["size_outputs"] = [[kind, encode(where)] for kind, where in size_outputs.outputs]
+    return graph
+
+
+def whole_plan_parts(whole):
+    """(plan, SizeOutputs or None) of a graph's plan for every size (kiln_backend.
+    compile_symbolic's callable). Raises NotStorable for one that takes ints as carriers (its
+    calls below the least number run the graph as it is, which a record does not hold)."""
+    sizes = getattr(whole, "size_outputs", None)
+    if sizes is not None:
+        whole = whole.plan
+    if getattr(whole, "int_inputs", None) is not None:
+        raise NotStorable("the graph takes an int as a carrier's size")
+    return whole, sizes
 
 
 # ---- installing an entry ------------------------------------------------------------------------
@@ -680,18 +716,31 @@ def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: in
         if not isinstance(live, torch.Tensor):
             raise NotInstallable(f"{_source_name(path)} is a {type(live).__name__}, not a tensor")
         meta = _tensor_meta(live)
+        symbolic = isinstance(value, dict) and any(
+            d is None for k in ("size", "stride") for d in value.get(k) or ())
+        if symbolic:  # the SHAPE guard checks its symbolic dimensions
+            for k in ("size", "stride"):
+                dims = value.get(k)
+                if isinstance(dims, list) and len(dims) == len(meta[k]):
+                    meta[k] = [d if want is not None else None
+                               for d, want in zip(meta[k], dims)]
         if meta != value:
             diff = ", ".join(f"{k} {value.get(k)} captured, {meta[k]} now" for k in meta
                              if meta[k] != value.get(k))
             raise NotInstallable(f"the tensor {_source_name(path)} differs: {diff}")
+        if symbolic:
+            return ("tensor", live, tuple(value["size"]), tuple(value["stride"]))
         return ("tensor", live)
     if kind == "ID_MATCH":
-        if "function" not in value and "instance" not in value:
+        if "function" not in value and "instance" not in value and "code" not in value:
             return ("id", decode(value))
         # An object named by its path: the live one there, if it is what was captured and
         # keeps the identities the capture saw.
         live = frame.value(at)
-        if "function" in value:
+        if "code" in value:
+            if not isinstance(live, types.CodeType) or code_digest(live) != value["code"]:
+                raise NotInstallable(f"{_source_name(path)} is not the code captured")
+        elif "function" in value:
             if not isinstance(live, types.FunctionType) or \
                     code_digest(live.__code__) != value["function"]:
                 raise NotInstallable(f"{_source_name(path)} is not the function captured")
@@ -715,6 +764,9 @@ def _check_tuple(frame: _Frame, kind: str, value, groups: Dict[int, Any], at: in
         return ("no_attr", decode(value))
     if kind == "NO_ITEM":
         return ("no_item", decode(value))
+    if kind == "SHAPE":
+        return ("shape", tuple(frame.paths[i] for i in value["sources"]),
+                decode(value["bindings"]), decode(value["constraints"]))
     if kind == "ALIAS":
         return ("is", frame.paths[value])
     if kind == "DISTINCT":
@@ -856,8 +908,18 @@ def install(record: dict, code, slots: tuple, func,
         region = plan = None
         was_prepared = False
         if record["graph"] is not None:
+            from kiln import config
+
+            if record["graph"].get("symbolic") and not config.symbolic_plans:
+                raise NotInstallable("a plan for every size, and symbolic_plans is off")
             plan, was_prepared = _graph_callable(record["graph"], frame, prepared)
-            region = _C.FrameRegion(plan, None)  # what the graph runs is never captured
+            runs = plan
+            if "size_outputs" in record["graph"]:
+                from kiln.graph.size_outputs import SizeOutputs
+
+                runs = SizeOutputs([(kind, decode(where)) for kind, where in
+                                    record["graph"]["size_outputs"]]).adapt(plan)
+            region = _C.FrameRegion(runs, None)  # what the graph runs is never captured
         objects = [_const(c, region, frame, code, func) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)
     except NotInstallable:

@@ -81,6 +81,7 @@ class PerSignature:
         # The graph compiled once for every size (compile_whole), once it is ready: what calls
         # run instead of the graph as it is.
         self.whole: Optional[Callable] = None
+        self._on_whole: List[Callable] = []  # when_whole's, until it is ready
 
     def compile_whole(self, compile_whole: Callable, example_inputs: list) -> None:
         """Has `compile_whole(gm, example_inputs)` make self.whole: on kiln's background worker
@@ -89,7 +90,11 @@ class PerSignature:
         def work():
             whole = compile_whole(self.gm, example_inputs)
             if whole is not None:
-                self.whole = whole
+                with self._lock:
+                    self.whole = whole
+                    waiting, self._on_whole = self._on_whole, []
+                for fn in waiting:
+                    _call_back(fn, whole)
             return whole
 
         if config.specialize_in_background:
@@ -99,6 +104,16 @@ class PerSignature:
             work()
         except Exception as e:
             _failed("whole", e)
+
+    def when_whole(self, fn: Callable) -> None:
+        """Calls `fn(whole)` once the graph's plan for every size is ready: now when it is, else
+        where its compile finishes (kiln's background worker); never when there is none."""
+        with self._lock:
+            whole = self.whole
+            if whole is None:
+                self._on_whole.append(fn)
+                return
+        _call_back(fn, whole)
 
     def __call__(self, *args):
         key = signature(args)
@@ -200,6 +215,13 @@ class PerSignature:
             self.compiled[key] = fn
             self.calls.pop(key, None)
         return fn
+
+
+def _call_back(fn: Callable, whole: Callable) -> None:
+    try:
+        fn(whole)
+    except Exception as e:  # what waits on the plan (storing it) is never the calls' error
+        log.debug("kiln: after a dynamic graph's compile: %s: %s", type(e).__name__, e)
 
 
 def _replays_per_shape(whole: Callable) -> bool:

@@ -58,6 +58,7 @@ class IntInputs:
             return plan(*self.tensors(args))
 
         call.plan = plan
+        call.int_inputs = self
         return call
 
 

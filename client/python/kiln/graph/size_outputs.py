@@ -40,6 +40,7 @@ class SizeOutputs:
             return self.results(plan(*args), args)
 
         call.plan = plan
+        call.size_outputs = self
         return call
 
 
