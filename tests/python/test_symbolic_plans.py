@@ -24,6 +24,9 @@ def whole_graphs(kilnd_cache, monkeypatch):
 
     monkeypatch.setattr(specialize.PerSignature, "compile_whole", spy)
     monkeypatch.setattr(kiln.config, "specialize_in_background", False)
+    # Each test traces its graphs: an earlier test's stored capture of the same code (the
+    # session shares one cache directory) would be installed instead.
+    monkeypatch.setattr(kiln.config, "stored_captures", False)
     return made
 
 
