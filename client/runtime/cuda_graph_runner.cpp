@@ -254,10 +254,13 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
       // Run (again) here when a parameter it reads changed: outside the graph, on this stream.
       KILN_ASSIGN_OR_RETURN(prologue, plan_->PrologueValues());
     }
-    if (graph_ != nullptr && prologue != nullptr && !prologue_->Fits(*prologue)) {
-      // Recomputed with another layout than the graph reads: captured again.
-      c10::cuda::device_synchronize();
-      graph_.reset();
+    if (graph_ != nullptr && prologue != prologue_checked_) {
+      // Recomputed since this graph last ran: captured again if its layouts changed.
+      if (!prologue_->Fits(*prologue)) {
+        c10::cuda::device_synchronize();
+        graph_.reset();
+      }
+      prologue_checked_ = prologue;
     }
     if (graph_ == nullptr) {
       Status captured;
@@ -336,6 +339,7 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   WaitFor(current, side);
   bound_addresses_.clear();
   for (const at::Tensor& t : bound_) bound_addresses_.push_back(t.data_ptr());
+  prologue_checked_ = prologue;
   graph_ = std::move(graph);
   ++captures_;
   return Status::OK();

@@ -147,6 +147,8 @@ class CudaGraphRunner {
   std::vector<at::Tensor> static_inputs_;
   std::vector<at::Tensor> static_outputs_;
   std::shared_ptr<PrologueCopy> prologue_;  // What the graph reads for the prologue's values.
+  // The prologue values whose layouts were last checked against prologue_'s.
+  std::shared_ptr<const std::vector<at::Tensor>> prologue_checked_;
   std::vector<const void*> bound_addresses_;                        // At capture.
 };
 

@@ -136,8 +136,7 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         # ints among its inputs are passed as sizes of carriers (kiln.graph.int_inputs).
         graph, sizes = tensors_only(gm)
         graph, examples, ints = as_carriers(graph, example_inputs)
-        compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options),
-                                          at_least=ints.at_least if ints is not None else None)
+        compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options))
     except Exception as e:  # the graph runs as it is, as before this compile existed
         log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
                   type(e).__name__, e)
@@ -292,11 +291,10 @@ def _compiled(client, request, mac_key):
 
 
 def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                           cuda_graphs: bool = False,
-                           at_least: Optional[dict] = None) -> CompiledArtifact:
+                           cuda_graphs: bool = False) -> CompiledArtifact:
     """The loaded artifact of `gm` (symbolic sizes, its placeholders' fakes carrying them) for
     every size in the symbols' ranges (see compile_symbolic); `cuda_graphs`: a plan on a GPU
-    replays a CUDA graph per shape of its inputs; `at_least`: lowering.lower_symbolic's."""
+    replays a CUDA graph per shape of its inputs."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.graph import lowering
@@ -307,7 +305,7 @@ def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
     params = list(lowering.attr_tensors(gm).values())
     device = _graph_device(params + list(example_inputs))
     lowering_start = time.perf_counter()
-    lowered = lowering.lower_symbolic(gm, params, at_least)
+    lowered = lowering.lower_symbolic(gm, params)
     lowering_seconds = time.perf_counter() - lowering_start
     request = pb.service.CompileRequest(graph=lowered.graph, target=art.target_for(device))
     response, body = _compiled(client, request, mac_key)

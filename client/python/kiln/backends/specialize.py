@@ -127,14 +127,16 @@ class PerSignature:
             return fn(*args)
         after = self.specialize_after or config.specialize_after
         if self.whole is not None:
-            if _replays_per_shape(self.whole):
-                # Its launches were the cost, and each shape replays a graph of them now: a
-                # signature's own compile would gain nothing for the seconds it takes (holding
-                # the interpreter from the calls while it lowers).
-                return self.whole(*args)
             after = max(after, config.specialize_after_whole)
         if count is not None and count < after:
             return self._uncompiled(count, args)  # not compiled yet
+        if self.whole is not None and (count in (None, after) or
+                                       not config.specialize_in_background) \
+                and _replays_per_shape(self.whole):
+            # Asked where a compile would start: its launches were the cost, and each shape
+            # replays a graph of them now; a signature's own compile would gain nothing for the
+            # seconds it takes (holding the interpreter from the calls while it lowers).
+            return self.whole(*args)
         if count is not None and config.specialize_in_background:
             if count == after:  # one compile per signature
                 self._specialise_in_background(key, args)

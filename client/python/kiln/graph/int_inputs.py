@@ -7,9 +7,11 @@ to the compiled graph as a carrier: an empty tensor of sizes (n, 0), whose first
 the number and whose storage is nothing; the graph reads the number as that size. Each call
 makes (or reuses) the carrier of its number.
 
-A number whose guards admit 0 is compiled for 1 and more (a tensor it sizes has strides
-Max(1, n), which the IR carries as n): a call with 0 runs the graph as it is.
+A number whose guards admit 0 is compiled for 1 and more (its range narrowed to start at 1, so
+that a tensor it sizes, whose strides are Max(1, n), is carried as n): a call with 0 runs the
+graph as it is.
 """
+import functools
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -21,24 +23,14 @@ class IntInputs:
     """The positions of a graph's int inputs passed as carriers, on `device`, the least number
     the compiled graph takes at each, and the graph as it is (`fallback`) for smaller ones."""
 
-    # Carriers kept for the numbers seen last (a server's handful of cache lengths).
-    _KEPT = 64
-
     def __init__(self, positions: List[int], least: List[int], device: torch.device,
-                 fallback: Callable, at_least: dict):
+                 fallback: Callable):
         self.positions, self.least = positions, least
-        self.device = device
         self.fallback = fallback
-        self.at_least = at_least  # symbol -> least value, for the lowering
-        self._carriers: Dict[int, torch.Tensor] = {}
-
-    def carrier(self, n: int) -> torch.Tensor:
-        t = self._carriers.get(n)
-        if t is None:
-            if len(self._carriers) >= self._KEPT:
-                self._carriers.pop(next(iter(self._carriers)))
-            t = self._carriers[n] = torch.empty((n, 0), device=self.device)
-        return t
+        # Kept for the numbers seen last (a server's handful of cache lengths); safe to call
+        # from several threads.
+        self.carrier = functools.lru_cache(maxsize=64)(
+            lambda n: torch.empty((n, 0), device=device))
 
     def tensors(self, args) -> list:
         """The compiled graph's inputs for the program graph's `args`."""
@@ -82,7 +74,7 @@ def as_carriers(gm: torch.fx.GraphModule, example_inputs: list
     graph.output(graph.graph_copy(gm.graph, copies))
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     examples = list(example_inputs)
-    positions, least, at_least = [], [], {}
+    positions, least = [], []
     for i, (node, value) in enumerate(zip(placeholders, values)):
         if isinstance(value, torch.Tensor):
             continue
@@ -101,7 +93,6 @@ def as_carriers(gm: torch.fx.GraphModule, example_inputs: list
             env._update_var_to_range(value.node.expr, ValueRanges(1, vr.upper))
             if hasattr(env, "_version_counter"):  # its answers are cached by this version
                 env._version_counter += 1
-            at_least[value.node.expr] = 1
         least.append(max(lower, 1))
         with ShapeEnvUnchanged(env), mode:
             carrier = torch.empty((value, 0), device=device)
@@ -112,4 +103,4 @@ def as_carriers(gm: torch.fx.GraphModule, example_inputs: list
         node.replace_all_uses_with(size, delete_user_cb=lambda user: user is not size)
         positions.append(i)
     return (torch.fx.GraphModule(gm, graph), examples,
-            IntInputs(positions, least, device, gm.forward, at_least))
+            IntInputs(positions, least, device, gm.forward))

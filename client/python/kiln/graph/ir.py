@@ -376,16 +376,14 @@ def _describe(val) -> str:
     return type(val).__name__
 
 
-def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None,
-          at_least: Optional[dict] = None):
+def to_ir(aten_gm: torch.fx.GraphModule, num_bound: Optional[int] = None):
     """The kiln.v1.Graph of an ATen-level graph module (placeholders in order are its inputs; the
     values after its own outputs are its input updates, see kiln.graph.input_updates). With
     `num_bound` (how many leading inputs are bound parameters), a graph traced over symbolic
-    sizes: its size symbols are the per-call inputs' (kiln.graph.symbolic_ir; `at_least`: the
-    least value calls guarantee a symbol, beyond its range)."""
+    sizes: its size symbols are the per-call inputs' (kiln.graph.symbolic_ir)."""
     from kiln.graph.input_updates import outputs_and_updates
 
-    b = _Builder(SizeSymbols(at_least) if num_bound is not None else None)
+    b = _Builder(SizeSymbols() if num_bound is not None else None)
     if b.symbols is not None:
         placeholders = [n.meta["val"] for n in aten_gm.graph.nodes if n.op == "placeholder"]
         for index in range(num_bound, len(placeholders)):

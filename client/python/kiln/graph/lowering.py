@@ -578,12 +578,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: Sequence,
     return LoweredGraph(graph, params, len(example_inputs), aten_gm)
 
 
-def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor],
-                   at_least: Optional[dict] = None) -> LoweredGraph:
+def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> LoweredGraph:
     """The kiln.v1 graph of `gm`, captured with symbolic sizes, for every size in its symbols'
     ranges: traced over its placeholders' fakes (the capture's, whose ShapeEnv holds the
-    symbols), each size an expression over the per-call inputs' (kiln.graph.symbolic_ir;
-    `at_least`: the least value calls guarantee a symbol, kiln.graph.int_inputs).
+    symbols), each size an expression over the per-call inputs' (kiln.graph.symbolic_ir).
     Raises NotSymbolic for a graph the IR cannot carry exactly, or whose lowering would rely on
     a relation between sizes that the capture did not guard."""
     from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged
@@ -607,7 +605,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor],
     with ShapeEnvUnchanged(env), python_dispatcher():
         aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True,
                              eager_decompositions=get_decompositions([aten.native_layer_norm]))
-        graph = to_ir(aten_gm, num_bound=len(params), at_least=at_least)
+        graph = to_ir(aten_gm, num_bound=len(params))
     graph.num_bound_inputs = len(params)
     return LoweredGraph(graph, params, len(fakes), aten_gm)
 

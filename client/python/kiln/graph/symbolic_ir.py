@@ -28,11 +28,7 @@ def _expr(value: torch.SymInt):
 class SizeSymbols:
     """The graph's size symbols: sympy symbol -> kiln.v1 id, each with its binding."""
 
-    def __init__(self, at_least: Optional[Dict[sympy.Symbol, int]] = None):
-        # The least value each call gives a symbol where it is more than its range's lower
-        # bound (an int input passed as a carrier, whose adapter runs smaller ones elsewhere):
-        # Max(1, s) is s for such an s >= 1.
-        self.at_least = dict(at_least or {})
+    def __init__(self):
         self.ids: Dict[sympy.Symbol, int] = {}
         self.bindings: Dict[int, Tuple[int, int]] = {}  # id -> (input index, dim)
         self.env = None
@@ -70,15 +66,18 @@ class SizeSymbols:
             term.symbols.extend(symbols)
 
     def _lifted(self, e):
-        """`e` with each Max(k, s) that is s for every call (s at least k) replaced by s."""
-        if not self.at_least:
+        """`e` with each Max(k, s) replaced by s where the ShapeEnv's range of s (which the
+        guards hold it to) starts at k or above: a contiguous stride Max(1, s) is s."""
+        if self.env is None:
             return e
 
         def lift(m):
             symbols = [a for a in m.args if not a.is_number]
-            if len(symbols) == 1 and symbols[0] in self.at_least and all(
-                    a <= self.at_least[symbols[0]] for a in m.args if a.is_number):
-                return symbols[0]
+            if len(symbols) == 1 and isinstance(symbols[0], sympy.Symbol):
+                vr = self.env.var_to_range.get(symbols[0])
+                lower = _finite(vr.lower) if vr is not None else None
+                if lower is not None and all(a <= lower for a in m.args if a.is_number):
+                    return symbols[0]
             return m
 
         return e.replace(lambda x: type(x).__name__ == "Max", lift)
@@ -125,7 +124,7 @@ class SizeSymbols:
             vr = self.env.var_to_range.get(sym) if self.env is not None else None
             lower = _finite(vr.lower) if vr is not None else None
             upper = _finite(vr.upper) if vr is not None else None
-            s.min = max(lower or 0, 0, self.at_least.get(sym, 0))
+            s.min = max(lower or 0, 0)
             s.max = upper if upper is not None else 0  # 0: unbounded
 
 
