@@ -335,7 +335,8 @@ Status Plan::Builder::Values(const PlanSpec& spec) {
     if (meta.sizes.size() != meta.strides.size()) {
       return Invalid(what + ": sizes and strides differ in rank");
     }
-    const bool symbolic = !v->meta.size_exprs.empty() || !v->meta.stride_exprs.empty();
+    const bool symbolic = !v->meta.size_exprs.empty() || !v->meta.stride_exprs.empty() ||
+                          !v->meta.storage_offset_expr.empty();
     if (symbolic) {
       // Its sizes are the call's: checked per call where they matter (the inputs', kernels'
       // arguments), evaluated from layouts_, never read from metas_ (zeros there).
@@ -352,6 +353,17 @@ Status Plan::Builder::Values(const PlanSpec& spec) {
           (exprs == &v->meta.size_exprs ? layout.sizes : layout.strides)
               .push_back(*std::move(compiled));
         }
+      }
+      if (v->meta.storage_offset_expr.size() > 1) {
+        return Invalid(what + " has more than one storage offset expression");
+      }
+      if (!v->meta.storage_offset_expr.empty()) {
+        if (meta.storage_offset != 0) {
+          return Invalid(what + " has a storage offset and its expression");
+        }
+        StatusOr<SizeExpr> compiled = plan_.sizes_.Compile(v->meta.storage_offset_expr[0]);
+        if (!compiled.ok()) return Invalid(what + ": " + compiled.status().message());
+        layout.offset = *std::move(compiled);
       }
       plan_.layouts_.push_back(std::move(layout));
       std::fill(meta.sizes.begin(), meta.sizes.end(), 0);

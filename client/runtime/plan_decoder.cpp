@@ -361,6 +361,9 @@ Status DecodeMeta(Reader& r, MetaSpec* out) {
       case 8:
         return AppendMessage(r, wire_type, field, &out->stride_exprs, "stride_exprs",
                              DecodeSymExpr);
+      case 9:
+        return AppendMessage(r, wire_type, field, &out->storage_offset_expr,
+                             "storage_offset_expr", DecodeSymExpr);
       default:  // 4 device, 6 requires_grad: a plan runs on one device, for inference.
         return r.Skip(field, wire_type);
     }

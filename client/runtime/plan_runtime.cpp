@@ -46,6 +46,12 @@ StatusOr<const ValueMeta*> Plan::MetaAt(int s, const std::vector<int64_t>* symbo
       return Status::RuntimeError(ValueName(ids_[s]) + " has a negative size or stride here");
     }
   }
+  if (layout.offset) {
+    KILN_ASSIGN_OR_RETURN(m.storage_offset, PlanSizes::Evaluate(*layout.offset, *symbols));
+    if (m.storage_offset < 0) {
+      return Status::RuntimeError(ValueName(ids_[s]) + " has a negative storage offset here");
+    }
+  }
   if (!CheckedStorageBytes(m)) {
     return Status::RuntimeError(ValueName(ids_[s]) + " spans more bytes than int64_t counts");
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -293,6 +294,7 @@ class Plan {
   // layout of its buffer, or of what a kernel reads, per call.
   struct SymbolicLayout {
     std::vector<SizeExpr> sizes, strides;
+    std::optional<SizeExpr> offset;  // Where the storage offset depends on the symbols.
   };
   std::vector<SymbolicLayout> layouts_;
   PlanSizes sizes_;  // The size symbols; empty for a static plan.

@@ -76,6 +76,8 @@ struct MetaSpec {
   // Plans with size symbols: one per dim when any size or stride depends on them (sizes and
   // strides then say -1 and 0 there); empty otherwise.
   std::vector<SymExprSpec> size_exprs, stride_exprs;
+  // The storage offset's expression where it depends on them (storage_offset 0 then): at most one.
+  std::vector<SymExprSpec> storage_offset_expr;
 };
 
 // kiln.v1.Value.

@@ -29,10 +29,27 @@ bool ValidDeviceKind(kiln::v1::DeviceKind kind) {
 using Symbols = std::unordered_set<uint32_t>;
 
 // Size and stride expressions of `meta`: one per dim, canonical over `symbols`, and the static
-// sizes / strides saying -1 / 0 exactly where the expression is not a constant.
+// sizes / strides saying -1 / 0 exactly where the expression is not a constant; a storage offset
+// expression canonical and not a constant, the static offset 0 beside it.
 absl::Status ValidateMetaExprs(const TensorMeta& meta, const Symbols& symbols) {
-  if (meta.size_exprs_size() == 0 && meta.stride_exprs_size() == 0) return absl::OkStatus();
+  if (meta.size_exprs_size() == 0 && meta.stride_exprs_size() == 0 &&
+      !meta.has_storage_offset_expr()) {
+    return absl::OkStatus();
+  }
   if (symbols.empty()) return Invalid("size expressions in a graph without size symbols");
+  if (meta.has_storage_offset_expr()) {
+    if (std::string problem = SymExprProblem(meta.storage_offset_expr(), symbols);
+        !problem.empty()) {
+      return Invalid("storage offset expression: " + problem);
+    }
+    if (ConstantOf(meta.storage_offset_expr())) {
+      return Invalid("a constant storage offset written as an expression");
+    }
+    if (meta.storage_offset() != 0) {
+      return Invalid("storage offset " + std::to_string(meta.storage_offset()) +
+                     " disagrees with its expression");
+    }
+  }
   if (meta.size_exprs_size() != meta.sizes_size() ||
       meta.stride_exprs_size() != meta.sizes_size()) {
     return Invalid("size and stride expressions are not one per dimension");

@@ -37,8 +37,11 @@ bool SymEqual(const kiln::v1::SymExpr& a, const kiln::v1::SymExpr& b);
 std::optional<int64_t> SymEvaluate(const kiln::v1::SymExpr& e,
                                    const std::unordered_map<uint32_t, int64_t>& values);
 
-// Whether the metadata has sizes or strides over symbols (size_exprs set).
-inline bool IsSymbolic(const kiln::v1::TensorMeta& meta) { return meta.size_exprs_size() > 0; }
+// Whether the metadata has sizes, strides or a storage offset over symbols (size_exprs, or
+// storage_offset_expr, set).
+inline bool IsSymbolic(const kiln::v1::TensorMeta& meta) {
+  return meta.size_exprs_size() > 0 || meta.has_storage_offset_expr();
+}
 
 // Whether the graph declares size symbols.
 inline bool IsSymbolic(const kiln::v1::Graph& graph) { return graph.size_symbols_size() > 0; }

@@ -76,9 +76,20 @@ bool Represent(TensorMeta& m, const SymbolValues& values) {
     m.set_sizes(d, *size);
     m.set_strides(d, *stride);
   }
+  if (m.has_storage_offset_expr()) {
+    const std::optional<int64_t> offset = SymEvaluate(m.storage_offset_expr(), values);
+    if (!offset || *offset < 0) return false;
+    m.set_storage_offset(*offset);
+    m.clear_storage_offset_expr();
+  }
   m.clear_size_exprs();
   m.clear_stride_exprs();
   return true;
+}
+
+// The storage offset of `m` as an expression.
+SymExpr OffsetExpr(const TensorMeta& m) {
+  return m.has_storage_offset_expr() ? m.storage_offset_expr() : SymConstant(m.storage_offset());
 }
 
 std::unique_ptr<Graph> RepresentativeGraph(const Graph& graph, const SymbolValues& values) {
@@ -286,14 +297,23 @@ class GroupCheck {
   }
 
   // Whether the fuser's folding of the views that define `id` holds for every value of the
-  // symbols: a reshape-like view only folds where its input and result are row-major for all.
+  // symbols: a reshape-like view only folds where its input and result are row-major for all,
+  // and the view's storage offset is the base's plus a constant for all (the kernel reads the
+  // base at the offset the representative sizes give; a slice at a symbolic position is read as
+  // the view the library step makes).
   bool FoldsForAll(uint32_t id) const {
     uint32_t base = id;
+    auto offset_holds = [&] {
+      const TensorMeta& view = *meta_.at(id);
+      const TensorMeta& from = *meta_.at(base);
+      if (!view.has_storage_offset_expr() && !from.has_storage_offset_expr()) return true;
+      return SymEqual(OffsetExpr(view), OffsetExpr(from));
+    };
     while (true) {
       auto p = producer_.find(base);
-      if (p == producer_.end()) return true;
+      if (p == producer_.end()) return offset_holds();
       const kiln::v1::Node& rn = represented_.nodes(p->second);
-      if (!FoldableView(rn, rmeta_)) return true;
+      if (!FoldableView(rn, rmeta_)) return offset_holds();
       if (!IsAlwaysView(rn.op())) {
         const kiln::v1::Node& n = graph_.nodes(p->second);
         if (!RowMajorForAll(*meta_.at(n.args(0).value())) ||

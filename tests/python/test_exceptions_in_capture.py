@@ -65,6 +65,41 @@ def test_environ_get_recompiles_when_the_variable_is_set_and_unset_again(unset_v
     assert_one_graph_no_break(sdpa_scale, x)
 
 
+def env_switches(x):
+    # The other ways a library reads its switches: `in`, [] (KeyError caught), os.getenv.
+    y = x * (3 if _VAR in os.environ else 4)
+    try:
+        y = y + int(os.environ[_VAR])
+    except KeyError:
+        y = y - 1
+    return y + (1 if os.getenv(_VAR + "_OTHER") is None else 2)
+
+
+def test_environ_lookups_are_guarded_on_the_variables_read_alone(unset_var):
+    x = torch.randn(4)
+    fn, cnt = compiled(env_switches)
+    torch.testing.assert_close(fn(x), env_switches(x))
+    os.environ[_VAR + "_UNRELATED"] = "1"  # a variable the function never reads
+    try:
+        torch.testing.assert_close(fn(x), env_switches(x))
+        assert cnt.frame_count == 1
+    finally:
+        del os.environ[_VAR + "_UNRELATED"]
+    os.environ[unset_var] = "7"
+    torch.testing.assert_close(fn(x), env_switches(x))
+    assert cnt.frame_count == 2
+    os.environ[unset_var] = "8"  # its value is guarded, not only its presence
+    torch.testing.assert_close(fn(x), env_switches(x))
+    assert cnt.frame_count == 3
+    os.environ[_VAR + "_OTHER"] = "x"
+    try:
+        torch.testing.assert_close(fn(x), env_switches(x))
+        assert cnt.frame_count == 4
+    finally:
+        del os.environ[_VAR + "_OTHER"]
+    assert_one_graph_no_break(env_switches, x)
+
+
 def lookup_or_default(x, d):
     try:
         scale = d["scale"]

@@ -74,6 +74,7 @@ MODEL = textwrap.dedent("""
     BREAK = os.environ.get("MODEL_BREAK") == "1"
     SUPER = os.environ.get("MODEL_SUPER") == "1"
     WRAPPER_BREAK = os.environ.get("MODEL_WRAPPER_BREAK") == "1"
+    READS_ENV = os.environ.get("MODEL_READS_ENV") == "1"
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
         decorated = os.environ.get("MODEL_DECORATED")
@@ -113,6 +114,8 @@ MODEL = textwrap.dedent("""
             y = torch.relu(self.a(x)) * SCALE
             if SUPER:  # an inlined method reads its __class__ cell
                 y = y * self.settings.factor
+            if READS_ENV and os.environ.get("MODEL_SWITCH") is not None:  # at each call
+                y = y * float(os.environ["MODEL_SWITCH"])
             if BREAK and y.sum() > 0:  # data-dependent: a graph break, two resume functions
                 y = y - 1
             return self.norm(self.b(y) + x)
@@ -324,6 +327,18 @@ def test_a_method_calling_super_through_its_class_cell_is_stored(kilnd_cache, mo
     # it is named as the cell of the method, found by its qualified name at load.
     assert run_child(model_dir, MODEL_SUPER="1")["stored"] == [False]
     assert run_child(model_dir, MODEL_SUPER="1")["stored"] == [True]
+
+
+def test_a_capture_reading_the_environment_is_installed_where_only_other_variables_differ(
+        kilnd_cache, model_dir):
+    # The capture guards the variable it read (absent), not the whole environment's keys: a
+    # process started with other variables set installs it.
+    assert run_child(model_dir, MODEL_READS_ENV="1")["stored"] == [False]
+    again = run_child(model_dir, MODEL_READS_ENV="1", SOME_OTHER_SETTING="1")
+    assert again["stored"] == [True] and not again["tracer"]
+    switched = run_child(model_dir, MODEL_READS_ENV="1", MODEL_SWITCH="3")  # checked vs eager
+    assert switched["stored"] == [False]
+    assert "MODEL_SWITCH" in switched["miss"]
 
 
 def test_a_changed_model_file_is_captured_again(kilnd_cache, model_dir):

@@ -224,6 +224,32 @@ def test_a_number_that_is_no_inputs_size_keeps_the_graph_per_signature(whole_gra
     assert not _symbolic(kiln.debug.artifacts())
 
 
+def _last_positions(x, w):
+    """A language model's head: the last position of each sequence (a view whose storage offset
+    is (t - 1) * 32), normalised by kernels that read it, projected by a library call; beside it
+    a slice at a constant position, whose offset is static."""
+    h = torch.tanh(x) * 2
+    last = h[:, -1:, :]
+    return torch.nn.functional.layer_norm(last + 1, (32,)) @ w, h[:, 1:3].sum(-1)
+
+
+def test_a_view_at_a_position_that_depends_on_the_sizes_is_one_plan(whole_graphs):
+    compiled = kiln.compile(_last_positions)
+    w = torch.randn(32, 8)
+    for b, t in ((2, 5), (3, 7), (4, 6), (6, 9), (5, 4), (2, 3)):
+        x = torch.randn(b, t, 32)
+        for got, want in zip(compiled(x, w), _last_positions(x, w)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # The view's offset is an expression of the sequence length in the plan, not a reason to
+    # run the graph per signature.
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert not plan.plan.failed
+    assert whole_graphs[0].whole is not None and whole_graphs[0].whole.symbolic
+    offsets = [v.meta.storage_offset_expr for v in plan.body.plan.values
+               if v.meta.HasField("storage_offset_expr")]
+    assert offsets
+
+
 def _sized_by(x, n):
     """A tensor whose size is an int argument (a static cache allocated at max_cache_len)."""
     return x.sum(1, keepdim=True) + torch.zeros(x.shape[0], n, 3)

@@ -283,6 +283,70 @@ TEST(SymbolicGraph, ARowReductionOverSymbolicRowsIsAKernelWithItsDimsCountedFrom
   }
 }
 
+// `a` + `b`, two single terms in canonical order (a's symbols before b's).
+SymExpr Plus(SymExpr a, const SymExpr& b) {
+  *a.add_terms() = b.terms(0);
+  return a;
+}
+
+// x [s0, 8] per call -> last = x[s0 - 1:] ([1, 8] at storage offset 8 * s0 - 8) -> relu(last).
+kiln::v1::CompileRequest LastRow() {
+  GraphBuilder b;
+  const uint32_t x = b.Input({67, 8});
+  kiln::v1::Argument start, end;
+  *start.mutable_sym_int_value() = Plus(Term(-1), Term(1, {0}));
+  *end.mutable_sym_int_value() = Term(1, {0});
+  const uint32_t last = b.Op("aten::slice.Tensor", {V(x), kiln::testing::I(0), start, end,
+                                                    kiln::testing::I(1)}, {1, 8});
+  const uint32_t out = b.Op("aten::relu", {V(last)}, {1, 8});
+  b.Output(out);
+  kiln::v1::CompileRequest request = b.Request();
+  kiln::v1::Graph* g = request.mutable_graph();
+  SetSymbolic(g->mutable_inputs(0)->mutable_meta(), {Term(1, {0}), Term(8)});
+  kiln::v1::TensorMeta* view = g->mutable_nodes(0)->mutable_outputs(0)->mutable_meta();
+  SetSymbolic(view, {Term(1), Term(8)});
+  *view->mutable_storage_offset_expr() = Plus(Term(-8), Term(8, {0}));
+  AddSizeSymbols(g, x, 1, 2);
+  return request;
+}
+
+TEST(SymbolicGraph, AStorageOffsetExpressionIsCanonicalNotConstantAndAloneInItsMeta) {
+  EXPECT_EQ(Problem(LastRow()), "");
+  kiln::v1::CompileRequest constant = LastRow();
+  auto* view = constant.mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta();
+  *view->mutable_storage_offset_expr() = Term(8);
+  EXPECT_NE(Problem(constant).find("a constant storage offset"), std::string::npos);
+  kiln::v1::CompileRequest both = LastRow();
+  both.mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()->set_storage_offset(8);
+  EXPECT_NE(Problem(both).find("disagrees with its expression"), std::string::npos);
+  kiln::v1::CompileRequest unknown = LastRow();
+  *unknown.mutable_graph()->mutable_nodes(0)->mutable_outputs(0)->mutable_meta()
+       ->mutable_storage_offset_expr() = Term(8, {3});
+  EXPECT_NE(Problem(unknown).find("storage offset expression"), std::string::npos);
+}
+
+TEST(SymbolicGraph, AViewAtASymbolicOffsetIsReadAsTheViewNotFoldedAtTheRepresentativeOffset) {
+  const kiln::v1::CompileRequest request = LastRow();
+  ASSERT_EQ(Problem(request), "");
+  PlannedGraph planned = PlanGraph(request, kiln::v1::DEVICE_KIND_CPU);
+  // A kernel folding the slice would read x at the representative sizes' offset (8 * 67 - 8)
+  // whatever s0 is: the relu reads the view the library step makes instead.
+  for (const FusedGroup& g : planned.program.groups) {
+    for (const KernelOperand& in : g.inputs) EXPECT_EQ(in.offset, 0);
+  }
+  const kiln::v1::ExecutionPlan& plan = planned.body.plan();
+  ASSERT_GE(plan.steps_size(), 1);
+  EXPECT_EQ(plan.steps(0).library().op(), "aten::slice.Tensor");
+  bool found = false;
+  for (const auto& v : plan.values()) {
+    if (!v.meta().has_storage_offset_expr()) continue;
+    found = true;
+    EXPECT_EQ(v.meta().storage_offset(), 0);
+    EXPECT_EQ(ConstantOf(v.meta().storage_offset_expr()), std::nullopt);
+  }
+  EXPECT_TRUE(found);  // the plan evaluates the view's offset per call
+}
+
 TEST(SymExpr, ProductsAndEvaluationKeepTheCanonicalForm) {
   SymExpr a = Term(2, {0});
   auto* t = a.add_terms();

@@ -50,6 +50,7 @@ inline MetaSpec FromProto(const kiln::v1::TensorMeta& m) {
   out.storage_offset = m.storage_offset();
   out.size_exprs = FromProtoList(m.size_exprs());
   out.stride_exprs = FromProtoList(m.stride_exprs());
+  if (m.has_storage_offset_expr()) out.storage_offset_expr.push_back(FromProto(m.storage_offset_expr()));
   return out;
 }
 
@@ -187,7 +188,8 @@ inline std::string Dump(const std::vector<runtime::SymExprSpec>& exprs) {
 inline std::string Dump(const MetaSpec& m) {
   return "dtype " + std::to_string(static_cast<int>(m.dtype)) + " sizes " + List(m.sizes) +
          " strides " + List(m.strides) + " offset " + std::to_string(m.storage_offset) +
-         " size_exprs " + Dump(m.size_exprs) + " stride_exprs " + Dump(m.stride_exprs);
+         " size_exprs " + Dump(m.size_exprs) + " stride_exprs " + Dump(m.stride_exprs) +
+         " storage_offset_expr " + Dump(m.storage_offset_expr);
 }
 
 inline std::string Dump(const StepSpec& step) {

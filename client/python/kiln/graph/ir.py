@@ -89,8 +89,8 @@ def _device_to_pb(device: torch.device, out) -> None:
 
 
 def meta_to_pb(t: torch.Tensor, out, symbols: Optional[SizeSymbols] = None) -> None:
-    """`t`'s metadata; with `symbols` (a graph with size symbols), a symbolic size or stride is
-    -1 / 0 and its expression is written beside (kiln.graph.symbolic_ir)."""
+    """`t`'s metadata; with `symbols` (a graph with size symbols), a symbolic size, stride or
+    storage offset is -1 / 0 / 0 and its expression is written beside (kiln.graph.symbolic_ir)."""
     if symbols is None:
         out.sizes.extend(int(s) for s in t.shape)
         out.strides.extend(int(s) for s in t.stride())
@@ -100,7 +100,8 @@ def meta_to_pb(t: torch.Tensor, out, symbols: Optional[SizeSymbols] = None) -> N
         symbols.meta(t, out)
     out.dtype = dtype_to_pb(t.dtype)
     _device_to_pb(t.device, out.device)
-    out.storage_offset = int(t.storage_offset())
+    offset = t.storage_offset()
+    out.storage_offset = 0 if symbols is not None and is_symbolic(offset) else int(offset)
     out.requires_grad = bool(t.requires_grad)
 
 

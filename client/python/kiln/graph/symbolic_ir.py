@@ -1,9 +1,9 @@
 """Size symbols in the kiln.v1 IR (kiln.graph.ir.to_ir of an ATen graph traced over fakes whose
-sizes are torch's SymInts): each size, stride and SymInt argument becomes a polynomial over the
-graph's size symbols (kiln.v1.SymExpr, in its canonical form), each symbol bound to the first
-per-call input dimension whose size is exactly it, with the range the capture's ShapeEnv gives
-it. What the IR cannot say exactly (a floor division, a min or max, a symbol no input dimension
-gives, a symbolic storage offset) raises NotSymbolic: the graph then runs per signature, never a
+sizes are torch's SymInts): each size, stride, storage offset and SymInt argument becomes a
+polynomial over the graph's size symbols (kiln.v1.SymExpr, in its canonical form), each symbol
+bound to the first per-call input dimension whose size is exactly it, with the range the
+capture's ShapeEnv gives it. What the IR cannot say exactly (a floor division, a min or max, a
+symbol no input dimension gives) raises NotSymbolic: the graph then runs per signature, never a
 plan that would compute something else."""
 from typing import Dict, List, Optional, Tuple
 
@@ -100,18 +100,18 @@ class SizeSymbols:
         return tuple(sorted(ids))
 
     def meta(self, t, out) -> None:
-        """The size and stride expressions of tensor (or _Meta) `t` into TensorMeta `out`
-        (whose sizes and strides meta_to_pb wrote: -1 / 0 where symbolic)."""
-        sizes, strides = tuple(t.shape), tuple(t.stride())
-        if not any(is_symbolic(v) for v in (*sizes, *strides)):
+        """The size, stride and storage offset expressions of tensor (or _Meta) `t` into
+        TensorMeta `out` (whose sizes, strides and offset meta_to_pb wrote: -1 / 0 / 0 where
+        symbolic)."""
+        sizes, strides, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+        if not any(is_symbolic(v) for v in (*sizes, *strides, offset)):
             return
-        offset = t.storage_offset()
-        if is_symbolic(offset):
-            raise NotSymbolic(f"a tensor whose storage offset is {offset}")
         for v in sizes:
             self.expr(v, out.size_exprs.add(), "a size")
         for v in strides:
             self.expr(v, out.stride_exprs.add(), "a stride")
+        if is_symbolic(offset):  # a view at a position that depends on the sizes
+            self.expr(offset, out.storage_offset_expr, "a storage offset")
 
     def write(self, graph, inputs: List[int]) -> None:
         """kiln.v1.Graph.size_symbols, with the ranges the ShapeEnv gives; `inputs`: the value

@@ -4,6 +4,7 @@ import builtins
 import collections
 import enum
 import functools
+import os
 import sys
 import types
 
@@ -26,8 +27,8 @@ from kiln.variables.functions import (FrameRegionVariable, LruCacheVariable,
                                       OpaqueCallableVariable, PartialVariable,
                                       UserFunctionVariable, UserMethodVariable)
 from kiln.variables.nn_module import NNModuleVariable
-from kiln.variables.objects import (PythonModuleVariable, UserDefinedClassVariable,
-                                    UserDefinedObjectVariable)
+from kiln.variables.objects import (EnvironVariable, PythonModuleVariable,
+                                    UserDefinedClassVariable, UserDefinedObjectVariable)
 from kiln.variables.tensor import TensorVariable
 from kiln.variables import torch_function
 from kiln.variables.torch import TorchVariable, is_torch_object
@@ -193,6 +194,8 @@ def wrap(tx, value, source, guard: bool = True):
         add("ID_MATCH", value)
         return torch_function.TensorMethodDescriptorVariable(value, source)
     add("TYPE_MATCH", type(value))
+    if value is os.environ:
+        return EnvironVariable(value, source)
     return UserDefinedObjectVariable(value, source)
 
 

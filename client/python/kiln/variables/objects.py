@@ -538,6 +538,62 @@ class InstanceDictVariable(VariableTracker):
         return f"InstanceDictVariable({self.obj.source.name})"
 
 
+class EnvironVariable(UserDefinedObjectVariable):
+    """os.environ. A lookup of one variable (get, [], in; os.getenv) is guarded on that
+    variable alone, its value or its absence in the mapping's storage (os.environ._data): a
+    library that reads one flag (transformers reads TRANSFORMERS_SDPA_FORCE_GQA) leaves the
+    capture valid, and storable, in a process whose environment differs elsewhere. Anything
+    else is inlined from os._Environ's Python, as any object's methods are."""
+
+    _LOOKUPS = ("get", "__getitem__", "__contains__")
+
+    def var_getattr(self, tx, name):
+        if name in self._LOOKUPS and self.source is not None:
+            return BoundContainerMethod(self, name)
+        return super().var_getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in self._LOOKUPS or self.source is None:
+            return super().call_method(tx, name, args, kwargs)
+        if kwargs or not args or len(args) > (2 if name == "get" else 1):
+            raise Unsupported(f"os.environ.{name} with these arguments")
+        key = args[0].as_python_constant()
+        if type(key) is not str:
+            raise Unsupported(f"an os.environ lookup with a {type(key).__name__} key")
+        environ = self.value
+        data = object.__getattribute__(environ, "_data")
+        if type(data) is not dict:
+            raise Unsupported("an os.environ whose storage is not a dict")
+        stored = environ.encodekey(key)
+        data_source = AttrSource(self.source, "_data")
+        tx.output.guards.add(data_source, "TYPE_MATCH", dict)
+        if stored in data:
+            raw = data[stored]
+            tx.output.guards.add(ItemSource(data_source, stored), "CONSTANT_MATCH", raw)
+            if name == "__contains__":
+                return ConstantVariable(True)
+            return ConstantVariable(environ.decodevalue(raw))
+        tx.output.guards.add(data_source, "NO_ITEM", stored)
+        if name == "__contains__":
+            return ConstantVariable(False)
+        if name == "get":
+            return args[1] if len(args) > 1 else ConstantVariable(None)
+        raise traced_exception(KeyError, key)
+
+    def getitem(self, tx, index):
+        if self.source is None:
+            return super().getitem(tx, index)
+        return self.call_method(tx, "__getitem__", [index], {})
+
+    def contains(self, tx, item):
+        if self.source is None:
+            return super().contains(tx, item)
+        return self.call_method(tx, "__contains__", [item], {})
+
+    def __repr__(self):
+        return f"EnvironVariable({self.source.name if self.source is not None else '?'})"
+
+
 class _NoOpMethod(VariableTracker):
     def call_function(self, tx, args, kwargs):
         return ConstantVariable(None)
