@@ -98,17 +98,40 @@ def test_sizes_zero_and_one_are_answered_as_eager_does(n):
             torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_zero_and_one_are_specialised_and_the_range_guard_rejects_them():
+def test_one_runs_the_symbolic_graph_and_zero_is_specialised():
     backend = Counting()
     compiled = kiln.compile(lambda x: x * 2 + x.shape[0], backend=backend)
     for b in (4, 5):
         compiled(torch.randn(b))
     shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
-    assert shape and "L['x'].size()[0] >= 2" in shape[0]
+    assert shape and "L['x'].size()[0] >= 1" in shape[0]
     for b in (1, 0, 1):
         x = torch.randn(b)
         torch.testing.assert_close(compiled(x), x * 2 + b)
-    assert len(backend.graphs) == 4  # 4, symbolic, 1, 0
+    assert len(backend.graphs) == 3  # 4, symbolic (1 too), 0
+
+
+def _batch_of_one_differs(x, w):
+    # A branch on the size and a broadcast against a weight: both ask `s == 1` of the trace.
+    y = x @ w
+    if y.shape[0] == 1:
+        return y * 3
+    return y.softmax(0)
+
+
+def test_a_trace_that_asks_whether_a_size_is_one_guards_the_answer():
+    backend = Counting()
+    compiled = kiln.compile(_batch_of_one_differs, backend=backend)
+    w = torch.randn(4, 3)
+    for b in (4, 5, 7):
+        x = torch.randn(b, 4)
+        torch.testing.assert_close(compiled(x, w), _batch_of_one_differs(x, w))
+    assert len(backend.graphs) == 2
+    assert any("Ne(L['x'].size()[0], 1)" in g or "L['x'].size()[0] > 1" in g or
+               "L['x'].size()[0] >= 2" in g for g in _guards(compiled) if g.startswith("SHAPE"))
+    x = torch.randn(1, 4)  # the symbolic graph's branch is not this one: a graph of its own
+    torch.testing.assert_close(compiled(x, w), _batch_of_one_differs(x, w))
+    assert len(backend.graphs) == 3
 
 
 def test_a_broken_equality_recompiles_and_raises_as_eager_does():
@@ -241,7 +264,7 @@ def test_the_shape_guard_is_logged(capsys):
     compiled(torch.randn(5))
     text = capsys.readouterr().err
     assert "TENSOR_MATCH Tensor torch.float32 cpu size=(?,)" in text
-    assert "SHAPE L['x'].size()[0] >= 2" in text
+    assert "SHAPE L['x'].size()[0] >= 1" in text
 
 
 def test_explain_lists_the_shape_guard():
@@ -338,17 +361,25 @@ def test_a_pad_by_an_amount_computed_from_a_size_stays_in_the_graph():
     assert len(backend.graphs) == 2  # no break at the pad
 
 
-def test_mark_unbacked_and_maybe_mark_dynamic_of_size_one_are_no_error():
+def test_marks_of_size_one_are_symbols_and_of_size_zero_an_error():
     backend = Counting()
     compiled = kiln.compile(lambda x: x * 2, backend=backend)
     for mark in (kiln.mark_unbacked, kiln.maybe_mark_dynamic):
         x = torch.randn(1, 3)
         mark(x, 0)
         torch.testing.assert_close(compiled(x), x * 2)
-    x = torch.randn(1, 3)
+    # mark_dynamic of a size 1 is a symbol that admits 1: one graph for both sizes.
+    backend = Counting()
+    compiled = kiln.compile(lambda x: x * 3, backend=backend)
+    for b in (1, 5):
+        x = torch.randn(b, 3)
+        kiln.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), x * 3)
+    assert len(backend.graphs) == 1
+    x = torch.randn(0, 3)
     kiln.mark_dynamic(x, 0)
-    with pytest.raises(ConstraintViolation, match="has size 1"):
-        kiln.compile(lambda x: x * 3, backend=Counting())(x)
+    with pytest.raises(ConstraintViolation, match="has size 0"):
+        kiln.compile(lambda x: x * 4, backend=Counting())(x)
 
 
 def test_an_int_input_handed_on_at_a_break_with_no_graph_is_the_programs_value():

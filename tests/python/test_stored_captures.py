@@ -205,9 +205,13 @@ def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(k
     assert second["stored"] == [True] and second["symbolic"] == [True]
     assert second["prepared"] == [True]  # by kiln.compile, before the first call
     assert not second["tracer"] and not second["dynamo"]
-    # A batch of 1 was specialised by the capture: the stored guards refuse it (captured again).
-    third = run_dynamic(model_dir, "1")
-    assert third["tracer"] and not any(third["symbolic"])
+    # A batch of 1 is in the stored symbol's range: the same plan serves it, without a trace.
+    third = run_dynamic(model_dir, "1,8")
+    assert third["stored"] == [True] and third["symbolic"] == [True]
+    assert not third["tracer"]
+    # An empty batch is not: captured again (static), answered as eager's.
+    fourth = run_dynamic(model_dir, "0")
+    assert fourth["tracer"] and not any(fourth["symbolic"])
 
 
 def test_an_installed_capture_watches_its_modules_as_a_traced_one_does(kilnd_cache, model_dir):

@@ -79,6 +79,39 @@ def test_one_plan_serves_every_batch_and_sequence_length(whole_graphs):
     assert not plan.plan.failed and plan.plan.num_kernels >= 2
 
 
+class Positions(torch.nn.Module):
+    """A learnt position table read up to the sequence's length (BERT's, GPT-2's): the slice's
+    end is min(64, t) until the capture settles which side the calls take."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(1, 64, 32))
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(x + self.table[:, :x.shape[1]])
+
+
+def test_a_batch_of_one_and_a_table_read_to_the_length_run_the_one_plan(whole_graphs):
+    model = Positions().eval()
+    compiled = kiln.compile(model)
+    _run_as_eager(compiled, model, (4, 6, 1, 3, 1, 7), length=9)
+    with torch.no_grad():
+        for t in (5, 17, 64):
+            x = torch.randn(1, t, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    # static, then one symbolic graph for every batch (1 too) and length up to the table's
+    assert len(kiln.debug.cache_entries(compiled)) == 2
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert not plan.plan.failed and whole_graphs[0].whole is not None
+    x = torch.randn(2, 65, 32)  # past the table: eager raises, and so does the compiled model
+    with pytest.raises(RuntimeError), torch.no_grad():
+        model(x)
+    with pytest.raises(RuntimeError), torch.no_grad():
+        compiled(x)
+
+
 def test_sizes_the_trace_computes_reach_the_plan_as_expressions(whole_graphs):
     def g(x, y):
         z = torch.cat([x, y]) * 2

@@ -17,7 +17,8 @@ from kiln.entry import EntryInfo, next_compile_id
 from kiln.exc import BackendCompilerFailed, CapturedForAnotherDevice, NothingToCompile
 from kiln.graph import stand_in
 from kiln.graph.output_graph import plain_alias, realized
-from kiln.graph.symbolic_shapes import is_input_size_guard
+from kiln.graph.symbolic_ir import shape_env_state
+from kiln.graph.symbolic_shapes import is_input_size_guard, settle_min_max
 from kiln.state import STATE
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
@@ -91,12 +92,24 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
             output.end_in_grad_mode(capture.grad_mode[0])
         gm = output.make_graph_module(rebuild.outputs.nodes, name)
         example_inputs = [inp.example for inp in output.inputs]
+        env = output.symbolic.shape_env if output.is_dynamic else None
+        before = shape_env_state(env) if env is not None else None
+        if env is not None and symbolic_compiler(backend) is not None:
+            # A plan for every size carries polynomials of the sizes: each min or max of them
+            # is guarded to the side this call takes.
+            settle_min_max(env, example_inputs + [n.meta.get("example_value")
+                                                  for n in gm.graph.nodes])
         try:
             raw = (per_signature(gm, example_inputs, backend, symbolic_compiler(backend))
                    if output.is_dynamic and static_shapes_only(backend)
                    else backend(gm, example_inputs))
         except Exception as e:
             raise BackendCompilerFailed(backend_name, e) from e
+        if env is not None and shape_env_state(env) != before:
+            # What was learnt of the sizes since the capture wrote its guards (the settled
+            # mins and maxes; a backend's own trace of the symbolic graph, as torch.compile's
+            # makes): the entry checks that too.
+            output.symbolic_guards()
         compiled = realized(raw, gm)
         if not callable(compiled):
             raise BackendCompilerFailed(backend_name, TypeError(
@@ -198,7 +211,9 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                                                       size_outputs)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
-                consts=consts.objects, region=region, graph=graph)
+                consts=consts.objects, region=region, graph=graph,
+                input_size=[is_input_size_guard(g, output.symbolic.object_ints)
+                            for g in output.guards])
             stored.put(code, record)
         except (stored_capture.NotStorable, stand_in.CannotStandIn) as e:
             log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)

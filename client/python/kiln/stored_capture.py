@@ -568,10 +568,12 @@ def _tensor_meta(t: torch.Tensor) -> dict:
 # ---- describing an entry ------------------------------------------------------------------------
 
 def describe_entry(*, code, guards, global_state: str, src: str, consts: list, region,
-                   graph: Optional[dict]) -> dict:
+                   graph: Optional[dict], input_size: Optional[List[bool]] = None) -> dict:
     """The record of one entry (see module docstring). `guards`: the capture's GuardSet;
     `consts`: the transformed code's constants tuple, in which `region` is the compiled graph's
-    callable; `graph`: describe_graph's, or None when the entry runs no graph. Raises
+    callable; `graph`: describe_graph's, or None when the entry runs no graph; `input_size`:
+    per guard, whether its failing means an input's size changed (the entry's
+    input_size_guards, which automatic dynamic shapes reads of an installed entry too). Raises
     NotStorable."""
     entry_guards = []
     groups: Dict[int, int] = {}
@@ -584,9 +586,11 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             for i, cell in enumerate(g.value.__closure__ or ()):
                 table.cells.setdefault(id(cell), (at, i))
     table.remember_paths()
-    for g in guards:
+    for i, g in enumerate(guards):
         path = g.source.guard_path() if g.source is not None else ("local", 0)
         enc = {"path": table.add(path), "kind": g.kind, "text": g.describe()}
+        if input_size is not None and input_size[i]:
+            enc["size"] = True
         kind, value = g.kind, g.value
         if kind == "TENSOR_MATCH":
             # As the GPU's tensor where CPU tensors stand for one (kiln.graph.stand_in).
@@ -933,6 +937,8 @@ def install(record: dict, code, slots: tuple, func,
                      transformed_source=record["source"], op_count=-1, capture_seconds=0.0,
                      backend_seconds=time.perf_counter() - start)
     info.extra["stored_capture"] = record["id"]
+    info.extra["input_size_guards"] = frozenset(g["text"] for g in record["guards"]
+                                                if g.get("size") is True)
     info.extra["prepared_plan"] = was_prepared
     if was_prepared:
         info.extra["prepare_seconds"] = prepared.seconds

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged, _finite, is_symbolic
+from kiln.graph.symbolic_shapes import at_least
 
 
 class IntInputs:
@@ -87,12 +88,8 @@ def as_carriers(gm: torch.fx.GraphModule, example_inputs: list
             raise NotSymbolic(f"an int input {value.node.expr} that its guards admit negative")
         if lower == 0:
             # Calls with 0 run the graph as it is (IntInputs.adapt): the lowering may take the
-            # number as 1 or more, as the capture takes a tensor's symbolic size as 2 or more.
-            from torch.utils._sympy.value_ranges import ValueRanges
-
-            env._update_var_to_range(value.node.expr, ValueRanges(1, vr.upper))
-            if hasattr(env, "_version_counter"):  # its answers are cached by this version
-                env._version_counter += 1
+            # number as 1 or more, as the capture takes a tensor's symbolic size.
+            at_least(env, value, 1)
         least.append(max(lower, 1))
         with ShapeEnvUnchanged(env), mode:
             carrier = torch.empty((value, 0), device=device)

@@ -585,7 +585,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     Raises NotSymbolic for a graph the IR cannot carry exactly, or whose lowering would rely on
     a relation between sizes that the capture did not guard."""
     from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged
-    from kiln.graph.symbolic_shapes import python_dispatcher
+    from kiln.graph.symbolic_shapes import symbolic_ops
 
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     env = next((s.node.shape_env for f in fakes if isinstance(f, torch.Tensor)
@@ -602,7 +602,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     # would get symbols of its own).
     mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
     static = [mode.from_tensor(p, static_shapes=True) for p in params]
-    with ShapeEnvUnchanged(env), python_dispatcher():
+    with ShapeEnvUnchanged(env), symbolic_ops():
         aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True,
                              eager_decompositions=get_decompositions([aten.native_layer_norm]))
         graph = to_ir(aten_gm, num_bound=len(params))

@@ -22,7 +22,7 @@ from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
                                    shortcut)
-from kiln.graph.symbolic_shapes import contains_symbol, python_dispatcher
+from kiln.graph.symbolic_shapes import contains_symbol, symbolic_ops
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -250,7 +250,8 @@ class OutputGraph:
     def symbolic_guards(self) -> None:
         """Adds the guards of the graph's symbolic sizes: each dynamic input's TENSOR_MATCH
         leaves its symbolic dimensions out, and one SHAPE guard checks the relations the trace
-        relied on (kiln.graph.symbolic_shapes)."""
+        relied on (kiln.graph.symbolic_shapes). Called again, it writes them anew from what the
+        ShapeEnv knows now."""
         if not self.is_dynamic:
             return
         per_tensor, shape = self.symbolic.guards()
@@ -261,7 +262,7 @@ class OutputGraph:
                 continue
             self.guards.replace(source, "TENSOR_MATCH", (real, sizes, strides))
         if shape is not None:
-            self.guards.add(None, "SHAPE", shape)
+            self.guards.replace(None, "SHAPE", shape)
 
     def add_int_input(self, value: int, source: Source):
         """A placeholder for an int the transformed code loads from `source` on every call, a
@@ -447,7 +448,7 @@ class OutputGraph:
             # dispatcher, which reaches the Python meta kernels registered for symbolic sizes
             # (constant_pad_nd's C++ one takes concrete amounts only: a mask padded to a
             # multiple of 8, SDPA's own padding on CUDA).
-            with self.fake_mode, (python_dispatcher() if self.is_dynamic
+            with self.fake_mode, (symbolic_ops() if self.is_dynamic
                                   else contextlib.nullcontext()):
                 if kind == "call_method":
                     return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)

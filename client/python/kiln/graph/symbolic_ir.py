@@ -70,6 +70,11 @@ class SizeSymbols:
         guards hold it to) starts at k or above: a contiguous stride Max(1, s) is s."""
         if self.env is None:
             return e
+        for _ in range(4):  # a min or max the capture's guards settled (nested: in turns)
+            simpler = self.env.simplify(e)
+            if simpler == e:
+                break
+            e = simpler
 
         def lift(m):
             symbols = [a for a in m.args if not a.is_number]
@@ -150,6 +155,13 @@ def static_value(value) -> Optional[int]:
     return None
 
 
+def shape_env_state(env) -> tuple:
+    """What a ShapeEnv knows of its symbols, to compare before and after a trace: its guards,
+    replacements, ranges and runtime assertions."""
+    return (len(env.guards), dict(env.replacements), dict(env.var_to_range),
+            sum(len(v) for v in getattr(env, "deferred_runtime_asserts", {}).values()))
+
+
 class ShapeEnvUnchanged:
     """Fails a lowering that taught the capture's ShapeEnv anything (a guard, a replacement, a
     narrowed range): the capture's guards, installed already, would not check it, and a plan
@@ -159,9 +171,7 @@ class ShapeEnvUnchanged:
         self.env = env
 
     def _state(self):
-        env = self.env
-        return (len(env.guards), dict(env.replacements), dict(env.var_to_range),
-                sum(len(v) for v in getattr(env, "deferred_runtime_asserts", {}).values()))
+        return shape_env_state(self.env)
 
     def __enter__(self):
         self.before = self._state() if self.env is not None else None

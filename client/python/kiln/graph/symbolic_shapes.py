@@ -9,9 +9,10 @@ inputs a symbol (automatic dynamic shapes, as torch.compile's, but for every inp
 server's request that changed its sequence length changes its batch size next, and a decoder's
 cache grows with the input that changed first). kiln.mark_dynamic / torch._dynamo.mark_dynamic
 (and maybe_mark_dynamic, mark_unbacked) mark dimensions of a tensor, mark_static keeps one
-static. Sizes 0 and 1 are specialised: a dimension seen with 0 or 1 is that constant
-(broadcasting and empty tensors trace otherwise). Parameters and buffers of modules stay static
-unless marked.
+static. A symbolic size ranges from 1 up: size 1 is specialised only where the trace asks
+(broadcasting asks `s == 1`, and the answer is a guard), so a server's batch of 1 is served by
+the graph of every other batch; size 0 is specialised (an empty tensor traces otherwise).
+Parameters and buffers of modules stay static unless marked.
 
 Guards: the inputs' TENSOR_MATCH checks leave their symbolic dimensions out; one SHAPE guard
 binds each symbol to where its value is read (a size, stride or storage offset of an input) and
@@ -19,6 +20,8 @@ checks every relation the trace relied on: each symbol's range, equalities betwe
 the ShapeEnv's guards (what fake ops and branches on sizes decided). It is evaluated in C++
 (client/guards/guard_shape.cpp) with the other guards.
 """
+import contextlib
+import threading
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -50,12 +53,15 @@ def contains_symbol(value) -> bool:
     return False
 
 
-def python_dispatcher():
+@contextlib.contextmanager
+def symbolic_ops():
     """The context ops on symbolic sizes run in: torch's Python dispatcher on (as torch.compile
-    traces), so that the Python meta kernels written for symbolic sizes are the ones run."""
+    traces), so that the Python meta kernels written for symbolic sizes are the ones run, and
+    size-oblivious reasoning (size_oblivious)."""
     from torch._dispatch.python import enable_python_dispatcher
 
-    return enable_python_dispatcher()
+    with size_oblivious(), enable_python_dispatcher():
+        yield
 
 
 def is_input_size_guard(guard, object_ints=frozenset()) -> bool:
@@ -76,6 +82,127 @@ def is_input_size_guard(guard, object_ints=frozenset()) -> bool:
     if guard.kind == "CONSTANT_MATCH" and type(guard.value) is int:
         return SymbolicInputs.passed_in(guard.source) or guard.source in object_ints
     return False
+
+
+class _SizeOblivious:
+    """torch's size-oblivious reasoning about its sizes' symbols, on while kiln traces or lowers
+    a graph with symbolic sizes (torch.fx.experimental._config.backed_size_oblivious, which
+    torch's export uses for the same end). A question that holds for every size but 0 and 1
+    once either is set aside (is this view contiguous, is this operand broadcast) is answered
+    for the general case without a guard, torch's decompositions and meta kernels being written
+    so that the answer is right for 1 too; a branch the program takes on a size, and every
+    relation an op needs (two sizes equal), stays a guard. So a symbol that admits 1 keeps
+    admitting it, and the server's batch of 1 runs the graph of every other batch.
+
+    The switch is torch's, global to the process: counted, so that kiln's traces in several
+    threads leave it on until the last ends. A graph another backend traces (torch.compile's)
+    is traced without it, and what that trace learns of the sizes is guarded
+    (kiln.convert_frame)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._depth = 0
+
+    def __enter__(self):
+        config = _torch_config()
+        if config is None:
+            return self
+        with self._lock:
+            if self._depth == 0:
+                self._before = config.backed_size_oblivious
+                config.backed_size_oblivious = True
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        config = _torch_config()
+        if config is None:
+            return False
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                config.backed_size_oblivious = self._before
+        return False
+
+
+def _torch_config():
+    """torch.fx.experimental._config where it has the switch (torch >= 2.7), else None."""
+    try:
+        from torch.fx.experimental import _config
+    except ImportError:
+        return None
+    return _config if hasattr(_config, "backed_size_oblivious") else None
+
+
+_SIZE_OBLIVIOUS = _SizeOblivious()
+
+
+def size_oblivious() -> _SizeOblivious:
+    """The context in which kiln traces and lowers graphs with symbolic sizes (_SizeOblivious)."""
+    return _SIZE_OBLIVIOUS
+
+
+def settle_min_max(env, values) -> None:
+    """Guards which argument of each min or max of the sizes in `values` (the graph's example
+    values: tensors and SymInts) is the one the trace saw, narrowing the symbols' ranges so that
+    the ShapeEnv simplifies the min or max away. Size-oblivious reasoning leaves a slice's end
+    as Min(512, s) where torch would have guarded s <= 512; kiln's IR carries polynomials of the
+    sizes, and the graph is compiled for the side of the min the calls take (another size is
+    another capture, as torch's guard would have made it)."""
+    import sympy
+
+    hints = _hints(env)
+    for _ in range(8):  # nested ones settle from the inside out
+        pending = set()
+        for v in values:
+            for e in _size_exprs(v):
+                e = env.simplify(e)
+                pending.update(a for a in sympy.preorder_traversal(e)
+                               if type(a).__name__ in ("Min", "Max"))
+        if not pending:
+            return
+        for m in pending:
+            args = list(m.args)
+            try:
+                at = [int(a.xreplace(hints)) for a in args]
+            except (TypeError, ValueError):
+                continue  # a symbol with no hint: left to the lowering, which refuses it
+            pick = (min if type(m).__name__ == "Min" else max)(range(len(args)),
+                                                                   key=at.__getitem__)
+            for i, a in enumerate(args):
+                if i != pick:
+                    rel = sympy.Le(args[pick], a) if type(m).__name__ == "Min" else \
+                        sympy.Ge(args[pick], a)
+                    env.evaluate_expr(rel)
+        if hasattr(env, "_version_counter"):  # simplify's answers are cached by this version
+            env._version_counter += 1
+
+
+def _size_exprs(value):
+    """The sympy expressions of a tensor's sizes, strides and storage offset, or of a SymInt."""
+    if isinstance(value, torch.Tensor):
+        parts = (*value.shape, *value.stride(), value.storage_offset())
+    elif isinstance(value, torch.SymInt):
+        parts = (value,)
+    else:
+        return ()
+    return [p.node.expr for p in parts if isinstance(p, torch.SymInt)]
+
+
+def at_least(env, value, least: int) -> None:
+    """Narrows the ShapeEnv's range of the symbol `value` (a SymInt) to start at `least` when it
+    starts below: a size the graph is traced for, and guarded to be, at least that."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    if not isinstance(value, torch.SymInt):
+        return
+    expr = value.node.expr
+    vr = env.var_to_range.get(expr)
+    if vr is None or vr.lower >= least:
+        return
+    env._update_var_to_range(expr, ValueRanges(least, vr.upper))
+    if hasattr(env, "_version_counter"):  # its answers are cached by this version
+        env._version_counter += 1
 
 
 class ConstraintViolation(KilnError):
@@ -192,11 +319,13 @@ class SymbolicInputs:
         wanted -= set(_marked(real, _STATIC_ATTR))
         wanted = {d for d in wanted if 0 <= d < real.dim()}
         for d in marked:
-            if d < real.dim() and shape[d] in (0, 1):
+            if d < real.dim() and shape[d] == 0:
                 raise ConstraintViolation(
-                    f"{source.name}: dimension {d} is marked dynamic but has size {shape[d]}; "
-                    "sizes 0 and 1 are specialised (mark it only for sizes >= 2)")
-        dims = [d for d in sorted(wanted) if shape[d] not in (0, 1)]
+                    f"{source.name}: dimension {d} is marked dynamic but has size 0; size 0 is "
+                    "specialised (mark it only for sizes >= 1)")
+        # A dimension seen with size 1 stays 1 unless marked (a decoder's step of one token is
+        # traced for one token; a symbol seen with a batch of 8 admits 1 where the trace allows).
+        dims = [d for d in sorted(wanted) if shape[d] >= 2 or (shape[d] == 1 and d in marked)]
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
@@ -258,15 +387,18 @@ class SymbolicInputs:
             lo, hi = ranges.get(d, (None, None))
             if d in dims and (lo is not None or hi is not None):
                 constraints.append(StrictMinMaxConstraint(
-                    vr=ValueRanges(lower=max(lo if lo is not None else 2, 2),
+                    vr=ValueRanges(lower=max(lo if lo is not None else 1, 1),
                                    upper=hi if hi is not None else _unbounded()),
                     warn_only=False))
             else:
                 constraints.append(None)
         context = StatelessSymbolicContext(dynamic_sizes=sizes, constraint_sizes=constraints)
-        fake = self.fake_mode.from_tensor(real, static_shapes=False,
-                                          source=_ShapeSource.make(source),
-                                          symbolic_context=context)
+        with size_oblivious():  # a size of 1 is a symbol too, its stride and offset not
+            fake = self.fake_mode.from_tensor(real, static_shapes=False,
+                                              source=_ShapeSource.make(source),
+                                              symbolic_context=context)
+        for d in dims:
+            at_least(self.shape_env, fake.shape[d], 1)
         self.tensors.append((source, real, fake, marked, ranges))
         return fake
 
