@@ -22,7 +22,8 @@ from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
                                    shortcut)
-from kiln.graph.symbolic_shapes import contains_symbol, symbolic_ops
+from kiln.graph.symbolic_shapes import (contains_symbol, drop_fresh_unbacked, fresh_unbacked,
+                                        symbolic_ops)
 from kiln.guards.builder import GuardSet
 from kiln.guards.source import Source
 
@@ -442,17 +443,33 @@ class OutputGraph:
         self._located(node)
         return self._make_scalar(node, python_type)
 
+    @staticmethod
+    def _call_fake(kind, target, fake_args, fake_kwargs):
+        if kind == "call_method":
+            return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+        return target(*fake_args, **fake_kwargs)
+
     def _run_fake(self, kind, target, fake_args, fake_kwargs):
         try:
             # With symbolic sizes, ops run as torch.compile runs them: through the Python
             # dispatcher, which reaches the Python meta kernels registered for symbolic sizes
             # (constant_pad_nd's C++ one takes concrete amounts only: a mask padded to a
             # multiple of 8, SDPA's own padding on CUDA).
-            with self.fake_mode, (symbolic_ops() if self.is_dynamic
-                                  else contextlib.nullcontext()):
-                if kind == "call_method":
-                    return getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
-                return target(*fake_args, **fake_kwargs)
+            if not self.is_dynamic:
+                with self.fake_mode:
+                    return self._call_fake(kind, target, fake_args, fake_kwargs)
+            env = self.symbolic.shape_env
+            before = fresh_unbacked(env)
+            with self.fake_mode, symbolic_ops():
+                result = self._call_fake(kind, target, fake_args, fake_kwargs)
+            if fresh_unbacked(env) == before:
+                return result
+            # Where size-oblivious reasoning leaves a size undecided, some torch versions
+            # make it an unbacked symbol (a slice to a symbolic end: torch 2.11), which no
+            # plan can bind: that op runs again as torch.compile runs it, guarding its sizes.
+            drop_fresh_unbacked(env, before)
+            with self.fake_mode, symbolic_ops(oblivious=False):
+                return self._call_fake(kind, target, fake_args, fake_kwargs)
         except Unsupported:
             raise
         except (torch._subclasses.fake_tensor.DataDependentOutputException,

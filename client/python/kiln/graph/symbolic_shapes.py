@@ -54,14 +54,29 @@ def contains_symbol(value) -> bool:
 
 
 @contextlib.contextmanager
-def symbolic_ops():
+def symbolic_ops(oblivious: bool = True):
     """The context ops on symbolic sizes run in: torch's Python dispatcher on (as torch.compile
     traces), so that the Python meta kernels written for symbolic sizes are the ones run, and
-    size-oblivious reasoning (size_oblivious)."""
+    (`oblivious`) size-oblivious reasoning (size_oblivious)."""
     from torch._dispatch.python import enable_python_dispatcher
 
-    with size_oblivious(), enable_python_dispatcher():
+    with (size_oblivious() if oblivious else contextlib.nullcontext()), \
+            enable_python_dispatcher():
         yield
+
+
+def fresh_unbacked(env) -> int:
+    """How many unbacked symbols `env` made that no op result has claimed yet (a count to
+    compare before and after an op)."""
+    return len(getattr(env, "pending_fresh_unbacked_symbols", ()))
+
+
+def drop_fresh_unbacked(env, keep: int) -> None:
+    """Forgets the unbacked symbols `env` made after fresh_unbacked(env) was `keep`: an op whose
+    result is thrown away made them (see OutputGraph._run_fake)."""
+    pending = getattr(env, "pending_fresh_unbacked_symbols", None)
+    if pending is not None:
+        del pending[keep:]
 
 
 def is_input_size_guard(guard, object_ints=frozenset()) -> bool:
