@@ -134,6 +134,34 @@ def test_a_trace_that_asks_whether_a_size_is_one_guards_the_answer():
     assert len(backend.graphs) == 3
 
 
+def test_a_batch_of_one_after_another_batch_is_a_symbol_of_the_next_graph():
+    backend = Counting()
+    model = _mlp()
+    compiled = kiln.compile(model, backend=backend)
+    with torch.no_grad():
+        for b in (4, 1, 6, 3, 1):  # the recompile sees 1: a symbol, since 4 was seen there
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(backend.graphs) == 2
+
+
+def _attend(q, k, v):
+    # transformers' way: the flag is computed from a size (a SymBool under symbolic sizes).
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1)
+
+
+def test_a_flag_computed_from_sizes_is_decided_for_the_op_and_guarded():
+    backend = Counting()
+    compiled = kiln.compile(_attend, backend=backend)
+    for t in (5, 7, 9, 1, 3):
+        q, k, v = (torch.randn(2, 4, t, 8) for _ in range(3))
+        torch.testing.assert_close(compiled(q, k, v), _attend(q, k, v))
+    # static, symbolic (is_causal True while t > 1), then t == 1: another graph (not causal);
+    # each the whole function, the attention in it (no break at the op)
+    assert len(backend.graphs) == 3
+    assert all("scaled_dot_product_attention" in gm.code for gm in backend.graphs)
+
+
 def test_a_broken_equality_recompiles_and_raises_as_eager_does():
     backend = Counting()
     compiled = kiln.compile(lambda x, y: x + y, backend=backend)

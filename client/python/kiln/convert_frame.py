@@ -144,6 +144,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     seen = STATE.object_int_values.setdefault(code, {})
     for source, value in output.symbolic.object_ints.items():
         seen.setdefault(source, set()).add(value)
+    shapes = STATE.input_shapes.setdefault(code, {})
+    for source, shape in output.symbolic.shapes.items():
+        shapes.setdefault(source, set()).add(shape)
     if stored is not None:
         t3 = time.perf_counter()
         _store(stored, code, output, consts, src, region, gm, raw, global_state)

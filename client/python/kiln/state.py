@@ -111,6 +111,9 @@ class ProcessState:
         # Per code object: source -> the values its entries guarded an int attribute of an
         # object it was passed to have; one that took several becomes a symbol (like the sizes).
         self.object_int_values: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # Per code object: source -> the shapes its captures saw the tensor input there have; a
+        # dimension seen as 1 and as another size is a symbol in the next capture.
+        self.input_shapes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         # Every artifact the "kiln" backend loaded, newest last (kiln.debug.artifacts).
         self.artifacts: List = []
         # Why a code object's stored captures were not used, the last time one was looked for
@@ -158,6 +161,7 @@ class ProcessState:
         self.shared_module_codes = weakref.WeakSet()
         self.sizes_changed_codes = weakref.WeakSet()
         self.object_int_values = weakref.WeakKeyDictionary()
+        self.input_shapes = weakref.WeakKeyDictionary()
         self.artifacts.clear()
         self.capture_misses = weakref.WeakKeyDictionary()
         with self._lock:

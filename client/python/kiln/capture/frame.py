@@ -53,7 +53,8 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     output = OutputGraph(TensorVariable, wrap_op_result, ScalarVariable)
     output.unspecialized_modules = unspecialized_modules
     output.symbolic = SymbolicInputs(output.fake_mode, dynamic,
-                                     STATE.object_int_values.get(code, {}))
+                                     STATE.object_int_values.get(code, {}),
+                                     STATE.input_shapes.get(code, {}))
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None

@@ -103,6 +103,34 @@ def recording_locations():
         _locations.on = prior
 
 
+def _takes_plain_bools(kind: str, target) -> bool:
+    """Whether `target` (an op of the graph) takes its flags as Python bools: a tensor method or
+    a torch function, not an operator or torch's own functions of symbolic numbers."""
+    if kind == "call_method":
+        return True
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", "") or ""
+    return (module.startswith("torch") or isinstance(target, torch._ops.OpOverload)) and \
+        not name.startswith("sym_") and target not in _TAKES_SCALARS
+
+
+def _decided(trackers, fakes):
+    """`trackers` and `fakes` (a tuple, or a dict, of an op's arguments) with each symbolic bool
+    replaced by its value (bool() of a SymBool records the guard)."""
+    from kiln.variables.constant import ConstantVariable
+
+    keys = range(len(fakes)) if isinstance(fakes, tuple) else list(fakes)
+    trackers = list(trackers) if isinstance(trackers, tuple) else dict(trackers)
+    fakes = list(fakes) if isinstance(fakes, tuple) else dict(fakes)
+    for k in keys:
+        if type(fakes[k]) is torch.SymBool:
+            fakes[k] = bool(fakes[k])
+            trackers[k] = ConstantVariable(fakes[k])
+    if isinstance(trackers, list):
+        return tuple(trackers), tuple(fakes)
+    return trackers, fakes
+
+
 class OutputGraph:
     """The graph of one capture. The graph knows trackers only through what it is given:
     `make_tensor(node, example, source)` makes the tracker of a graph input or attribute, and
@@ -403,6 +431,12 @@ class OutputGraph:
                               "__torch_function__")
         fake_args = tuple(a.as_fake_arg() for a in args)
         fake_kwargs = {k: v.as_fake_arg() for k, v in kwargs.items()}
+        if self.is_dynamic and _takes_plain_bools(kind, target) and any(
+                type(f) is torch.SymBool for f in (*fake_args, *fake_kwargs.values())):
+            # A flag computed from sizes (transformers' is_causal = q_len > 1) given to an op
+            # that takes a bool: decided here, its answer guarded, as eager decides it.
+            args, fake_args = _decided(args, fake_args)
+            kwargs, fake_kwargs = _decided(kwargs, fake_kwargs)
         # The shortcuts compare sizes, which for symbols would add guards the op does not need.
         result = None if self.is_dynamic else shortcut(self.fake_mode, kind, target, fake_args,
                                                         fake_kwargs)

@@ -298,11 +298,16 @@ class SymbolicInputs:
     """The symbolic side of one capture: its ShapeEnv (given to the capture's fake mode on the
     first dynamic input) and the tensors whose fakes have symbolic sizes."""
 
-    def __init__(self, fake_mode, dynamic: Optional[bool], object_int_values=None):
+    def __init__(self, fake_mode, dynamic: Optional[bool], object_int_values=None,
+                 shapes_seen=None):
         self.fake_mode = fake_mode
         # source -> values earlier entries of the frame guarded an int attribute of an object
         # it was passed to have (kiln.state.STATE.object_int_values)
         self.object_int_values = object_int_values or {}
+        # source -> the shapes earlier captures of the frame saw the tensor input there have
+        # (kiln.state.STATE.input_shapes); and the ones this capture saw
+        self.shapes_seen = shapes_seen or {}
+        self.shapes: Dict = {}
         # True: every dimension of a graph input is a symbol; None: the marked ones; False: none
         self.dynamic = dynamic
         self.shape_env = None
@@ -321,9 +326,11 @@ class SymbolicInputs:
         """(dims to make symbols, dims the program marked dynamic, their ranges) of the graph
         input `real` read at `source`. `module_state`: a parameter or buffer (static unless
         marked)."""
+        shape = tuple(real.shape)
+        if not module_state:
+            self.shapes[source] = shape
         if self.dynamic is False or real.layout is not torch.strided:
             return [], set(), {}
-        shape = tuple(real.shape)
         # mark_dynamic is a promise the trace must keep (an error if it specialises the dim);
         # maybe_mark_dynamic and mark_unbacked are wishes.
         marked = set(_marked(real, _DYNAMIC_ATTR))
@@ -338,9 +345,14 @@ class SymbolicInputs:
                 raise ConstraintViolation(
                     f"{source.name}: dimension {d} is marked dynamic but has size 0; size 0 is "
                     "specialised (mark it only for sizes >= 1)")
-        # A dimension seen with size 1 stays 1 unless marked (a decoder's step of one token is
-        # traced for one token; a symbol seen with a batch of 8 admits 1 where the trace allows).
-        dims = [d for d in sorted(wanted) if shape[d] >= 2 or (shape[d] == 1 and d in marked)]
+        # A dimension of size 1 is a symbol where it was marked, or where an earlier capture of
+        # the frame saw it with another size (a server's batch of 1 after others: traced with 1,
+        # the graph serves every batch; where the trace asks whether it is 1, as a decoder's
+        # step does of its one token, the answer is a guard and the graph is the step's).
+        seen = [s for s in self.shapes_seen.get(source, ()) if len(s) == len(shape)]
+        dims = [d for d in sorted(wanted)
+                if shape[d] >= 2 or (shape[d] == 1 and (d in marked or
+                                                        any(s[d] != 1 for s in seen)))]
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
