@@ -345,14 +345,15 @@ class SymbolicInputs:
                 raise ConstraintViolation(
                     f"{source.name}: dimension {d} is marked dynamic but has size 0; size 0 is "
                     "specialised (mark it only for sizes >= 1)")
-        # A dimension of size 1 is a symbol where it was marked, or where an earlier capture of
-        # the frame saw it with another size (a server's batch of 1 after others: traced with 1,
-        # the graph serves every batch; where the trace asks whether it is 1, as a decoder's
-        # step does of its one token, the answer is a guard and the graph is the step's).
+        # A dimension of size 1 is a symbol where it was marked, or where it leads a tensor of
+        # two or more dimensions and an earlier capture of the frame saw it with another size:
+        # a batch (a server's batch of 1 after others, traced with 1, the graph serves every
+        # batch). Another dimension seen as 1 stays 1: a decoder's step of one token is traced
+        # for one token, not as the prompt's length that happens to be 1.
         seen = [s for s in self.shapes_seen.get(source, ()) if len(s) == len(shape)]
+        batch = len(shape) >= 2 and shape[0] == 1 and any(s[0] != 1 for s in seen)
         dims = [d for d in sorted(wanted)
-                if shape[d] >= 2 or (shape[d] == 1 and (d in marked or
-                                                        any(s[d] != 1 for s in seen)))]
+                if shape[d] >= 2 or (shape[d] == 1 and (d in marked or (d == 0 and batch)))]
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
