@@ -239,3 +239,24 @@ def test_a_static_graph_is_the_same_bytes_with_or_without_symbols():
     assert not len(static.size_symbols)
     assert static.SerializeToString(deterministic=True) == \
         to_ir(aten_gm, num_bound=len(params)).SerializeToString(deterministic=True)
+
+
+def test_a_min_or_max_the_guards_prove_is_its_answer():
+    from torch.utils._sympy.functions import Max, Min
+
+    from kiln.graph.symbolic_ir import SizeSymbols
+    from kiln.graph.symbolic_shapes import settle_min_max
+
+    gm, env = symbolic_graph(lambda x, y: x, (5, 3), (9, 3))
+    fakes = [n.meta["example_value"] for n in gm.graph.nodes if n.op == "placeholder"]
+    t, n = (f.shape[0].node.expr for f in fakes)
+    symbols = SizeSymbols()
+    for i, f in enumerate(fakes):
+        symbols.bind(i, f)
+    # Nothing relates the two sizes yet: the min stays (and the IR refuses it).
+    assert symbols._lifted(Min(t, n)) == Min(t, n)
+    # The capture settles it to the side the call it saw took (5 <= 9): a guard t <= n.
+    settle_min_max(env, [torch.sym_min(fakes[0].shape[0], fakes[1].shape[0])])
+    assert any(str(g.expr) in (f"{t} <= {n}", f"{n} >= {t}") for g in env.guards)
+    assert symbols._lifted(Min(t, n)) == t
+    assert symbols._lifted(Max(t, n) * 2 + 1) == 2 * n + 1

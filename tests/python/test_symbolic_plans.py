@@ -112,6 +112,26 @@ def test_a_batch_of_one_and_a_table_read_to_the_length_run_the_one_plan(whole_gr
         compiled(x)
 
 
+def _read_of_a_cache(x, cache):
+    # A static cache read up to the new tokens' length: the slice's end is min(t, len), which
+    # the capture settles to t <= len, a guard between two sizes.
+    return x * 2 + cache[:, :x.shape[1]]
+
+
+def test_a_min_of_two_sizes_the_guards_settle_is_one_plan(whole_graphs):
+    compiled = kiln.compile(_read_of_a_cache)
+    for b, t, n in ((2, 5, 9), (3, 7, 12), (4, 6, 6), (2, 3, 20), (5, 8, 11)):
+        x, cache = torch.randn(b, t, 4), torch.randn(b, n, 4)
+        torch.testing.assert_close(compiled(x, cache), _read_of_a_cache(x, cache))
+    (plan,) = _symbolic(kiln.debug.artifacts())
+    assert not plan.plan.failed and whole_graphs[-1].whole is not None
+    x, cache = torch.randn(2, 9, 4), torch.randn(2, 5, 4)  # the other side of the min
+    with pytest.raises(RuntimeError):
+        _read_of_a_cache(x, cache)  # eager's broadcast error ...
+    with pytest.raises(RuntimeError):
+        compiled(x, cache)  # ... is the compiled function's too
+
+
 def test_sizes_the_trace_computes_reach_the_plan_as_expressions(whole_graphs):
     def g(x, y):
         z = torch.cat([x, y]) * 2

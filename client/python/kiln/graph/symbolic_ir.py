@@ -67,7 +67,8 @@ class SizeSymbols:
 
     def _lifted(self, e):
         """`e` with each Max(k, s) replaced by s where the ShapeEnv's range of s (which the
-        guards hold it to) starts at k or above: a contiguous stride Max(1, s) is s."""
+        guards hold it to) starts at k or above (a contiguous stride Max(1, s) is s), and each
+        min or max whose answer the guards prove replaced by it."""
         if self.env is None:
             return e
         for _ in range(4):  # a min or max the capture's guards settled (nested: in turns)
@@ -78,14 +79,28 @@ class SizeSymbols:
 
         def lift(m):
             symbols = [a for a in m.args if not a.is_number]
-            if len(symbols) == 1 and isinstance(symbols[0], sympy.Symbol):
+            if type(m).__name__ == "Max" and len(symbols) == 1 and \
+                    isinstance(symbols[0], sympy.Symbol):
                 vr = self.env.var_to_range.get(symbols[0])
                 lower = _finite(vr.lower) if vr is not None else None
                 if lower is not None and all(a <= lower for a in m.args if a.is_number):
                     return symbols[0]
+            # The argument the guards prove the least (Min) or greatest (Max) of all: a min of
+            # two sizes settled by a guard between them (s27 <= s98).
+            rel = sympy.Le if type(m).__name__ == "Min" else sympy.Ge
+            for a in m.args:
+                if all(b is a or self._proved(rel(a, b)) for b in m.args):
+                    return a
             return m
 
-        return e.replace(lambda x: type(x).__name__ == "Max", lift)
+        return e.replace(lambda x: type(x).__name__ in ("Max", "Min"), lift)
+
+    def _proved(self, relation) -> bool:
+        """Whether the ShapeEnv proves `relation` from its ranges and guards."""
+        try:
+            return bool(self.env._maybe_evaluate_static(relation) == sympy.true)
+        except Exception:  # an expression its evaluator does not take: not proved
+            return False
 
     def _symbols(self, monomial, whole, where: str) -> Tuple[int, ...]:
         """The sorted symbol ids (repeated for powers) of one monomial of an expanded sum."""
