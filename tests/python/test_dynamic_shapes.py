@@ -98,17 +98,18 @@ def test_sizes_zero_and_one_are_answered_as_eager_does(n):
             torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_one_runs_the_symbolic_graph_and_zero_is_specialised():
+def test_a_batch_of_one_runs_the_symbolic_graph_and_zero_and_other_ones_are_specialised():
     backend = Counting()
-    compiled = kiln.compile(lambda x: x * 2 + x.shape[0], backend=backend)
-    for b in (4, 5):
-        compiled(torch.randn(b))
+    compiled = kiln.compile(lambda x: x * 2 + x.shape[0] + x.shape[1], backend=backend)
+    for b, t in ((4, 3), (5, 6)):
+        compiled(torch.randn(b, t))
     shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
-    assert shape and "L['x'].size()[0] >= 1" in shape[0]
-    for b in (1, 0, 1):
-        x = torch.randn(b)
-        torch.testing.assert_close(compiled(x), x * 2 + b)
-    assert len(backend.graphs) == 3  # 4, symbolic (1 too), 0
+    # the batch admits 1, the other size (a length) starts at 2 as torch's do
+    assert shape and "L['x'].size()[0] >= 1" in shape[0] and "L['x'].size()[1] >= 2" in shape[0]
+    for b, t in ((1, 4), (0, 4), (1, 7), (3, 1)):
+        x = torch.randn(b, t)
+        torch.testing.assert_close(compiled(x), x * 2 + b + t)
+    assert len(backend.graphs) == 4  # (4, 3), symbolic (batch 1 too), batch 0, length 1
 
 
 def _batch_of_one_differs(x, w):
@@ -292,7 +293,7 @@ def test_the_shape_guard_is_logged(capsys):
     compiled(torch.randn(5))
     text = capsys.readouterr().err
     assert "TENSOR_MATCH Tensor torch.float32 cpu size=(?,)" in text
-    assert "SHAPE L['x'].size()[0] >= 1" in text
+    assert "SHAPE L['x'].size()[0] >= 2" in text
 
 
 def test_explain_lists_the_shape_guard():

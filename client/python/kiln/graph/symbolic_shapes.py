@@ -9,10 +9,12 @@ inputs a symbol (automatic dynamic shapes, as torch.compile's, but for every inp
 server's request that changed its sequence length changes its batch size next, and a decoder's
 cache grows with the input that changed first). kiln.mark_dynamic / torch._dynamo.mark_dynamic
 (and maybe_mark_dynamic, mark_unbacked) mark dimensions of a tensor, mark_static keeps one
-static. A symbolic size ranges from 1 up: size 1 is specialised only where the trace asks
-(broadcasting asks `s == 1`, and the answer is a guard), so a server's batch of 1 is served by
-the graph of every other batch; size 0 is specialised (an empty tensor traces otherwise).
-Parameters and buffers of modules stay static unless marked.
+static. A symbolic batch (the leading dimension of a tensor of two or more dimensions) ranges
+from 1 up: size 1 is specialised only where the trace asks (broadcasting asks `s == 1`, and the
+answer is a guard), so a server's batch of 1 is served by the graph of every other batch; other
+symbolic sizes start at 2, as torch's do (a length of 1 is another graph), and size 0 is
+specialised (an empty tensor traces otherwise). Parameters and buffers of modules stay static
+unless marked.
 
 Guards: the inputs' TENSOR_MATCH checks leave their symbolic dimensions out; one SHAPE guard
 binds each symbol to where its value is read (a size, stride or storage offset of an input) and
@@ -426,7 +428,11 @@ class SymbolicInputs:
                                               source=_ShapeSource.make(source),
                                               symbolic_context=context)
         for d in dims:
-            at_least(self.shape_env, fake.shape[d], 1)
+            # A batch admits 1 (the graph is traced size-obliviously); any other symbolic size
+            # is 2 or more, as torch's are: a length of 1 (a cache of one token) is another
+            # graph, so that no lowering has to ask of it what the capture did not.
+            batch = d == 0 and real.dim() >= 2
+            at_least(self.shape_env, fake.shape[d], 1 if batch or d in marked else 2)
         self.tensors.append((source, real, fake, marked, ranges))
         return fake
 
