@@ -613,3 +613,31 @@ def test_only_the_int_attributes_that_changed_become_symbols():
     symbols = [n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder"
                and isinstance(n.meta.get("example_value"), torch.SymInt)]
     assert len(symbols) == 1  # the length; the window's size stayed a constant
+
+
+def test_size_oblivious_reasoning_is_on_for_kilns_thread_alone():
+    # kiln traces with torch's backed_size_oblivious on; a torch.compile trace in another
+    # thread meanwhile reads the process's own setting.
+    import threading
+
+    from torch.fx.experimental import _config
+
+    from kiln.graph.symbolic_shapes import size_oblivious
+
+    before = _config.backed_size_oblivious
+    inside, other = [], []
+    started, read = threading.Event(), threading.Event()
+
+    def elsewhere():
+        started.wait(10)
+        other.append(_config.backed_size_oblivious)
+        read.set()
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    with size_oblivious():
+        inside.append(_config.backed_size_oblivious)
+        started.set()
+        read.wait(10)
+    t.join(10)
+    assert inside == [True] and other == [before] and _config.backed_size_oblivious == before

@@ -114,18 +114,29 @@ def _takes_plain_bools(kind: str, target) -> bool:
         not name.startswith("sym_") and target not in _TAKES_SCALARS
 
 
+class _DecidedFlag:
+    """The argument an op receives for a symbolic bool decided at the call (see _decided)."""
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def as_fx_arg(self):
+        return self.value
+
+    def as_fake_arg(self):
+        return self.value
+
+
 def _decided(trackers, fakes):
     """`trackers` and `fakes` (a tuple, or a dict, of an op's arguments) with each symbolic bool
     replaced by its value (bool() of a SymBool records the guard)."""
-    from kiln.variables.constant import ConstantVariable
-
     keys = range(len(fakes)) if isinstance(fakes, tuple) else list(fakes)
     trackers = list(trackers) if isinstance(trackers, tuple) else dict(trackers)
     fakes = list(fakes) if isinstance(fakes, tuple) else dict(fakes)
     for k in keys:
         if type(fakes[k]) is torch.SymBool:
             fakes[k] = bool(fakes[k])
-            trackers[k] = ConstantVariable(fakes[k])
+            trackers[k] = _DecidedFlag(fakes[k])
     if isinstance(trackers, list):
         return tuple(trackers), tuple(fakes)
     return trackers, fakes

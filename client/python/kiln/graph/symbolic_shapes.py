@@ -108,37 +108,59 @@ class _SizeOblivious:
     once either is set aside (is this view contiguous, is this operand broadcast) is answered
     for the general case without a guard, torch's decompositions and meta kernels being written
     so that the answer is right for 1 too; a branch the program takes on a size, and every
-    relation an op needs (two sizes equal), stays a guard. So a symbol that admits 1 keeps
+    relation an op needs (two sizes equal), stays a guard. So a batch that admits 1 keeps
     admitting it, and the server's batch of 1 runs the graph of every other batch.
 
-    The switch is torch's, global to the process: counted, so that kiln's traces in several
-    threads leave it on until the last ends. A graph another backend traces (torch.compile's)
-    is traced without it, and what that trace learns of the sizes is guarded
-    (kiln.convert_frame)."""
+    The switch is torch's and global to the process; kiln turns it on for its own thread only:
+    the config module answers the switch's name from a thread-local value where this thread set
+    one (its class gains a property for that name), so a torch.compile trace in another thread
+    while kiln compiles in the background reads the process's own setting."""
+
+    _NAME = "backed_size_oblivious"
 
     def __init__(self):
+        self._local = threading.local()
         self._lock = threading.Lock()
-        self._depth = 0
+        self._installed = False
+
+    def _install(self, config) -> bool:
+        """Gives the config module's class the thread-local property (once); False where the
+        module cannot take it (then kiln leaves the switch off)."""
+        with self._lock:
+            if self._installed:
+                return True
+            local, name = self._local, self._NAME
+            base = type(config)
+
+            def read(module):
+                value = getattr(local, "value", None)
+                return base.__getattr__(module, name) if value is None else value
+
+            def write(module, value):
+                base.__setattr__(module, name, value)
+
+            try:  # below the module's own __setattr__, which takes config names only
+                object.__setattr__(config, "__class__",
+                                   type(base.__name__, (base,), {name: property(read, write)}))
+            except (TypeError, AttributeError):
+                return False
+            self._installed = True
+            return True
 
     def __enter__(self):
         config = _torch_config()
-        if config is None:
-            return self
-        with self._lock:
-            if self._depth == 0:
-                self._before = config.backed_size_oblivious
-                config.backed_size_oblivious = True
-            self._depth += 1
+        depth = getattr(self._local, "depth", 0)
+        if config is not None and self._install(config):
+            self._local.depth = depth + 1
+            self._local.value = True
         return self
 
     def __exit__(self, *exc):
-        config = _torch_config()
-        if config is None:
-            return False
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0:
-                config.backed_size_oblivious = self._before
+        depth = getattr(self._local, "depth", 0)
+        if depth:
+            self._local.depth = depth - 1
+            if depth == 1:
+                self._local.value = None
         return False
 
 
