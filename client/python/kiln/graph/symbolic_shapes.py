@@ -213,8 +213,7 @@ def settle_min_max(env, values) -> None:
                     rel = sympy.Le(args[pick], a) if type(m).__name__ == "Min" else \
                         sympy.Ge(args[pick], a)
                     env.evaluate_expr(rel)
-        if hasattr(env, "_version_counter"):  # simplify's answers are cached by this version
-            env._version_counter += 1
+        _forget_answers(env)
 
 
 def _size_exprs(value):
@@ -240,7 +239,13 @@ def at_least(env, value, least: int) -> None:
     if vr is None or vr.lower >= least:
         return
     env._update_var_to_range(expr, ValueRanges(least, vr.upper))
-    if hasattr(env, "_version_counter"):  # its answers are cached by this version
+    _forget_answers(env)
+
+
+def _forget_answers(env) -> None:
+    """Makes `env` answer anew after kiln narrowed what it knows (its simplify and static
+    evaluation cache their answers by this version)."""
+    if hasattr(env, "_version_counter"):
         env._version_counter += 1
 
 
