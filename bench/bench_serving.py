@@ -52,7 +52,11 @@ Per (workload, compiler), one JSON line and a table row:
   first call of every shape: guard checks, a stored capture installed, a CUDA graph recorded),
   kiln.compile's own ms (the plan prepared before the first request), and whether kiln traced
   anything; warm_first_excess_ms: kiln's first request over eager's, warm_max_excess_ms: the
-  largest such excess.
+  largest such excess. --warm-stance compile_in_background runs that process as a server would
+  that must never stall a request: under kiln.set_stance("compile_in_background"), a shape its
+  entries do not cover yet runs eagerly at once and is installed or captured on kiln's worker
+  (the default stance, "default", does that in the request); given both, one such process runs
+  for each, the second's figures under names ending in _compile_in_background.
 - correctness, every request of both passes against eager's output for the same request in the
   same pass: bert: largest absolute difference of last_hidden_state and the requests outside the
   tolerance (bench_models.compare: 1e-3 relative and of the largest magnitude in float32, 3e-2
@@ -510,10 +514,13 @@ def run_workload(a, workload, compilers) -> list:
             rec.update(graph_breaks=lane.graph_breaks, cache_limit=len(limit),
                        cache_limit_frames=[" ".join(l[:2])[:300] for l in limit][:10])
         if lane.name == "kiln" and not lane.error and a.warm_process:
-            rec["warm_process"] = warmed = warm_process(a, workload)
-            if warmed.get("requests"):
-                excess = [r["kiln_ms"] - r["eager_ms"] for r in warmed["requests"]]
-                rec.update(warm_first_excess_ms=excess[0], warm_max_excess_ms=max(excess))
+            for i, stance in enumerate(a.warm_stance):  # the first one's under the plain names
+                tail = "" if i == 0 else f"_{stance}"
+                rec["warm_process" + tail] = warmed = warm_process(a, workload, stance)
+                if warmed.get("requests"):
+                    excess = [r["kiln_ms"] - r["eager_ms"] for r in warmed["requests"]]
+                    rec.update({f"warm_first_excess_ms{tail}": excess[0],
+                                f"warm_max_excess_ms{tail}": max(excess)})
         if lane.name == "kiln" and baseline:
             rec["static_baseline"] = baseline
             rec["warm_vs_static_median"] = statistics.median(
@@ -535,7 +542,7 @@ def run_workload(a, workload, compilers) -> list:
     return records
 
 
-def warm_process(a, workload) -> dict:
+def warm_process(a, workload, stance) -> dict:
     """What a second process on this run's kiln cache measured (--warm-process; the docstring
     says what): its JSON, or {"error": ...}."""
     import json
@@ -548,7 +555,7 @@ def warm_process(a, workload) -> dict:
             "--seq-range", f"{a.seq_range[0]}..{a.seq_range[1]}",
             "--llm-batch-range", f"{a.llm_batch_range[0]}..{a.llm_batch_range[1]}",
             "--prompt-range", f"{a.prompt_range[0]}..{a.prompt_range[1]}",
-            "--max-new-tokens", str(a.max_new_tokens)]
+            "--max-new-tokens", str(a.max_new_tokens), "--warm-stance", stance]
     for flag, value in (("--dtype", a.dtype), ("--layers", a.layers), ("--threads", a.threads)):
         if value:
             argv += [flag, str(value)]
@@ -579,6 +586,10 @@ def warm_child(a, workload) -> None:
     x = torch.ones(8, 8, device=a.device, dtype=dt)
     (x @ x).sum().item()
     eager = make("eager")
+    if a.warm_stance != "default":
+        import kiln
+
+        kiln.set_stance(a.warm_stance)
     t = time.perf_counter()
     kiln_run = make("kiln")
     compile_ms = (time.perf_counter() - t) * 1e3
@@ -588,6 +599,11 @@ def warm_child(a, workload) -> None:
         ms, results = {}, {}
         for name in (("kiln", "eager") if i % 2 == 0 else ("eager", "kiln")):
             fn = kiln_run if name == "kiln" else eager
+            if name == "eager" and a.warm_stance != "default":
+                # eager's time is not to share the machine with kiln's worker (kiln's does)
+                import kiln
+
+                kiln.wait_for_compiles()
             _sync(a.device)
             t = time.perf_counter()
             results[name] = fn(req)
@@ -599,8 +615,12 @@ def warm_child(a, workload) -> None:
                     **({"mismatch": why} if why else {})})
     from kiln.state import counters
 
+    if a.warm_stance != "default":  # what the worker captured meanwhile is counted too
+        import kiln
+
+        kiln.wait_for_compiles()
     print(json.dumps({"requests": out, "compile_ms": round(compile_ms, 3),
-                      "traced": counters["frames"]["total"],
+                      "stance": a.warm_stance, "traced": counters["frames"]["total"],
                       "tracer": "kiln.convert_frame" in sys.modules}))
 
 
@@ -723,11 +743,13 @@ def print_table(records):
             notes.append(f"at the limit: {', '.join(r['cache_limit_frames'])[:160]}")
         if r.get("max_abs_err") is not None:
             notes.append(f"max abs err {r['max_abs_err']:.2g}")
-        if r.get("warm_first_excess_ms") is not None:
-            notes.append(f"warm process: first request {r['warm_first_excess_ms']:+.1f} ms "
-                         f"vs eager, worst {r['warm_max_excess_ms']:+.1f} ms")
-        elif (r.get("warm_process") or {}).get("error"):
-            notes.append(f"warm process: {r['warm_process']['error'][:160]}")
+        for tail in ("", "_compile_in_background"):
+            what = "warm process" + (" (in background)" if tail else "")
+            if r.get(f"warm_first_excess_ms{tail}") is not None:
+                notes.append(f"{what}: first request {r[f'warm_first_excess_ms{tail}']:+.1f} "
+                             f"ms vs eager, worst {r[f'warm_max_excess_ms{tail}']:+.1f} ms")
+            elif (r.get(f"warm_process{tail}") or {}).get("error"):
+                notes.append(f"{what}: {r[f'warm_process{tail}']['error'][:160]}")
         if r.get("warm_vs_static_median") is not None:
             notes.append(f"{r['warm_vs_static_median']:.2f}x the time of its static plan "
                          f"(median of {len(r['static_baseline'])} shapes)")
@@ -772,6 +794,10 @@ def main():
     p.add_argument("--warm-process", type=int, default=0, metavar="N",
                    help="a second process on the kiln cache serves N new requests, kiln beside "
                         "eager (warm_process)")
+    p.add_argument("--warm-stance", nargs="+", choices=("default", "compile_in_background"),
+                   default=["default"], help="the kiln stance of the --warm-process process "
+                   "(one such process for each; the first one's figures under the plain names, "
+                   "the others' with _STANCE appended)")
     p.add_argument("--warm-child", choices=WORKLOADS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--json", default=None, help="append each record (JSON lines) here")
     p.add_argument("--csv", default=None)
@@ -785,6 +811,7 @@ def main():
     a.prompt_range = a.prompt_range or ((8, 256) if gpu else (4, 64))
     a.max_new_tokens = a.max_new_tokens or (64 if gpu else 16)
     if a.warm_child:  # on the parent's cache (KILN_CACHE_DIR) and kilnd
+        a.warm_stance = a.warm_stance[0]
         os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         if a.threads:
             import torch
