@@ -305,6 +305,27 @@ def test_optimize_with_disable_true_compiles_nothing():
     assert cnt.frame_count == 0
 
 
+@pytest.mark.parametrize("variable", ["KILN_DISABLE", "TORCH_COMPILE_DISABLE",
+                                      "TORCHDYNAMO_DISABLE"])
+def test_the_environment_s_disable_switch_compiles_nothing(monkeypatch, variable):
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    monkeypatch.setenv(variable, "1")
+    fn = kiln.optimize(cnt)(_cos_break_cos)
+    compiled = kiln.compile(_cos_break_cos, backend=cnt)
+    module = torch.nn.Linear(3, 2)
+    assert fn is _cos_break_cos and compiled is _cos_break_cos
+    assert kiln.compile(backend=cnt)(module) is module
+    with kiln.optimize(cnt):
+        torch.testing.assert_close(_cos_break_cos(x), torch.cos(torch.cos(x)) + 1)
+    torch.testing.assert_close(module(x), torch.nn.functional.linear(x, module.weight,
+                                                                     module.bias))
+    assert cnt.frame_count == 0
+    monkeypatch.setenv(variable, "0")  # any other value compiles
+    torch.testing.assert_close(kiln.optimize(cnt)(_cos_break_cos)(x), _cos_break_cos(x))
+    assert cnt.frame_count == 2
+
+
 def test_optimize_rejects_keywords_it_does_not_know():
     with pytest.raises(TypeError, match="guard_fail_fn"):
         kiln.optimize("eager", guard_fail_fn=print)

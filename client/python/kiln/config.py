@@ -121,6 +121,18 @@ raise_on_backend_error = os.environ.get("KILN_RAISE_ON_BACKEND_ERROR", "0") == "
 capture_scalar_outputs = os.environ.get("KILN_CAPTURE_SCALAR_OUTPUTS", "0") == "1"
 
 
+# Compile nothing: while KILN_DISABLE=1, kiln.compile and kiln.optimize return what they are
+# given as it is; torch's switches for the same (TORCH_COMPILE_DISABLE=1, TORCHDYNAMO_DISABLE=1)
+# do it too, so that a program written for torch.compile and moved to kiln is turned off the way
+# its operators know. Read at each call of kiln.compile / kiln.optimize, as torch reads its own.
+DISABLE_VARIABLES = ("KILN_DISABLE", "TORCH_COMPILE_DISABLE", "TORCHDYNAMO_DISABLE")
+
+
+def disabled() -> bool:
+    """True when the environment turns compiling off (DISABLE_VARIABLES)."""
+    return any(os.environ.get(name) == "1" for name in DISABLE_VARIABLES)
+
+
 def logs(topic: str) -> bool:
     """True when `topic` output is asked for, by KILN_LOG or by `debug`."""
     return debug or topic in log or "all" in log

@@ -317,12 +317,16 @@ def compile(model=None, *, backend=None, fullgraph: bool = False, dynamic=None, 
     mode, options: passed to the "kiln" backend, where they choose CUDA graphs: on by default
     (kiln.config.cuda_graphs), "reduce-overhead" on, "max-autotune-no-cudagraphs" off, and
     options={"triton.cudagraphs": bool} either way; other backends ignore them.
+    With KILN_DISABLE=1 (or TORCH_COMPILE_DISABLE=1) in the environment, `model` is returned as
+    it is.
     """
     if mode is not None and mode not in ("default", "reduce-overhead", "max-autotune",
                                          "max-autotune-no-cudagraphs"):
         raise ValueError(f"unknown mode {mode!r}")
     if options is not None and not isinstance(options, dict):
         raise TypeError("options must be a dict")
+    if config.disabled():  # KILN_DISABLE=1 and torch's spellings of it
+        return (lambda m: m) if model is None else model
     backend = backend if backend is not None else config.default_backend
     callback = _shared_callback(backend, fullgraph, mode, options, dynamic)
     if model is None:
@@ -372,9 +376,9 @@ class OptimizeContext:
 def optimize(backend="eager", nopython: bool = False, *, disable: bool = False, dynamic=None):
     """The TorchDynamo spelling: kiln.optimize("eager")(fn), @kiln.optimize(my_compiler),
     `with kiln.optimize(...):`. nopython=True is fullgraph=True; disable=True compiles nothing
-    (the decorator returns the function as it is, the block runs as without it); dynamic as
-    kiln.compile's."""
-    if disable:
+    (the decorator returns the function as it is, the block runs as without it), as KILN_DISABLE=1
+    does (kiln.config.disabled); dynamic as kiln.compile's."""
+    if disable or config.disabled():
         return _NotOptimized()
     return OptimizeContext(_shared_callback(backend, nopython, None, None, dynamic))
 
