@@ -319,3 +319,37 @@ def test_the_worker_starts_after_the_gpu_work_the_missed_call_queued():
     assert not request_done.query()  # (else this test shows nothing)
     assert worker.wait(30)
     assert began == [True]
+
+
+class _Warmed:
+    """A compiled function with a plan's warm(): records the thread of each warm run."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.warmed = []
+
+    def __call__(self, *args):
+        return self.forward(*args)
+
+    def warm(self):
+        self.warmed.append(threading.current_thread().name)
+
+
+@pytest.mark.parametrize("gpu_in_use", [False, True])
+def test_the_worker_warms_a_plan_only_where_no_gpu_work_runs_beside_it(background, monkeypatch,
+                                                                       gpu_in_use):
+    made = []
+
+    def backend(gm, example_inputs):
+        made.append(_Warmed(gm.forward))
+        return made[-1]
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: gpu_in_use)
+    m, compiled, x = first_call_of_net(backend)
+    assert kiln.wait_for_compiles(30)
+    with torch.no_grad():
+        assert_close(compiled(x), m(x))
+    assert len(made) == 1
+    # With the GPU in use, the first call that gets the entry sets the plan up on its own thread.
+    assert made[0].warmed == ([] if gpu_in_use else [made[0].warmed[0]])
+    assert all(t != threading.current_thread().name for t in made[0].warmed)

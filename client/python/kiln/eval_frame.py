@@ -123,7 +123,12 @@ class FrameCallback:
         entry = self.install_stored(func, code, slots) or self.capture(func, code, slots)
         if isinstance(entry, tuple):
             warm = getattr(entry[2].compiled_fn, "warm", None)
-            if warm is not None:
+            # Not in a process that uses the GPU: there the serving thread goes on queuing its
+            # own kernels and recording its CUDA graphs while the worker runs, and a plan run
+            # beside them was seen to crash the process (transformers' generate() on an H200,
+            # the warm run of a decode step's plan). The call that gets the entry does the
+            # first run instead, on its own thread, as without the stance.
+            if warm is not None and not torch.cuda.is_initialized():
                 try:
                     warm()
                 except RuntimeError as e:  # the first call sets it up instead
