@@ -3,6 +3,7 @@ installs the stored capture without tracing (no torch._dynamo import, no fake te
 never a stale one: a changed model file, a changed global it read, another torch version, a
 different input, a tampered record, objects that were one and are now two all capture again,
 and every answer is eager's."""
+import functools
 import json
 import os
 import subprocess
@@ -78,7 +79,7 @@ MODEL = textwrap.dedent("""
 
     def with_defaults(fn):  # a wrapper as transformers puts around forward: fn in a cell
         decorated = os.environ.get("MODEL_DECORATED")
-        if decorated not in ("1", "code"):
+        if decorated not in ("1", "code", "stacked"):
             return fn
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
@@ -89,6 +90,14 @@ MODEL = textwrap.dedent("""
                 out = out * 0.5
             return out
         return wrapper
+
+    def outermost(fn):  # a decorator over with_defaults, as torch.no_grad() over a wrapper
+        if os.environ.get("MODEL_DECORATED") != "stacked":
+            return fn
+        @functools.wraps(fn)
+        def outer(self, *args, **kwargs):
+            return fn(self, *args, **kwargs)
+        return outer
 
     class Settings:  # a config whose attribute lookup calls super(), as transformers' configs do
         aliases = {"factor": "scale"}
@@ -109,6 +118,7 @@ MODEL = textwrap.dedent("""
             self.norm = torch.nn.LayerNorm(WIDTH)
             self.settings = Settings()
 
+        @outermost
         @with_defaults
         def forward(self, x):
             y = torch.relu(self.a(x)) * SCALE
@@ -317,6 +327,20 @@ def test_a_wrapped_forward_is_stored_through_its_closure(kilnd_cache, model_dir)
     assert run_child(model_dir, MODEL_DECORATED="1")["stored"] == [False]
 
 
+def test_a_forward_under_two_decorators_is_stored_through_the_outer_ones_wrapped(
+        kilnd_cache, model_dir):
+    # Both wrappers are named Net.forward (functools.wraps), a name only the outer one has: the
+    # inner one's cell holding the forward is bound through Net.forward.__wrapped__, its code
+    # checked (transformers' rotary embeddings: torch.no_grad() over dynamic_rope_update).
+    assert run_child(model_dir, MODEL_DECORATED="stacked")["stored"] == [False]
+    second = run_child(model_dir, MODEL_DECORATED="stacked")
+    assert second["stored"] == [True] and not second["tracer"]
+    source = (model_dir / "model.py").read_text()
+    (model_dir / "model.py").write_text(source.replace(
+        "out = fn(self, *args, **kwargs)", "out = fn(self, *args, **kwargs) * 1.0"))
+    assert run_child(model_dir, MODEL_DECORATED="stacked")["stored"] == [False]
+
+
 def test_a_wrapper_reading_its_functions_code_is_stored(kilnd_cache, model_dir):
     # The capture guards the code object the wrapper reads (func.__code__.co_varnames): named
     # by its path and digest, bound to the live one at installation.
@@ -464,6 +488,46 @@ def test_a_class_cell_is_found_in_its_class_without_walking_the_heap(monkeypatch
     # Another cell (of a function without an importable name): the heap is searched, no owner.
     assert sc._cell_owner(outer().__closure__[0]) is None
     assert walked
+
+
+def _outer_decorator(fn):
+    @functools.wraps(fn)
+    def outer(*args):
+        return fn(*args)
+    return outer
+
+
+def _inner_decorator(fn):
+    @functools.wraps(fn)
+    def inner(*args):
+        return fn(*args)
+    return inner
+
+
+@_outer_decorator
+@_inner_decorator
+def _stacked(x):
+    return x + 1
+
+
+def test_functions_under_an_importable_decorator_are_named_through_wrapped():
+    from kiln import stored_capture as sc
+
+    inner, original = _stacked.__wrapped__, _stacked.__wrapped__.__wrapped__
+    module = _stacked.__module__
+    # Both carry the name _stacked (functools.wraps), which is the outer wrapper's.
+    assert sc.name_of(inner) == ["wrapped", module, "_stacked", 1,
+                                 sc.code_digest(inner.__code__)]
+    assert sc.name_of(original) == ["wrapped", module, "_stacked", 2,
+                                    sc.code_digest(original.__code__)]
+    assert sc.decode(sc.encode(original)) is original
+    assert sc._cell_owner(inner.__closure__[0]) == (inner, 0)  # the cell holding `original`
+    # Another function at that place (another decorator, other code) is not the one named.
+    name = sc.name_of(inner)
+    with pytest.raises(sc.NotInstallable, match="is not the function captured"):
+        sc.decode({"object": name[:4] + ["0" * len(name[4])]})
+    with pytest.raises(sc.NotInstallable, match="malformed"):
+        sc.decode({"object": name[:3] + [99, name[4]]})
 
 
 def test_a_function_whose_code_changed_is_not_the_function_named():

@@ -226,8 +226,9 @@ def _resolve(module: str, qualname: str):
 
 
 def name_of(obj) -> Optional[list]:
-    """[kind, module, qualname(, code digest)] naming `obj` so that _resolve finds this very
-    object, or None."""
+    """[kind, module, qualname(, code digest)] naming `obj` so that _named finds this very
+    object, or None; ["wrapped", module, qualname, depth, code digest] for a function found
+    `depth` steps down the __wrapped__ chain of the importable object of that name."""
     if isinstance(obj, types.ModuleType):
         if sys.modules.get(obj.__name__) is obj:
             return ["module", obj.__name__, ""]
@@ -243,12 +244,16 @@ def name_of(obj) -> Optional[list]:
     qualname = getattr(obj, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and "<locals>" not in qualname:
         try:
-            if _resolve(module, qualname) is obj:
-                if isinstance(obj, types.FunctionType):
-                    return ["function", module, qualname, code_digest(obj.__code__)]
-                return ["named", module, qualname]
+            found = _resolve(module, qualname)
         except NotInstallable:
-            pass
+            found = None
+        if found is obj:
+            if isinstance(obj, types.FunctionType):
+                return ["function", module, qualname, code_digest(obj.__code__)]
+            return ["named", module, qualname]
+        depth = _wrapped_depth(found, obj) if isinstance(obj, types.FunctionType) else None
+        if depth is not None:
+            return ["wrapped", module, qualname, depth, code_digest(obj.__code__)]
     name = getattr(obj, "__name__", None)
     if isinstance(name, str) and isinstance(obj, types.BuiltinFunctionType):
         # torch.relu and kin: bound to torch._C._VariableFunctions, exported by a module.
@@ -264,10 +269,43 @@ def name_of(obj) -> Optional[list]:
     return None
 
 
+# How many decorators deep a function is looked for under an importable one (name_of).
+_WRAPPED_DEPTH = 8
+
+
+def _wrapped(obj):
+    """What functools.wraps recorded that `obj` wraps (its own __wrapped__), or None."""
+    return getattr(obj, "__dict__", {}).get("__wrapped__")
+
+
+def _wrapped_depth(outer, function) -> Optional[int]:
+    """How many __wrapped__ steps lead from `outer` to `function`, or None. functools.wraps
+    names a decorator's wrapper as what it wraps, so of two stacked decorators (torch.no_grad()
+    over transformers' dynamic_rope_update on a rotary embedding's forward) only the outer one
+    is found by that name; the inner one and the function itself are its __wrapped__ chain."""
+    current = outer
+    for depth in range(1, _WRAPPED_DEPTH + 1):
+        current = _wrapped(current)
+        if current is None:
+            return None
+        if current is function:
+            return depth
+    return None
+
+
 def _named(desc: list):
     if desc[0] == "globals":
         return vars(_resolve(desc[1], ""))
     obj = _resolve(desc[1], desc[2])
+    if desc[0] == "wrapped":
+        depth = desc[3] if len(desc) == 5 else None
+        if type(depth) is not int or not 0 < depth <= _WRAPPED_DEPTH:
+            raise NotInstallable(f"malformed name {desc!r}")
+        for _ in range(depth):
+            obj = _wrapped(obj)
+        if not isinstance(obj, types.FunctionType) or code_digest(obj.__code__) != desc[4]:
+            raise NotInstallable(f"{desc[1]}.{desc[2]}'s wrapped function {depth} deep is not "
+                                 f"the function captured")
     if desc[0] == "function":
         if not isinstance(obj, types.FunctionType) or code_digest(obj.__code__) != desc[3]:
             raise NotInstallable(f"{desc[1]}.{desc[2]} is not the function captured")
