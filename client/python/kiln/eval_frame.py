@@ -218,7 +218,8 @@ def _stored_captures(compiler_fn, mode, options):
     """The stored captures of frames compiled by the "kiln" backend with these options (None
     for other backends: their compiled callables are Python objects no record can name)."""
     from kiln.backends import kiln_backend
-    from kiln.stored_capture import StoredCaptures, prefetch_runtime_digest
+    from kiln.stored_capture import StoredCaptures
+    from kiln.stored_names import prefetch_runtime_digest
 
     if not config.stored_captures or compiler_fn is not kiln_backend.kiln:
         return None

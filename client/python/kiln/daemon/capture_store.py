@@ -1,4 +1,4 @@
-"""Stored captures: for a capture key (kiln.stored_capture.capture_key), the records of the
+"""Stored captures: for a capture key (kiln.stored_names.capture_key), the records of the
 entries captured for that code, in the private cache directory every process on the machine
 shares, and in kilnd's tiers (its capture store and the shared Redis tier, PutCaptures and
 GetCaptures), where the processes of other machines find them. A missing, unreadable, malformed
@@ -145,7 +145,7 @@ class CaptureStore:
 
     def note_location(self, location: str, parts: dict) -> None:
         """Remembers that a capture with key `parts` was stored for the code at `location`
-        (kiln.stored_capture.location_key): what explain_miss compares a miss with. Only read
+        (kiln.stored_names.location_key): what explain_miss compares a miss with. Only read
         for messages; never decides what runs."""
         known = [p for p in self.locate(location) if p != parts][-(MAX_ENTRIES - 1):]
         write_private(self.root / "locations" / location, json.dumps(known + [parts]).encode())
