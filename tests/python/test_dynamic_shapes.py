@@ -615,6 +615,36 @@ def test_only_the_int_attributes_that_changed_become_symbols():
     assert len(symbols) == 1  # the length; the window's size stayed a constant
 
 
+class _StaticCache:
+    """A static cache: a buffer of `capacity` positions and that capacity as an int, made anew
+    with more room for a longer request."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+        self.buf = torch.zeros(2, capacity, 4)
+
+
+def test_an_int_attribute_equal_to_a_size_becomes_a_symbol_when_the_frame_does():
+    def prefill(cache, x):
+        n = x.shape[1]
+        cache.buf[:, :n] = x
+        return cache.buf[:, :n].cumsum(1) * cache.capacity + cache.buf[:, n:].sum(1, True)
+
+    backend = Counting()
+    compiled = kiln.compile(prefill, backend=backend)
+    # The capacity stays 16 while the prompt's length changes (the frame's sizes become
+    # symbols), then a longer prompt brings a cache with more room: no graph for it.
+    for capacity, n in ((16, 5), (16, 7), (16, 12), (32, 20), (48, 40)):
+        ours, theirs = _StaticCache(capacity), _StaticCache(capacity)
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(compiled(ours, x), prefill(theirs, x))
+        torch.testing.assert_close(ours.buf, theirs.buf)
+    assert len(backend.graphs) == 2
+    symbols = [n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder"
+               and isinstance(n.meta.get("example_value"), torch.SymInt)]
+    assert len(symbols) == 1  # the capacity
+
+
 def test_size_oblivious_reasoning_is_on_for_kilns_thread_alone():
     # kiln traces with torch's backed_size_oblivious on; a torch.compile trace in another
     # thread meanwhile reads the process's own setting.

@@ -394,8 +394,16 @@ class SymbolicInputs:
             return False
         if self.passed_in(source):
             return True
-        return self.passed_in(source, True) and \
+        return self.passed_in(source, True) and (
             bool(self.object_int_values.get(source, set()) - {value})
+            or self._a_size_seen(value))
+
+    def _a_size_seen(self, value: int) -> bool:
+        """Whether a tensor input of the frame had a dimension of size `value` in an earlier
+        capture: an object's int equal to one (a static cache's capacity, the length of its
+        tensors, which a longer request makes anew) is a symbol of its own, related to the
+        sizes by the guards the trace needs, not a constant that pins the sizes it meets."""
+        return any(value in shape for shapes in self.shapes_seen.values() for shape in shapes)
 
     @staticmethod
     def passed_in(source, through_objects: bool = False) -> bool:
