@@ -336,6 +336,7 @@ class SymbolicInputs:
         # source -> the shapes earlier captures of the frame saw the tensor input there have
         # (kiln.state.STATE.input_shapes); and the ones this capture saw
         self.shapes_seen = shapes_seen or {}
+        self._sizes_seen: Optional[frozenset] = None  # every size in shapes_seen (_a_size_seen)
         self.shapes: Dict = {}
         # True: every dimension of a graph input is a symbol; None: the marked ones; False: none
         self.dynamic = dynamic
@@ -403,7 +404,10 @@ class SymbolicInputs:
         capture: an object's int equal to one (a static cache's capacity, the length of its
         tensors, which a longer request makes anew) is a symbol of its own, related to the
         sizes by the guards the trace needs, not a constant that pins the sizes it meets."""
-        return any(value in shape for shapes in self.shapes_seen.values() for shape in shapes)
+        if self._sizes_seen is None:  # the frame's earlier captures: fixed during this one
+            self._sizes_seen = frozenset(size for shapes in self.shapes_seen.values()
+                                         for shape in shapes for size in shape)
+        return value in self._sizes_seen
 
     @staticmethod
     def passed_in(source, through_objects: bool = False) -> bool:
