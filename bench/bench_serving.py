@@ -21,8 +21,9 @@ Workloads (random weights from transformers configs, nothing downloaded; torch.m
   eager).
 
 Compilers: eager; torch.compile(model) (dynamic=None, default mode: "torch"); torch.compile
-with mode="reduce-overhead" ("torch_ro", on cuda by default); kiln.compile(model) (the "kiln"
-backend). Each has its own copy of the model (same weights). The request list is run twice, and
+with mode="reduce-overhead" ("torch_ro", on cuda by default; with transformers' static cache,
+torch 2.11's dies of a segmentation fault in its cudagraph_trees, and the process with it: run
+llm_static there with --compilers eager torch kiln); kiln.compile(model) (the "kiln" backend). Each has its own copy of the model (same weights). The request list is run twice, and
 in each pass every request goes through every compiler before the next request, the compilers'
 order rotating from one request to the next: a machine that slows down for a while slows all of
 them. Caches start cold (fresh KILN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR for
