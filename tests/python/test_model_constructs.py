@@ -266,6 +266,17 @@ class _Items(list):
         return 1
 
 
+class _Guarded(list):
+    """A list subclass whose iteration and length are its own (they raise): indexing it still
+    runs list's own item access."""
+
+    def __iter__(self):
+        raise RuntimeError("not iterable")
+
+    def __len__(self):
+        raise RuntimeError("no length")
+
+
 class _Empty:
     pass
 
@@ -294,6 +305,19 @@ class _Value:
 
     def __lt__(self, other):
         return self.v.shape[0] < other.v.shape[0] + 1
+
+
+def test_indexing_a_list_subclass_with_its_own_len_and_iter_reads_the_items():
+    cnt = CompileCounter()
+    fn = kiln.compile(lambda lst: lst[0] + lst[1], backend=cnt, fullgraph=True)
+    items = _Guarded([torch.randn(4), torch.randn(4)])
+    torch.testing.assert_close(fn(items), list.__getitem__(items, 0) +
+                               list.__getitem__(items, 1))
+    assert cnt.frame_count == 1 and cnt.op_count == 1
+    list.append(items, torch.randn(4))  # another length (counted as list counts): a new graph
+    torch.testing.assert_close(fn(items), list.__getitem__(items, 0) +
+                               list.__getitem__(items, 1))
+    assert cnt.frame_count == 2
 
 
 def test_a_user_class_operator_methods_are_inlined_in_pythons_order():

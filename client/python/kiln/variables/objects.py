@@ -289,15 +289,17 @@ class UserDefinedObjectVariable(VariableTracker):
         fn = inspect.getattr_static(type(self.value), name, None)
         return fn if isinstance(fn, types.FunctionType) else None
 
-    def _builtin_container(self):
+    def _builtin_container(self, *kept):
         """The list, tuple or dict the class derives from, where the object is one read from
-        outside the frame and the class keeps that container's own item access and length."""
+        outside the frame and the class keeps that container's own special methods `kept`
+        (its item access and length where none are named; a dict always both)."""
         if self.source is None:
             return None
         for base in (dict, list, tuple):
+            names = ("__getitem__", "__len__") if base is dict or not kept else kept
             if isinstance(self.value, base) and all(
                     inspect.getattr_static(type(self.value), n, None) is
-                    inspect.getattr_static(base, n) for n in ("__getitem__", "__len__")):
+                    inspect.getattr_static(base, n) for n in names):
                 return base
         return None
 
@@ -309,20 +311,22 @@ class UserDefinedObjectVariable(VariableTracker):
         fn = self._dunder("__getitem__")
         if fn is not None:
             return tx.inline_call(fn, [self, index], {})
-        base = self._builtin_container()
+        base = self._builtin_container("__getitem__")
         if base is not None and index.is_python_constant():
-            # A list or dict subclass that only adds methods: its items read and guarded as a
-            # plain list's or dict's are.
+            # A list or dict subclass whose item access is the container's own (its other
+            # methods may be its own: a __len__ or __iter__ that the read does not call): its
+            # items read and guarded as a plain list's or dict's are, its length by the
+            # container's own count, which the LEN_MATCH guard reads too.
             if base is dict:  # a missing key must not reach a __missing__ (defaultdict's)
                 return _dict_read(tx, self, "__getitem__", [index], {})
             key = index.as_python_constant()
             if type(key) is not int:
                 raise Unsupported(f"indexing a {type(self.value).__qualname__} with {key!r}")
             try:
-                item = self.value[key]
+                item = base.__getitem__(self.value, key)
             except (KeyError, IndexError):
                 raise Unsupported(f"{type(self.value).__qualname__}[{key!r}] raises") from None
-            tx.output.guards.add(self.source, "LEN_MATCH", len(self.value))
+            tx.output.guards.add(self.source, "LEN_MATCH", base.__len__(self.value))
             return tx.wrap(item, ItemSource(self.source, key))
         raise Unsupported(f"indexing a {type(self.value).__qualname__}")
 
