@@ -23,8 +23,9 @@ Workloads (random weights from transformers configs, nothing downloaded; torch.m
 Compilers: eager; torch.compile(model) (dynamic=None, default mode: "torch"); torch.compile
 with mode="reduce-overhead" ("torch_ro", on cuda by default; with transformers' static cache,
 torch 2.11's dies of a segmentation fault in its cudagraph_trees, and the process with it: run
-llm_static there with --compilers eager torch kiln); kiln.compile(model) (the "kiln" backend). Each has its own copy of the model (same weights). The request list is run twice, and
-in each pass every request goes through every compiler before the next request, the compilers'
+llm_static there with --compilers eager torch kiln); kiln.compile(model) (the "kiln" backend).
+Each has its own copy of the model (same weights). The request list is run twice, and in each
+pass every request goes through every compiler before the next request, the compilers'
 order rotating from one request to the next: a machine that slows down for a while slows all of
 them. Caches start cold (fresh KILN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR for
 the run; each workload starts with kiln.reset() and torch._dynamo.reset()).
@@ -577,7 +578,10 @@ def warm_child(a, workload) -> None:
 
     import torch
 
+    import kiln
+
     dtype = a.dtype or ("bf16" if a.device == "cuda" and workload != "bert" else "fp32")
+    background = a.warm_stance != "default"
     if workload == "bert":
         make, reqs, check, _, _ = bert_workload(a, dtype)
     else:
@@ -587,9 +591,7 @@ def warm_child(a, workload) -> None:
     x = torch.ones(8, 8, device=a.device, dtype=dt)
     (x @ x).sum().item()
     eager = make("eager")
-    if a.warm_stance != "default":
-        import kiln
-
+    if background:
         kiln.set_stance(a.warm_stance)
     t = time.perf_counter()
     kiln_run = make("kiln")
@@ -600,10 +602,8 @@ def warm_child(a, workload) -> None:
         ms, results = {}, {}
         for name in (("kiln", "eager") if i % 2 == 0 else ("eager", "kiln")):
             fn = kiln_run if name == "kiln" else eager
-            if name == "eager" and a.warm_stance != "default":
+            if name == "eager" and background:
                 # eager's time is not to share the machine with kiln's worker (kiln's does)
-                import kiln
-
                 kiln.wait_for_compiles()
             _sync(a.device)
             t = time.perf_counter()
@@ -616,9 +616,7 @@ def warm_child(a, workload) -> None:
                     **({"mismatch": why} if why else {})})
     from kiln.state import counters
 
-    if a.warm_stance != "default":  # what the worker captured meanwhile is counted too
-        import kiln
-
+    if background:  # what the worker captured meanwhile is counted too
         kiln.wait_for_compiles()
     print(json.dumps({"requests": out, "compile_ms": round(compile_ms, 3),
                       "stance": a.warm_stance, "traced": counters["frames"]["total"],

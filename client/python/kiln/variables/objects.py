@@ -289,14 +289,15 @@ class UserDefinedObjectVariable(VariableTracker):
         fn = inspect.getattr_static(type(self.value), name, None)
         return fn if isinstance(fn, types.FunctionType) else None
 
-    def _builtin_container(self, *kept):
+    def _builtin_container(self, item_access_only: bool = False):
         """The list, tuple or dict the class derives from, where the object is one read from
-        outside the frame and the class keeps that container's own special methods `kept`
-        (its item access and length where none are named; a dict always both)."""
+        outside the frame and the class keeps that container's own item access and length
+        (`item_access_only`: a list's or tuple's item access alone; a dict's both)."""
         if self.source is None:
             return None
         for base in (dict, list, tuple):
-            names = ("__getitem__", "__len__") if base is dict or not kept else kept
+            names = ("__getitem__",) if item_access_only and base is not dict else (
+                "__getitem__", "__len__")
             if isinstance(self.value, base) and all(
                     inspect.getattr_static(type(self.value), n, None) is
                     inspect.getattr_static(base, n) for n in names):
@@ -311,7 +312,7 @@ class UserDefinedObjectVariable(VariableTracker):
         fn = self._dunder("__getitem__")
         if fn is not None:
             return tx.inline_call(fn, [self, index], {})
-        base = self._builtin_container("__getitem__")
+        base = self._builtin_container(item_access_only=True)
         if base is not None and index.is_python_constant():
             # A list or dict subclass whose item access is the container's own (its other
             # methods may be its own: a __len__ or __iter__ that the read does not call): its
