@@ -1,6 +1,7 @@
 """Compiling in the background (the "compile_in_background" stance): a frame the hook misses
-runs eagerly at once, with everything it calls; when it has returned, a worker thread installs
-the code's stored capture or captures and compiles it, and runs the plan once; a later call of
+runs its stored capture when one holds on it (installed at once: loading it is neither a capture
+nor a compile), and otherwise runs eagerly at once, with everything it calls; when it has
+returned, a worker thread captures and compiles it, and runs the plan once; a later call of
 that code finds the entry ready and switches to it. A serving process never stalls a request on
 a capture or a compile, and the call that missed does not share the CPU with that work.
 
@@ -101,11 +102,16 @@ class BackgroundCompiler:
         self._done: Dict[object, object] = {}     # code -> entry tuple or _C.SKIP
         self._executor: Optional[ThreadPoolExecutor] = None
 
-    def miss(self, capture, func, code, slots):
+    def miss(self, capture, func, code, slots, install=None):
         """The hook's answer for a miss of `code`: the entry the worker made for it when ready
-        and its guards pass on this frame; otherwise eager: _C.EAGER while a capture is under
-        way, or (_C.EAGER, start) with the capture submitted by start() once this call is
-        over. `capture(func, code, slots)` is the callback's own (entry or _C.SKIP)."""
+        and its guards pass on this frame; else the entry of a stored capture that holds on
+        this frame, from `install(func, code, slots)` (entry or None), at once: loading one is
+        no capture and no compile, and the worker would read the call's arguments only after
+        the call changed them (a decoder's cache grows by the token it ran), so that the
+        stored guards fail there and it captures anew; otherwise eager: _C.EAGER while a
+        capture is under way, or (_C.EAGER, start) with the capture submitted by start() once
+        this call is over. `capture(func, code, slots)` is the callback's own (entry or
+        _C.SKIP)."""
         with self._lock:
             done = self._done.pop(code, None)
             if done is not None:
@@ -115,6 +121,13 @@ class BackgroundCompiler:
                     return done
                 # Made for a call unlike this one (another shape, say): capture this one too.
             if code in self._pending:
+                return _C.EAGER
+        if install is not None:
+            entry = install(func, code, slots)
+            if entry is not None:
+                return entry
+        with self._lock:
+            if code in self._pending:  # another thread's miss meanwhile
                 return _C.EAGER
             self._worker()
             started = Future()  # pending from now: other calls meanwhile run eagerly

@@ -91,7 +91,7 @@ class FrameCallback:
         if STATE.stance == "compile_in_background" and not self.fullgraph:
             from kiln.background import BACKGROUND
 
-            return BACKGROUND.miss(self.prepare, func, code, slots)
+            return BACKGROUND.miss(self.prepare, func, code, slots, self.install_stored)
         return self.install_stored(func, code, slots) or self.capture(func, code, slots)
 
     def install_stored(self, func, code, slots):
@@ -477,10 +477,11 @@ def set_stance(stance: str = "default"):
     "default": compile on a miss; "eager_on_recompile": use what is compiled, run misses
     eagerly and compile nothing (serving); "fail_on_recompile": raise RecompileError naming
     the failed guards instead of compiling again; "force_eager": ignore kiln entirely;
-    "compile_in_background": a miss runs eagerly at once (it and all it calls) while a worker
-    thread installs its stored capture or captures and compiles it, then runs the plan once
-    over zeroed inputs (its prologue and first-run setup), and later calls switch to the
-    compiled code when it is ready (kiln.wait_for_compiles waits for the worker)."""
+    "compile_in_background": a miss installs its stored capture at once when one holds, and
+    otherwise runs eagerly at once (it and all it calls) while a worker thread captures and
+    compiles it, then (in a process not using CUDA) runs the plan once over zeroed inputs (its
+    prologue and first-run setup), and later calls switch to the compiled code when it is
+    ready (kiln.wait_for_compiles waits for the worker)."""
     prior = STATE.stance
     STATE.stance = stance  # checks it, and sets the hook's force_eager flag with it
     if stance == "compile_in_background":
