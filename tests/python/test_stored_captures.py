@@ -224,6 +224,61 @@ def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(k
     assert fourth["tracer"] and not any(fourth["symbolic"])
 
 
+# The child for an int input that changes: calls `sized_by(x, n)` with each (batch, n) of CALLS.
+CHILD_INT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import kiln
+    kiln.config.specialize_in_background = False
+    sys.path.insert(0, os.environ["MODEL_DIR"])
+    import sized
+    compiled = kiln.compile(sized.sized_by)
+    for call in os.environ["CALLS"].split(";"):
+        b, n = map(int, call.split(","))
+        x = torch.randn(b, 4, 3)
+        torch.testing.assert_close(compiled(x, n), sized.sized_by(x, n))
+    entries = kiln.debug.cache_entries(sized.sized_by.__code__)
+    print(json.dumps({
+        "stored": [e.info.extra.get("stored_capture") is not None for e in entries],
+        "symbolic": [bool(a.plan.symbolic) for a in kiln.debug.artifacts()],
+        "tracer": "kiln.convert_frame" in sys.modules,
+    }))
+""")
+
+SIZED = textwrap.dedent("""
+    import torch
+
+    def sized_by(x, n):  # a tensor sized by an int argument, as a static cache's max_cache_len
+        return x.sum(1, keepdim=True) + torch.zeros(x.shape[0], n, 3)
+""")
+
+
+def run_int(model_dir, calls: str):
+    (model_dir / "sized.py").write_text(SIZED)
+    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1", CALLS=calls)
+    env.pop("KILN_STORED_CAPTURES", None)
+    done = subprocess.run([sys.executable, "-c", CHILD_INT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_plan_that_takes_an_int_as_a_size_is_stored_and_serves_other_numbers(kilnd_cache,
+                                                                              model_dir):
+    first = run_int(model_dir, "2,5;3,7;4,9")
+    assert first["tracer"] and first["symbolic"] == [False, True]
+    # Numbers and batches the first process never saw: the stored plan for every size, its int
+    # passed as a carrier's size as in the process that compiled it, and no trace.
+    second = run_int(model_dir, "5,6;6,11;3,8")
+    assert second["stored"] == [True] and second["symbolic"] == [True]
+    assert not second["tracer"]
+    # 0 is below the least number the plan was compiled for: the record's guard rejects it, so
+    # the call is captured anew (the process that compiled it ran the graph as it is), and
+    # answered as eager's.
+    third = run_int(model_dir, "3,0")
+    assert third["tracer"] and third["stored"] == [False]
+
+
 def test_an_installed_capture_watches_its_modules_as_a_traced_one_does(kilnd_cache, model_dir):
     # Whether a frame's next capture guards its modules by structure (its module died) must not
     # depend on how its entry came: processes of one fleet, some tracing and some installing,

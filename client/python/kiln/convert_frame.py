@@ -185,11 +185,11 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
     with stored_capture.collector_held():
         try:
             graph = None
-            size_outputs = None
+            size_outputs = int_inputs = None
             if output.is_dynamic:
                 if gm is None:
                     raise stored_capture.NotStorable("the graph has symbolic sizes")
-                compiled, size_outputs = stored_capture.whole_plan_parts(compiled)
+                compiled, size_outputs, int_inputs = stored_capture.whole_plan_parts(compiled)
             if any(i.plain for i in output.inputs):
                 raise stored_capture.NotStorable("the graph takes a tensor whose class "
                                                  "overrides __torch_function__")
@@ -211,7 +211,7 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                                                       [i.source for i in output.inputs], device,
                                                       stored.cuda_graphs,
                                                       output.unspecialized_modules,
-                                                      size_outputs)
+                                                      size_outputs, int_inputs)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph,

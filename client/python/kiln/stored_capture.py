@@ -342,6 +342,10 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             # The relations over the symbolic sizes (kiln.graph.symbolic_shapes): the sources
             # they read, how each slot is read from them, and the evaluator's trees.
             paths, bindings, constraints = value
+            if graph is not None and graph.get("int_inputs"):
+                floors = _carrier_floors(graph, value)
+                constraints = tuple(constraints) + tuple(floors)
+                enc["text"] += "".join(f"; {text}" for _, text in floors)
             enc["value"] = {"sources": [table.add(p) for p in paths],
                             "bindings": encode(tuple(bindings)),
                             "constraints": encode(tuple(constraints))}
@@ -352,6 +356,9 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
         elif kind != "GLOBAL_STATE":
             raise NotStorable(f"a guard of kind {kind}")
         entry_guards.append(enc)
+    if graph is not None and graph.get("int_inputs") and \
+            not any(g.kind == "SHAPE" for g in guards):
+        _carrier_floors(graph, None)  # raises NotStorable
     if graph is not None:
         graph = dict(graph, params=[table.add(p) for p in graph["params"]],
                      inputs=[table.add(p) for p in graph["inputs"]])
@@ -389,12 +396,13 @@ def record_id(record: dict) -> str:
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
                    cuda_graphs: bool, shared_modules: bool = False,
-                   size_outputs=None) -> dict:
+                   size_outputs=None, int_inputs=None) -> dict:
     """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
     with its parameters and inputs at these sources. `shared_modules`: the entry serves many
     instances of its modules' classes, whose parameters are inputs of each call.
     `size_outputs`: for a plan with size symbols (whole_plan_parts), where the outputs that
-    are no tensor come from (kiln.graph.size_outputs), or None."""
+    are no tensor come from (kiln.graph.size_outputs), or None; `int_inputs`: its ints passed
+    as carriers (kiln.graph.int_inputs), or None."""
     graph = {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
              "params": [s.guard_path() for s in param_sources],
              "inputs": [s.guard_path() for s in input_sources],
@@ -403,19 +411,44 @@ def describe_graph(artifact, param_sources: list, input_sources: list, device: t
         graph["symbolic"] = True
     if size_outputs is not None:
         graph["size_outputs"] = [[kind, encode(where)] for kind, where in size_outputs.outputs]
+    if int_inputs is not None:
+        graph["int_inputs"] = [[int(p), int(least)] for p, least in
+                               zip(int_inputs.positions, int_inputs.least)]
     return graph
 
 
 def whole_plan_parts(whole):
-    """(plan, SizeOutputs or None) of a graph's plan for every size (kiln_backend.
-    compile_symbolic's callable). Raises NotStorable for one that takes ints as carriers (its
-    calls below the least number run the graph as it is, which a record does not hold)."""
+    """(plan, SizeOutputs or None, IntInputs or None) of a graph's plan for every size
+    (kiln_backend.compile_symbolic's callable)."""
     sizes = getattr(whole, "size_outputs", None)
     if sizes is not None:
         whole = whole.plan
-    if getattr(whole, "int_inputs", None) is not None:
-        raise NotStorable("the graph takes an int as a carrier's size")
-    return whole, sizes
+    ints = getattr(whole, "int_inputs", None)
+    if ints is not None:
+        whole = whole.plan
+    return whole, sizes, ints
+
+
+def _carrier_floors(graph: dict, shape_value) -> list:
+    """The SHAPE guard's constraints that a record whose graph takes ints as carriers adds: each
+    such int at least the least number the compiled graph takes (kiln.graph.int_inputs: a call
+    below it runs the program's graph, which a record does not hold, so the record's entry is
+    not for it). Raises NotStorable when an int input has no symbol in the guard."""
+    if shape_value is None:
+        raise NotStorable("the graph takes ints as carriers but no SHAPE guard reads them")
+    paths, bindings, constraints = shape_value
+    have = {text for _tree, text in constraints}
+    floors = []
+    for position, least in graph["int_inputs"]:
+        path = graph["inputs"][position]
+        slot = next((i for i, (src, kind, _d, _name) in enumerate(bindings)
+                     if kind == "int" and paths[src] == path), None)
+        if slot is None:
+            raise NotStorable(f"the graph's int input {position} is no symbol of its guards")
+        text = f"{bindings[slot][3]} >= {least}"
+        if text not in have:  # the capture's own guard already, where its range was narrowed
+            floors.append((("ge", ("sym", slot), int(least)), text))
+    return floors
 
 
 # ---- installing an entry ------------------------------------------------------------------------
@@ -525,9 +558,14 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPla
 
     params = [frame.value(i) for i in graph["params"]]
     inputs = [frame.value(i) for i in graph["inputs"]]
+    device = torch.device(graph["device"])
+    for position, _least in graph.get("int_inputs", ()):
+        n = inputs[position]
+        if type(n) is not int or n < 0:
+            raise NotInstallable(f"the graph's int input {position} is {n!r} here")
+        inputs[position] = torch.empty((n, 0), device=device)  # its carrier, as the call's
     if not all(isinstance(t, torch.Tensor) for t in params + inputs):
         raise NotInstallable("a parameter or input of the graph is no longer a tensor")
-    device = torch.device(graph["device"])
     start = time.perf_counter()
     ready = prepared if prepared is not None and prepared.fits(graph, params, device) else None
     try:
@@ -625,11 +663,17 @@ def install(record: dict, code, slots: tuple, func,
                 raise NotInstallable("a plan for every size, and symbolic_plans is off")
             plan, was_prepared = _graph_callable(record["graph"], frame, prepared)
             runs = plan
+            if record["graph"].get("int_inputs"):
+                from kiln.graph.int_inputs import IntInputs
+
+                pairs = record["graph"]["int_inputs"]
+                runs = IntInputs([p for p, _ in pairs], [least for _, least in pairs],
+                                 torch.device(record["graph"]["device"]), None).adapt(plan)
             if "size_outputs" in record["graph"]:
                 from kiln.graph.size_outputs import SizeOutputs
 
                 runs = SizeOutputs([(kind, decode(where)) for kind, where in
-                                    record["graph"]["size_outputs"]]).adapt(plan)
+                                    record["graph"]["size_outputs"]]).adapt(runs)
             region = _C.FrameRegion(runs, None)  # what the graph runs is never captured
         objects = [_const(c, region, frame, code, func) for c in record["consts"]]
         new_code = code_from_source(code, record["source"], objects)

@@ -22,7 +22,9 @@ from kiln.graph.symbolic_shapes import at_least
 
 class IntInputs:
     """The positions of a graph's int inputs passed as carriers, on `device`, the least number
-    the compiled graph takes at each, and the graph as it is (`fallback`) for smaller ones."""
+    the compiled graph takes at each, and the graph as it is (`fallback`) for smaller ones; None
+    where the entry's guards admit no smaller one (a stored capture's record adds that
+    guard: kiln.stored_capture)."""
 
     def __init__(self, positions: List[int], least: List[int], device: torch.device,
                  fallback: Callable):
@@ -45,9 +47,10 @@ class IntInputs:
         pairs = list(zip(self.positions, self.least))
 
         def call(*args):
-            for i, least in pairs:
-                if args[i] < least:
-                    return self.fallback(*args)
+            if self.fallback is not None:
+                for i, least in pairs:
+                    if args[i] < least:
+                        return self.fallback(*args)
             return plan(*self.tensors(args))
 
         call.plan = plan
