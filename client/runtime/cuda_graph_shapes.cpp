@@ -145,10 +145,7 @@ Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
         it->second.last_call = calls_;
         runner = it->second.runner;
         action = Action::kReplay;
-      } else if (!SeenBefore(key)) {
-        // A shape's first call runs the plan: only a shape that comes back is recorded.
       } else if (Admit(key, inputs)) {
-        ForgetSeen(key);
         runner = std::make_shared<CudaGraphRunner>(plan_, pool_, prologue_);
         lru_.push_front(key);
         Entry entry;
@@ -175,25 +172,6 @@ Status CudaGraphShapes::Run(const std::vector<at::Tensor>& inputs,
   std::lock_guard<std::mutex> lock(mutex_);
   Recorded(key, runner, graph_note, note);
   return status;
-}
-
-bool CudaGraphShapes::SeenBefore(const Key& key) {
-  auto it = seen_.find(key);
-  if (it != seen_.end()) return true;
-  seen_order_.push_front(key);
-  seen_.emplace(key, seen_order_.begin());
-  if (seen_order_.size() > kSeenShapes) {
-    seen_.erase(seen_order_.back());
-    seen_order_.pop_back();
-  }
-  return false;
-}
-
-void CudaGraphShapes::ForgetSeen(const Key& key) {
-  auto it = seen_.find(key);
-  if (it == seen_.end()) return;
-  seen_order_.erase(it->second);
-  seen_.erase(it);
 }
 
 bool CudaGraphShapes::Admit(const Key& key, const std::vector<at::Tensor>& inputs) {

@@ -1,5 +1,5 @@
 // CudaGraphShapes: a plan with size symbols replayed as one CUDA graph per shape of its inputs,
-// each recorded on that shape's second call into the process's one pool, bounded in number and
+// each recorded on that shape's first call into the process's one pool, bounded in number and
 // in the memory the graphs hold.
 #ifndef KILN_RUNTIME_CUDA_GRAPH_SHAPES_H_
 #define KILN_RUNTIME_CUDA_GRAPH_SHAPES_H_
@@ -23,13 +23,10 @@
 
 namespace kiln::runtime {
 
-// Policy. A call's shape is its inputs' dtypes, sizes and strides. A shape's first call runs the
-// plan; its second records a graph for it (a CudaGraphRunner: the same copies of inputs, outputs
-// and prologue values, the same refusals) and later calls of that shape replay it; the plan's
-// graphs share one copy of its prologue values. Recording costs more than a run, and a decoder
-// with a growing cache meets most (batch, length) shapes once in a request: recording each on
-// first use made a new request slower than the plan without graphs, and filled the budget with
-// shapes never replayed. The last kSeenShapes shapes seen once are remembered. The graphs of all plans of the process share the pool's budget
+// Policy. A call's shape is its inputs' dtypes, sizes and strides. The first call of a shape
+// records a graph for it (a CudaGraphRunner: the same copies of inputs, outputs and prologue
+// values, the same refusals) and later calls of that shape replay it; the plan's graphs share one
+// copy of its prologue values. The graphs of all plans of the process share the pool's budget
 // (CudaGraphPool::SetShapeBudget: graphs and bytes: each graph's static inputs and outputs, each
 // plan's prologue copy once; a graph's intermediates are the pool's, shared by every graph). A new shape that would exceed it evicts this plan's least recently used
 // graph when that graph sat unused for more than 4 * (graphs the plan holds) + 16 calls (a shape
@@ -76,7 +73,6 @@ class CudaGraphShapes {
   static constexpr int kMaxFailures = 3;
   static constexpr int kSamples = 3;
   static constexpr double kLaunchBound = 1.5;
-  static constexpr size_t kSeenShapes = 4096;
 
  private:
   using Key = std::vector<int64_t>;
@@ -97,9 +93,6 @@ class CudaGraphShapes {
   // Under mutex_: whether a new shape's graph is recorded now (room in the budget, made by an
   // idle graph if needed).
   bool Admit(const Key& key, const std::vector<at::Tensor>& inputs);
-  // Under mutex_: whether the shape was seen before without a graph; remembers it if not.
-  bool SeenBefore(const Key& key);
-  void ForgetSeen(const Key& key);
   // Under mutex_, after a new shape's first run: counts its graph against the budget, or drops
   // it (over the budget, or the capture failed).
   void Recorded(const Key& key, const std::shared_ptr<CudaGraphRunner>& runner,
@@ -121,9 +114,6 @@ class CudaGraphShapes {
   // Shapes whose graph did not fit the budget when recorded: run without one until a graph is
   // evicted (else every call of theirs would record a graph only to drop it).
   std::set<Key> too_big_;
-  // Shapes called once and not recorded (front: most recent), at most kSeenShapes.
-  std::list<Key> seen_order_;
-  std::map<Key, std::list<Key>::iterator> seen_;
   uint64_t calls_ = 0;
   int captures_ = 0;
   int evictions_ = 0;

@@ -63,7 +63,7 @@ default_backend = os.environ.get("KILN_BACKEND", "kiln")
 cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 
 # A plan with size symbols on a GPU records one CUDA graph per shape of its inputs, on that
-# shape's second call (client/runtime/cuda_graph_shapes.h), within a budget for all such graphs of
+# shape's first call (client/runtime/cuda_graph_shapes.h), within a budget for all such graphs of
 # the process: at most cuda_graph_shapes graphs, holding at most cuda_graph_shape_memory (a
 # fraction of the GPU memory free when the first CUDA plan is made when <= 1, else bytes) of
 # static inputs, outputs and prologue copies. Past it, a shape that has not come back for long is evicted; otherwise new shapes run
