@@ -565,6 +565,9 @@ def warm_process(a, workload, stance) -> dict:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
         return {"error": "the warm process did not finish in 900 s"}
+    if a.warm_log:  # what kiln said in the warm process (KILN_LOG=cache: what it installed)
+        with open(a.warm_log, "a") as f:
+            f.write(f"# warm process, {workload}, stance {stance}\n{done.stderr}\n")
     lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"error": f"the warm process failed ({done.returncode}): {done.stderr[-500:]}"}
@@ -793,6 +796,8 @@ def main():
     p.add_argument("--warm-process", type=int, default=0, metavar="N",
                    help="a second process on the kiln cache serves N new requests, kiln beside "
                         "eager (warm_process)")
+    p.add_argument("--warm-log", metavar="FILE",
+                   help="the --warm-process processes' stderr appended here")
     p.add_argument("--warm-stance", nargs="+", choices=("default", "compile_in_background"),
                    default=["default"], help="the kiln stance of the --warm-process process "
                    "(one such process for each; the first one's figures under the plain names, "

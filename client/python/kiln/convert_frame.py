@@ -190,6 +190,7 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                 if gm is None:
                     raise stored_capture.NotStorable("the graph has symbolic sizes")
                 compiled, size_outputs, int_inputs = stored_capture.whole_plan_parts(compiled)
+            compiled, cpu_scalars = stored_capture.cpu_scalars_of(compiled)
             if any(i.plain for i in output.inputs):
                 raise stored_capture.NotStorable("the graph takes a tensor whose class "
                                                  "overrides __torch_function__")
@@ -211,7 +212,7 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                                                       [i.source for i in output.inputs], device,
                                                       stored.cuda_graphs,
                                                       output.unspecialized_modules,
-                                                      size_outputs, int_inputs)
+                                                      size_outputs, int_inputs, cpu_scalars)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph,
@@ -219,7 +220,7 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                             for g in output.guards])
             stored.put(code, record)
         except (stored_capture.NotStorable, stand_in.CannotStandIn) as e:
-            log.debug("kiln: %s: capture not stored: %s", code.co_qualname, e)
+            stored_capture.say("kiln: %s: capture not stored: %s", code.co_qualname, e)
 
 
 def _print_debug(info: EntryInfo):

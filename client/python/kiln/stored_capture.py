@@ -396,13 +396,14 @@ def record_id(record: dict) -> str:
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
                    cuda_graphs: bool, shared_modules: bool = False,
-                   size_outputs=None, int_inputs=None) -> dict:
+                   size_outputs=None, int_inputs=None, cpu_scalars=None) -> dict:
     """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
     with its parameters and inputs at these sources. `shared_modules`: the entry serves many
     instances of its modules' classes, whose parameters are inputs of each call.
     `size_outputs`: for a plan with size symbols (whole_plan_parts), where the outputs that
     are no tensor come from (kiln.graph.size_outputs), or None; `int_inputs`: its ints passed
-    as carriers (kiln.graph.int_inputs), or None."""
+    as carriers (kiln.graph.int_inputs), or None; `cpu_scalars`: its 0-dim CPU inputs copied
+    to the GPU at each call (kiln.graph.cpu_scalars), or None."""
     graph = {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
              "params": [s.guard_path() for s in param_sources],
              "inputs": [s.guard_path() for s in input_sources],
@@ -414,12 +415,14 @@ def describe_graph(artifact, param_sources: list, input_sources: list, device: t
     if int_inputs is not None:
         graph["int_inputs"] = [[int(p), int(least)] for p, least in
                                zip(int_inputs.positions, int_inputs.least)]
+    if cpu_scalars is not None:
+        graph["cpu_scalars"] = [int(p) for p in cpu_scalars.positions]
     return graph
 
 
 def whole_plan_parts(whole):
     """(plan, SizeOutputs or None, IntInputs or None) of a graph's plan for every size
-    (kiln_backend.compile_symbolic's callable)."""
+    (kiln_backend.compile_symbolic's callable; its CpuScalars: cpu_scalars_of)."""
     sizes = getattr(whole, "size_outputs", None)
     if sizes is not None:
         whole = whole.plan
@@ -427,6 +430,12 @@ def whole_plan_parts(whole):
     if ints is not None:
         whole = whole.plan
     return whole, sizes, ints
+
+
+def cpu_scalars_of(compiled):
+    """(plan, CpuScalars or None) of a graph's compiled callable (kiln.graph.cpu_scalars)."""
+    scalars = getattr(compiled, "cpu_scalars", None)
+    return (compiled, None) if scalars is None else (compiled.plan, scalars)
 
 
 def _carrier_floors(graph: dict, shape_value) -> list:
@@ -564,6 +573,11 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPla
         if type(n) is not int or n < 0:
             raise NotInstallable(f"the graph's int input {position} is {n!r} here")
         inputs[position] = torch.empty((n, 0), device=device)  # its carrier, as the call's
+    for position in graph.get("cpu_scalars", ()):
+        t = inputs[position]
+        if not (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0):
+            raise NotInstallable(f"the graph's input {position} is no 0-dim CPU tensor here")
+        inputs[position] = t.to(device)  # as each call passes it
     if not all(isinstance(t, torch.Tensor) for t in params + inputs):
         raise NotInstallable("a parameter or input of the graph is no longer a tensor")
     start = time.perf_counter()
@@ -663,12 +677,17 @@ def install(record: dict, code, slots: tuple, func,
                 raise NotInstallable("a plan for every size, and symbolic_plans is off")
             plan, was_prepared = _graph_callable(record["graph"], frame, prepared)
             runs = plan
+            if record["graph"].get("cpu_scalars"):
+                from kiln.graph.cpu_scalars import CpuScalars
+
+                runs = CpuScalars(list(record["graph"]["cpu_scalars"]),
+                                  torch.device(record["graph"]["device"])).adapt(runs)
             if record["graph"].get("int_inputs"):
                 from kiln.graph.int_inputs import IntInputs
 
                 pairs = record["graph"]["int_inputs"]
                 runs = IntInputs([p for p, _ in pairs], [least for _, least in pairs],
-                                 torch.device(record["graph"]["device"]), None).adapt(plan)
+                                 torch.device(record["graph"]["device"]), None).adapt(runs)
             if "size_outputs" in record["graph"]:
                 from kiln.graph.size_outputs import SizeOutputs
 
@@ -763,7 +782,7 @@ class StoredCaptures:
             with collector_held():
                 return self._prepare(func, code, bound_self)
         except Exception as e:  # preparation is an optimisation: never the user's error
-            _say("kiln: %s: nothing prepared (%s: %s)", code.co_qualname, type(e).__name__, e)
+            say("kiln: %s: nothing prepared (%s: %s)", code.co_qualname, type(e).__name__, e)
             return False
 
     def _prepare(self, func, code, bound_self) -> bool:
@@ -800,7 +819,7 @@ class StoredCaptures:
                 warm()
             seconds["warm"] = time.perf_counter() - start  # prologue, first run, CUDA graph
         self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan, seconds))
-        _say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
+        say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
         return True
 
     @staticmethod
@@ -862,7 +881,7 @@ class StoredCaptures:
             except NotInstallable as e:
                 reasons.append(str(e))
                 continue
-            _say("kiln: %s: installed stored capture %s…", code.co_qualname, key[:16])
+            say("kiln: %s: installed stored capture %s…", code.co_qualname, key[:16])
             STATE.capture_misses.pop(code, None)
             return entry
         if reasons:
@@ -873,7 +892,7 @@ class StoredCaptures:
                    "compile setting: " + nearest_difference(parts, store.locate(
                        location_key(code))))
         STATE.capture_misses[code] = why
-        _say("kiln: %s: no stored capture used (%s)", code.co_qualname, why)
+        say("kiln: %s: no stored capture used (%s)", code.co_qualname, why)
         return None
 
     def put(self, code, record: dict) -> None:
@@ -886,7 +905,8 @@ class StoredCaptures:
                 code, self.setting, STATE.daemon.settings.cache_dir))
 
 
-def _say(fmt, *args):
+def say(fmt, *args):
+    """A stored capture's news: at warning level under KILN_LOG=cache, else debug."""
     from kiln import config
 
     if config.logs("cache"):

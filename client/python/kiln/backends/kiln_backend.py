@@ -126,15 +126,22 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
 
     if not config.symbolic_plans or config.compile_only or stand_in.target() is not None:
         return None
-    if _fallback_reasons(gm, example_inputs) is not None or needs_autograd(gm, example_inputs):
+    from kiln.graph.cpu_scalars import on_device
+    from kiln.graph.lowering import attr_tensors
+
+    graph, example_inputs, scalars = on_device(gm, example_inputs,
+                                               list(attr_tensors(gm).values()))
+    if _fallback_reasons(graph, example_inputs) is not None or \
+            needs_autograd(graph, example_inputs):
         return None
     from kiln.graph.int_inputs import as_carriers
     from kiln.graph.size_outputs import tensors_only
 
     try:
         # Sizes among its outputs are read from each call's inputs (kiln.graph.size_outputs);
-        # ints among its inputs are passed as sizes of carriers (kiln.graph.int_inputs).
-        graph, sizes = tensors_only(gm)
+        # ints among its inputs are passed as sizes of carriers (kiln.graph.int_inputs); 0-dim
+        # CPU tensors beside a GPU's as tensors on it (kiln.graph.cpu_scalars).
+        graph, sizes = tensors_only(graph)
         graph, examples, ints = as_carriers(graph, example_inputs)
         compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options))
     except Exception as e:  # the graph runs as it is, as before this compile existed
@@ -145,7 +152,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
         print(format_artifact(compiled))
-    plan = compiled.plan if ints is None else ints.adapt(compiled.plan)
+    plan = compiled.plan if scalars is None else scalars.adapt(compiled.plan)
+    plan = plan if ints is None else ints.adapt(plan)
     return plan if sizes is None else sizes.adapt(plan)
 
 
@@ -157,13 +165,19 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
     from kiln.daemon.artifact import ArtifactRejected
     from kiln.daemon.client import DaemonRefused, DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
-    from kiln.graph.lowering import LoweringError, needs_autograd
+    from kiln.graph.cpu_scalars import on_device
+    from kiln.graph.lowering import LoweringError, attr_tensors, needs_autograd
 
+    program = gm  # what runs where the compile fails
+    gm, example_inputs, scalars = on_device(gm, example_inputs, list(attr_tensors(gm).values()))
     reason = _fallback_reasons(gm, example_inputs)
     if reason is not None:
         log.debug("kiln backend: %s graph runs eagerly", reason)
-        return gm.forward
+        return program.forward
     if needs_autograd(gm, example_inputs):
+        if scalars is not None:
+            log.debug("kiln backend: device graph runs eagerly (autograd over a CPU number)")
+            return program.forward
         from kiln.backends.aot import through_aot_autograd
 
         return through_aot_autograd(gm, example_inputs,
@@ -173,31 +187,31 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
                                  load=not config.compile_only)
     except LoweringError as e:
         warn_eager_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
-        return gm.forward
+        return program.forward
     except DaemonRefused as e:
         warn_eager_once("refused", f"kilnd refused the graph ({e})")
-        return gm.forward
+        return program.forward
     except (DaemonUnavailable, ProtocolUnavailable) as e:
         warn_eager_once("daemon", f"no compile daemon ({e})")
-        return gm.forward
+        return program.forward
     except CompileFailed as e:
         warn_eager_once("compile", str(e))
-        return gm.forward
+        return program.forward
     except ArtifactRejected as e:
         warn_eager_once("artifact", str(e))
-        return gm.forward
+        return program.forward
     except (RuntimeError, ValueError) as e:
         warn_eager_once("load", f"cannot load the artifact ({e})")
-        return gm.forward
+        return program.forward
     if compiled.plan is None:  # compile_only: kilnd built (and keeps) it; this process runs eager
-        compiled.plan = gm.forward
+        compiled.plan = program.forward
         STATE.artifacts.append(compiled)
         return compiled.plan
     compiled.plan.fallback = gm.forward  # a run that fails warns once and goes eager
     STATE.artifacts.append(compiled)
     if config.logs("codegen"):
         print(format_artifact(compiled))
-    return compiled.plan
+    return compiled.plan if scalars is None else scalars.adapt(compiled.plan)
 
 
 class CompileFailed(RuntimeError):
