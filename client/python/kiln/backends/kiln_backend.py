@@ -145,8 +145,17 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         graph, examples, ints = as_carriers(graph, example_inputs)
         compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options))
     except Exception as e:  # the graph runs as it is, as before this compile existed
-        log.debug("kiln backend: a dynamic graph is not compiled whole: %s: %s",
-                  type(e).__name__, e)
+        from kiln.graph.symbolic_ir import NotSymbolic
+
+        # Its calls then run per signature (a compile for each shape that comes back) and its
+        # capture is not stored for other processes: said once per process as a warning, but
+        # for what the IR is known not to carry (a float input), said at debug level.
+        message = (f"a graph with symbolic sizes is not compiled for every size "
+                   f"({type(e).__name__}: {e}); its calls run per signature")
+        if not isinstance(e, NotSymbolic) and STATE.first_warning("kiln backend: symbolic"):
+            log.warning("kiln: %s", message)
+        else:
+            log.debug("kiln: %s", message)
         return None
     compiled.plan.fallback = graph.forward  # a run that fails warns once and goes eager
     STATE.artifacts.append(compiled)
