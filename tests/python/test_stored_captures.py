@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from kiln.daemon import protocol
 
@@ -809,3 +810,28 @@ def test_compile_prepares_the_record_of_its_own_module_among_others_of_the_same_
     assert not first["wide"]["stored"] and not first["narrow"]["stored"]
     again = run("wide")
     assert again["wide"] == {"stored": True, "prepared": True}
+
+
+def _doubled_relu(x):
+    return torch.relu(x) * 2
+
+
+def test_a_capture_that_fails_to_be_stored_warns_and_runs(kilnd_cache, monkeypatch, caplog):
+    import logging
+
+    import kiln
+    from kiln import stored_capture
+
+    def broken(**kwargs):
+        raise RuntimeError("no record today")
+
+    kiln.reset()
+    monkeypatch.setattr(kiln.config, "stored_captures", True)
+    monkeypatch.setattr(stored_capture, "describe_entry", broken)
+    compiled = kiln.compile(_doubled_relu)
+    x = torch.randn(4, 3)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        torch.testing.assert_close(compiled(x), _doubled_relu(x))
+    assert any("capture not stored (RuntimeError: no record today)" in r.getMessage()
+               for r in caplog.records)
+    kiln.reset()

@@ -221,6 +221,12 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
             stored.put(code, record)
         except (stored_capture.NotStorable, stand_in.CannotStandIn) as e:
             stored_capture.say("kiln: %s: capture not stored: %s", code.co_qualname, e)
+        except Exception as e:  # noqa: a bug of kiln's; the capture runs here all the same
+            message = f"{code.co_qualname}: capture not stored ({type(e).__name__}: {e})"
+            if STATE.first_warning("stored capture"):
+                log.warning("kiln: %s", message)
+            else:
+                stored_capture.say("kiln: %s", message)
 
 
 def _print_debug(info: EntryInfo):
