@@ -834,4 +834,5 @@ def test_a_capture_that_fails_to_be_stored_warns_and_runs(kilnd_cache, monkeypat
         torch.testing.assert_close(compiled(x), _doubled_relu(x))
     assert any("capture not stored (RuntimeError: no record today)" in r.getMessage()
                for r in caplog.records)
+    assert len(kiln.debug.cache_entries(_doubled_relu.__code__)) == 1  # compiled all the same
     kiln.reset()
