@@ -56,9 +56,11 @@ Per (workload, compiler), one JSON line and a table row:
   anything; warm_first_excess_ms: kiln's first request over eager's, warm_max_excess_ms: the
   largest such excess. --warm-stance compile_in_background runs that process as a server would
   that must never stall a request: under kiln.set_stance("compile_in_background"), a shape its
-  entries do not cover yet runs eagerly at once and is installed or captured on kiln's worker
-  (the default stance, "default", does that in the request); given both, one such process runs
-  for each, the second's figures under names ending in _compile_in_background.
+  entries do not cover yet installs its stored capture at once where one holds, and otherwise
+  runs eagerly at once and is captured on kiln's worker (the default stance, "default",
+  captures in the request); given both, one such process runs for each, the second's figures
+  under names ending in _compile_in_background. --warm-log FILE appends their stderr there
+  (with KILN_LOG=cache: what each installed, and why not).
 - correctness, every request of both passes against eager's output for the same request in the
   same pass: bert: largest absolute difference of last_hidden_state and the requests outside the
   tolerance (bench_models.compare: 1e-3 relative and of the largest magnitude in float32, 3e-2
