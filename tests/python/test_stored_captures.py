@@ -145,14 +145,20 @@ def model_dir(tmp_path):
     return tmp_path
 
 
-def run_child(model_dir, **env_extra):
+def _report(script: str, model_dir, **env_extra) -> dict:
+    """What `script`, run in a fresh process over MODEL_DIR and the session's kiln cache,
+    printed last (one JSON line)."""
     env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
     env.pop("KILN_STORED_CAPTURES", None)
     env.update(env_extra)
-    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_child(model_dir, **env_extra):
+    return _report(CHILD, model_dir, **env_extra)
 
 
 def test_a_fresh_process_installs_the_stored_capture_without_tracing(kilnd_cache, model_dir):
@@ -197,13 +203,7 @@ CHILD_DYNAMIC = textwrap.dedent("""
 
 
 def run_dynamic(model_dir, batches: str):
-    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1",
-               BATCHES=batches)
-    env.pop("KILN_STORED_CAPTURES", None)
-    done = subprocess.run([sys.executable, "-c", CHILD_DYNAMIC], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _report(CHILD_DYNAMIC, model_dir, BATCHES=batches)
 
 
 def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(kilnd_cache,
@@ -256,12 +256,7 @@ SIZED = textwrap.dedent("""
 
 def run_int(model_dir, calls: str):
     (model_dir / "sized.py").write_text(SIZED)
-    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1", CALLS=calls)
-    env.pop("KILN_STORED_CAPTURES", None)
-    done = subprocess.run([sys.executable, "-c", CHILD_INT], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _report(CHILD_INT, model_dir, CALLS=calls)
 
 
 def test_a_plan_that_takes_an_int_as_a_size_is_stored_and_serves_other_numbers(kilnd_cache,
@@ -639,12 +634,7 @@ CHILD_BACKGROUND = textwrap.dedent("""
 def test_in_the_background_stance_a_miss_installs_the_stored_capture_at_once(
         kilnd_cache, model_dir):
     assert run_child(model_dir)["stored"] == [False]  # captured and stored
-    env = dict(os.environ, MODEL_DIR=str(model_dir), PYTHONDONTWRITEBYTECODE="1")
-    env.pop("KILN_STORED_CAPTURES", None)
-    done = subprocess.run([sys.executable, "-c", CHILD_BACKGROUND], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = _report(CHILD_BACKGROUND, model_dir)
     # The first call ran the stored capture (the worker would read the call's arguments only
     # after the call: a decoder's cache has grown by then, and the stored guards fail there).
     assert got["entries_after_first"] == 1
