@@ -7,6 +7,7 @@ compiles; such a graph is compiled with that input as a 0-dim tensor on the grap
 copied there at each call, where that changes nothing the program sees: no op of the graph writes
 into a CPU tensor, and no output of the graph is one. Otherwise the graph runs as it is.
 """
+import operator
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -44,13 +45,34 @@ def _example(node):
     return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
 
 
+# Writes that name no trailing underscore: Python's augmented assignments and item stores.
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                       operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
+                       operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+                       operator.imatmul, operator.setitem, operator.delitem}
+_IN_PLACE_DUNDERS = {f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS}
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    """Whether `node` writes into its first argument (or its out= tensor)."""
+    target = node.target
+    if node.op == "call_method":
+        name = target
+    else:
+        schema = getattr(target, "_schema", None)  # an ATen overload: its schema says
+        if schema is not None:
+            return schema.is_mutable
+        if target in _IN_PLACE_OPERATORS:
+            return True
+        name = getattr(target, "__name__", "")
+    if not isinstance(name, str):
+        return False
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.endswith("__"))
+
+
 def _writes_a_cpu_tensor(node: torch.fx.Node) -> bool:
-    name = getattr(node.target, "__name__", node.target) if node.op == "call_function" \
-        else node.target if node.op == "call_method" else ""
-    name = str(name).split(".")[-1]
-    in_place = name.endswith("_") and not name.endswith("__")
     first = _example(node.args[0]) if node.args else None
-    if in_place and isinstance(first, torch.Tensor) and first.device.type == "cpu":
+    if _writes(node) and isinstance(first, torch.Tensor) and first.device.type == "cpu":
         return True
     out = _example(node.kwargs.get("out"))
     return isinstance(out, torch.Tensor) and out.device.type == "cpu"
