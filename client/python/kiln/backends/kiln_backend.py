@@ -149,10 +149,15 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
 
         # Its calls then run per signature (a compile for each shape that comes back) and its
         # capture is not stored for other processes: said once per process as a warning, but
-        # for what the IR is known not to carry (a float input), said at debug level.
+        # for what the IR is known not to carry (a float input), or no daemon, at debug level.
+        from kiln.daemon.client import DaemonUnavailable
+        from kiln.daemon.protocol import ProtocolUnavailable
+
         message = (f"a graph with symbolic sizes is not compiled for every size "
                    f"({type(e).__name__}: {e}); its calls run per signature")
-        if not isinstance(e, NotSymbolic) and STATE.first_warning("kiln backend: symbolic"):
+        # No daemon: the compile of a signature says so once for the process (warn_eager_once).
+        known = (NotSymbolic, DaemonUnavailable, ProtocolUnavailable)
+        if not isinstance(e, known) and STATE.first_warning("kiln backend: symbolic"):
             log.warning("kiln: %s", message)
         else:
             log.debug("kiln: %s", message)
