@@ -117,10 +117,11 @@ class FrameCallback:
         return None
 
     def prepare(self, func, code, slots):
-        """A background miss's work (kiln.background): the stored capture, or a capture, then one
-        run of its plan over zeroed inputs, so that the call that gets the entry runs at full
-        speed (no prologue, no first-run setup left)."""
-        entry = self.install_stored(func, code, slots) or self.capture(func, code, slots)
+        """A background miss's work (kiln.background): a capture (the miss tried the stored one
+        on the call's own arguments already), then one run of its plan over zeroed inputs, so
+        that the call that gets the entry runs at full speed (no prologue, no first-run setup
+        left)."""
+        entry = self.capture(func, code, slots)
         if isinstance(entry, tuple):
             warm = getattr(entry[2].compiled_fn, "warm", None)
             # Not in a process that uses the GPU: there the serving thread goes on queuing its

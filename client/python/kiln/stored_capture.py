@@ -358,7 +358,7 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
         entry_guards.append(enc)
     if graph is not None and graph.get("int_inputs") and \
             not any(g.kind == "SHAPE" for g in guards):
-        _carrier_floors(graph, None)  # raises NotStorable
+        raise NotStorable("the graph takes ints as carriers but no SHAPE guard reads them")
     if graph is not None:
         graph = dict(graph, params=[table.add(p) for p in graph["params"]],
                      inputs=[table.add(p) for p in graph["inputs"]])
@@ -443,8 +443,6 @@ def _carrier_floors(graph: dict, shape_value) -> list:
     such int at least the least number the compiled graph takes (kiln.graph.int_inputs: a call
     below it runs the program's graph, which a record does not hold, so the record's entry is
     not for it). Raises NotStorable when an int input has no symbol in the guard."""
-    if shape_value is None:
-        raise NotStorable("the graph takes ints as carriers but no SHAPE guard reads them")
     paths, bindings, constraints = shape_value
     have = {text for _tree, text in constraints}
     floors = []

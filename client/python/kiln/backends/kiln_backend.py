@@ -145,17 +145,16 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         graph, examples, ints = as_carriers(graph, example_inputs)
         compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options))
     except Exception as e:  # the graph runs as it is, as before this compile existed
+        from kiln.daemon.client import DaemonUnavailable
+        from kiln.daemon.protocol import ProtocolUnavailable
         from kiln.graph.symbolic_ir import NotSymbolic
 
         # Its calls then run per signature (a compile for each shape that comes back) and its
         # capture is not stored for other processes: said once per process as a warning, but
-        # for what the IR is known not to carry (a float input), or no daemon, at debug level.
-        from kiln.daemon.client import DaemonUnavailable
-        from kiln.daemon.protocol import ProtocolUnavailable
-
+        # at debug level for what the IR is known not to carry (a float input) and for no
+        # daemon (a signature's compile says that once: warn_eager_once).
         message = (f"a graph with symbolic sizes is not compiled for every size "
                    f"({type(e).__name__}: {e}); its calls run per signature")
-        # No daemon: the compile of a signature says so once for the process (warn_eager_once).
         known = (NotSymbolic, DaemonUnavailable, ProtocolUnavailable)
         if not isinstance(e, known) and STATE.first_warning("kiln backend: symbolic"):
             log.warning("kiln: %s", message)

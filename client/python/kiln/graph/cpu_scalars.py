@@ -84,9 +84,9 @@ def on_device(gm: torch.fx.GraphModule, example_inputs: list, params: list
     inputs are 0-dim CPU tensors that it may take on that GPU (see the module docstring); then
     the graph with those inputs' examples (and its placeholders' fakes) on the GPU, the
     examples, and the CpuScalars that copies each call's."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     positions = [i for i, t in enumerate(example_inputs) if _is_cpu_scalar(t)]
-    if not positions or len(placeholders) != len(example_inputs):
+    if not positions or \
+            sum(n.op == "placeholder" for n in gm.graph.nodes) != len(example_inputs):
         return gm, example_inputs, None
     devices = {t.device for t in [*params, *example_inputs]
                if isinstance(t, torch.Tensor) and not _is_cpu_scalar(t)}

@@ -44,13 +44,13 @@ class IntInputs:
 
     def adapt(self, plan: Callable) -> Callable:
         """The program's graph over `plan`, the compiled graph that takes carriers."""
-        pairs = list(zip(self.positions, self.least))
+        # Checked at each call only where a smaller number can reach it.
+        pairs = list(zip(self.positions, self.least)) if self.fallback is not None else []
 
         def call(*args):
-            if self.fallback is not None:
-                for i, least in pairs:
-                    if args[i] < least:
-                        return self.fallback(*args)
+            for i, least in pairs:
+                if args[i] < least:
+                    return self.fallback(*args)
             return plan(*self.tensors(args))
 
         call.plan = plan
