@@ -1,6 +1,8 @@
-"""Helpers for tests of code that uses kiln: a backend that counts what it is given."""
+"""Helpers for tests of code that uses kiln: a backend that counts what it is given, and a call
+that is always a graph break."""
 import torch
 
+from kiln.eval_frame import disable
 from kiln.graph.output_graph import call_nodes
 
 
@@ -22,3 +24,11 @@ class CompileCounter:
         self.frame_count = 0
         self.op_count = 0
         self.graphs = []
+
+
+@disable
+def unsupported(a, b):
+    """Returns `b` through a call kiln never captures: each call of it from a compiled frame is
+    a graph break, with `a` and `b` computed before it (torch._dynamo's test helper of that
+    name does the same)."""
+    return b

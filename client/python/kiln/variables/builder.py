@@ -224,7 +224,7 @@ def _wrap_dict(tx, value, source, guard: bool):
         factory = wrap(tx, value.default_factory,
                        AttrSource(source, "default_factory") if source is not None else None,
                        guard)
-    vt = ConstDictVariable({}, source, user_type=type(value), default_factory=factory)
+    vt = ConstDictVariable({}, type(value), source=source, default_factory=factory)
     out.containers.remember(value, g, vt)
     vt.items = {key: wrap(tx, dict.__getitem__(value, k),
                           ItemSource(source, k) if source is not None else None, guard)

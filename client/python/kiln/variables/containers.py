@@ -377,7 +377,7 @@ class ConstDictVariable(ContainerVariable):
     constants' own values, or IdentityKeys for objects a dict compares by identity (tensors,
     modules: kiln.variables.dict_keys), found as CPython finds them."""
 
-    def __init__(self, items: Dict, source=None, user_type=dict, default_factory=None):
+    def __init__(self, items: Dict, user_type=dict, source=None, default_factory=None):
         super().__init__(source)
         self.items = dict(items)
         self.user_type = user_type

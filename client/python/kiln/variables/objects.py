@@ -340,7 +340,7 @@ class UserDefinedObjectVariable(VariableTracker):
         tx.output.guards.add(self.source, "DICT_KEYS", tuple(self.value))
         view = ConstDictVariable({k: tx.wrap(dict.__getitem__(self.value, k),
                                              DictItemSource(self.source, k))
-                                  for k in self.value}, self.source, user_type=dict)
+                                  for k in self.value}, dict, source=self.source)
         view.mutable = False
         return view
 
