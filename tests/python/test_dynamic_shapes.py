@@ -135,6 +135,47 @@ def test_a_trace_that_asks_whether_a_size_is_one_guards_the_answer():
     assert len(backend.graphs) == 3
 
 
+def _last_position_head(h, w):
+    # A language model's head on the last position: F.linear of a (b, 1, d) slice. Its meta
+    # kernel folds the slice through a reshape that asks whether b is 1 (a view or a copy); the
+    # op's result is the same new tensor either way.
+    return F.linear(h[:, -1:, :], w)
+
+
+def test_an_ops_own_question_whether_a_batch_is_one_is_no_guard_where_its_result_is_the_same():
+    backend = Counting()
+    compiled = kiln.compile(_last_position_head, backend=backend)
+    w = torch.randn(6, 8)
+    for b, t in ((4, 5), (3, 7), (1, 9), (1, 4), (2, 3)):
+        h = torch.randn(b, t, 8)
+        torch.testing.assert_close(compiled(h, w), _last_position_head(h, w))
+    assert len(backend.graphs) == 2  # static, then symbolic: the batches of 1 too
+    shape = [g for g in _guards(compiled) if g.startswith("SHAPE")]
+    assert shape and "L['h'].size()[0] >= 1" in shape[0] and "Ne(" not in shape[0]
+
+
+def _folded(x, y):
+    # y expanded over x's batch and folded: eager returns a view of y when the batch is 1 and
+    # a copy otherwise.
+    return y.unsqueeze(0).expand(x.shape[0], 2, 8).reshape(-1, 8)
+
+
+def test_an_ops_question_whether_a_batch_is_one_stays_a_guard_where_its_result_differs():
+    backend = Counting()
+    compiled = kiln.compile(_folded, backend=backend)
+    y = torch.randn(2, 8)
+    for b in (4, 3, 5):
+        x = torch.randn(b, 3)
+        out = compiled(x, y)
+        torch.testing.assert_close(out, _folded(x, y))
+        assert out.data_ptr() != y.data_ptr()
+    assert any("Ne(L['x'].size()[0], 1)" in g for g in _guards(compiled) if g.startswith("SHAPE"))
+    out = compiled(torch.randn(1, 3), y)
+    torch.testing.assert_close(out, y)
+    assert out.data_ptr() == y.data_ptr()  # a view of y, as eager's
+    assert len(backend.graphs) == 3
+
+
 def test_a_batch_of_one_after_another_batch_is_a_symbol_of_the_next_graph():
     backend = Counting()
     model = _mlp()

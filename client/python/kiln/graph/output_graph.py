@@ -5,6 +5,7 @@ Tensor metadata comes from running each op on FakeTensors: shapes, dtypes, devic
 without touching real data or running real kernels.
 """
 import contextlib
+import functools
 import operator
 import threading
 from typing import Any, Dict, List, Optional
@@ -22,6 +23,7 @@ from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
                                    shortcut)
+from kiln.graph.size_one import Mark, forget_if_same_at_one
 from kiln.graph.symbolic_shapes import (contains_symbol, drop_fresh_unbacked, fresh_unbacked,
                                         symbolic_ops)
 from kiln.guards.builder import GuardSet
@@ -505,9 +507,14 @@ class OutputGraph:
                     return self._call_fake(kind, target, fake_args, fake_kwargs)
             env = self.symbolic.shape_env
             before = fresh_unbacked(env)
+            mark = Mark(env)
             with self.fake_mode, symbolic_ops():
                 result = self._call_fake(kind, target, fake_args, fake_kwargs)
             if fresh_unbacked(env) == before:
+                # A guard that a batch is not 1, raised inside the op's meta kernel where the
+                # op does the same at 1, is forgotten (kiln.graph.size_one).
+                forget_if_same_at_one(env, mark, self.fake_mode, functools.partial(
+                    self._call_fake, kind, target), fake_args, fake_kwargs, result)
                 return result
             # Where size-oblivious reasoning leaves a size undecided, some torch versions
             # make it an unbacked symbol (a slice to a symbolic end: torch 2.11), which no

@@ -11,10 +11,11 @@ cache grows with the input that changed first). kiln.mark_dynamic / torch._dynam
 (and maybe_mark_dynamic, mark_unbacked) mark dimensions of a tensor, mark_static keeps one
 static. A symbolic batch (the leading dimension of a tensor of two or more dimensions) ranges
 from 1 up: size 1 is specialised only where the trace asks (broadcasting asks `s == 1`, and the
-answer is a guard), so a server's batch of 1 is served by the graph of every other batch; other
-symbolic sizes start at 2, as torch's do (a length of 1 is another graph), and size 0 is
-specialised (an empty tensor traces otherwise). Parameters and buffers of modules stay static
-unless marked.
+answer is a guard; an op's meta kernel that asks it where the op's result is the same at 1 is
+no guard: kiln.graph.size_one), so a server's batch of 1 is served by the graph of every other
+batch; other symbolic sizes start at 2, as torch's do (a length of 1 is another graph), and size
+0 is specialised (an empty tensor traces otherwise). Parameters and buffers of modules stay
+static unless marked.
 
 Guards: the inputs' TENSOR_MATCH checks leave their symbolic dimensions out; one SHAPE guard
 binds each symbol to where its value is read (a size, stride or storage offset of an input) and
