@@ -2,6 +2,7 @@
 kilnd artifact whose plan reads its sizes from each call's inputs (kiln.config.symbolic_plans),
 which runs every size the graph's guards admit, equal to eager; graphs the IR cannot carry
 exactly keep running per signature. Needs kilnd (skips without)."""
+import logging
 import random
 
 import pytest
@@ -329,6 +330,20 @@ def test_an_int_that_may_be_negative_keeps_the_graph_per_signature(whole_graphs)
         x = torch.randn(4, 3)
         torch.testing.assert_close(compiled(x, n), _scaled_by(x, n))
     assert not _symbolic(kiln.debug.artifacts())
+
+
+def test_why_a_graph_has_no_plan_for_every_size_is_said_under_the_cache_log(
+        whole_graphs, monkeypatch, caplog):
+    # Its capture is then not stored for other processes: KILN_LOG=cache says why.
+    monkeypatch.setattr(kiln.config, "log", frozenset({"cache"}))
+    compiled = kiln.compile(_scaled_by)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for n in (3, -4, 7):
+            x = torch.randn(4, 3)
+            torch.testing.assert_close(compiled(x, n), _scaled_by(x, n))
+    assert not _symbolic(kiln.debug.artifacts())
+    assert any("not compiled for every size" in r.getMessage() and "negative" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_symbolic_plans_can_be_turned_off(whole_graphs, monkeypatch):
