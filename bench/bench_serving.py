@@ -537,8 +537,8 @@ def run_workload(a, workload, compilers) -> list:
                        eager_frame_reasons=[f"{e['frame']}: {e['kind']}: {e['reason']}"[:300]
                                             for e in events["eager_frames"]][:10],
                        **kiln_codes)
-            if events["warnings"]:
-                rec["warnings"] = [w[:300] for w in events["warnings"][:10]]
+            if events["warnings"]:  # each once, in the order first said
+                rec["warnings"] = list(dict.fromkeys(w[:300] for w in events["warnings"]))[:20]
         if lane.error:
             rec["error"] = lane.error
         records.append(rec)
