@@ -184,6 +184,17 @@ CHILD_DYNAMIC = textwrap.dedent("""
     kiln.config.specialize_in_background = False
     sys.path.insert(0, os.environ["MODEL_DIR"])
     import model
+    if os.environ.get("LOWERING_ASKS_BATCH"):  # as an attention kernel's choice on a GPU does
+        from kiln.graph import lowering
+        to_ir = lowering.to_ir
+        def asking(aten_gm, *args, **kwargs):
+            x = next((n.meta["val"] for n in aten_gm.graph.nodes if n.op == "placeholder"
+                      and isinstance(getattr(n.meta.get("val"), "shape", [0])[0],
+                                     torch.SymInt)), None)
+            if x is not None:  # a symbolic graph's
+                bool(x.shape[0] != 1)
+            return to_ir(aten_gm, *args, **kwargs)
+        lowering.to_ir = asking
     torch.manual_seed(0)
     m = model.make().eval()
     compiled = kiln.compile(m)
@@ -202,8 +213,8 @@ CHILD_DYNAMIC = textwrap.dedent("""
 """)
 
 
-def run_dynamic(model_dir, batches: str):
-    return _report(CHILD_DYNAMIC, model_dir, BATCHES=batches)
+def run_dynamic(model_dir, batches: str, **env_extra):
+    return _report(CHILD_DYNAMIC, model_dir, BATCHES=batches, **env_extra)
 
 
 def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(kilnd_cache,
@@ -223,6 +234,19 @@ def test_a_fresh_process_serves_every_size_from_the_stored_plan_for_every_size(k
     # An empty batch is not: captured again (static), answered as eager's.
     fourth = run_dynamic(model_dir, "0")
     assert fourth["tracer"] and not any(fourth["symbolic"])
+
+
+def test_a_stored_plan_whose_lowering_took_the_batch_as_two_or_more_guards_it(kilnd_cache,
+                                                                               model_dir):
+    asks = dict(LOWERING_ASKS_BATCH="1")
+    first = run_dynamic(model_dir, "4,6,9", **asks)
+    assert first["tracer"] and first["symbolic"] == [False, True]
+    second = run_dynamic(model_dir, "5,12,7", **asks)
+    assert second["stored"] == [True] and not second["tracer"]
+    # The plan is not for a batch of 1: the record's guard rejects it, and the call is captured
+    # anew and answered as eager's (the child checks every answer).
+    third = run_dynamic(model_dir, "1", **asks)
+    assert third["tracer"] and third["stored"] == [False], third
 
 
 # The child for an int input that changes: calls `sized_by(x, n)` with each (batch, n) of CALLS.
@@ -272,7 +296,7 @@ def test_a_plan_that_takes_an_int_as_a_size_is_stored_and_serves_other_numbers(k
     # the call is captured anew (the process that compiled it ran the graph as it is), and
     # answered as eager's.
     third = run_int(model_dir, "3,0")
-    assert third["tracer"] and third["stored"] == [False]
+    assert third["tracer"] and third["stored"] == [False], third
 
 
 def test_an_installed_capture_watches_its_modules_as_a_traced_one_does(kilnd_cache, model_dir):

@@ -332,6 +332,35 @@ def test_an_int_that_may_be_negative_keeps_the_graph_per_signature(whole_graphs)
     assert not _symbolic(kiln.debug.artifacts())
 
 
+def test_a_plan_whose_lowering_takes_the_batch_as_two_or_more_serves_only_those(
+        whole_graphs, monkeypatch):
+    # As the choice of an attention kernel on a GPU does: the lowering asks whether the batch
+    # is 1, which the capture did not.
+    from kiln.graph import lowering
+
+    to_ir = lowering.to_ir
+
+    def asking(aten_gm, *args, **kwargs):
+        x = next((n.meta["val"] for n in aten_gm.graph.nodes
+                  if n.op == "placeholder" and getattr(n.meta.get("val"), "dim", int)() == 3),
+                 None)
+        if x is not None and isinstance(x.shape[0], torch.SymInt):  # a symbolic graph's
+            bool(x.shape[0] != 1)
+        return to_ir(aten_gm, *args, **kwargs)
+
+    monkeypatch.setattr(lowering, "to_ir", asking)
+    model = Block().eval()
+    compiled = kiln.compile(model)
+    _run_as_eager(compiled, model, (4, 6, 3))
+    (graph,) = whole_graphs
+    assert graph.whole is not None and graph.whole.floors == [(0, 0, 2)]
+    ran, plan = [], graph.whole.plan
+    graph.whole.plan = lambda *a: (ran.append(a[0].shape[0]), plan(*a))[1]
+    _run_as_eager(compiled, model, (1, 5, 1, 2))
+    assert ran == [5, 2]  # the batches of 1 ran without it, as eager
+    assert len(kiln.debug.cache_entries(compiled)) == 2  # static, then symbolic (batch 1 too)
+
+
 def test_why_a_graph_has_no_plan_for_every_size_is_said_under_the_cache_log(
         whole_graphs, monkeypatch, caplog):
     # Its capture is then not stored for other processes: KILN_LOG=cache says why.

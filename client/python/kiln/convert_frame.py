@@ -186,10 +186,12 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
         try:
             graph = None
             size_outputs = int_inputs = None
+            floors = ()
             if output.is_dynamic:
                 if gm is None:
                     raise stored_capture.NotStorable("the graph has symbolic sizes")
-                compiled, size_outputs, int_inputs = stored_capture.whole_plan_parts(compiled)
+                compiled, size_outputs, int_inputs, floors = \
+                    stored_capture.whole_plan_parts(compiled)
             compiled, cpu_scalars = stored_capture.cpu_scalars_of(compiled)
             if any(i.plain for i in output.inputs):
                 raise stored_capture.NotStorable("the graph takes a tensor whose class "
@@ -212,7 +214,8 @@ def _store_now(stored, code, output, consts, src, region, gm, compiled, global_s
                                                       [i.source for i in output.inputs], device,
                                                       stored.cuda_graphs,
                                                       output.unspecialized_modules,
-                                                      size_outputs, int_inputs, cpu_scalars)
+                                                      size_outputs, int_inputs, cpu_scalars,
+                                                      floors)
             record = stored_capture.describe_entry(
                 code=code, guards=output.guards, global_state=global_state, src=src,
                 consts=consts.objects, region=region, graph=graph,

@@ -342,8 +342,8 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
             # The relations over the symbolic sizes (kiln.graph.symbolic_shapes): the sources
             # they read, how each slot is read from them, and the evaluator's trees.
             paths, bindings, constraints = value
-            if graph is not None and graph.get("int_inputs"):
-                floors = _carrier_floors(graph, value)
+            if graph is not None and (graph.get("int_inputs") or graph.get("size_floors")):
+                floors = _carrier_floors(graph, value) + _size_floors(graph, value)
                 constraints = tuple(constraints) + tuple(floors)
                 enc["text"] += "".join(f"; {text}" for _, text in floors)
             enc["value"] = {"sources": [table.add(p) for p in paths],
@@ -356,9 +356,10 @@ def describe_entry(*, code, guards, global_state: str, src: str, consts: list, r
         elif kind != "GLOBAL_STATE":
             raise NotStorable(f"a guard of kind {kind}")
         entry_guards.append(enc)
-    if graph is not None and graph.get("int_inputs") and \
+    if graph is not None and (graph.get("int_inputs") or graph.get("size_floors")) and \
             not any(g.kind == "SHAPE" for g in guards):
-        raise NotStorable("the graph takes ints as carriers but no SHAPE guard reads them")
+        raise NotStorable("the graph's plan takes sizes at least some number but no SHAPE "
+                          "guard reads them")
     if graph is not None:
         graph = dict(graph, params=[table.add(p) for p in graph["params"]],
                      inputs=[table.add(p) for p in graph["inputs"]])
@@ -396,14 +397,16 @@ def record_id(record: dict) -> str:
 
 def describe_graph(artifact, param_sources: list, input_sources: list, device: torch.device,
                    cuda_graphs: bool, shared_modules: bool = False,
-                   size_outputs=None, int_inputs=None, cpu_scalars=None) -> dict:
+                   size_outputs=None, int_inputs=None, cpu_scalars=None,
+                   size_floors=()) -> dict:
     """The graph of an entry: the kilnd artifact `artifact` (a kiln_backend.CompiledArtifact)
     with its parameters and inputs at these sources. `shared_modules`: the entry serves many
     instances of its modules' classes, whose parameters are inputs of each call.
     `size_outputs`: for a plan with size symbols (whole_plan_parts), where the outputs that
     are no tensor come from (kiln.graph.size_outputs), or None; `int_inputs`: its ints passed
     as carriers (kiln.graph.int_inputs), or None; `cpu_scalars`: its 0-dim CPU inputs copied
-    to the GPU at each call (kiln.graph.cpu_scalars), or None."""
+    to the GPU at each call (kiln.graph.cpu_scalars), or None; `size_floors`: where its plan
+    takes sizes as 2 or more (kiln.graph.size_floors)."""
     graph = {"artifact": artifact.key, "device": str(device), "cuda_graphs": bool(cuda_graphs),
              "params": [s.guard_path() for s in param_sources],
              "inputs": [s.guard_path() for s in input_sources],
@@ -417,19 +420,26 @@ def describe_graph(artifact, param_sources: list, input_sources: list, device: t
                                zip(int_inputs.positions, int_inputs.least)]
     if cpu_scalars is not None:
         graph["cpu_scalars"] = [int(p) for p in cpu_scalars.positions]
+    if size_floors:
+        graph["size_floors"] = [[int(p), None if d is None else int(d), int(least)]
+                                for p, d, least in size_floors]
     return graph
 
 
 def whole_plan_parts(whole):
-    """(plan, SizeOutputs or None, IntInputs or None) of a graph's plan for every size
-    (kiln_backend.compile_symbolic's callable; its CpuScalars: cpu_scalars_of)."""
+    """(plan, SizeOutputs or None, IntInputs or None, size floors) of a graph's plan for every
+    size (kiln_backend.compile_symbolic's callable; its CpuScalars: cpu_scalars_of; the floors:
+    kiln.graph.size_floors, [] where none)."""
+    floors = []
+    if hasattr(whole, "admits"):
+        floors, whole = whole.floors, whole.plan
     sizes = getattr(whole, "size_outputs", None)
     if sizes is not None:
         whole = whole.plan
     ints = getattr(whole, "int_inputs", None)
     if ints is not None:
         whole = whole.plan
-    return whole, sizes, ints
+    return whole, sizes, ints, floors
 
 
 def cpu_scalars_of(compiled):
@@ -443,19 +453,32 @@ def _carrier_floors(graph: dict, shape_value) -> list:
     such int at least the least number the compiled graph takes (kiln.graph.int_inputs: a call
     below it runs the program's graph, which a record does not hold, so the record's entry is
     not for it). Raises NotStorable when an int input has no symbol in the guard."""
+    return [f for position, least in graph.get("int_inputs") or ()
+            for f in _floor(graph, shape_value, position, None, least)]
+
+
+def _size_floors(graph: dict, shape_value) -> list:
+    """The SHAPE guard's constraints that a record whose plan takes some sizes as 2 or more
+    adds (kiln.graph.size_floors: a call with less runs without the plan in the capturing
+    process, which a record does not hold)."""
+    return [f for position, dim, least in graph.get("size_floors") or ()
+            for f in _floor(graph, shape_value, position, dim, least)]
+
+
+def _floor(graph: dict, shape_value, position: int, dim, least: int) -> list:
+    """[(tree, text)]: the constraint that the graph's input `position` (its size `dim`; the int
+    itself where dim is None) is at least `least`, or [] where the guard says so already."""
     paths, bindings, constraints = shape_value
-    have = {text for _tree, text in constraints}
-    floors = []
-    for position, least in graph["int_inputs"]:
-        path = graph["inputs"][position]
-        slot = next((i for i, (src, kind, _d, _name) in enumerate(bindings)
-                     if kind == "int" and paths[src] == path), None)
-        if slot is None:
-            raise NotStorable(f"the graph's int input {position} is no symbol of its guards")
-        text = f"{bindings[slot][3]} >= {least}"
-        if text not in have:  # the capture's own guard already, where its range was narrowed
-            floors.append((("ge", ("sym", slot), int(least)), text))
-    return floors
+    path = graph["inputs"][position]
+    want = "int" if dim is None else "size"
+    slot = next((i for i, (src, kind, d, _name) in enumerate(bindings)
+                 if kind == want and paths[src] == path and (dim is None or d == dim)), None)
+    if slot is None:
+        raise NotStorable(f"the graph's input {position} has no symbol of its guards there")
+    text = f"{bindings[slot][3]} >= {least}"
+    if text in {t for _tree, t in constraints}:  # the capture's own guard, its range narrowed
+        return []
+    return [(("ge", ("sym", slot), int(least)), text)]
 
 
 # ---- installing an entry ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import functools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 import torch
@@ -42,6 +42,7 @@ class CompiledArtifact:
     plan: Any                # kiln._C.Plan
     aten_graph: Optional[torch.fx.GraphModule] = None
     lowering_seconds: float = 0.0  # of client_seconds: the lowering to kiln.v1 (0 on an index hit)
+    size_floors: dict = field(default_factory=dict)  # LoweredGraph.size_floors
 
 
 def _graph_device(tensors) -> Optional[torch.device]:
@@ -148,6 +149,7 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
                    "calls run per signature")
         return None
     from kiln.graph.int_inputs import as_carriers
+    from kiln.graph.size_floors import SizeFloors, floor_positions
     from kiln.graph.size_outputs import tensors_only
 
     try:
@@ -157,6 +159,8 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         graph, sizes = tensors_only(graph)
         graph, examples, ints = as_carriers(graph, example_inputs)
         compiled = compile_symbolic_graph(graph, examples, cuda_graphs_wanted(mode, options))
+        floors = floor_positions([n.meta.get("example_value") for n in gm.graph.nodes
+                                  if n.op == "placeholder"], compiled.size_floors)
     except Exception as e:  # the graph runs as it is, as before this compile existed
         from kiln.daemon.client import DaemonUnavailable
         from kiln.daemon.protocol import ProtocolUnavailable
@@ -180,7 +184,9 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         print(format_artifact(compiled))
     plan = compiled.plan if scalars is None else scalars.adapt(compiled.plan)
     plan = plan if ints is None else ints.adapt(plan)
-    return plan if sizes is None else sizes.adapt(plan)
+    plan = plan if sizes is None else sizes.adapt(plan)
+    # Sizes the lowering took as 2 or more: calls with 1 there run without the plan.
+    return plan if not floors else SizeFloors(plan, floors)
 
 
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
@@ -299,7 +305,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
-                            lowering_seconds)
+                            lowering_seconds, lowered.size_floors)
 
 
 def _daemon():
@@ -353,7 +359,7 @@ def compile_symbolic_graph(gm: torch.fx.GraphModule, example_inputs: list,
     plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
-                            lowering_seconds)
+                            lowering_seconds, lowered.size_floors)
 
 
 def _stood_in(params: list, example_inputs: list):

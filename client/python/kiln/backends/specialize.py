@@ -125,18 +125,19 @@ class PerSignature:
                 count = self._count(key) if key is not None else None
         if fn is not None:
             return fn(*args)
+        whole = self._whole_for(args)
         after = self.specialize_after or config.specialize_after
-        if self.whole is not None:
+        if whole is not None:
             after = max(after, config.specialize_after_whole)
         if count is not None and count < after:
             return self._uncompiled(count, args)  # not compiled yet
-        if self.whole is not None and (count in (None, after) or
-                                       not config.specialize_in_background) \
-                and _replays_per_shape(self.whole):
+        if whole is not None and (count in (None, after) or
+                                  not config.specialize_in_background) \
+                and _replays_per_shape(whole):
             # Asked where a compile would start: its launches were the cost, and each shape
             # replays a graph of them now; a signature's own compile would gain nothing for the
             # seconds it takes (holding the interpreter from the calls while it lowers).
-            return self.whole(*args)
+            return whole(*args)
         if count is not None and config.specialize_in_background:
             if count == after:  # one compile per signature
                 self._specialise_in_background(key, args)
@@ -147,10 +148,11 @@ class PerSignature:
         """A call whose signature has no specialisation: the graph compiled whole for every size
         once it is ready; until then the graph as it is (PyTorch's kernels on any sizes), or its
         stable regions once the sizes that keep changing are known."""
-        if self.whole is not None:
+        whole = self._whole_for(args)
+        if whole is not None:
             # One plan with kernels over the call's sizes: no region compiles a signature again
             # for sizes that never come back.
-            return self.whole(*args)
+            return whole(*args)
         if self.regions and self.uncompiled is None:
             self.sizes.add(args)
             if count == 1 and self.sizes.full() and config.stable_regions:
@@ -158,6 +160,14 @@ class PerSignature:
                 if changing:
                     self.uncompiled = self._split(changing)
         return (self.uncompiled or self.gm)(*args)
+
+    def _whole_for(self, args: Sequence) -> Optional[Callable]:
+        """The plan for every size where it is ready and admits these arguments (a plan whose
+        lowering took a size as 2 or more does not admit 1 there: kiln.graph.size_floors)."""
+        whole = self.whole
+        if whole is not None and hasattr(whole, "admits") and not whole.admits(args):
+            return None
+        return whole
 
     def _split(self, changing) -> Callable:
         """The graph's stable regions (or the graph itself when none is worth compiling)."""

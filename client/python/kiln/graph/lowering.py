@@ -10,7 +10,7 @@ import hashlib
 import inspect
 import operator
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -57,6 +57,9 @@ class LoweredGraph:
     params: List[torch.Tensor]      # tensors bound to the first len(params) IR inputs
     num_user_inputs: int
     aten_graph: torch.fx.GraphModule
+    # Symbols the lowering took as 2 or more where the capture admitted 1 (symbol -> 2): the
+    # plan is for calls where they are (kiln.graph.size_floors).
+    size_floors: dict = field(default_factory=dict)
 
 
 def _self_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
@@ -584,6 +587,7 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     symbols), each size an expression over the per-call inputs' (kiln.graph.symbolic_ir).
     Raises NotSymbolic for a graph the IR cannot carry exactly, or whose lowering would rely on
     a relation between sizes that the capture did not guard."""
+    from kiln.graph.size_one import Mark
     from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged
     from kiln.graph.symbolic_shapes import symbolic_ops
 
@@ -602,12 +606,18 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     # would get symbols of its own).
     mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
     static = [mode.from_tensor(p, static_shapes=True) for p in params]
-    with ShapeEnvUnchanged(env), symbolic_ops():
+    # A kernel's choice that asks whether a batch is 1 (SDPA's on a GPU) narrows it to 2 and up:
+    # the plan is then for such calls only, and the capture's ShapeEnv is put back as it was.
+    mark = Mark(env)
+    floors = {}
+    with ShapeEnvUnchanged(env, floors), symbolic_ops():
         aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True,
                              eager_decompositions=get_decompositions([aten.native_layer_norm]))
         graph = to_ir(aten_gm, num_bound=len(params))
+    if floors:
+        mark.restore()
     graph.num_bound_inputs = len(params)
-    return LoweredGraph(graph, params, len(fakes), aten_gm)
+    return LoweredGraph(graph, params, len(fakes), aten_gm, floors)
 
 
 def structure_key(gm: torch.fx.GraphModule, example_inputs: Sequence,

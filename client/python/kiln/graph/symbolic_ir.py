@@ -159,6 +159,20 @@ def _finite(bound) -> Optional[int]:
         return None
 
 
+def _at_least_two(expr):
+    """s where `expr` says only that the symbol s is 2 or more (s != 1 of a size, s >= 2,
+    s > 1, 2 <= s, 1 < s), else None."""
+    if not isinstance(expr, sympy.Basic) or len(expr.args) != 2:
+        return None
+    a, b = expr.args
+    forms = {sympy.Ne: ((a, b, 1), (b, a, 1)), sympy.Ge: ((a, b, 2),), sympy.Gt: ((a, b, 1),),
+             sympy.Le: ((b, a, 2),), sympy.Lt: ((b, a, 1),)}
+    for sym, bound, want in forms.get(type(expr), ()):
+        if isinstance(sym, sympy.Symbol) and bound == want:
+            return sym
+    return None
+
+
 def static_value(value) -> Optional[int]:
     """`value` as a plain int when it is one (an int, or a SymInt with a constant expression)."""
     if isinstance(value, bool):
@@ -180,10 +194,16 @@ def shape_env_state(env) -> tuple:
 class ShapeEnvUnchanged:
     """Fails a lowering that taught the capture's ShapeEnv anything (a guard, a replacement, a
     narrowed range): the capture's guards, installed already, would not check it, and a plan
-    that relied on it could compute something else for sizes they admit."""
+    that relied on it could compute something else for sizes they admit.
 
-    def __init__(self, env):
+    With `floors` (a dict), a lowering that learnt only that symbols whose range began at 1 are
+    2 or more (a kernel's choice that asks whether a batch is 1: SDPA's on a GPU) is not failed:
+    those symbols go into `floors` (symbol -> 2), and the plan is for calls where they are
+    (kiln.graph.size_floors)."""
+
+    def __init__(self, env, floors: Optional[dict] = None):
         self.env = env
+        self.floors = floors
 
     def _state(self):
         return shape_env_state(self.env)
@@ -192,8 +212,36 @@ class ShapeEnvUnchanged:
         self.before = self._state() if self.env is not None else None
         return self
 
+    def _only_floors(self) -> dict:
+        """symbol -> 2 for each range narrowed from 1 to 2 since the start, where that and the
+        guards saying it are all the ShapeEnv learnt; {} otherwise."""
+        guards, replacements, ranges, asserts = self.before
+        env = self.env
+        now = self._state()
+        if now[1] != replacements or now[3] != asserts:
+            return {}
+        floors = {}
+        for g in env.guards[guards:]:
+            k = _at_least_two(g.expr)
+            if k is None or ranges.get(k) is None or ranges[k].lower != 1:
+                return {}
+            floors[k] = 2
+        for k, vr in env.var_to_range.items():
+            old = ranges.get(k)
+            if old == vr:
+                continue
+            if old is None or old.lower != 1 or vr.lower != 2 or old.upper != vr.upper:
+                return {}
+            floors[k] = 2
+        return floors
+
     def __exit__(self, kind, value, tb):
         if kind is None and self.env is not None and self._state() != self.before:
+            if self.floors is not None:
+                learnt = self._only_floors()
+                if learnt:
+                    self.floors.update(learnt)
+                    return False
             guards, replacements, ranges, _ = self.before
             env = self.env
             learnt = [str(g.expr) for g in env.guards[guards:]]
