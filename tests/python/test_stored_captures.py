@@ -473,12 +473,13 @@ def test_another_input_shape_is_captured_again(kilnd_cache, model_dir):
     assert after["stored"] == [False]
     assert "a guard fails" in after["miss"] or "differs" in after["miss"]
     # Both entries are stored now: either batch installs without tracing. kiln.compile prepares
-    # the newest (batch 7); a call of batch 4 fails its guards and installs the other, loaded
-    # on the call, and every answer is eager's.
+    # both plans (a generate()'s prefill and decode step are two records of one code); a call
+    # of batch 4 fails the newest's guards and installs the other, its plan prepared too, and
+    # every answer is eager's.
     seven = run_child(model_dir, MODEL_BATCH="7")
     assert seven["stored"] == [True] and seven["prepared"] == [True]
     four = run_child(model_dir)
-    assert four["stored"] == [True] and four["prepared"] == [False]
+    assert four["stored"] == [True] and four["prepared"] == [True]
 
 
 def test_objects_that_were_one_and_are_now_two_are_captured_again(kilnd_cache, model_dir):

@@ -30,7 +30,7 @@ import logging
 import sys
 import time
 import types
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -576,10 +576,10 @@ def _guard_tree(record: dict, frame: _Frame, code):
     return manager, [text for _, _, text in checks]
 
 
-def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPlan"] = None):
-    """(plan, whether it was prepared) of the record's graph: loaded from kilnd by its artifact
-    key, or `prepared` (StoredCaptures.prepare) when that is this graph's plan, prepared for the
-    very parameters this frame holds."""
+def _graph_callable(graph: dict, frame: _Frame, prepared: Sequence["_PreparedPlan"] = ()):
+    """(plan, the prepared plan used or None) of the record's graph: loaded from kilnd by its
+    artifact key, or one of `prepared` (StoredCaptures.prepare) that is this graph's plan,
+    prepared for the very parameters this frame holds."""
     from kiln.backends.kiln_backend import CompiledArtifact, load_artifact_by_key
     from kiln.daemon import artifact as art
     from kiln.daemon.client import DaemonUnavailable
@@ -602,7 +602,7 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPla
     if not all(isinstance(t, torch.Tensor) for t in params + inputs):
         raise NotInstallable("a parameter or input of the graph is no longer a tensor")
     start = time.perf_counter()
-    ready = prepared if prepared is not None and prepared.fits(graph, params, device) else None
+    ready = next((p for p in prepared if p.fits(graph, params, device)), None)
     try:
         if ready is not None:
             art.check_inputs(ready.body, params + inputs)
@@ -615,7 +615,7 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Optional["_PreparedPla
         raise NotInstallable(f"artifact {graph['artifact'][:16]}… not loaded: {e}") from None
     STATE.artifacts.append(CompiledArtifact(graph["artifact"], True, True, 0.0,
                                             time.perf_counter() - start, body, plan))
-    return plan, ready is not None
+    return plan, ready
 
 
 class _PreparedPlan:
@@ -669,11 +669,11 @@ def _const(c, region, frame: _Frame, code, func):
     return decode(c)
 
 
-def install(record: dict, code, slots: tuple, func,
-            prepared: Optional[_PreparedPlan] = None):
+def install(record: dict, code, slots: tuple, func, prepared: Sequence[_PreparedPlan] = ()):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
-    checks and every guard hold here. Raises NotInstallable. `prepared`: the plan prepared
-    before the call for this code, used where it fits (see _graph_callable)."""
+    checks and every guard hold here. Raises NotInstallable. `prepared`: the plans prepared
+    before the call for this code, one used where it fits (see _graph_callable); the one used
+    is info.extra["prepared"]."""
     from kiln.entry import EntryInfo, next_compile_id
     from kiln.graph.lowering import _global_state
     from kiln.transform.codegen import code_from_source
@@ -689,14 +689,13 @@ def install(record: dict, code, slots: tuple, func,
         why = manager.failure_reason(slots, func)
         if why is not None:
             raise NotInstallable(f"a guard fails: {why}")
-        region = plan = None
-        was_prepared = False
+        region = plan = used = None
         if record["graph"] is not None:
             from kiln import config
 
             if record["graph"].get("symbolic") and not config.symbolic_plans:
                 raise NotInstallable("a plan for every size, and symbolic_plans is off")
-            plan, was_prepared = _graph_callable(record["graph"], frame, prepared)
+            plan, used = _graph_callable(record["graph"], frame, prepared)
             runs = plan
             if record["graph"].get("cpu_scalars"):
                 from kiln.graph.cpu_scalars import CpuScalars
@@ -730,9 +729,10 @@ def install(record: dict, code, slots: tuple, func,
     info.extra["stored_capture"] = record["id"]
     info.extra["input_size_guards"] = frozenset(g["text"] for g in record["guards"]
                                                 if g.get("size") is True)
-    info.extra["prepared_plan"] = was_prepared
-    if was_prepared:
-        info.extra["prepare_seconds"] = prepared.seconds
+    info.extra["prepared_plan"] = used is not None
+    if used is not None:
+        info.extra["prepared"] = used
+        info.extra["prepare_seconds"] = used.seconds
     return manager, new_code, info
 
 
@@ -748,10 +748,12 @@ class StoredCaptures:
         self.cuda_graphs = cuda_graphs
         self._store = None
         self._store_settings = None
-        # What prepare read ahead of the first call, by capture key: the records and the plan
-        # of the newest (None if not prepared). The first install of the code takes it, used or
-        # not, so that a plan no call uses is not kept alive.
-        self._prepared: Dict[str, Tuple[List[dict], Optional[_PreparedPlan]]] = {}
+        # What prepare read ahead of the first call, by capture key: the records, which the
+        # first install of the code takes, and the plans of those it could prepare, each taken
+        # by the install that uses it (a generate() installs its prefill and its decode step
+        # from one code's records).
+        self._prepared: Dict[str, List[dict]] = {}
+        self._plans: Dict[str, List[_PreparedPlan]] = {}
 
     def store(self):
         from kiln.daemon.capture_store import CaptureStore
@@ -817,30 +819,41 @@ class StoredCaptures:
         records = store.get(key)
         if not records:
             return False
-        seconds = {"records": time.perf_counter() - start}
-        self._prepared[key] = (records, None)
-        # The newest record whose parameters are this module's: captures of other modules
-        # whose forward is this code (two nn.Sequential models) share the key.
-        start = time.perf_counter()
+        read = time.perf_counter() - start
+        self._prepared[key] = records
+        # Each record's plan whose parameters are this module's (captures of other modules
+        # whose forward is this code, two nn.Sequential models, share the key), once per
+        # artifact: a generate()'s prefill and decode step, static and for every size.
+        plans, done = [], set()
         for record in records:
-            fit = self._fit(record, func, code, bound_self)
-            if fit is not None:
-                break
-        else:
-            return False
-        graph, mode, params, device, body = fit
-        seconds["artifact"] = time.perf_counter() - start
-        start = time.perf_counter()
-        plan = build_plan_for(body, params, len(graph["inputs"]), device, graph["cuda_graphs"])
-        seconds["plan"] = time.perf_counter() - start
-        warm = getattr(plan, "warm", None)
-        if warm is not None:
             start = time.perf_counter()
-            with mode():
-                warm()
-            seconds["warm"] = time.perf_counter() - start  # prologue, first run, CUDA graph
-        self._prepared[key] = (records, _PreparedPlan(graph, params, body, plan, seconds))
-        say("kiln: %s: prepared stored capture %s…", code.co_qualname, key[:16])
+            fit = self._fit(record, func, code, bound_self)
+            if fit is None or record["graph"]["artifact"] in done:
+                continue
+            graph, mode, params, device, body = fit
+            seconds = {"records": read, "artifact": time.perf_counter() - start}
+            start = time.perf_counter()
+            plan = build_plan_for(body, params, len(graph["inputs"]), device,
+                                  graph["cuda_graphs"])
+            seconds["plan"] = time.perf_counter() - start
+            warm = getattr(plan, "warm", None)
+            if warm is not None:
+                start = time.perf_counter()
+                try:
+                    with mode():
+                        warm()
+                except Exception as e:  # that plan is left to the first call that needs it
+                    say("kiln: %s: artifact %s… not prepared (%s: %s)", code.co_qualname,
+                        graph["artifact"][:16], type(e).__name__, e)
+                    continue
+                seconds["warm"] = time.perf_counter() - start  # prologue, first run
+            plans.append(_PreparedPlan(graph, params, body, plan, seconds))
+            done.add(graph["artifact"])
+        if not plans:
+            return False
+        self._plans[key] = plans
+        say("kiln: %s: prepared %d plan%s of stored capture %s…", code.co_qualname, len(plans),
+            "" if len(plans) == 1 else "s", key[:16])
         return True
 
     @staticmethod
@@ -892,9 +905,10 @@ class StoredCaptures:
         if store is None:
             return None
         key = self.key(code)
-        records, prepared = self._prepared.pop(key, (None, None))
+        records = self._prepared.pop(key, None)
         if records is None:
             records = store.get(key)
+        prepared = self._plans.get(key, ())
         reasons = []
         for record in records:
             try:
@@ -902,6 +916,11 @@ class StoredCaptures:
             except NotInstallable as e:
                 reasons.append(str(e))
                 continue
+            used = entry[2].extra.pop("prepared", None)
+            if used is not None:  # each prepared plan serves the one entry that took it
+                prepared.remove(used)
+                if not prepared:
+                    self._plans.pop(key, None)
             say("kiln: %s: installed stored capture %s…", code.co_qualname, key[:16])
             STATE.capture_misses.pop(code, None)
             return entry
