@@ -176,6 +176,38 @@ def test_an_ops_question_whether_a_batch_is_one_stays_a_guard_where_its_result_d
     assert len(backend.graphs) == 3
 
 
+@torch.library.custom_op("kiln_test_dynamic::asks_its_own_size", mutates_args=())
+def _asks_its_own_size(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+@_asks_its_own_size.register_fake
+def _(x):
+    from torch.fx.experimental import _config as fx_config
+
+    if fx_config.backed_size_oblivious and isinstance(x.shape[1], torch.SymInt):
+        # As torch 2.11's setitem into a slice to a symbolic end, traced size-obliviously: its
+        # view's length is a symbol of its own, which it then compares with the input's.
+        u = x.shape[1].node.shape_env.create_unbacked_symint()
+        bool(u == x.shape[1])
+    return torch.empty_like(x)
+
+
+def _through_an_op_that_asks(x):
+    return torch.ops.kiln_test_dynamic.asks_its_own_size.default(x) * 2
+
+
+def test_an_op_that_asks_of_a_size_its_own_view_made_runs_again_as_torch_compile_traces():
+    backend = Counting()
+    compiled = kiln.compile(_through_an_op_that_asks, backend=backend, dynamic=True)
+    for n in (5, 7, 9):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(compiled(x), _through_an_op_that_asks(x))
+    # One symbolic graph holding the op (it ran eagerly, "failed on fake inputs", before).
+    assert len(backend.graphs) == 1
+    assert sum(n.op == "call_function" for n in backend.graphs[0].graph.nodes) == 2
+
+
 def test_a_batch_of_one_after_another_batch_is_a_symbol_of_the_next_graph():
     backend = Counting()
     model = _mlp()

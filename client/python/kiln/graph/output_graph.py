@@ -505,17 +505,27 @@ class OutputGraph:
             if not self.is_dynamic:
                 with self.fake_mode:
                     return self._call_fake(kind, target, fake_args, fake_kwargs)
+            from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
             env = self.symbolic.shape_env
             before = fresh_unbacked(env)
             mark = Mark(env)
-            with self.fake_mode, symbolic_ops():
-                result = self._call_fake(kind, target, fake_args, fake_kwargs)
-            if fresh_unbacked(env) == before:
-                # A guard that a batch is not 1, raised inside the op's meta kernel where the
-                # op does the same at 1, is forgotten (kiln.graph.size_one).
-                forget_if_same_at_one(env, mark, self.fake_mode, functools.partial(
-                    self._call_fake, kind, target), fake_args, fake_kwargs, result)
-                return result
+            try:
+                with self.fake_mode, symbolic_ops():
+                    result = self._call_fake(kind, target, fake_args, fake_kwargs)
+            except GuardOnDataDependentSymNode:
+                if fresh_unbacked(env) == before:
+                    raise
+                # The op's own view made that symbol, then asked of it (a setitem into a slice
+                # to a symbolic end: torch 2.11): run again, as below.
+                mark.restore()
+            else:
+                if fresh_unbacked(env) == before:
+                    # A guard that a batch is not 1, raised inside the op's meta kernel where
+                    # the op does the same at 1, is forgotten (kiln.graph.size_one).
+                    forget_if_same_at_one(env, mark, self.fake_mode, functools.partial(
+                        self._call_fake, kind, target), fake_args, fake_kwargs, result)
+                    return result
             # Where size-oblivious reasoning leaves a size undecided, some torch versions
             # make it an unbacked symbol (a slice to a symbolic end: torch 2.11), which no
             # plan can bind: that op runs again as torch.compile runs it, guarding its sizes.
