@@ -26,6 +26,23 @@ CHILD = textwrap.dedent("""
     if os.environ.get("FAKE_TORCH_VERSION"):
         torch.__version__ = os.environ["FAKE_TORCH_VERSION"]
     import kiln
+    if os.environ.get("WARM_FAILS"):  # the first plan built refuses its warm-up's example sizes
+        import kiln.backends.kiln_backend as kb
+        build, built = kb.build_plan_for, []
+        class Refusing:
+            def __init__(self, plan):
+                self.plan = plan
+            def warm(self):
+                raise RuntimeError("the example sizes are refused")
+            def __call__(self, *args):
+                return self.plan(*args)
+            def __getattr__(self, name):
+                return getattr(self.plan, name)
+        def refusing(*args, **kwargs):
+            plan = build(*args, **kwargs)
+            built.append(plan)
+            return Refusing(plan) if len(built) == 1 else plan
+        kb.build_plan_for = refusing
     sys.path.insert(0, os.environ["MODEL_DIR"])
     import model
     torch.manual_seed(0)
@@ -321,6 +338,16 @@ def test_compile_prepares_the_stored_plan_so_the_first_call_only_checks_guards(
     off = run_child(model_dir, KILN_PREPARE_STORED="0")
     assert off["stored"] == [True] and off["prepared"] == [False]
     assert off["prepare_seconds"] == [[]]
+
+
+def test_a_stored_plan_whose_warm_up_fails_is_still_prepared_and_runs_right(kilnd_cache,
+                                                                              model_dir):
+    # A plan for every size warms up over example sizes its ops may refuse: the plan is built
+    # afresh and installed prepared, its first run left to the call (which the child checks).
+    run_child(model_dir)
+    warm = run_child(model_dir, WARM_FAILS="1")
+    assert warm["stored"] == [True] and warm["prepared"] == [True]
+    assert not warm["tracer"]
 
 
 def test_weights_loaded_after_compile_are_the_ones_the_prepared_plan_uses(kilnd_cache, model_dir):

@@ -842,10 +842,13 @@ class StoredCaptures:
                 try:
                     with mode():
                         warm()
-                except Exception as e:  # that plan is left to the first call that needs it
-                    say("kiln: %s: artifact %s… not prepared (%s: %s)", code.co_qualname,
+                except Exception as e:  # noqa: BLE001 - its example sizes are no call's
+                    # (a plan for every size runs over example sizes that its ops may refuse):
+                    # a plan built afresh, its first run left to the first call that needs it.
+                    say("kiln: %s: artifact %s… not warmed (%s: %s)", code.co_qualname,
                         graph["artifact"][:16], type(e).__name__, e)
-                    continue
+                    plan = build_plan_for(body, params, len(graph["inputs"]), device,
+                                          graph["cuda_graphs"])
                 seconds["warm"] = time.perf_counter() - start  # prologue, first run
             plans.append(_PreparedPlan(graph, params, body, plan, seconds))
             done.add(graph["artifact"])
@@ -917,7 +920,7 @@ class StoredCaptures:
                 reasons.append(str(e))
                 continue
             used = entry[2].extra.pop("prepared", None)
-            if used is not None:  # each prepared plan serves the one entry that took it
+            if used is not None and used in prepared:  # it serves the one entry that took it
                 prepared.remove(used)
                 if not prepared:
                     self._plans.pop(key, None)

@@ -305,7 +305,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
                             time.perf_counter() - start, body, plan, lowered.aten_graph,
-                            lowering_seconds, lowered.size_floors)
+                            lowering_seconds)
 
 
 def _daemon():
