@@ -618,6 +618,11 @@ def _graph_callable(graph: dict, frame: _Frame, prepared: Sequence["_PreparedPla
     return plan, ready
 
 
+# How many of a code's stored plans kiln.compile prepares (a generate() has four: its prefill
+# and decode step, static and for every size).
+_PREPARED_PER_CODE = 4
+
+
 class _PreparedPlan:
     """A record's graph (its artifact key, device and CUDA graph setting) loaded as `plan` and
     run once before the first call, for `params`."""
@@ -823,9 +828,12 @@ class StoredCaptures:
         self._prepared[key] = records
         # Each record's plan whose parameters are this module's (captures of other modules
         # whose forward is this code, two nn.Sequential models, share the key), once per
-        # artifact: a generate()'s prefill and decode step, static and for every size.
+        # artifact: a generate()'s prefill and decode step, static and for every size. The
+        # newest few only: each one holds its prologue's outputs until an install takes it.
         plans, done = [], set()
         for record in records:
+            if len(plans) == _PREPARED_PER_CODE:
+                break
             start = time.perf_counter()
             fit = self._fit(record, func, code, bound_self)
             if fit is None or record["graph"]["artifact"] in done:
