@@ -169,9 +169,8 @@ def _same_at_one(env, fake_mode, call, args, kwargs, result, at: dict) -> bool:
     hints = dict(_hints(env))
     hints.update(at)
     flat, spec = tree_flatten((args, kwargs))
-    fresh = {}  # index in flat -> the input made anew at 1
-    moved = []
-    for i, a in enumerate(flat):
+    moved = []  # the inputs at 1: those the symbols touch made anew, the others as they are
+    for a in flat:
         if isinstance(a, torch.Tensor):
             if not _touches(a, at):
                 moved.append(a)
@@ -179,7 +178,6 @@ def _same_at_one(env, fake_mode, call, args, kwargs, result, at: dict) -> bool:
             t = _made_at_one(env, fake_mode, a, at, hints)
             if t is None:
                 return False
-            fresh[i] = t
             moved.append(t)
         else:
             moved.append(_int_at(env, a, at, hints))
