@@ -136,3 +136,11 @@ def disabled() -> bool:
 def logs(topic: str) -> bool:
     """True when `topic` output is asked for, by KILN_LOG or by `debug`."""
     return debug or topic in log or "all" in log
+
+
+def say(topic: str, fmt: str, *args) -> None:
+    """A message of `topic` on the "kiln" logger: at warning level where that output is asked
+    for (logs(topic)), else at debug level."""
+    import logging
+
+    logging.getLogger("kiln").log(logging.WARNING if logs(topic) else logging.DEBUG, fmt, *args)

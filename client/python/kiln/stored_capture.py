@@ -677,8 +677,8 @@ def _const(c, region, frame: _Frame, code, func):
 def install(record: dict, code, slots: tuple, func, prepared: Sequence[_PreparedPlan] = ()):
     """(guard tree, transformed code, EntryInfo) for `record` on this frame, when its structural
     checks and every guard hold here. Raises NotInstallable. `prepared`: the plans prepared
-    before the call for this code, one used where it fits (see _graph_callable); the one used
-    is info.extra["prepared"]."""
+    before the call for this code, one used where it fits (see _graph_callable): then the
+    entry's compiled_fn."""
     from kiln.entry import EntryInfo, next_compile_id
     from kiln.graph.lowering import _global_state
     from kiln.transform.codegen import code_from_source
@@ -736,7 +736,6 @@ def install(record: dict, code, slots: tuple, func, prepared: Sequence[_Prepared
                                                 if g.get("size") is True)
     info.extra["prepared_plan"] = used is not None
     if used is not None:
-        info.extra["prepared"] = used
         info.extra["prepare_seconds"] = used.seconds
     return manager, new_code, info
 
@@ -919,7 +918,7 @@ class StoredCaptures:
         records = self._prepared.pop(key, None)
         if records is None:
             records = store.get(key)
-        prepared = self._plans.get(key, ())
+        prepared = self._plans.get(key, [])
         reasons = []
         for record in records:
             try:
@@ -927,11 +926,10 @@ class StoredCaptures:
             except NotInstallable as e:
                 reasons.append(str(e))
                 continue
-            used = entry[2].extra.pop("prepared", None)
-            if used is not None and used in prepared:  # it serves the one entry that took it
-                prepared.remove(used)
-                if not prepared:
-                    self._plans.pop(key, None)
+            # A prepared plan serves the one entry that took it.
+            prepared[:] = [p for p in prepared if p.plan is not entry[2].compiled_fn]
+            if not prepared:
+                self._plans.pop(key, None)
             say("kiln: %s: installed stored capture %s…", code.co_qualname, key[:16])
             STATE.capture_misses.pop(code, None)
             return entry
@@ -960,7 +958,4 @@ def say(fmt, *args):
     """A stored capture's news: at warning level under KILN_LOG=cache, else debug."""
     from kiln import config
 
-    if config.logs("cache"):
-        log.warning(fmt, *args)
-    else:
-        log.debug(fmt, *args)
+    config.say("cache", fmt, *args)

@@ -67,15 +67,6 @@ def _fallback_reasons(gm, example_inputs) -> Optional[str]:
     return None
 
 
-def _not_whole(message: str) -> None:
-    """Why a graph with symbolic sizes has no plan for every size (its capture is then not
-    stored for other processes): said under KILN_LOG=cache, else at debug level."""
-    if config.logs("cache"):
-        log.warning("kiln: %s", message)
-    else:
-        log.debug("kiln: %s", message)
-
-
 def cuda_graphs_wanted(mode: Optional[str], options: Optional[dict]) -> bool:
     """Whether a CUDA plan is captured into a CUDA graph, from kiln.compile's mode and options
     (torch.compile's spellings) over kiln.config.cuda_graphs."""
@@ -145,8 +136,9 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
     if why is None and needs_autograd(graph, example_inputs):
         why = "autograd"
     if why is not None:
-        _not_whole(f"a graph with symbolic sizes is not compiled for every size ({why}); its "
-                   "calls run per signature")
+        # (Its capture is then not stored for other processes: said under KILN_LOG=cache.)
+        config.say("cache", "kiln: a graph with symbolic sizes is not compiled for every size "
+                   "(%s); its calls run per signature", why)
         return None
     from kiln.graph.int_inputs import as_carriers
     from kiln.graph.size_floors import SizeFloors, floor_positions
@@ -176,7 +168,7 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
         if not isinstance(e, known) and STATE.first_warning("kiln backend: symbolic"):
             log.warning("kiln: %s", message)
         else:
-            _not_whole(message)
+            config.say("cache", "kiln: %s", message)
         return None
     compiled.plan.fallback = graph.forward  # a run that fails warns once and goes eager
     STATE.artifacts.append(compiled)

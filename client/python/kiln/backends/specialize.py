@@ -30,6 +30,7 @@ import torch
 
 from kiln import config
 from kiln.backends.stable_regions import SizeHistory, stable_regions
+from kiln.graph.size_floors import SizeFloors
 
 log = logging.getLogger("kiln")
 
@@ -79,8 +80,11 @@ class PerSignature:
         self.sizes = SizeHistory()
         self.uncompiled: Optional[Callable] = None
         # The graph compiled once for every size (compile_whole), once it is ready: what calls
-        # run instead of the graph as it is.
+        # run instead of the graph as it is, those that `_admits` admits where it is set (a
+        # plan whose lowering took a size as 2 or more: kiln.graph.size_floors).
         self.whole: Optional[Callable] = None
+        self._admits: Optional[Callable] = None
+        self._compiled_whole = None  # what compile_whole returned: when_whole's argument
         self._on_whole: List[Callable] = []  # when_whole's, until it is ready
 
     def compile_whole(self, compile_whole: Callable, example_inputs: list) -> None:
@@ -90,8 +94,11 @@ class PerSignature:
         def work():
             whole = compile_whole(self.gm, example_inputs)
             if whole is not None:
+                floored = isinstance(whole, SizeFloors)
                 with self._lock:
-                    self.whole = whole
+                    self.whole = whole.plan if floored else whole
+                    self._admits = whole.admits if floored else None
+                    self._compiled_whole = whole
                     waiting, self._on_whole = self._on_whole, []
                 for fn in waiting:
                     _call_back(fn, whole)
@@ -109,7 +116,7 @@ class PerSignature:
         """Calls `fn(whole)` once the graph's plan for every size is ready: now when it is, else
         where its compile finishes (kiln's background worker); never when there is none."""
         with self._lock:
-            whole = self.whole
+            whole = self._compiled_whole
             if whole is None:
                 self._on_whole.append(fn)
                 return
@@ -130,7 +137,7 @@ class PerSignature:
         if whole is not None:
             after = max(after, config.specialize_after_whole)
         if count is not None and count < after:
-            return self._uncompiled(count, args)  # not compiled yet
+            return self._uncompiled(count, args, whole)  # not compiled yet
         if whole is not None and (count in (None, after) or
                                   not config.specialize_in_background) \
                 and _replays_per_shape(whole):
@@ -141,14 +148,13 @@ class PerSignature:
         if count is not None and config.specialize_in_background:
             if count == after:  # one compile per signature
                 self._specialise_in_background(key, args)
-            return self._uncompiled(count, args)  # until the worker has it
+            return self._uncompiled(count, args, whole)  # until the worker has it
         return self._specialise(key, args)(*args)
 
-    def _uncompiled(self, count: int, args: Sequence):
-        """A call whose signature has no specialisation: the graph compiled whole for every size
-        once it is ready; until then the graph as it is (PyTorch's kernels on any sizes), or its
-        stable regions once the sizes that keep changing are known."""
-        whole = self._whole_for(args)
+    def _uncompiled(self, count: int, args: Sequence, whole: Optional[Callable]):
+        """A call whose signature has no specialisation: `whole`, the graph compiled for every
+        size (_whole_for), where there is one; else the graph as it is (PyTorch's kernels on any
+        sizes), or its stable regions once the sizes that keep changing are known."""
         if whole is not None:
             # One plan with kernels over the call's sizes: no region compiles a signature again
             # for sizes that never come back.
@@ -164,8 +170,8 @@ class PerSignature:
     def _whole_for(self, args: Sequence) -> Optional[Callable]:
         """The plan for every size where it is ready and admits these arguments (a plan whose
         lowering took a size as 2 or more does not admit 1 there: kiln.graph.size_floors)."""
-        whole = self.whole
-        if whole is not None and hasattr(whole, "admits") and not whole.admits(args):
+        whole, admits = self.whole, self._admits
+        if whole is not None and admits is not None and not admits(args):
             return None
         return whole
 

@@ -587,7 +587,6 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     symbols), each size an expression over the per-call inputs' (kiln.graph.symbolic_ir).
     Raises NotSymbolic for a graph the IR cannot carry exactly, or whose lowering would rely on
     a relation between sizes that the capture did not guard."""
-    from kiln.graph.size_one import Mark
     from kiln.graph.symbolic_ir import NotSymbolic, ShapeEnvUnchanged
     from kiln.graph.symbolic_shapes import symbolic_ops
 
@@ -606,16 +605,13 @@ def lower_symbolic(gm: torch.fx.GraphModule, params: List[torch.Tensor]) -> Lowe
     # would get symbols of its own).
     mode = next(f.fake_mode for f in fakes if isinstance(f, torch.Tensor))
     static = [mode.from_tensor(p, static_shapes=True) for p in params]
-    # A kernel's choice that asks whether a batch is 1 (SDPA's on a GPU) narrows it to 2 and up:
-    # the plan is then for such calls only, and the capture's ShapeEnv is put back as it was.
-    mark = Mark(env)
+    # A kernel's choice that asks whether a batch is 1 (SDPA's on a GPU) takes it as 2 and up:
+    # the plan is then for such calls only (ShapeEnvUnchanged's floors).
     floors = {}
     with ShapeEnvUnchanged(env, floors), symbolic_ops():
         aten_gm, _ = to_aten(gm, fakes, static, eager_ops=True,
                              eager_decompositions=get_decompositions([aten.native_layer_norm]))
         graph = to_ir(aten_gm, num_bound=len(params))
-    if floors:
-        mark.restore()
     graph.num_bound_inputs = len(params)
     return LoweredGraph(graph, params, len(fakes), aten_gm, floors)
 

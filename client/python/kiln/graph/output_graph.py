@@ -23,7 +23,8 @@ from kiln.exc import Unsupported
 from kiln.graph import stand_in
 from kiln.graph.meta_rules import (class_overrides_torch_function, fake_of, plain_tensor,
                                    shortcut)
-from kiln.graph.size_one import Mark, forget_if_same_at_one
+from kiln.graph.size_one import forget_if_same_at_one
+from kiln.graph.symbolic_ir import Mark
 from kiln.graph.symbolic_shapes import (contains_symbol, drop_fresh_unbacked, fresh_unbacked,
                                         symbolic_ops)
 from kiln.guards.builder import GuardSet

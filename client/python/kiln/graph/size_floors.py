@@ -15,8 +15,10 @@ from kiln.graph.symbolic_ir import NotSymbolic
 
 
 class SizeFloors:
-    """`plan` for the calls whose sizes at `floors` ((input position, dimension or None for an
-    int input, least)) are at least that."""
+    """`plan`, for the calls whose sizes at `floors` ((input position, dimension or None for an
+    int input, least)) are at least that: what kiln_backend.compile_symbolic returns for such a
+    plan. Not itself called: PerSignature runs `plan` on the calls `admits` admits, with no
+    layer between them."""
 
     def __init__(self, plan: Callable, floors: List[Tuple[int, object, int]]):
         self.plan = plan
@@ -29,9 +31,6 @@ class SizeFloors:
             if n < least:
                 return False
         return True
-
-    def __call__(self, *args):
-        return self.plan(*args)
 
 
 def floor_positions(example_inputs: Sequence, floors: dict) -> List[Tuple[int, object, int]]:

@@ -8,9 +8,9 @@ folds it through a reshape whose view-or-copy choice asks whether b is 1 (an int
 decomposition: the op returns a new tensor of the same sizes and strides either way). Left in,
 that guard sends every request of one to a capture of its own.
 
-An op whose only new guards are `Ne(s, 1)` on such symbols is run again with those symbols at 1
-(everything else as it was, symbolic). Its guard is forgotten when the second run learns nothing
-new of the sizes and gives results of the same kind, dtype, device, sizes, strides and storage
+An op that learnt a guard `Ne(s, 1)` on such a symbol is run again with those symbols at 1
+(everything else as it was, symbolic). That guard is forgotten (the op's others stay) when the
+second run learns nothing new of the sizes and gives results of the same kind, dtype, device, sizes, strides and storage
 offsets (the first run's with the symbols at 1) that alias the same inputs: the op then does the
 same at 1 as at every other size the guards admit, and the graph needs no guard for it. Anything
 else keeps the guard, and a call of one is another capture, as before."""
@@ -18,88 +18,15 @@ import sympy
 import torch
 from torch.utils._pytree import tree_flatten
 
-from kiln.graph.symbolic_ir import shape_env_state
-
-
-class Mark:
-    """What a ShapeEnv knew before an op ran (shape_env_state and its axioms), to compare and to
-    go back to."""
-
-    def __init__(self, env):
-        self.env = env
-        self.state = shape_env_state(env)
-        self.axioms = dict(getattr(env, "axioms", {}))
-
-    def not_one(self) -> list:
-        """The symbols s of the guards `Ne(s, 1)` learnt since the mark on symbols whose range
-        began at 1 there ([] where none, or where the op left runtime assertions)."""
-        env = self.env
-        guards, _, ranges, asserts = self.state
-        if shape_env_state(env)[3] != asserts:
-            return []
-        found = []
-        for g in env.guards[guards:]:
-            s = _not_one(g.expr)
-            if s is not None and ranges.get(s) is not None and ranges[s].lower == 1 \
-                    and s not in found:
-                found.append(s)
-        return found
-
-    def forget_not_one(self, symbols) -> None:
-        """Forgets the guards `Ne(s, 1)` on `symbols` learnt since the mark, and the range and
-        axioms they taught; what else was learnt stays."""
-        env = self.env
-        guards, _, ranges, _ = self.state
-        symbols = set(symbols)
-        env.guards[guards:] = [g for g in env.guards[guards:]
-                               if _not_one(g.expr) not in symbols]
-        for s in symbols:
-            env.var_to_range[s] = ranges[s]
-        if hasattr(env, "axioms"):
-            kept = {k: v for k, v in env.axioms.items()
-                    if k in self.axioms or not (k.free_symbols & symbols)}
-            env.axioms.clear()
-            env.axioms.update(kept)
-        _changed(env)
-
-    def restore(self) -> None:
-        """Forgets everything the ShapeEnv learnt since the mark."""
-        env = self.env
-        guards, replacements, ranges, _ = self.state
-        del env.guards[guards:]
-        if env.replacements != replacements:
-            env.replacements.clear()
-            env.replacements.update(replacements)
-        for k in list(env.var_to_range):
-            if k in ranges and env.var_to_range[k] != ranges[k]:
-                env.var_to_range[k] = ranges[k]
-        if hasattr(env, "axioms"):
-            env.axioms.clear()
-            env.axioms.update(self.axioms)
-        _changed(env)
-
-
-def _changed(env) -> None:
-    if hasattr(env, "_version_counter"):  # its answers are cached by this version
-        env._version_counter += 1
-
-
-def _not_one(expr):
-    """s for a guard `Ne(s, 1)` (either side), else None."""
-    if isinstance(expr, sympy.Ne):
-        a, b = expr.args
-        if isinstance(a, sympy.Symbol) and b == 1:
-            return a
-        if isinstance(b, sympy.Symbol) and a == 1:
-            return b
-    return None
+from kiln.graph.symbolic_ir import Mark, shape_env_state
+from kiln.graph.symbolic_shapes import _hints, symbolic_ops
 
 
 def forget_if_same_at_one(env, mark: Mark, fake_mode, call, args, kwargs, result) -> bool:
     """After `result = call(args, kwargs)` ran on fakes in `fake_mode` from `mark`: forgets
     the op's guards that a size is not 1 where the op does the same at 1 (this module's
     docstring). True where it forgot them."""
-    symbols = mark.not_one()
+    symbols = mark.learnt_at_least_two()
     if not symbols:
         return False
     after = Mark(env)
@@ -110,13 +37,8 @@ def forget_if_same_at_one(env, mark: Mark, fake_mode, call, args, kwargs, result
         same = False
     after.restore()  # whatever the second run taught it
     if same:
-        mark.forget_not_one(symbols)
+        mark.forget_at_least_two(symbols)
     return same
-
-
-def _hints(env) -> dict:
-    hints = getattr(env, "backed_var_to_val", None)
-    return hints if hints is not None else env.var_to_val
 
 
 def _int_at(env, value, at: dict, hints: dict):
@@ -183,8 +105,6 @@ def _same_at_one(env, fake_mode, call, args, kwargs, result, at: dict) -> bool:
             moved.append(_int_at(env, a, at, hints))
     args1, kwargs1 = spec.unflatten(moved)
     before = shape_env_state(env)
-    from kiln.graph.symbolic_shapes import symbolic_ops
-
     with fake_mode, symbolic_ops():
         result1 = call(args1, kwargs1)
     if shape_env_state(env) != before:

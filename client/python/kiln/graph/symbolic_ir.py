@@ -159,7 +159,7 @@ def _finite(bound) -> Optional[int]:
         return None
 
 
-def _at_least_two(expr):
+def at_least_two(expr):
     """s where `expr` says only that the symbol s is 2 or more (s != 1 of a size, s >= 2,
     s > 1, 2 <= s, 1 < s), else None."""
     if not isinstance(expr, sympy.Basic) or len(expr.args) != 2:
@@ -191,6 +191,89 @@ def shape_env_state(env) -> tuple:
             sum(len(v) for v in getattr(env, "deferred_runtime_asserts", {}).values()))
 
 
+class Mark:
+    """What a ShapeEnv knew at a point (shape_env_state and its axioms), to compare with later
+    and to go back to."""
+
+    def __init__(self, env):
+        self.env = env
+        self.state = shape_env_state(env)
+        self.axioms = dict(getattr(env, "axioms", {}))
+
+    def changed(self) -> bool:
+        return shape_env_state(self.env) != self.state
+
+    def learnt_at_least_two(self) -> list:
+        """The symbols s of the guards learnt since the mark that say only s >= 2 (at_least_two)
+        on symbols whose range began at 1 there ([] where none, or where runtime assertions
+        were learnt)."""
+        env = self.env
+        guards, _, ranges, asserts = self.state
+        if shape_env_state(env)[3] != asserts:
+            return []
+        found = []
+        for g in env.guards[guards:]:
+            s = at_least_two(g.expr)
+            if s is not None and ranges.get(s) is not None and ranges[s].lower == 1 \
+                    and s not in found:
+                found.append(s)
+        return found
+
+    def only_learnt_at_least_two(self) -> list:
+        """learnt_at_least_two() where those guards and the ranges they narrowed are all that
+        was learnt since the mark; [] otherwise."""
+        guards, replacements, ranges, _ = self.state
+        env = self.env
+        symbols = self.learnt_at_least_two()
+        if not symbols or dict(env.replacements) != replacements or \
+                len(env.guards) - guards != sum(at_least_two(g.expr) in symbols
+                                                for g in env.guards[guards:]):
+            return []
+        for k, vr in env.var_to_range.items():
+            old = ranges.get(k)
+            if old != vr and not (k in symbols and vr.lower == 2 and old.upper == vr.upper):
+                return []
+        return symbols
+
+    def forget_at_least_two(self, symbols) -> None:
+        """Forgets the guards learnt since the mark that say s >= 2 of `symbols`, and the range
+        and axioms they taught; what else was learnt stays."""
+        env = self.env
+        guards, _, ranges, _ = self.state
+        symbols = set(symbols)
+        env.guards[guards:] = [g for g in env.guards[guards:]
+                               if at_least_two(g.expr) not in symbols]
+        for s in symbols:
+            env.var_to_range[s] = ranges[s]
+        if hasattr(env, "axioms"):
+            kept = {k: v for k, v in env.axioms.items()
+                    if k in self.axioms or not (k.free_symbols & symbols)}
+            env.axioms.clear()
+            env.axioms.update(kept)
+        _changed(env)
+
+    def restore(self) -> None:
+        """Forgets everything the ShapeEnv learnt since the mark."""
+        env = self.env
+        guards, replacements, ranges, _ = self.state
+        del env.guards[guards:]
+        if env.replacements != replacements:
+            env.replacements.clear()
+            env.replacements.update(replacements)
+        for k in list(env.var_to_range):
+            if k in ranges and env.var_to_range[k] != ranges[k]:
+                env.var_to_range[k] = ranges[k]
+        if hasattr(env, "axioms"):
+            env.axioms.clear()
+            env.axioms.update(self.axioms)
+        _changed(env)
+
+
+def _changed(env) -> None:
+    if hasattr(env, "_version_counter"):  # its answers are cached by this version
+        env._version_counter += 1
+
+
 class ShapeEnvUnchanged:
     """Fails a lowering that taught the capture's ShapeEnv anything (a guard, a replacement, a
     narrowed range): the capture's guards, installed already, would not check it, and a plan
@@ -198,51 +281,26 @@ class ShapeEnvUnchanged:
 
     With `floors` (a dict), a lowering that learnt only that symbols whose range began at 1 are
     2 or more (a kernel's choice that asks whether a batch is 1: SDPA's on a GPU) is not failed:
-    those symbols go into `floors` (symbol -> 2), and the plan is for calls where they are
-    (kiln.graph.size_floors)."""
+    those symbols go into `floors` (symbol -> 2), the ShapeEnv is put back as it was, and the
+    plan is for calls where they are (kiln.graph.size_floors)."""
 
     def __init__(self, env, floors: Optional[dict] = None):
         self.env = env
         self.floors = floors
 
-    def _state(self):
-        return shape_env_state(self.env)
-
     def __enter__(self):
-        self.before = self._state() if self.env is not None else None
+        self.mark = Mark(self.env) if self.env is not None else None
         return self
 
-    def _only_floors(self) -> dict:
-        """symbol -> 2 for each range narrowed from 1 to 2 since the start, where that and the
-        guards saying it are all the ShapeEnv learnt; {} otherwise."""
-        guards, replacements, ranges, asserts = self.before
-        env = self.env
-        now = self._state()
-        if now[1] != replacements or now[3] != asserts:
-            return {}
-        floors = {}
-        for g in env.guards[guards:]:
-            k = _at_least_two(g.expr)
-            if k is None or ranges.get(k) is None or ranges[k].lower != 1:
-                return {}
-            floors[k] = 2
-        for k, vr in env.var_to_range.items():
-            old = ranges.get(k)
-            if old == vr:
-                continue
-            if old is None or old.lower != 1 or vr.lower != 2 or old.upper != vr.upper:
-                return {}
-            floors[k] = 2
-        return floors
-
     def __exit__(self, kind, value, tb):
-        if kind is None and self.env is not None and self._state() != self.before:
+        if kind is None and self.mark is not None and self.mark.changed():
             if self.floors is not None:
-                learnt = self._only_floors()
+                learnt = self.mark.only_learnt_at_least_two()
                 if learnt:
-                    self.floors.update(learnt)
+                    self.floors.update({s: 2 for s in learnt})
+                    self.mark.restore()
                     return False
-            guards, replacements, ranges, _ = self.before
+            guards, replacements, ranges, _ = self.mark.state
             env = self.env
             learnt = [str(g.expr) for g in env.guards[guards:]]
             learnt += [f"{k} = {v}" for k, v in env.replacements.items()
