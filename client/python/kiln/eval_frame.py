@@ -12,6 +12,7 @@ from torch.nn.modules import module
 from kiln import _C, config
 from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped, skip_code
+from kiln.mutation_guard import GenerationTracker, install_generation_tagging
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       NothingToCompile, RecompileError, Unsupported)
 from kiln.state import STATE, counters
@@ -32,6 +33,7 @@ class FrameCallback:
             raise TypeError(f"dynamic must be None, True or False, got {dynamic!r}")
         compiler_fn = lookup_backend(backend)
         prepare_backend(compiler_fn)
+        install_generation_tagging()  # which modules the regions build (kiln.mutation_guard)
         self._before_capture = before_capture_hook(compiler_fn)
         self.backend = with_mode(compiler_fn, mode, options)
         self.backend_name = backend if isinstance(backend, str) else getattr(
@@ -372,6 +374,7 @@ class OptimizeContext:
         return _wrap(fn, self.callback)
 
     def __enter__(self):
+        GenerationTracker.next_generation()  # modules built in the block are new ones
         self._prior.append(_C.set_eval_frame(self.callback))
         return self
 

@@ -14,6 +14,7 @@ from kiln import _C
 from kiln.capture.skip_files import is_torch_file
 from kiln.exc import Unsupported
 from kiln.guards.builder import is_guardable_constant
+from kiln.mutation_guard import built_in_a_region
 from kiln.guards.source import (AttrSource, InstanceAttrSource, ItemSource, LocalSource,
                                 ObjectSource)
 from kiln.variables.autograd_function import AutogradFunctionApplyVariable, has_functions_apply
@@ -80,7 +81,11 @@ def wrap(tx, value, source, guard: bool = True):
                 out.guards.add(AttrSource(source, part), "CONSTANT_MATCH", getattr(value, part))
         return ConstantVariable(value, source)
     if isinstance(value, torch.nn.Module):
-        if g and out.unspecialized_modules and _from_the_frame(source):
+        # A module a compiled region built (a deepcopy of the model per call) is new each call:
+        # guarded by structure from its first capture, as the frame's modules are once a
+        # second instance of their class arrives.
+        if g and (out.unspecialized_modules or built_in_a_region(value)) and \
+                _from_the_frame(source):
             add("TYPE_MATCH", type(value))
             return NNModuleVariable(value, source, specialized=False)
         add("ID_MATCH", value)

@@ -106,6 +106,11 @@ class NNModuleVariable(VariableTracker):
         if name in d:
             value = d[name]
             source = InstanceAttrSource(self.source, name) if self.source else None
+            if type(value) is int and source is not None and \
+                    tx.output.symbolic.int_is_symbol(value, source):
+                # An attribute the frame itself assigns (`self.calls += 1`): a symbol.
+                tx.output.guards.add(source, "TYPE_MATCH", int)
+                return tx.output.add_int_input(value, source)
             if is_guardable_constant(value) or (isinstance(value, tuple) and all(
                     is_guardable_constant(v) for v in value)):
                 guard = name == "training" or config.guard_nn_module_constants or (
@@ -403,25 +408,46 @@ class ModuleMembersMethod(VariableTracker):
                 raise Unsupported("Module.named_modules() with a memo")
             pairs = mod.named_modules(tx, set(), a.get("prefix", ""),
                                       a.get("remove_duplicate", True))
+        call = (mod, self.name, a)
         if self.name.startswith("named_"):
             return ModuleMembersVariable([TupleVariable([ConstantVariable(n), v])
-                                          for n, v in pairs])
-        return ModuleMembersVariable([v for _, v in pairs])
+                                          for n, v in pairs], call)
+        return ModuleMembersVariable([v for _, v in pairs], call)
 
     def __repr__(self):
         return f"ModuleMembersMethod({self.name})"
 
 
 class ModuleMembersVariable(ListIteratorVariable):
-    """The generator a ModuleMembersMethod call returns, as the items it will yield: used up in
-    the graph (next(), a loop, list()); it cannot outlive it (a generator part-way through
-    cannot be rebuilt)."""
+    """The generator a ModuleMembersMethod call returns, as the items it will yield (next(), a
+    loop, list() use them up in the graph). Where it outlives the graph (passed to a call that
+    breaks it: `torch.autograd.grad(loss, net.parameters())`), the transformed code calls the
+    module's method again and advances the new generator as far as the frame had: the module's
+    registries are guarded as read, and the graph changes none of them, so it yields what the
+    frame's would have."""
+
+    def __init__(self, items, call):
+        super().__init__(items)
+        self.call = call  # (the module's tracker, the method's name, its bound arguments)
 
     def python_type(self):
         return types.GeneratorType
 
     def reconstruct(self, codegen) -> str:
-        raise Unsupported("a generator over a module's members outliving the graph")
+        self._check_not_drained()
+        module, name, bound = self.call
+        kwargs = {k: v for k, v in bound.items() if k != "self"}
+        return codegen.temp(self, lambda: f"{codegen.constant(members_at)}({codegen(module)}, "
+                                          f"{name!r}, {codegen.constant(kwargs)}, {self.index})")
+
+
+def members_at(module, name: str, kwargs: dict, index: int):
+    """`module.<name>(**kwargs)` (parameters(), named_modules()...) advanced by `index` items:
+    how the transformed code rebuilds such a generator that outlives the graph."""
+    generator = _MEMBER_GENERATORS[name](module, **kwargs)
+    for _ in range(index):
+        next(generator)
+    return generator
 
 
 def construct_module(tx, cls, args, kwargs) -> "FreshModuleVariable":
