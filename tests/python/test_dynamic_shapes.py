@@ -669,6 +669,51 @@ def test_an_int_attribute_of_a_module_that_changes_stays_a_constant():
                    for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder")
 
 
+class _Calls(torch.nn.Module):
+    """Counts its calls in a plain int attribute, and uses the count."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(6, 6)
+        self.calls = 0
+
+    def forward(self, x):
+        y = self.layer(x) + self.calls
+        self.calls += 1
+        return F.relu(y)
+
+
+@pytest.mark.parametrize("backend_name", ["eager", "kiln"])
+def test_an_int_attribute_a_module_increments_on_every_call_becomes_a_symbol(backend_name):
+    # Each call sees a new count: as a constant it would be captured again on every call until
+    # cache_size_limit, then run eagerly. Captured for 0, for 1, then once for every count.
+    ours, theirs = _Calls(), _Calls()
+    backend = Counting() if backend_name == "eager" else "kiln"
+    compiled = kiln.compile(ours, backend=backend)
+    x = torch.randn(4, 6)
+    for _ in range(kiln.config.cache_size_limit + 4):
+        torch.testing.assert_close(compiled(x), theirs(x))
+        assert ours.calls == theirs.calls and type(ours.calls) is int
+    assert len(_entries(compiled)) == 3
+    if backend_name == "eager":
+        symbols = [n for n in backend.graphs[-1].graph.nodes if n.op == "placeholder"
+                   and isinstance(n.meta.get("example_value"), torch.SymInt)]
+        assert len(symbols) == 1
+
+
+def test_an_int_attribute_a_module_increments_stays_a_constant_under_dynamic_false():
+    ours, theirs = _Calls(), _Calls()
+    backend = Counting()
+    compiled = kiln.compile(ours, backend=backend, dynamic=False)
+    x = torch.randn(4, 6)
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x), theirs(x))
+    assert len(backend.graphs) == 4
+    assert not any(isinstance(n.meta.get("example_value"), torch.SymInt)
+                   for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder")
+
+
 def test_only_the_int_attributes_that_changed_become_symbols():
     class Window:
         def __init__(self):

@@ -23,7 +23,7 @@ from kiln.state import STATE
 from kiln.transform.codegen import ConstTable, Reconstructor, transformed_code
 from kiln.transform.graph_break import break_body
 from kiln.transform.resume import resume_origin
-from kiln.variables.side_effects import replay_statements, stores_named
+from kiln.variables.side_effects import assigned_ints, replay_statements, stores_named
 
 log = logging.getLogger("kiln")
 
@@ -144,6 +144,9 @@ def convert_frame(func, code, slots, backend, backend_name: str, fullgraph: bool
     seen = STATE.object_int_values.setdefault(code, {})
     for source, value in output.symbolic.object_ints.items():
         seen.setdefault(source, set()).add(value)
+    assigned = assigned_ints(output)
+    if assigned:
+        STATE.self_assigned_ints[code] = STATE.self_assigned_ints.get(code, frozenset()) | assigned
     shapes = STATE.input_shapes.setdefault(code, {})
     for source, shape in output.symbolic.shapes.items():
         shapes.setdefault(source, set()).add(shape)

@@ -111,6 +111,10 @@ class ProcessState:
         # Per code object: source -> the values its entries guarded an int attribute of an
         # object it was passed to have; one that took several becomes a symbol (like the sizes).
         self.object_int_values: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # Per code object: the int attributes its captures both read and assigned (a module's
+        # `self.calls += 1`): each differs on the next call, so its next capture makes it a
+        # symbol rather than capture again for every value until cache_size_limit.
+        self.self_assigned_ints: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         # Per code object: source -> the shapes its captures saw the tensor input there have; a
         # dimension seen as 1 and as another size is a symbol in the next capture.
         self.input_shapes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -161,6 +165,7 @@ class ProcessState:
         self.shared_module_codes = weakref.WeakSet()
         self.sizes_changed_codes = weakref.WeakSet()
         self.object_int_values = weakref.WeakKeyDictionary()
+        self.self_assigned_ints = weakref.WeakKeyDictionary()
         self.input_shapes = weakref.WeakKeyDictionary()
         self.artifacts.clear()
         self.capture_misses = weakref.WeakKeyDictionary()

@@ -54,7 +54,8 @@ def capture_frame(func, code, slots, may_break: bool, unspecialized_modules: boo
     output.unspecialized_modules = unspecialized_modules
     output.symbolic = SymbolicInputs(output.fake_mode, dynamic,
                                      STATE.object_int_values.get(code, {}),
-                                     STATE.input_shapes.get(code, {}))
+                                     STATE.input_shapes.get(code, {}),
+                                     STATE.self_assigned_ints.get(code, frozenset()))
     tx = _C.Translator.root(func, code, slots, output, HOST, may_break=may_break)
     graph_break = None
     returned = None

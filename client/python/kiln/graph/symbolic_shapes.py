@@ -329,8 +329,11 @@ class SymbolicInputs:
     first dynamic input) and the tensors whose fakes have symbolic sizes."""
 
     def __init__(self, fake_mode, dynamic: Optional[bool], object_int_values=None,
-                 shapes_seen=None):
+                 shapes_seen=None, self_assigned=frozenset()):
         self.fake_mode = fake_mode
+        # sources of the int attributes earlier captures of the frame assigned
+        # (kiln.state.STATE.self_assigned_ints)
+        self.self_assigned = self_assigned
         # source -> values earlier entries of the frame guarded an int attribute of an object
         # it was passed to have (kiln.state.STATE.object_int_values)
         self.object_int_values = object_int_values or {}
@@ -388,11 +391,17 @@ class SymbolicInputs:
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
     def int_is_symbol(self, value: int, source) -> bool:
-        """Whether the int `value`, read at `source` (by kiln.variables.builder), is a symbol:
-        under dynamic=True, but 0 and 1, an argument or an item of one, or an attribute of an
-        object (not a module) reached from one that an earlier entry saw with another value (a
-        cache's length; a window size that never changed stays a constant)."""
-        if self.dynamic is not True or value in (0, 1):
+        """Whether the int `value`, read at `source` (by kiln.variables.builder and a module's
+        attributes), is a symbol: but 0 and 1, and never under dynamic=False, an attribute an
+        earlier capture of the frame assigned (a module's `self.calls += 1`, different on every
+        call); under dynamic=True, an argument or an item of one, or an attribute of an object
+        (not a module) reached from one that an earlier entry saw with another value (a cache's
+        length; a window size that never changed stays a constant)."""
+        if self.dynamic is False or value in (0, 1):
+            return False
+        if source in self.self_assigned:
+            return True
+        if self.dynamic is not True:
             return False
         if self.passed_in(source):
             return True

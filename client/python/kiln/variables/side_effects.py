@@ -101,6 +101,20 @@ def stores_named(output) -> List[str]:
             + [f"{source.name}[...]" for source, _ in output.container_stores])
 
 
+def assigned_ints(output) -> frozenset:
+    """The sources of the int attributes output.attribute_stores assigns (an int the frame
+    computed, or a symbol): STATE.self_assigned_ints."""
+    out = set()
+    for source, name, value, _ in output.attribute_stores:
+        try:
+            is_int = value.python_type() is int
+        except (NotImplementedError, Unsupported, AttributeError):
+            is_int = False
+        if is_int:
+            out.add(InstanceAttrSource(source, name))
+    return frozenset(out)
+
+
 def replay_statements(output, rebuild) -> List[str]:
     """The transformed code's assignments of output.attribute_stores: `rebuild` writes each
     object's and value's expression (values computed by the graph come from its outputs; what
