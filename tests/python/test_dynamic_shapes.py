@@ -702,6 +702,29 @@ def test_an_int_attribute_a_module_increments_on_every_call_becomes_a_symbol(bac
         assert len(symbols) == 1
 
 
+def test_a_modules_int_attribute_equal_to_an_input_size_stays_a_constant_in_a_dynamic_capture():
+    class Heads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = 4
+
+        def forward(self, x):
+            return x.reshape(x.shape[0], self.heads, -1).sum(-1)
+
+    m = Heads()
+    backend = Counting()
+    compiled = kiln.compile(m, backend=backend)
+    # 4: the first (static) capture's input has the attribute's value as a size; the sizes
+    # then change and the next capture makes them symbols, but not the attribute.
+    for rows in (4, 6, 9):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(x), m(x))
+    symbols = [n for g in backend.graphs for n in g.graph.nodes if n.op == "placeholder"
+               and isinstance(n.meta.get("example_value"), torch.SymInt)
+               and "heads" in n.name]
+    assert symbols == []
+
+
 def test_an_int_attribute_a_module_increments_stays_a_constant_under_dynamic_false():
     ours, theirs = _Calls(), _Calls()
     backend = Counting()

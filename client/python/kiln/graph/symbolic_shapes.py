@@ -390,18 +390,21 @@ class SymbolicInputs:
                 if shape[d] >= 2 or (shape[d] == 1 and (d in marked or (d == 0 and batch)))]
         return dims, marked & set(dims), marked_ranges(real) if marked else {}
 
+    def assigned_int_is_symbol(self, value: int, source) -> bool:
+        """Whether the int `value` read at `source` is a symbol because an earlier capture of
+        the frame assigned it (a module's `self.calls += 1`, different on every call): but 0 and
+        1, and never under dynamic=False."""
+        return self.dynamic is not False and value not in (0, 1) and source in self.self_assigned
+
     def int_is_symbol(self, value: int, source) -> bool:
-        """Whether the int `value`, read at `source` (by kiln.variables.builder and a module's
-        attributes), is a symbol: but 0 and 1, and never under dynamic=False, an attribute an
-        earlier capture of the frame assigned (a module's `self.calls += 1`, different on every
-        call); under dynamic=True, an argument or an item of one, or an attribute of an object
-        (not a module) reached from one that an earlier entry saw with another value (a cache's
-        length; a window size that never changed stays a constant)."""
-        if self.dynamic is False or value in (0, 1):
-            return False
-        if source in self.self_assigned:
+        """Whether the int `value`, read at `source` (by kiln.variables.builder), is a symbol:
+        one an earlier capture assigned (assigned_int_is_symbol); under dynamic=True, but 0 and
+        1, an argument or an item of one, or an attribute of an object (not a module) reached
+        from one that an earlier entry saw with another value (a cache's length; a window size
+        that never changed stays a constant)."""
+        if self.assigned_int_is_symbol(value, source):
             return True
-        if self.dynamic is not True:
+        if self.dynamic is not True or value in (0, 1):
             return False
         if self.passed_in(source):
             return True

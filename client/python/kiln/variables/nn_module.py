@@ -107,7 +107,7 @@ class NNModuleVariable(VariableTracker):
             value = d[name]
             source = InstanceAttrSource(self.source, name) if self.source else None
             if type(value) is int and source is not None and \
-                    tx.output.symbolic.int_is_symbol(value, source):
+                    tx.output.symbolic.assigned_int_is_symbol(value, source):
                 # An attribute the frame itself assigns (`self.calls += 1`): a symbol.
                 tx.output.guards.add(source, "TYPE_MATCH", int)
                 return tx.output.add_int_input(value, source)
