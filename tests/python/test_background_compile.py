@@ -353,3 +353,34 @@ def test_the_worker_warms_a_plan_only_where_no_gpu_work_runs_beside_it(backgroun
     # With the GPU in use, the first call that gets the entry sets the plan up on its own thread.
     assert made[0].warmed == ([] if gpu_in_use else [made[0].warmed[0]])
     assert all(t != threading.current_thread().name for t in made[0].warmed)
+
+
+def test_an_fx_trace_on_the_worker_is_not_seen_by_other_threads():
+    # The worker lowers graphs through make_fx, an FX trace. Where torch keeps "a trace is
+    # under way" for the whole process, a torch.compile'd function called on a serving thread
+    # meanwhile refused to run ("...symbolically trace a dynamo-optimized function").
+    import torch.fx._symbolic_trace as fx_trace
+    from kiln.background import fx_tracing_flag_per_thread
+
+    fx_tracing_flag_per_thread()  # what starting the worker does
+    inside, go, seen = threading.Event(), threading.Event(), []
+
+    def traced(x):
+        seen.append(fx_trace.is_fx_tracing())
+        inside.set()
+        go.wait(30)
+        return x + 1
+
+    tracer = threading.Thread(target=lambda: torch.fx.symbolic_trace(traced))
+    tracer.start()
+    try:
+        assert inside.wait(30)
+        assert not fx_trace.is_fx_symbolic_tracing()
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: x * 2, backend="eager")
+        x = torch.randn(3)
+        assert_close(compiled(x), x * 2)
+    finally:
+        go.set()
+        tracer.join()
+    assert seen == [True]  # the tracing thread itself sees its trace

@@ -22,6 +22,7 @@ and autocast modes (torch keeps them per thread). The entry it makes is used onl
 whose guards it passes, like any other: what the eager call changed meanwhile can only make it
 miss, never run wrongly."""
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -39,6 +40,54 @@ log = logging.getLogger("kiln")
 # The switch interval while the worker has work: how long a serving thread may wait for the GIL
 # the worker holds (each forced switch costs microseconds).
 WORKER_SWITCH_INTERVAL_S = 2e-4
+
+
+def fx_tracing_flag_per_thread() -> None:
+    """Makes torch.fx's "a symbolic trace is under way" a per-thread flag where this torch keeps
+    it for the whole process (older releases; newer ones keep it per thread). The worker lowers
+    graphs through make_fx, an FX trace: with one flag for the process, every other thread sees
+    a trace under way meanwhile, and a torch.compile'd function called on a serving thread then
+    refuses to run ("Detected that you are using FX to symbolically trace a dynamo-optimized
+    function"). As newer torch does: Tracer.trace sets a thread-local flag too, and the module's
+    readers of the flag (is_fx_tracing, is_fx_symbolic_tracing, wherever they were imported) read
+    that one. Done once, before the worker starts."""
+    st = torch.fx._symbolic_trace
+    if hasattr(st, "_is_fx_tracing_tls") or not hasattr(st, "_is_fx_tracing_flag") or \
+            getattr(st.Tracer.trace, "_kiln_per_thread", False):
+        return
+    tls = threading.local()
+    original_trace = st.Tracer.trace
+
+    @functools.wraps(original_trace)
+    def trace(self, *args, **kwargs):
+        prior = getattr(tls, "flag", False)
+        tls.flag = True
+        try:
+            return original_trace(self, *args, **kwargs)
+        finally:
+            tls.flag = prior
+
+    def is_fx_tracing() -> bool:
+        return getattr(tls, "flag", False)
+
+    def is_fx_symbolic_tracing() -> bool:
+        return getattr(tls, "flag", False) and not torch.compiler.is_compiling()
+
+    trace._kiln_per_thread = True
+    st.Tracer.trace = trace
+    readers = {}
+    for name, reader in (("is_fx_tracing", is_fx_tracing),
+                         ("is_fx_symbolic_tracing", is_fx_symbolic_tracing)):
+        original = getattr(st, name, None)
+        if original is not None:
+            readers[id(original)] = (original, reader)
+    for module in list(sys.modules.values()):
+        if module is None or not getattr(module, "__name__", "").startswith("torch"):
+            continue
+        for name, value in list(vars(module).items()):
+            found = readers.get(id(value))
+            if found is not None and found[0] is value:
+                setattr(module, name, found[1])
 
 
 def _thread_modes():
@@ -148,6 +197,7 @@ class BackgroundCompiler:
     def _worker(self) -> ThreadPoolExecutor:
         """The executor of the worker thread (under the lock)."""
         if self._executor is None:
+            fx_tracing_flag_per_thread()
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-compile")
         return self._executor
 
