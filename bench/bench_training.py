@@ -1,16 +1,20 @@
-"""Training steps: eager vs torch.compile (inductor) vs kiln (backend="kiln"), side by side in one
-run, one fresh process per (model, compiler).
+"""Training steps: eager vs torch.compile (inductor, default and reduce-overhead) vs kiln, side by
+side in one run, one fresh process per (model, compiler).
 
-    python bench/bench_training.py [--models ...] [--device cpu|cuda] [--rounds N] [--out F]
+    python bench/bench_training.py [--models ...] [--compilers ...] [--device cpu|cuda]
+                                   [--rounds N] [--out F]
 
-A step is forward, mean-squared-error loss against a fixed target, backward, and an SGD update of
-every parameter (models in training mode: dropout and batch norm as in training). Each compiler's
-process trains an eager copy and a compiled copy of the same model from the same weights, timing
-their steps in alternating rounds: its speedup is the ratio of its own pair's medians. Also: the
-first compiled step (capture, compile, AOT autograd's forward and backward graphs) on a cold
-cache, and the largest difference of the first step's loss from eager's. kiln compiles each
-forward and backward graph with kilnd where its lowering takes every op, and runs the graph
-eagerly where it does not (the record counts the graphs it compiled).
+A step is what the seed tutorial times: the compiled function runs the forward, the loss and
+`loss.backward()`; the optimizer's zero_grad() and step() run outside it (models in training
+mode: dropout and batch norm as in training). `tutorial` is the tutorial exactly as written:
+torchvision's resnet18() (1000 classes), a batch of 16 3x128x128 images, cross entropy, Adam.
+The others take a mean-squared-error loss against a fixed target and SGD. Each compiler's
+process trains an eager copy and a compiled copy of the same model from the same weights,
+timing their steps (the compiled function's call, as the tutorial does) in alternating rounds:
+its speedup is the ratio of its own pair's medians. Also: the first compiled step (capture,
+compile, AOT autograd's forward and backward graphs) on a cold cache, and the largest
+difference of the first step's loss from eager's. kiln compiles each forward and backward graph
+with kilnd where its lowering takes every op (the record counts the graphs it compiled).
 """
 import argparse
 import copy
@@ -26,8 +30,9 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from common import command_line, emit, environment, first_tensor, stop_kilnd  # noqa: E402
 
-MODELS = ["mlp", "transformer_layer", "resnet18"]
-COMPILERS = ["inductor", "kiln"]
+MODELS = ["tutorial", "mlp", "transformer_layer", "resnet18"]
+# inductor-ro: torch.compile(mode="reduce-overhead") (CUDA graphs; on the CPU as the default)
+COMPILERS = ["inductor", "inductor-ro", "kiln"]
 
 
 def build(name: str, device: str):
@@ -42,6 +47,10 @@ def build(name: str, device: str):
     if name == "transformer_layer":
         layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)
         return layer.to(device), torch.randn(8, 64, 256, device=device)
+    if name == "tutorial":  # the seed tutorial's model and batch, as written
+        from torchvision.models import resnet18
+
+        return resnet18().to(device), torch.randn(16, 3, 128, 128, device=device)
     if name == "resnet18":  # the seed tutorial's size
         from torchvision.models import resnet18
 
@@ -54,33 +63,58 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
 
     eager, x = build(model, device)
     trained = copy.deepcopy(eager)
-    target = torch.randn_like(first_tensor(eager(x)).float()).detach()
+    if model == "tutorial":
+        target = torch.randint(1000, (x.shape[0],), device=device)
+
+        def train(mod, data):  # the tutorial's train(), returning its loss
+            pred = mod(data[0])
+            loss = torch.nn.CrossEntropyLoss()(pred, data[1])
+            loss.backward()
+            return loss
+
+        def optimizer(params):
+            return torch.optim.Adam(params)
+    else:
+        target = torch.randn_like(first_tensor(eager(x)).float()).detach()
+
+        def train(mod, data):
+            loss = torch.nn.functional.mse_loss(first_tensor(mod(data[0])).float(), data[1])
+            loss.backward()
+            return loss
+
+        def optimizer(params):
+            return torch.optim.SGD(params, lr=1e-3)
     if compiler == "kiln":
         import kiln
 
-        compiled = kiln.compile(trained)
+        compiled = kiln.compile(train)
+    elif compiler == "inductor-ro":
+        compiled = torch.compile(train, mode="reduce-overhead")
     else:
-        compiled = torch.compile(trained)
+        compiled = torch.compile(train)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    data = (x, target)
 
     def make_step(m, run):
-        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        opt = optimizer(m.parameters())
+        pending = []
 
         def step():
+            if pending:  # the previous step's update, outside the timed call
+                opt.step()
             opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(first_tensor(run(x)).float(), target)
-            loss.backward()
-            opt.step()
-            return loss
+            sync()
+            t = time.perf_counter()
+            loss = run(m, data)
+            sync()
+            pending.append(True)
+            return loss, time.perf_counter() - t
 
         return step
 
-    step_e, step_c = make_step(eager, eager), make_step(trained, compiled)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    want = step_e()
-    t = time.perf_counter()
-    got = step_c()
-    sync()
-    first_s = time.perf_counter() - t
+    step_e, step_c = make_step(eager, train), make_step(trained, compiled)
+    want, _ = step_e()
+    got, first_s = step_c()
     record = {"model": model, "compiler": compiler, "device": device, **environment(),
               "first_step_s": first_s, "loss_diff": abs(got.item() - want.item()),
               "loss": want.item()}
@@ -89,11 +123,7 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
     times = {"eager": [], "compiled": []}
     for _ in range(rounds):
         for key, step in (("eager", step_e), ("compiled", step_c)):
-            sync()
-            t = time.perf_counter()
-            step()
-            sync()
-            times[key].append(time.perf_counter() - t)
+            times[key].append(step()[1])
     record["eager_ms"] = statistics.median(times["eager"]) * 1e3
     record["ms"] = statistics.median(times["compiled"]) * 1e3
     record["speedup"] = record["eager_ms"] / record["ms"]
@@ -118,7 +148,8 @@ def run_child(model, compiler, device, rounds, cache_root) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=MODELS)
-    ap.add_argument("--compilers", nargs="+", default=COMPILERS)
+    ap.add_argument("--compilers", nargs="+", default=COMPILERS,
+                    choices=["inductor", "inductor-ro", "kiln"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default=None, help="append each record (JSON lines) here")
@@ -139,13 +170,13 @@ def main():
                 shutil.rmtree(cache_root, ignore_errors=True)
             emit(record, args.out)
             rows.append(record)
-    print(f"\n{'model':18s} {'compiler':9s} {'eager ms':>9s} {'ms':>9s} {'speedup':>8s} "
+    print(f"\n{'model':18s} {'compiler':11s} {'eager ms':>9s} {'ms':>9s} {'speedup':>8s} "
           f"{'first s':>8s} {'loss diff':>9s}")
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:18s} {r['compiler']:9s} failed: {r['error'].splitlines()[-1]}")
+            print(f"{r['model']:18s} {r['compiler']:11s} failed: {r['error'].splitlines()[-1]}")
             continue
-        print(f"{r['model']:18s} {r['compiler']:9s} {r['eager_ms']:9.2f} {r['ms']:9.2f} "
+        print(f"{r['model']:18s} {r['compiler']:11s} {r['eager_ms']:9.2f} {r['ms']:9.2f} "
               f"{r['speedup']:8.2f} {r['first_step_s']:8.2f} {r['loss_diff']:9.1e}")
 
 
