@@ -10,7 +10,9 @@
 # the kiln.v1 modules were generated for, installed ahead of the machine's own), .kilnd-bundle
 # (kilnd with its libraries; $KILN_KILND points at it) and client/python/kiln/v1. For instance:
 #   run(command="scripts/gpu_check.sh", carry=[".whl", ".kilnd-bundle", "client/python/kiln/v1"])
-# Without them the tests of the "kiln" backend skip.
+# Without them the tests of the "kiln" backend skip. KILN_TEST_PROCESSES=N runs the Python tests
+# in N processes at once (4 finish the suite on an H200 machine in about 8 minutes, where one
+# process does not finish within a 10-minute call).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build-gpu/out}
@@ -175,7 +177,32 @@ if [ ${#command[@]} -gt 0 ]; then
   exit $?
 fi
 status=0
-$py -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$out/pytest.txt" | tail -25 || status=1
+procs=${KILN_TEST_PROCESSES:-1}
+if [ "$procs" -gt 1 ]; then
+  # The suite in $procs pytest processes at once (one process takes longer on the GPU machine
+  # than one call to it may run): test files dealt round-robin, each process with its own kilnd
+  # (cache and socket directory) and its own basetemp; each one's output in $out/pytest<i>.txt.
+  files=(tests/python/test_*.py)
+  pids=()
+  for i in $(seq 0 $((procs - 1))); do
+    mine=()
+    for j in "${!files[@]}"; do [ $((j % procs)) = "$i" ] && mine+=("${files[$j]}"); done
+    dir=$(mktemp -d)
+    mkdir -p "$dir/cache" "$dir/run" && chmod 700 "$dir/run"
+    env -u KILN_CACHE_DIR XDG_CACHE_HOME="$dir/cache" XDG_RUNTIME_DIR="$dir/run" \
+      $py -m pytest -q -p no:cacheprovider -rfE --basetemp="$dir/tmp" "${mine[@]}" \
+      >"$out/pytest$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || status=1
+    echo "== pytest process $i of $procs"
+    grep -E "^(FAILED|ERROR) |[0-9]+ (passed|failed|error)" "$out/pytest$i.txt" | tail -15
+  done
+else
+  $py -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$out/pytest.txt" | tail -25 ||
+    status=1
+fi
 if [ "${KILN_GPU_BENCH:-1}" = 1 ]; then
   $py bench/bench_overhead.py --out "$out/bench.jsonl"
   if $py -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
