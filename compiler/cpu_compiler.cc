@@ -12,7 +12,7 @@ namespace kiln::compiler {
 namespace {
 
 // Bump whenever generated code may change for the same graph (codegen, fusion, plan rules).
-constexpr char kCpuCompilerVersion[] = "kiln-cpu-24";
+constexpr char kCpuCompilerVersion[] = "kiln-cpu-25";
 
 // The ISA kernels are built for, or CODE_UNIMPLEMENTED for a target this compiler does not know.
 absl::StatusOr<std::string> TargetIsa(const kiln::v1::Target& target) {

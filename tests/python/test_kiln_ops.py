@@ -229,12 +229,17 @@ def test_activation_after_convolution_is_its_post_op(name):
     def fn(x):
         return act(bn(conv(x)))
 
-    art = check(fn, randn(2, 8, 9, 9), rtol=1e-4, atol=1e-4)
+    x = randn(2, 8, 9, 9)
+    art = check(fn, x, rtol=1e-4, atol=1e-4)
     convs = [s.library for s in art.body.plan.steps if s.WhichOneof("kind") == "library"
              and s.library.op == "mkldnn::_convolution_pointwise"]
     assert len(convs) == 1 and convs[0].args[7].string_value == attr
+    # One kernel: the copy of oneDNN's channels-last result to the NCHW value the graph returns,
+    # as eager's (the batch-norm fold runs in the prologue).
     per_call = [s for s in art.body.plan.steps if s.WhichOneof("kind") == "kernel"]
-    assert not per_call  # (the batch-norm fold runs in the prologue)
+    assert len(per_call) == 1
+    with torch.no_grad():
+        assert kiln.compile(fn, backend="kiln")(x).stride() == fn(x).stride()
 
 
 @pytest.mark.skipif(not ONEDNN, reason="torch without oneDNN's fused convolution")
@@ -248,6 +253,7 @@ def test_activation_without_an_equal_post_op_stays_a_kernel():
         convs = [s.library for s in art.body.plan.steps if s.WhichOneof("kind") == "library"
                  and s.library.op == "mkldnn::_convolution_pointwise"]
         per_call = [s for s in art.body.plan.steps if s.WhichOneof("kind") == "kernel"]
+        # The activation's kernel (it also gives the NCHW layout of the channels-last result).
         assert convs[0].args[7].string_value == "none" and len(per_call) == 1
 
 

@@ -143,6 +143,27 @@ def test_metadata_after_the_pass_matches_real_execution():
         assert value.stride() == fake.stride(), node
 
 
+def test_a_cpu_graph_returning_most_of_its_activations_keeps_eager_layout():
+    # A training graph's forward returns its activations for the backward: each would be
+    # copied back to eager's layout, more than the channels-last convolutions gain on the CPU.
+    m = ConvNet().eval()
+
+    def forward_with_saved(x):
+        a = m.conv1(x)
+        b = torch.relu(m.bn(a))
+        c = m.conv2(b)
+        return m.pool(torch.relu(c + b)), a, b, c
+
+    gm, inputs = capture(forward_with_saved, torch.randn(2, 3, 16, 16))
+    aten_gm, _ = lowering.to_aten(gm, inputs)
+    convs = convolutions(aten_gm)
+    assert len(convs) == 2
+    for conv in convs:
+        assert conv.args[0].meta["val"].is_contiguous()
+        assert conv.meta["val"].is_contiguous()
+    assert not any(n.target is aten.clone.default for n in aten_gm.graph.nodes)
+
+
 def test_one_convolution_is_left_alone():
     conv = torch.nn.Conv2d(3, 4, 3).eval()
     gm, inputs = capture(conv, torch.randn(1, 3, 8, 8))
@@ -197,6 +218,25 @@ def test_intermediate_activation_output_keeps_eager_layout(kilnd_cache):
     for o, e in zip(out, expected):
         torch.testing.assert_close(o, e)
         assert o.stride() == e.stride()
+
+
+def test_one_convolutions_result_has_eagers_strides(kilnd_cache):
+    # One convolution: the graph stays NCHW (too few for the layout pass), and oneDNN's fused
+    # call, which writes channels-last whatever its input, is not used for it: the result is
+    # NCHW as eager's is (it came back channels-last, so that a .view() of it failed).
+    conv = torch.nn.Conv2d(3, 4, 3).eval()
+
+    def fn(x):
+        return conv(x).sigmoid()
+
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad():
+        out = kiln.compile(fn, backend="kiln")(x)
+        expected = fn(x)
+    assert kiln.debug.artifacts()
+    torch.testing.assert_close(out, expected)
+    assert out.stride() == expected.stride()
+    out.view(2, -1)
 
 
 class FlattenedConvNet(torch.nn.Module):

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -987,23 +988,26 @@ TEST(BoundPrologueTest, PlanRunsBoundWorkInThePrologueOutsideTheArena) {
   }
 }
 
-// conv1 -> relu; conv2(relu) + conv3(x) -> relu: a residual block's shape.
+// conv1 -> relu; conv2(relu) + conv3(x) -> relu: a residual block's shape, channels-last (the
+// client's layout pass; see ANchwConvolutionIsCopiedBackToItsLayout).
+const std::vector<int64_t> kNhwc1466{144, 1, 24, 4};
+
 TEST(OneDnnPassesTest, ConvolutionsTakeReluAndResidualAddAsPostOps) {
   GraphBuilder b;
   uint32_t w1 = b.Input({4, 4, 3, 3}), w2 = b.Input({4, 4, 3, 3}), w3 = b.Input({4, 4, 1, 1});
   b.Bound(3);
-  uint32_t x = b.Input({1, 4, 6, 6});
+  uint32_t x = b.Input({1, 4, 6, 6}, kF32, kNhwc1466);
   auto conv = [&](uint32_t in, uint32_t w, int64_t pad) {
     return b.Op("aten::convolution",
                 {V(in), V(w), None(), Ints({1, 1}), Ints({pad, pad}), Ints({1, 1}), B(false),
                  Ints({0, 0}), I(1)},
-                {1, 4, 6, 6});
+                {1, 4, 6, 6}, kF32, kNhwc1466);
   };
-  uint32_t r1 = b.Op("aten::relu", {V(conv(x, w1, 1))}, {1, 4, 6, 6});
+  uint32_t r1 = b.Op("aten::relu", {V(conv(x, w1, 1))}, {1, 4, 6, 6}, kF32, kNhwc1466);
   uint32_t c2 = conv(r1, w2, 1);
   uint32_t c3 = conv(x, w3, 0);
-  uint32_t sum = b.Op("aten::add.Tensor", {V(c2), V(c3)}, {1, 4, 6, 6});
-  uint32_t out = b.Op("aten::relu", {V(sum)}, {1, 4, 6, 6});
+  uint32_t sum = b.Op("aten::add.Tensor", {V(c2), V(c3)}, {1, 4, 6, 6}, kF32, kNhwc1466);
+  uint32_t out = b.Op("aten::relu", {V(sum)}, {1, 4, 6, 6}, kF32, kNhwc1466);
   b.Output(out);
   PassStats stats;
   Graph g = EliminateDeadCode(UseOneDnnConvolution(b.graph(), &stats));
@@ -1036,6 +1040,55 @@ TEST(OneDnnPassesTest, ConvolutionsTakeReluAndResidualAddAsPostOps) {
     EXPECT_TRUE(bound.count(n.outputs(0).id()));
   }
   EXPECT_EQ(packs, 3);
+}
+
+// oneDNN's call over a packed weight writes its result channels-last whatever the input's
+// layout. An NCHW convolution (a graph the layout pass left as traced: one convolution, a
+// training forward returning its activations) takes its unary post-op, writes a channels-last
+// value of its own, and a copy gives the graph's NCHW value (a graph output's strides are
+// eager's); a residual add stays a kernel.
+TEST(OneDnnPassesTest, ANchwConvolutionIsCopiedBackToItsLayout) {
+  GraphBuilder b;
+  uint32_t w = b.Input({4, 4, 3, 3});
+  b.Bound(1);
+  uint32_t x = b.Input({1, 4, 6, 6});
+  auto conv = [&]() {
+    return b.Op("aten::convolution",
+                {V(x), V(w), None(), Ints({1, 1}), Ints({1, 1}), Ints({1, 1}), B(false),
+                 Ints({0, 0}), I(1)},
+                {1, 4, 6, 6});
+  };
+  uint32_t relu = b.Op("aten::relu", {V(conv())}, {1, 4, 6, 6});
+  uint32_t sum = b.Op("aten::add.Tensor", {V(conv()), V(x)}, {1, 4, 6, 6});
+  b.Output(relu);
+  b.Output(sum);
+  PassStats stats;
+  Graph g = EliminateDeadCode(UseOneDnnConvolution(b.graph(), &stats));
+  EXPECT_EQ(stats.onednn_convolutions, 2);
+  EXPECT_EQ(stats.fused_post_ops, 1);  // the relu; not the add
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) {
+    ops.push_back(n.op());
+    if (n.op() == "mkldnn::_convolution_pointwise") {
+      const auto& m = n.outputs(0).meta();
+      EXPECT_EQ(std::vector<int64_t>(m.strides().begin(), m.strides().end()),
+                (std::vector<int64_t>{144, 1, 24, 4}));
+    }
+    if (n.op() == "aten::clone") {
+      const auto& m = n.outputs(0).meta();
+      EXPECT_EQ(std::vector<int64_t>(m.strides().begin(), m.strides().end()),
+                (std::vector<int64_t>{144, 36, 6, 1}));
+    }
+  }
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::clone"), 2);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::add.Tensor"), 1);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "aten::relu"), 0);
+  // The relu's value is the first copy's result, as the graph returns it.
+  bool relu_copied = false;
+  for (const auto& n : g.nodes()) {
+    relu_copied = relu_copied || (n.op() == "aten::clone" && n.outputs(0).id() == relu);
+  }
+  EXPECT_TRUE(relu_copied);
 }
 
 TEST(OneDnnPassesTest, ParameterWeightsOfMatrixProductsArePackedOnce) {

@@ -55,6 +55,13 @@ def _groups(conv: torch.fx.Node) -> int:
     return conv.args[8] if len(conv.args) > 8 else conv.kwargs.get("groups", 1)
 
 
+# On the CPU: the largest share, in elements, of the convolutions' results that the graph's
+# outputs computed from them may hold for the graph to go channels-last. Each such output is
+# copied back to eager's layout; a training graph's forward returns nearly every activation for
+# its backward (resnet18's step spent a tenth of its time in those copies, and oneDNN's NHWC
+# convolutions were no faster there), an inference graph one result.
+MAX_RESTORED_SHARE_CPU = 0.5
+
 # The dtypes each device's convolutions run channels-last in.
 _DTYPES = {"cpu": (torch.float32, torch.bfloat16),
            "cuda": (torch.float32, torch.bfloat16, torch.float16)}
@@ -101,7 +108,7 @@ def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModul
             for node in aten_gm.graph.nodes:
                 if node.op == "output":
                     outs = _outputs(graph, node, env, conv_set)
-                    if outs is None:
+                    if outs is None or _restores_too_much(graph, convs):
                         return None
                     graph.output(outs)
                 elif node in conv_set:
@@ -120,6 +127,18 @@ def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModul
         log.debug("kiln: convolutions stay in eager's layout (%s: %s)", type(e).__name__, e)
         return None
     return _make_graph_module(aten_gm, graph)
+
+
+def _restores_too_much(graph: torch.fx.Graph, convs) -> bool:
+    """Whether, on the CPU, the copies that give the outputs back eager's layout (the clones to
+    contiguous format _outputs added last to `graph`) hold more elements than
+    MAX_RESTORED_SHARE_CPU of the convolutions' results."""
+    if convs[0].args[0].meta["val"].device.type != "cpu":
+        return False
+    restored = sum(n.meta["val"].numel() for n in graph.nodes
+                   if n.target is aten.clone.default and
+                   n.kwargs.get("memory_format") is torch.contiguous_format)
+    return restored > MAX_RESTORED_SHARE_CPU * sum(c.meta["val"].numel() for c in convs)
 
 
 def _computed(graph: torch.fx.Graph, node: torch.fx.Node, args, kwargs) -> torch.fx.Node:

@@ -48,7 +48,7 @@ _DECOMPOSED = [
 
 # Changes whenever the same captured graph would lower to a different IR (a new pass, a new
 # decomposition): it is part of the structure key, so warm indexes never map to stale IR.
-LOWERING_VERSION = b"kiln-lowering-20"
+LOWERING_VERSION = b"kiln-lowering-21"
 
 
 @dataclass
