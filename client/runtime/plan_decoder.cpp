@@ -272,6 +272,19 @@ Status AppendMessage(Reader& r, int wire_type, uint32_t field, std::vector<T>* o
   return Status::OK();
 }
 
+// A singular message field kept as a vector of at most one element (MetaSpec's
+// storage_offset_expr: absent or one expression): its first occurrence makes the element, a
+// later one merges into it, as protobuf's parser merges a message field that appears twice.
+template <typename T, typename Decode>
+Status MergeOptionalMessage(Reader& r, int wire_type, uint32_t field, std::vector<T>* out,
+                            const char* name, Decode decode) {
+  std::optional<Reader> nested;
+  KILN_RETURN_IF_ERROR(OpenMessage(r, wire_type, field, &nested));
+  if (!nested) return Status::OK();
+  if (out->empty()) out->emplace_back();
+  return In(decode(*nested, &out->front()), name, 0);
+}
+
 // Runs `on_field(field, wire_type)` for every field of the message in `r`.
 template <typename OnField>
 Status ForEachField(Reader& r, OnField on_field) {
@@ -362,8 +375,8 @@ Status DecodeMeta(Reader& r, MetaSpec* out) {
         return AppendMessage(r, wire_type, field, &out->stride_exprs, "stride_exprs",
                              DecodeSymExpr);
       case 9:
-        return AppendMessage(r, wire_type, field, &out->storage_offset_expr,
-                             "storage_offset_expr", DecodeSymExpr);
+        return MergeOptionalMessage(r, wire_type, field, &out->storage_offset_expr,
+                                    "storage_offset_expr", DecodeSymExpr);
       default:  // 4 device, 6 requires_grad: a plan runs on one device, for inference.
         return r.Skip(field, wire_type);
     }

@@ -328,6 +328,31 @@ TEST(PlanDecoderTest, OneofMembersReplaceEachOtherAndMessagesMerge) {
   EXPECT_EQ(l.args[0].list, (std::vector<int64_t>{1, 2}));
 }
 
+TEST(PlanDecoderTest, AStorageOffsetExpressionGivenTwiceMergesAsProtobufMergesIt) {
+  // TensorMeta.storage_offset_expr (a singular message) twice: protobuf merges the two, their
+  // terms concatenated; DecodePlan kept two expressions (found by fuzz_plan_decoder).
+  kiln::v1::TensorMeta first, second;
+  auto* a = first.mutable_storage_offset_expr()->add_terms();
+  a->set_coefficient(3);
+  a->add_symbols(0);
+  second.mutable_storage_offset_expr()->add_terms()->set_coefficient(5);
+  const std::string meta = first.SerializeAsString() + second.SerializeAsString();
+  kiln::v1::Value value;
+  value.set_id(4);
+  const std::string v = value.SerializeAsString() + std::string("\x12", 1) +
+                        static_cast<char>(meta.size()) + meta;  // Value.meta
+  const std::string plan = std::string("\x32", 1) + static_cast<char>(v.size()) + v;  // values
+  ExpectAgrees(plan, "storage offset expression twice");
+  StatusOr<PlanSpec> spec = DecodePlan(plan);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  ASSERT_EQ(spec->values.size(), 1u);
+  const auto& exprs = spec->values[0].meta.storage_offset_expr;
+  ASSERT_EQ(exprs.size(), 1u);
+  ASSERT_EQ(exprs[0].terms.size(), 2u);
+  EXPECT_EQ(exprs[0].terms[0].coefficient, 3);
+  EXPECT_EQ(exprs[0].terms[1].coefficient, 5);
+}
+
 TEST(PlanDecoderTest, ErrorsNameTheFieldAndTheByte) {
   const std::string bytes = RichPlan().SerializeAsString();
   StatusOr<PlanSpec> cut = DecodePlan(bytes.substr(0, bytes.size() - 1));
