@@ -272,19 +272,6 @@ Status AppendMessage(Reader& r, int wire_type, uint32_t field, std::vector<T>* o
   return Status::OK();
 }
 
-// A singular message field kept as a vector of at most one element (MetaSpec's
-// storage_offset_expr: absent or one expression): its first occurrence makes the element, a
-// later one merges into it, as protobuf's parser merges a message field that appears twice.
-template <typename T, typename Decode>
-Status MergeOptionalMessage(Reader& r, int wire_type, uint32_t field, std::vector<T>* out,
-                            const char* name, Decode decode) {
-  std::optional<Reader> nested;
-  KILN_RETURN_IF_ERROR(OpenMessage(r, wire_type, field, &nested));
-  if (!nested) return Status::OK();
-  if (out->empty()) out->emplace_back();
-  return In(decode(*nested, &out->front()), name, 0);
-}
-
 // Runs `on_field(field, wire_type)` for every field of the message in `r`.
 template <typename OnField>
 Status ForEachField(Reader& r, OnField on_field) {
@@ -375,8 +362,14 @@ Status DecodeMeta(Reader& r, MetaSpec* out) {
         return AppendMessage(r, wire_type, field, &out->stride_exprs, "stride_exprs",
                              DecodeSymExpr);
       case 9:
-        return MergeOptionalMessage(r, wire_type, field, &out->storage_offset_expr,
-                                    "storage_offset_expr", DecodeSymExpr);
+        // A singular message kept as at most one element: a second occurrence merges into
+        // the first, as protobuf's parser merges it (ReadMessage).
+        return In(ReadMessage(r, wire_type, field, &out->storage_offset_expr,
+                              [](Reader& nested, std::vector<SymExprSpec>* exprs) {
+                                if (exprs->empty()) exprs->emplace_back();
+                                return DecodeSymExpr(nested, &exprs->front());
+                              }),
+                  "storage_offset_expr");
       default:  // 4 device, 6 requires_grad: a plan runs on one device, for inference.
         return r.Skip(field, wire_type);
     }

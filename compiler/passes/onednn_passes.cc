@@ -32,6 +32,13 @@ bool ChannelsLastDense(const TensorMeta& m) {
          m.strides(3) == c;
 }
 
+// Gives `m` (sizes (N, C, H, W)) the dense NHWC strides ChannelsLastDense accepts.
+void SetChannelsLastStrides(TensorMeta* m) {
+  const int64_t c = m->sizes(1), h = m->sizes(2), w = m->sizes(3);
+  m->clear_strides();
+  for (int64_t st : {h * w * c, int64_t{1}, w * c, c}) m->add_strides(st);
+}
+
 // oneDNN's post-op for a unary node (attr and scalars as mkldnn::_convolution_pointwise takes
 // them), or nullopt when it has none: relu, hardswish, silu ("swish"), sigmoid, tanh,
 // hardsigmoid, and hardtanh with integral bounds (ReLU6). oneDNN computes the same functions
@@ -255,10 +262,7 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
                                            !ChannelsLastDense(w)) {
       Node producer = graph.nodes(p->second);
       if (IsFusable(producer, index.meta)) {
-        TensorMeta* m = producer.mutable_outputs(0)->mutable_meta();
-        const int64_t c = m->sizes(1), h = m->sizes(2), wd = m->sizes(3);
-        m->clear_strides();
-        for (int64_t st : {h * wd * c, int64_t{1}, wd * c, c}) m->add_strides(st);
+        SetChannelsLastStrides(producer.mutable_outputs(0)->mutable_meta());
         replace[p->second] = {std::move(producer)};
         if (stats) ++stats->channels_last_weights;
       }
@@ -308,11 +312,8 @@ Graph UseOneDnnConvolution(const Graph& graph, PassStats* stats) {
     if (nchw) {
       kiln::v1::Value* nhwc = fused.add_outputs();
       nhwc->set_id(index.next_id++);
-      TensorMeta* m = nhwc->mutable_meta();
-      *m = result.meta();
-      const int64_t c = m->sizes(1), h = m->sizes(2), wd = m->sizes(3);
-      m->clear_strides();
-      for (int64_t st : {h * wd * c, int64_t{1}, wd * c, c}) m->add_strides(st);
+      *nhwc->mutable_meta() = result.meta();
+      SetChannelsLastStrides(nhwc->mutable_meta());
       Node copy;
       copy.set_op("aten::clone");
       copy.add_args()->set_value(nhwc->id());

@@ -355,13 +355,30 @@ def test_the_worker_warms_a_plan_only_where_no_gpu_work_runs_beside_it(backgroun
     assert all(t != threading.current_thread().name for t in made[0].warmed)
 
 
-def test_an_fx_trace_on_the_worker_is_not_seen_by_other_threads():
+def test_an_fx_trace_on_the_worker_is_not_seen_by_other_threads(monkeypatch):
     # The worker lowers graphs through make_fx, an FX trace. Where torch keeps "a trace is
-    # under way" for the whole process, a torch.compile'd function called on a serving thread
-    # meanwhile refused to run ("...symbolically trace a dynamo-optimized function").
+    # under way" for the whole process (torch 2.11), a torch.compile'd function called on a
+    # serving thread meanwhile refused to run ("...symbolically trace a dynamo-optimized
+    # function"). A newer torch keeps it per thread: it is made process-wide here, as 2.11 has
+    # it, and everything the fix replaces is put back afterwards.
+    import sys
+
     import torch.fx._symbolic_trace as fx_trace
     from kiln.background import fx_tracing_flag_per_thread
 
+    monkeypatch.delattr(fx_trace, "_is_fx_tracing_tls", raising=False)
+    monkeypatch.setattr(fx_trace, "_is_fx_tracing_flag", False, raising=False)
+    monkeypatch.setattr(fx_trace, "_set_is_fx_tracing",
+                        lambda v: setattr(fx_trace, "_is_fx_tracing_flag", v), raising=False)
+    monkeypatch.setattr(fx_trace, "_get_is_fx_tracing", lambda: fx_trace._is_fx_tracing_flag,
+                        raising=False)
+    monkeypatch.setattr(fx_trace.Tracer, "trace", fx_trace.Tracer.trace)
+    readers = {id(fx_trace.is_fx_tracing), id(fx_trace.is_fx_symbolic_tracing)}
+    for module in list(sys.modules.values()):
+        if module is not None and getattr(module, "__name__", "").startswith("torch"):
+            for name, value in list(vars(module).items()):
+                if id(value) in readers:
+                    monkeypatch.setattr(module, name, value)
     fx_tracing_flag_per_thread()  # what starting the worker does
     inside, go, seen = threading.Event(), threading.Event(), []
 

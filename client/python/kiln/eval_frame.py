@@ -12,9 +12,9 @@ from torch.nn.modules import module
 from kiln import _C, config
 from kiln.backends.registry import before_capture_hook, lookup_backend, prepare_backend, with_mode
 from kiln.capture.skip_files import is_skipped, skip_code
-from kiln.mutation_guard import GenerationTracker, install_generation_tagging
 from kiln.exc import (BackendCompilerFailed, CapturedForAnotherDevice, KilnError,
                       NothingToCompile, RecompileError, Unsupported)
+from kiln.mutation_guard import GenerationTracker, install_generation_tagging
 from kiln.state import STATE, counters
 
 log = logging.getLogger("kiln")

@@ -107,8 +107,8 @@ def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModul
         with torch.no_grad(), fake_mode:
             for node in aten_gm.graph.nodes:
                 if node.op == "output":
-                    outs = _outputs(graph, node, env, conv_set)
-                    if outs is None or _restores_too_much(graph, convs):
+                    outs, restored = _outputs(graph, node, env, conv_set)
+                    if outs is None or _restores_too_much(restored, convs):
                         return None
                     graph.output(outs)
                 elif node in conv_set:
@@ -129,15 +129,11 @@ def channels_last(aten_gm: torch.fx.GraphModule) -> Optional[torch.fx.GraphModul
     return _make_graph_module(aten_gm, graph)
 
 
-def _restores_too_much(graph: torch.fx.Graph, convs) -> bool:
-    """Whether, on the CPU, the copies that give the outputs back eager's layout (the clones to
-    contiguous format _outputs added last to `graph`) hold more elements than
-    MAX_RESTORED_SHARE_CPU of the convolutions' results."""
+def _restores_too_much(restored: int, convs) -> bool:
+    """Whether, on the CPU, the copies that give the outputs back eager's layout (`restored`
+    elements) hold more than MAX_RESTORED_SHARE_CPU of the convolutions' results."""
     if convs[0].args[0].meta["val"].device.type != "cpu":
         return False
-    restored = sum(n.meta["val"].numel() for n in graph.nodes
-                   if n.target is aten.clone.default and
-                   n.kwargs.get("memory_format") is torch.contiguous_format)
     return restored > MAX_RESTORED_SHARE_CPU * sum(c.meta["val"].numel() for c in convs)
 
 
@@ -162,22 +158,27 @@ def _converted(graph: torch.fx.Graph, x: torch.fx.Node, fmt) -> torch.fx.Node:
 
 
 def _outputs(graph: torch.fx.Graph, node: torch.fx.Node, env, conv_set):
-    """The graph's outputs in the layouts eager gives them, or None where the eager layout of
-    one that a convolution computes cannot be restored by a plain copy."""
+    """(The graph's outputs in the layouts eager gives them, the elements copied to give them
+    those), or (None, 0) where the eager layout of one that a convolution computes cannot be
+    restored by a plain copy."""
     leaves, spec = torch.utils._pytree.tree_flatten(node.args[0])
     outs: List = []
+    restored = 0
     for out in leaves:
         val = out.meta.get("val") if isinstance(out, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
-            return None
+            return None, 0
         if not val.is_contiguous():
             # Only a contiguous eager layout is restored by a plain copy.
             if _depends_on(out, conv_set):
-                return None
+                return None, 0
             outs.append(env[out])
         else:
-            outs.append(_converted(graph, env[out], torch.contiguous_format))
-    return torch.utils._pytree.tree_unflatten(outs, spec)
+            converted = _converted(graph, env[out], torch.contiguous_format)
+            if converted is not env[out]:
+                restored += val.numel()
+            outs.append(converted)
+    return torch.utils._pytree.tree_unflatten(outs, spec), restored
 
 
 def _map(value, env):

@@ -466,7 +466,7 @@ def _batch_norm_forms(table):
             table[op] = with_running_stats(table[op], (torch.uint8,))
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=2)  # one table per device kind
 def decompositions(cuda: bool = True):
     """The decomposition table of a graph on CUDA (`cuda`) or on the CPU. On the CPU a batch
     norm's backward over contiguous tensors stays ATen's one fused kernel: decomposed, its
