@@ -401,3 +401,21 @@ def test_an_fx_trace_on_the_worker_is_not_seen_by_other_threads(monkeypatch):
         go.set()
         tracer.join()
     assert seen == [True]  # the tracing thread itself sees its trace
+
+    # kiln's capture reads the replaced readers as it reads torch's: no break, the flag guarded.
+    def f(x):
+        if fx_trace.is_fx_tracing() or fx_trace.is_fx_symbolic_tracing():
+            return x - 1
+        return x + 1
+
+    explained = kiln.explain(f)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), \
+        [str(r) for r in explained.break_reasons]
+    compiled = kiln.compile(f)
+    assert_close(compiled(x), x + 1)
+    flag = fx_trace.is_fx_tracing._kiln_fx_tracing_tls
+    flag.flag = True  # this thread now in a trace: the guard sends it to the other branch
+    try:
+        assert_close(compiled(x), x - 1)
+    finally:
+        flag.flag = False

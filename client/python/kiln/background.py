@@ -73,6 +73,12 @@ def fx_tracing_flag_per_thread() -> None:
     def is_fx_symbolic_tracing() -> bool:
         return getattr(tls, "flag", False) and not torch.compiler.is_compiling()
 
+    # Capture reads these as it reads torch's own (kiln.variables.torch): the flag guarded,
+    # is_fx_symbolic_tracing False while compiling. They are never inlined (kiln's code).
+    is_fx_tracing._kiln_fx_tracing_tls = tls
+    is_fx_symbolic_tracing._kiln_fx_symbolic_tracing = True
+    for reader in (is_fx_tracing, is_fx_symbolic_tracing):
+        reader.__module__ = st.__name__
     trace._kiln_per_thread = True
     st.Tracer.trace = trace
     readers = {}

@@ -106,10 +106,19 @@ def is_graph_op(fn) -> bool:
     return False
 
 
-def _fx_tracing(tx):
+def _fx_tracing_tls(fn):
+    """The thread-local "an FX trace is under way" flag that `fn` reads: torch's is_fx_tracing
+    on a torch that keeps it per thread, or the reader kiln.background installs on one that
+    does not; None for anything else."""
+    tls = getattr(fn, "_kiln_fx_tracing_tls", None)
+    if tls is None and fn is _is_fx_tracing:
+        tls = getattr(_fx_trace, "_is_fx_tracing_tls", None)
+    return tls
+
+
+def _fx_tracing(tx, tls):
     """torch.fx's is_fx_tracing(): its thread's flag (set while symbolic_trace runs), read and
     guarded; the warning it logs once (an lru_cache) logged as the program's first call would."""
-    tls = _fx_trace._is_fx_tracing_tls
     holder = ObjectSource(tls, "<torch.fx tracing flag>")
     if hasattr(tls, "flag"):
         value = tls.flag
@@ -189,8 +198,11 @@ class TorchVariable(ValueVariable):
             shape = ConstantVariable(list(args[0].example.shape))
             return tx.output.call("call_function", torch.tensor, (shape,),
                                   {"dtype": ConstantVariable(torch.int64)})
-        if fn is _is_fx_tracing and getattr(_fx_trace, "_is_fx_tracing_tls", None) is not None:
-            return _fx_tracing(tx)
+        fx_tls = _fx_tracing_tls(fn)
+        if fx_tls is not None and not args and not kwargs:
+            return _fx_tracing(tx, fx_tls)
+        if getattr(fn, "_kiln_fx_symbolic_tracing", False) and not args and not kwargs:
+            return ConstantVariable(False)  # a trace that is not a compile's: never this one
         if fn in CONTEXT_MANAGER_CLASSES:  # no_grad, enable_grad, autocast
             return context_manager(tx, fn, args, kwargs)
         if isinstance(fn, type):
