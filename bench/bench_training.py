@@ -131,6 +131,11 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
         import kiln
 
         record["kiln_graphs_compiled"] = len(kiln.debug.artifacts())
+        # Per plan: its CUDA graph ("captured", "pending", "off" or None), how often captured,
+        # and how many lent outputs it moved aside (client/runtime/cuda_graph_memory.h).
+        record["kiln_cuda_graphs"] = [
+            (getattr(a.plan, "cuda_graph", None), getattr(a.plan, "cuda_graph_captures", 0),
+             getattr(a.plan, "cuda_graph_moved_outputs", 0)) for a in kiln.debug.artifacts()]
     return record
 
 

@@ -52,6 +52,11 @@ class CudaGraphPool {
   // that was another stream; then records `stream` as the last.
   void OrderAfterLast(const c10::cuda::CUDAStream& stream);
 
+  // Under Lock: how many graphs with memory of their own were captured on any device
+  // (InputPlacement observes again after one: what it lends is at new addresses); one more.
+  int64_t OwnCaptures() const { return own_captures_; }
+  void CountOwnCapture() { ++own_captures_; }
+
   // The budget of the graphs recorded per shape (CudaGraphShapes) of all plans: how many, and
   // the bytes they hold (static inputs, outputs, prologue copies). <= 0: no limit.
   void SetShapeBudget(int64_t graphs, int64_t bytes);
@@ -69,6 +74,7 @@ class CudaGraphPool {
   int64_t max_shape_graphs_ = 0, max_shape_bytes_ = 0;
   int64_t shape_graphs_ = 0, shape_bytes_ = 0;
   std::mutex mutex_;
+  int64_t own_captures_ = 0;
   std::map<c10::DeviceIndex, c10::MempoolId_t> ids_;
   std::map<c10::DeviceIndex, std::unique_ptr<at::cuda::CUDAGraph>> anchors_;
   std::map<c10::DeviceIndex, c10::cuda::CUDAStream> last_;

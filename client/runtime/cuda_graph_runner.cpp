@@ -155,13 +155,17 @@ std::string CudaGraphRunner::Refusal(const Plan& plan) {
 
 CudaGraphRunner::CudaGraphRunner(std::shared_ptr<const Plan> plan,
                                  std::shared_ptr<CudaGraphPool> pool,
-                                 std::shared_ptr<PrologueCopies> prologue)
+                                 std::shared_ptr<PrologueCopies> prologue, bool own_memory)
     : plan_(std::move(plan)),
       pool_(std::move(pool)),
       sources_(plan_->OutputSources()),
       bound_(plan_->BoundTensors()),
       shared_prologue_(prologue != nullptr),
-      copies_(prologue != nullptr ? std::move(prologue) : std::make_shared<PrologueCopies>()) {
+      copies_(prologue != nullptr ? std::move(prologue) : std::make_shared<PrologueCopies>()),
+      own_memory_(own_memory),
+      // Own memory: nothing copied while the inputs are observed (InputPlacement decides).
+      copied_(plan_->num_inputs(), !own_memory),
+      placement_(plan_->num_inputs()) {
   pending_note_ = Refusal(*plan_);
   disabled_ = !pending_note_.empty();
 }
@@ -186,6 +190,11 @@ int CudaGraphRunner::captures() const {
   return captures_;
 }
 
+int CudaGraphRunner::moved_outputs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return lent_.moved();
+}
+
 bool CudaGraphRunner::disabled() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return disabled_;
@@ -202,7 +211,7 @@ int64_t CudaGraphRunner::bytes() const {
       total += static_cast<int64_t>(t.storage().nbytes());
     }
   };
-  for (const at::Tensor& t : static_inputs_) count(t);
+  for (const at::Tensor& t : static_inputs_) count(t);  // Inputs read in place are the caller's.
   if (!shared_prologue_ && prologue_ != nullptr) total += prologue_->bytes();
   for (size_t i = 0; i < static_outputs_.size() && i < sources_.size(); ++i) {
     if (sources_[i].kind == Plan::OutputSource::kComputed) count(static_outputs_[i]);
@@ -214,8 +223,10 @@ bool CudaGraphRunner::Matches(const std::vector<at::Tensor>& inputs) const {
   if (inputs.size() != plan_->num_inputs()) return false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const at::Tensor& t = inputs[i];
-    if (!GraphCopyable(t) || t.device() != plan_->device()) return false;
-    if (graph_ == nullptr) continue;
+    if (!t.defined() || t.device() != plan_->device()) return false;
+    // Read in place, an input may have any layout (the capture's, checked before a replay).
+    if (copied_[i] && !GraphCopyable(t)) return false;
+    if (graph_ == nullptr || !copied_[i]) continue;
     const at::Tensor& s = static_inputs_[i];
     if (t.scalar_type() != s.scalar_type() || t.sizes() != s.sizes() ||
         t.strides() != s.strides()) {
@@ -243,11 +254,7 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
   try {
     const c10::DeviceIndex device = plan_->device().index();
     c10::cuda::CUDAGuard guard(device);
-    if (graph_ != nullptr && BoundMoved()) {
-      // Captured again below. The old graph may still be replaying: wait for it first.
-      c10::cuda::device_synchronize();
-      graph_.reset();
-    }
+    if (graph_ != nullptr && BoundMoved()) Drop();  // Captured again below.
     if (!Matches(inputs)) return plan_->Run(inputs, outputs);
     std::shared_ptr<const std::vector<at::Tensor>> prologue;
     if (plan_->num_prologue_outputs() > 0) {
@@ -256,13 +263,20 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
     }
     if (graph_ != nullptr && prologue != prologue_checked_) {
       // Recomputed since this graph last ran: captured again if its layouts changed.
-      if (!prologue_->Fits(*prologue)) {
-        c10::cuda::device_synchronize();
-        graph_.reset();
-      }
+      if (!prologue_->Fits(*prologue)) Drop();
       prologue_checked_ = prologue;
     }
     if (graph_ == nullptr) {
+      if (own_memory_) {
+        // Observed while no graph runs; then the inputs that stay where they are are read there.
+        std::unique_lock<std::mutex> pool_lock = pool_->Lock();
+        if (!placement_.Observe(inputs, pool_->OwnCaptures())) {
+          pool_lock.unlock();
+          return plan_->Run(inputs, outputs);
+        }
+        copied_ = placement_.copied();
+      }
+      if (!Matches(inputs)) return plan_->Run(inputs, outputs);
       Status captured;
       try {
         captured = Capture(inputs, prologue);
@@ -276,12 +290,18 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
         graph_.reset();
         static_inputs_.clear();
         static_outputs_.clear();
+        lent_.Clear();
         prologue_.reset();
         *note = captured.message();
         return plan_->Run(inputs, outputs);
       }
     }
-    return Replay(inputs, prologue, outputs);
+    KILN_ASSIGN_OR_RETURN(const bool replayed, Replay(inputs, prologue, outputs));
+    if (replayed) return Status::OK();
+    // An input read in place is elsewhere, or the outputs lost their memory: observed again.
+    Drop();
+    placement_.Restart(moved_);
+    return plan_->Run(inputs, outputs);
   } catch (const c10::Error& e) {
     return Status::RuntimeError(std::string("kiln plan: CUDA graph: ") +
                                 e.what_without_backtrace());
@@ -290,13 +310,28 @@ Status CudaGraphRunner::Run(const std::vector<at::Tensor>& inputs, std::vector<a
   }
 }
 
+void CudaGraphRunner::Drop() {
+  // The old graph may still be replaying: wait for it first.
+  c10::cuda::device_synchronize();
+  graph_.reset();
+  lent_.Clear();
+}
+
 Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
                                 const std::shared_ptr<const std::vector<at::Tensor>>& prologue) {
   const c10::DeviceIndex device = plan_->device().index();
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
   // Outside the pool: the static inputs and the prologue's copy live as long as the graph.
+  // What the capture reads: those copies, and the caller's own tensors read in place.
   static_inputs_.clear();
-  for (const at::Tensor& t : inputs) static_inputs_.push_back(StaticCopy(t));
+  in_place_.assign(inputs.size(), InputPlacement::Address{});
+  std::vector<at::Tensor> read;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    static_inputs_.push_back(copied_[i] ? StaticCopy(t) : at::Tensor());
+    read.push_back(copied_[i] ? static_inputs_[i] : t);
+    if (!copied_[i]) in_place_[i] = InputPlacement::Address::Of(t);
+  }
   prologue_.reset();
   static const std::vector<at::Tensor> kNoPrologue;
   if (prologue != nullptr) {
@@ -307,21 +342,31 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   }
   const std::vector<at::Tensor>& prologue_values =
       prologue_ != nullptr ? prologue_->views() : kNoPrologue;
+  // The warm-up updates a scratch copy of an input read in place that the plan updates, not the
+  // caller's tensor (which the replay that follows the capture updates, once, as eager would).
+  std::vector<at::Tensor> warm_read = read;
+  for (const Plan::InputUpdate& u : plan_->input_updates()) {
+    const auto i = static_cast<size_t>(u.call_index);
+    if (u.call_index >= 0 && i < read.size() && !copied_[i]) warm_read[i] = StaticCopy(read[i]);
+  }
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
   WaitFor(side, current);
   auto graph = std::make_unique<at::cuda::CUDAGraph>();
   {
     c10::cuda::CUDAStreamGuard on_side(side);
     std::vector<at::Tensor> warm;
-    KILN_RETURN_IF_ERROR(plan_->RunWithPrologue(prologue_values, static_inputs_, &warm)
+    KILN_RETURN_IF_ERROR(plan_->RunWithPrologue(prologue_values, warm_read, &warm)
                              .Prefixed("the warm-up before capture failed: "));
     warm.clear();
     std::unique_lock<std::mutex> pool_lock = pool_->Lock();
     pool_->OrderAfterLast(side);
+    if (own_memory_) pool_->CountOwnCapture();
     // Thread-local: other threads' CUDA calls during the capture are not disturbed; this
-    // thread's unsafe ones (a host synchronisation) fail the capture.
-    graph->capture_begin(pool_->Id(device), cudaStreamCaptureModeThreadLocal);
-    Status run = plan_->RunWithPrologue(prologue_values, static_inputs_, &static_outputs_);
+    // thread's unsafe ones (a host synchronisation) fail the capture. Own memory: a private pool
+    // of the graph's own ({0, 0}: torch makes one).
+    graph->capture_begin(own_memory_ ? c10::MempoolId_t{0, 0} : pool_->Id(device),
+                         cudaStreamCaptureModeThreadLocal);
+    Status run = plan_->RunWithPrologue(prologue_values, read, &static_outputs_);
     try {
       graph->capture_end();
     } catch (const c10::Error& e) {
@@ -342,25 +387,56 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   prologue_checked_ = prologue;
   graph_ = std::move(graph);
   ++captures_;
+  if (own_memory_) {
+    // Lent: what the capture allocated, not the inputs', prologue's or bound tensors' storage.
+    std::set<const void*> foreign;
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) foreign.insert(t.storage().unsafeGetStorageImpl());
+    };
+    for (const at::Tensor& t : read) add(t);
+    for (const at::Tensor& t : prologue_values) add(t);
+    for (const at::Tensor& t : bound_) add(t);
+    std::vector<bool> computed;
+    for (const Plan::OutputSource& source : sources_) {
+      computed.push_back(source.kind == Plan::OutputSource::kComputed);
+    }
+    lent_.Reset(static_outputs_, computed, foreign);
+  }
   return Status::OK();
 }
 
-Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
-                               const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
-                               std::vector<at::Tensor>* outputs) {
+StatusOr<bool> CudaGraphRunner::Replay(
+    const std::vector<at::Tensor>& inputs,
+    const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
+    std::vector<at::Tensor>* outputs) {
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(plan_->device().index());
   std::unique_lock<std::mutex> pool_lock = pool_->Lock();
   pool_->OrderAfterLast(current);
+  if (own_memory_) {
+    // First the held outputs move (an input may be one: its address is checked after).
+    moved_.assign(inputs.size(), false);
+    if (!lent_.Reclaim(current, &static_outputs_)) return false;
+    bool moved = false;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      moved_[i] = !copied_[i] && !in_place_[i].Is(inputs[i]);
+      moved = moved || moved_[i];
+    }
+    if (moved) return false;
+  }
   // Recomputed since a graph last read it: its new values into the buffers the graph reads.
   if (prologue != nullptr) prologue_->Refresh(prologue);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) static_inputs_[i].copy_(inputs[i]);
+    if (copied_[i] && inputs[i].data_ptr() != static_inputs_[i].data_ptr()) {
+      static_inputs_[i].copy_(inputs[i]);
+    }
   }
   graph_->replay();
   for (const Plan::InputUpdate& u : plan_->input_updates()) {
     // The graph wrote the static input; the caller's own tensor is the one eager updates.
     const auto i = static_cast<size_t>(u.call_index);
-    if (inputs[i].data_ptr() != static_inputs_[i].data_ptr()) inputs[i].copy_(static_inputs_[i]);
+    if (copied_[i] && inputs[i].data_ptr() != static_inputs_[i].data_ptr()) {
+      inputs[i].copy_(static_inputs_[i]);
+    }
   }
   outputs->clear();
   outputs->reserve(sources_.size());
@@ -376,12 +452,14 @@ Status CudaGraphRunner::Replay(const std::vector<at::Tensor>& inputs,
         // The same value named twice is one tensor, as Plan::Run returns it.
         size_t same = 0;
         while (same < i && !static_outputs_[same].is_same(static_outputs_[i])) ++same;
-        outputs->push_back(same < i ? (*outputs)[same] : static_outputs_[i].clone());
+        outputs->push_back(same < i            ? (*outputs)[same]
+                           : lent_.lent(i) ? LentOutputs::Alias(static_outputs_[i])
+                                           : static_outputs_[i].clone());
         break;
       }
     }
   }
-  return Status::OK();
+  return true;
 }
 
 }  // namespace kiln::runtime

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/cuda_graph_memory.h"
 #include "runtime/cuda_graph_pool.h"
 #include "runtime/plan_runtime.h"
 #include "status.h"
@@ -40,6 +41,18 @@ namespace kiln::runtime {
 //    new values into that copy first, or captures again when a layout changed.
 //  - Inputs the plan updates in place (Plan::input_updates) are copied back from their static
 //    buffers into the caller's tensors after the replay.
+// With memory of its own (`own_memory`: a training step's forward and backward graphs, which
+// pass hundreds of tensors between them every step), the copies that dominate such a step are
+// left out where eager's answer does not need them:
+//  - The graph captures into a private memory pool of its own (no other graph's intermediates
+//    share its addresses) and lends its outputs instead of copying them (LentOutputs: an output
+//    the caller still holds at the next replay is moved aside first, and copied from then on).
+//  - Inputs that are at the same address on every call (the parameters, the activations a
+//    forward graph lends its backward) are read there, in place; the others are copied
+//    (InputPlacement: the first calls run the plan without a graph while it observes them). A
+//    replay that finds an input read in place elsewhere drops the graph, and observing starts
+//    again. An input the plan updates (a batch norm's running statistics) is updated where it
+//    is by the replay itself; the warm-up before the capture updates a scratch copy.
 // A plan that calls an op known to synchronise with the host (nonzero, masked_select, item,
 // unique, ...: ops whose result's size or value the host must read) is never captured: a capture
 // that fails part-way leaves torch's CUDA generator in its capturing state, so that every later
@@ -100,8 +113,9 @@ class CudaGraphRunner {
  public:
   // `prologue`: the copy of the prologue's values this graph shares with the plan's other
   // graphs; null: a copy of its own.
+  // `own_memory`: see above (the pool still orders its replays).
   CudaGraphRunner(std::shared_ptr<const Plan> plan, std::shared_ptr<CudaGraphPool> pool,
-                  std::shared_ptr<PrologueCopies> prologue = nullptr);
+                  std::shared_ptr<PrologueCopies> prologue = nullptr, bool own_memory = false);
   ~CudaGraphRunner();
   CudaGraphRunner(const CudaGraphRunner&) = delete;
   CudaGraphRunner& operator=(const CudaGraphRunner&) = delete;
@@ -115,6 +129,8 @@ class CudaGraphRunner {
   // parameter moved counts again).
   bool captured() const;
   int captures() const;
+  // Outputs moved aside because the caller held them at a replay (own memory only).
+  int moved_outputs() const;
   // Whether the runner gave up on graphs (a capture failed, or the plan can never be captured).
   bool disabled() const;
   // Why `plan` can never be captured (the policy's refusals); empty when it can.
@@ -128,9 +144,12 @@ class CudaGraphRunner {
   bool BoundMoved() const;
   Status Capture(const std::vector<at::Tensor>& inputs,
                  const std::shared_ptr<const std::vector<at::Tensor>>& prologue);
-  Status Replay(const std::vector<at::Tensor>& inputs,
-                const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
-                std::vector<at::Tensor>* outputs);
+  // False (nothing run) when an input read in place is not where it was captured (moved_), or
+  // the graph's outputs lost their memory: the caller drops the graph.
+  StatusOr<bool> Replay(const std::vector<at::Tensor>& inputs,
+                        const std::shared_ptr<const std::vector<at::Tensor>>& prologue,
+                        std::vector<at::Tensor>* outputs);
+  void Drop();  // Forgets the graph (after waiting for its replays): captured again next call.
 
   const std::shared_ptr<const Plan> plan_;
   const std::shared_ptr<CudaGraphPool> pool_;
@@ -138,14 +157,22 @@ class CudaGraphRunner {
   const std::vector<at::Tensor> bound_;  // The plan's bound tensors, watched for moves.
   const bool shared_prologue_;
   const std::shared_ptr<PrologueCopies> copies_;
+  const bool own_memory_;
 
   mutable std::mutex mutex_;  // Guards everything below.
   bool disabled_ = false;
   std::string pending_note_;  // Why the plan is never captured, until Run has said it.
   int captures_ = 0;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
-  std::vector<at::Tensor> static_inputs_;
+  std::vector<at::Tensor> static_inputs_;  // Undefined for an input read in place.
   std::vector<at::Tensor> static_outputs_;
+  // Per input, whether the graph copies it (else it reads it in place: where it was at capture,
+  // in_place_); all copied without own memory.
+  std::vector<bool> copied_;
+  std::vector<InputPlacement::Address> in_place_;
+  InputPlacement placement_;
+  std::vector<bool> moved_;  // Inputs read in place that the last replay found elsewhere.
+  LentOutputs lent_;
   std::shared_ptr<PrologueCopy> prologue_;  // What the graph reads for the prologue's values.
   // The prologue values whose layouts were last checked against prologue_'s.
   std::shared_ptr<const std::vector<at::Tensor>> prologue_checked_;

@@ -89,6 +89,7 @@ struct GraphRunner {
   }
   bool captured() const { return false; }
   int captures() const { return 0; }
+  int moved_outputs() const { return 0; }
   bool disabled() const { return true; }
 };
 struct ShapeGraphs : GraphRunner {
@@ -231,7 +232,7 @@ using GraphPool = std::shared_ptr<CudaGraphPool>;
 
 std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::handle params,
                                  py::handle device, py::handle kernel_ptx,
-                                 std::optional<GraphPool> cuda_graphs) {
+                                 std::optional<GraphPool> cuda_graphs, bool own_graph_memory) {
   const std::string_view plan_bytes = BytesOf(plan, "plan");
   PlanBinding binding;
   binding.kernel_binary = BytesOf(kernel_binary, "kernel_binary");
@@ -256,7 +257,7 @@ std::unique_ptr<PyPlan> MakePlan(py::handle plan, py::handle kernel_binary, py::
     if (made->symbolic()) {
       shapes = std::make_unique<CudaGraphShapes>(made, *cuda_graphs);
     } else {
-      graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs);
+      graphs = std::make_unique<CudaGraphRunner>(made, *cuda_graphs, nullptr, own_graph_memory);
     }
   }
 #endif
@@ -271,7 +272,8 @@ Plan(plan: bytes,               # a serialized kiln.v1.ExecutionPlan, as the art
      params: [Tensor] = (),     # bound once to the plan's first inputs (parameters, buffers)
      device: str | torch.device = "cpu",  # "cpu" or "cuda:N"
      kernel_ptx: bytes = b"",   # CUDA: PTX loaded where the cubin does not load
-     cuda_graphs: CudaGraphPool | None = None)  # CUDA: capture once, replay (runtime/cuda_graph_runner.h)
+     cuda_graphs: CudaGraphPool | None = None,  # CUDA: capture once, replay (runtime/cuda_graph_runner.h)
+     own_graph_memory: bool = False)  # its graph in memory of its own: outputs lent, inputs read in place
 
 A call passes the rest of the plan's inputs: plan(*tensors) and plan.run(tensors) return a list
 of tensors. The prologue runs on the first call and again when a parameter changed in place. A
@@ -330,7 +332,8 @@ void RegisterRuntime(py::module_& m) {
   auto plan = py::class_<PyPlan>(m, "Plan", py::is_final(), kPlanDoc);
   plan.def(py::init(&MakePlan), py::arg("plan"), py::arg("kernel_binary") = py::bytes(),
            py::arg("params") = py::tuple(), py::arg("device") = "cpu",
-           py::arg("kernel_ptx") = py::bytes(), py::arg("cuda_graphs") = py::none())
+           py::arg("kernel_ptx") = py::bytes(), py::arg("cuda_graphs") = py::none(),
+           py::arg("own_graph_memory") = false)
       .def(
           "__call__", [](PyPlan& self, const py::args& args) { return self.Call(args); },
           "Runs the plan on the tensors, one per input; returns the list of outputs.")
@@ -397,6 +400,11 @@ void RegisterRuntime(py::module_& m) {
           },
           "How many times the plan was captured (again after a parameter's storage moved; a "
           "plan with size symbols: once per shape recorded, evicted ones included).")
+      .def_property_readonly(
+          "cuda_graph_moved_outputs",
+          [](const PyPlan& p) { return p.graphs_ ? p.graphs_->moved_outputs() : 0; },
+          "A plan whose graph has memory of its own (own_graph_memory): how many of its lent "
+          "outputs were moved aside because the caller still held them at a replay.")
       .def_property_readonly(
           "cuda_graph_shapes",
           [](const PyPlan& p) -> py::object {

@@ -47,9 +47,9 @@ def kernel(symbol, args, writes, grid, block, smem=0, release=()):
 
 
 def cuda_plan(values, inputs, steps, outputs, *, cubin=b"", ptx=b"", params=(), graphs=None,
-              device="cuda:0", **fields):
+              device="cuda:0", own_memory=False, **fields):
     return _C.Plan(plan_bytes(values, inputs, steps, outputs, **fields), cubin, list(params),
-                   device, kernel_ptx=ptx, cuda_graphs=graphs)
+                   device, kernel_ptx=ptx, cuda_graphs=graphs, own_graph_memory=own_memory)
 
 
 def driver_loads() -> bool:
@@ -307,13 +307,13 @@ def test_library_plans_match_eager_for_matmul_and_conv():
 
 # ---- CUDA graphs ----
 
-def mm_relu_plan(w, graphs):
+def mm_relu_plan(w, graphs, own_memory=False):
     """relu(x @ w), w bound as a parameter."""
     return cuda_plan([value(0, [16, 32]), value(1, [32, 24]), value(2, [16, 24]),
                       value(3, [16, 24])], [1, 0],
                      [library("aten::mm", [pos("value", 0), pos("value", 1)], [2]),
                       library("aten::relu", [pos("value", 2)], [3], release=[2])], [3],
-                     params=[w], graphs=graphs)
+                     params=[w], graphs=graphs, own_memory=own_memory)
 
 
 @gpu

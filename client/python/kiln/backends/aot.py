@@ -12,7 +12,7 @@ eagerly with one warning per kind of failure.
 """
 import functools
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -27,10 +27,13 @@ InferenceCompiler = Callable[[torch.fx.GraphModule, list], Callable]
 
 
 def through_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list,
-                         compile_inference: InferenceCompiler) -> Callable:
+                         compile_inference: InferenceCompiler,
+                         compile_training: Optional[InferenceCompiler] = None) -> Callable:
     """`gm` through torch's AOT autograd, each ATen graph it makes (inference, or a forward and
     a backward) compiled by `compile_inference` (the "kiln" backend with the caller's mode and
-    options)."""
+    options); a forward and backward pair by `compile_training` where given (the "kiln"
+    backend with CUDA graphs of their own memory, which pass the activations from one to the
+    other without copies)."""
     from torch._dynamo import exc as dynamo_exc
     from torch._dynamo.backends.common import aot_autograd
 
@@ -41,11 +44,19 @@ def through_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list,
     # backward graph lazily, inside the program's loss.backward() where the program's frame
     # callback is installed, running torch's Python (copies of graph modules, the dataclasses
     # they build) there: the backward is compiled now, beside the forward, in the capture.
-    compiler = _C.FrameRegion(
-        functools.partial(compile_aten_graph, compile_inference=compile_inference), None)
+    def compiler(compile_graph):
+        return _C.FrameRegion(
+            functools.partial(compile_aten_graph, compile_inference=compile_graph), None)
+
+    training = compiler(compile_training or compile_inference)
     try:
         with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-            return aot_autograd(fw_compiler=compiler)(gm, example_inputs)
+            # Updates of inputs that need no gradient (a batch norm's running statistics) stay
+            # in the graphs, as the plan's input updates, rather than one eager copy_ each
+            # after every call.
+            return aot_autograd(fw_compiler=training, bw_compiler=training,
+                                inference_compiler=compiler(compile_inference),
+                                keep_inference_input_mutations=True)(gm, example_inputs)
     except retrace:
         raise
     except Exception as e:  # what AOT autograd cannot take runs eagerly, as Dynamo's graph

@@ -184,8 +184,11 @@ def compile_symbolic(gm: torch.fx.GraphModule, example_inputs: list, mode: Optio
 @register_backend(name="kiln", prepare=_prepare, takes_mode=True, before_capture=_start_daemon,
                   static_shapes=True, symbolic=compile_symbolic)
 def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
-         options: Optional[dict] = None):
-    """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls."""
+         options: Optional[dict] = None, own_graph_memory: bool = False):
+    """Compiles `gm` through kilnd into fused CPU or CUDA kernels plus ATen library calls.
+    `own_graph_memory`: a CUDA graph of its plan has memory of its own, lends its outputs and
+    reads its inputs in place (AOT autograd's forward and backward graphs: see
+    kiln.backends.aot)."""
     from kiln.daemon.artifact import ArtifactRejected
     from kiln.daemon.client import DaemonRefused, DaemonUnavailable
     from kiln.daemon.protocol import ProtocolUnavailable
@@ -204,11 +207,12 @@ def kiln(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = N
             return program.forward
         from kiln.backends.aot import through_aot_autograd
 
-        return through_aot_autograd(gm, example_inputs,
-                                    functools.partial(kiln, mode=mode, options=options))
+        return through_aot_autograd(
+            gm, example_inputs, functools.partial(kiln, mode=mode, options=options),
+            functools.partial(kiln, mode=mode, options=options, own_graph_memory=True))
     try:
         compiled = compile_graph(gm, example_inputs, cuda_graphs_wanted(mode, options),
-                                 load=not config.compile_only)
+                                 load=not config.compile_only, own_graph_memory=own_graph_memory)
     except LoweringError as e:
         warn_eager_once("lowering", f"cannot lower the graph to kiln.v1 ({e})")
         return program.forward
@@ -243,12 +247,14 @@ class CompileFailed(RuntimeError):
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
-                  cuda_graphs: bool = True, load: bool = True) -> CompiledArtifact:
+                  cuda_graphs: bool = True, load: bool = True,
+                  own_graph_memory: bool = False) -> CompiledArtifact:
     """The loaded artifact for `gm`. A graph the client's index knows is fetched by key without
     lowering; any doubt about that artifact (missing, another compiler's, rejected) lowers and
     compiles as a graph seen for the first time would. `cuda_graphs`: a plan on a GPU is
-    captured into a CUDA graph and replayed. `load=False`: compiled (or found) and verified,
-    not loaded (plan None: a target this machine cannot run, kiln.config.compile_only)."""
+    captured into a CUDA graph and replayed (`own_graph_memory`: see kiln()). `load=False`:
+    compiled (or found) and verified, not loaded (plan None: a target this machine cannot run,
+    kiln.config.compile_only)."""
     from kiln.daemon import artifact as art
     from kiln.daemon import protocol
     from kiln.daemon.graph_index import GraphIndex
@@ -280,7 +286,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     if known is not None:
         try:
             body, plan = load_artifact_by_key(known, params, list(example_inputs), device,
-                                              cuda_graphs, load=load)
+                                              cuda_graphs, load=load,
+                                              own_graph_memory=own_graph_memory)
             return CompiledArtifact(known, True, True, 0.0, time.perf_counter() - start,
                                     body, plan)
         except art.ArtifactRejected as e:
@@ -292,7 +299,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list,
     request = pb.service.CompileRequest(graph=lowered.graph, target=target)
     response, body = _compiled(client, request, mac_key)
     art.check_inputs(body, inputs)
-    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs) if load else None
+    plan = build_plan_for(body, params, len(example_inputs), device, cuda_graphs,
+                          own_graph_memory) if load else None
     if skey is not None:
         index.put(skey, body.key)
     return CompiledArtifact(body.key, response.cache_hit, False, response.compile_seconds,
@@ -374,7 +382,7 @@ def _stood_in(params: list, example_inputs: list):
 
 
 def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.device,
-                         cuda_graphs: bool, load: bool = True):
+                         cuda_graphs: bool, load: bool = True, own_graph_memory: bool = False):
     """(body, plan) of the artifact under `key`, a key this client computed or read from its own
     authenticated records, for these parameters and inputs on `device`: from the artifacts
     imported into the cache directory (`python -m kiln cache import`), else from kilnd. Raises
@@ -387,7 +395,7 @@ def load_artifact_by_key(key: str, params: list, inputs: list, device: torch.dev
     art.check_inputs(body, params + inputs)
     if not load:
         return body, None
-    return body, build_plan_for(body, params, len(inputs), device, cuda_graphs)
+    return body, build_plan_for(body, params, len(inputs), device, cuda_graphs, own_graph_memory)
 
 
 def artifact_body_by_key(key: str, device: torch.device):
@@ -425,9 +433,10 @@ def artifact_body_by_key(key: str, device: torch.device):
 
 
 def build_plan_for(body, params: list, num_inputs: int, device: torch.device,
-                   cuda_graphs: bool):
-    """The loaded plan of a checked body, in the process's CUDA graph pool when it replays."""
+                   cuda_graphs: bool, own_graph_memory: bool = False):
+    """The loaded plan of a checked body, in the process's CUDA graph pool when it replays
+    (`own_graph_memory`: see kiln())."""
     from kiln.daemon import artifact as art
 
     pool = STATE.cuda_graph_pool() if cuda_graphs and device.type == "cuda" else None
-    return art.build_plan(body, params, num_inputs, device, pool)
+    return art.build_plan(body, params, num_inputs, device, pool, own_graph_memory)

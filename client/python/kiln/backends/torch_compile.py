@@ -19,5 +19,6 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] 
     """torch.compile's backend "kiln": Dynamo's graph and example inputs -> the callable Dynamo
     runs in its place. `mode` and `options` are torch.compile's (kiln reads their CUDA-graph
     settings, see kiln_backend.cuda_graphs_wanted)."""
-    return through_aot_autograd(gm, example_inputs,
-                                functools.partial(kiln_backend.kiln, mode=mode, options=options))
+    return through_aot_autograd(
+        gm, example_inputs, functools.partial(kiln_backend.kiln, mode=mode, options=options),
+        functools.partial(kiln_backend.kiln, mode=mode, options=options, own_graph_memory=True))

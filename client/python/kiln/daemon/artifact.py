@@ -177,12 +177,15 @@ def check_inputs(body, tensors: Sequence[torch.Tensor], leading: bool = False) -
 
 
 def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int,
-               device: torch.device = torch.device("cpu"), cuda_graphs=None):
+               device: torch.device = torch.device("cpu"), cuda_graphs=None,
+               own_graph_memory: bool = False):
     """The runtime's Plan for a verified body: its ExecutionPlan crosses to C++ once, in
     kiln.v1's wire format, and is decoded and validated there. `bound` (parameters) are fixed at load
     and take the plan's first inputs; the call passes the remaining `num_user_inputs` tensors.
     On a CUDA `device` the kernels are the body's cubin (its PTX where the cubin does not load),
-    and `cuda_graphs` (a kiln._C.CudaGraphPool, or None) has the plan captured and replayed."""
+    and `cuda_graphs` (a kiln._C.CudaGraphPool, or None) has the plan captured and replayed
+    (`own_graph_memory`: in memory of its own, lending its outputs and reading its inputs in
+    place, see client/runtime/cuda_graph_runner.h)."""
     from kiln import _C
     from kiln.daemon import protocol
 
@@ -195,4 +198,5 @@ def build_plan(body, bound: List[torch.Tensor], num_user_inputs: int,
         raise ArtifactRejected("a CUDA artifact's kernels are not a cubin")
     return _C.Plan(body.plan.SerializeToString(), body.kernel_binary, bound,
                    f"cuda:{device.index if device.index is not None else 0}",
-                   kernel_ptx=body.kernel_ptx, cuda_graphs=cuda_graphs)
+                   kernel_ptx=body.kernel_ptx, cuda_graphs=cuda_graphs,
+                   own_graph_memory=own_graph_memory)
