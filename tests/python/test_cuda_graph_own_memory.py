@@ -11,6 +11,7 @@ from torch.testing import assert_close
 import kiln
 from kiln import _C
 from test_cuda_runtime import cuda_plan, mm_relu_plan
+from test_kiln_backend import ConvBnRelu
 from test_runtime import library, pb, plan_bytes, pos, value
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or not getattr(_C, "HAS_CUDA", False),
@@ -159,22 +160,10 @@ def test_a_held_output_that_was_resized_makes_the_graph_capture_again(pool):
     assert bool((out == 7).all())
 
 
-class _Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = torch.nn.BatchNorm2d(8)
-        self.fc = torch.nn.Linear(8, 5)
-
-    def forward(self, x):
-        x = F.relu(self.bn(self.conv(x)))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-
 def _pair():
     torch.manual_seed(0)
-    eager = _Net().cuda()
-    trained = _Net().cuda()
+    eager = ConvBnRelu().cuda()
+    trained = ConvBnRelu().cuda()
     trained.load_state_dict(eager.state_dict())
     return eager, trained
 
