@@ -127,6 +127,15 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
     record["eager_ms"] = statistics.median(times["eager"]) * 1e3
     record["ms"] = statistics.median(times["compiled"]) * 1e3
     record["speedup"] = record["eager_ms"] / record["ms"]
+    if device == "cuda":
+        # Peak memory of one more step of each, and what the caching allocator holds after it
+        # (a CUDA graph's private pool stays reserved between steps).
+        for key, step in (("eager", step_e), ("compiled", step_c)):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            record[f"{key}_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            record[f"{key}_reserved_mb"] = torch.cuda.memory_reserved() / 2**20
     if compiler == "kiln":
         import kiln
 
@@ -176,13 +185,16 @@ def main():
             emit(record, args.out)
             rows.append(record)
     print(f"\n{'model':18s} {'compiler':11s} {'eager ms':>9s} {'ms':>9s} {'speedup':>8s} "
-          f"{'first s':>8s} {'loss diff':>9s}")
+          f"{'first s':>8s} {'loss diff':>9s} {'peak MB':>15s}")
     for r in rows:
         if "error" in r:
             print(f"{r['model']:18s} {r['compiler']:11s} failed: {r['error'].splitlines()[-1]}")
             continue
+        # eager/compiled peak allocated memory of one step (GPU only)
+        peak = (f"{r['eager_peak_mb']:.0f}/{r['compiled_peak_mb']:.0f}"
+                if "compiled_peak_mb" in r else "")
         print(f"{r['model']:18s} {r['compiler']:11s} {r['eager_ms']:9.2f} {r['ms']:9.2f} "
-              f"{r['speedup']:8.2f} {r['first_step_s']:8.2f} {r['loss_diff']:9.1e}")
+              f"{r['speedup']:8.2f} {r['first_step_s']:8.2f} {r['loss_diff']:9.1e} {peak:>15s}")
 
 
 if __name__ == "__main__":
