@@ -225,3 +225,22 @@ def test_two_forwards_before_one_backward_match_eager(kilnd_cache, no_tf32):
         (forward(x1) + forward(x2)).backward()
         for pe, pk in zip(eager.parameters(), trained.parameters()):
             assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-5)
+
+
+@gpu
+def test_backward_twice_through_a_retained_graph_matches_eager(kilnd_cache, no_tf32):
+    # The second backward reads the same saved activations; its gradients add to the first's,
+    # which the parameters hold in the graph's memory by then.
+    kiln.reset()
+    eager, trained = _pair()
+    forward = kiln.compile(lambda x: trained(x).square().mean())
+    x = torch.randn(4, 3, 8, 8, device="cuda")
+    for _ in range(6):
+        x.normal_()
+        for m in (eager, trained):
+            m.zero_grad(set_to_none=True)
+        for loss in (eager(x).square().mean(), forward(x)):
+            loss.backward(retain_graph=True)
+            loss.backward()
+        for pe, pk in zip(eager.parameters(), trained.parameters()):
+            assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-5)
