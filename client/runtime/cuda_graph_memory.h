@@ -74,12 +74,13 @@ class LentOutputs {
 // step, the gradient autograd starts a backward with) is copied. The plan runs without a graph
 // while the calls are observed:
 //  - from a first call (the baseline), until two more calls show each input either where it
-//    was or somewhere new both times; an input that moved once and then stayed is observed on
-//    (the producer of its tensor, another graph, may just have been captured);
+//    was on the last of them or somewhere new on each; one that stayed and then moved is
+//    observed on (the producer of its tensor, another graph, may just have been captured);
 //  - and again from the start whenever a graph with memory of its own was captured meanwhile
 //    (`captures`: the pool's count, CudaGraphPool::OwnCaptures): the addresses of what it lends
 //    have just changed;
-//  - but never more than kMaxObserved calls: then what is where it was is read in place.
+//  - but never more than kMaxObserved calls from a baseline: then what is where it was on the
+//    last call is read in place.
 // When a replay finds an input read in place elsewhere, observing starts again; after
 // kMaxRestarts such restarts, an input that moved is copied for good.
 class InputPlacement {
