@@ -2,7 +2,7 @@
 side in one run, one fresh process per (model, compiler).
 
     python bench/bench_training.py [--models ...] [--compilers ...] [--device cpu|cuda]
-                                   [--rounds N] [--out F]
+                                   [--rounds N] [--warmup N] [--out F]
 
 A step is what the seed tutorial times: the compiled function runs the forward, the loss and
 `loss.backward()`; the optimizer's zero_grad() and step() run outside it (models in training
@@ -11,7 +11,9 @@ torchvision's resnet18() (1000 classes), a batch of 16 3x128x128 images, cross e
 The others take a mean-squared-error loss against a fixed target and SGD. Each compiler's
 process trains an eager copy and a compiled copy of the same model from the same weights,
 timing their steps (the compiled function's call, as the tutorial does) in alternating rounds:
-its speedup is the ratio of its own pair's medians. Also: the first compiled step (capture,
+its speedup is the ratio of its own pair's medians, after --warmup steps of each that are not
+timed (a training run's steady state: reduce-overhead records its CUDA graphs on the first
+calls, kiln observes a training graph's inputs over its first calls before it captures). Also: the first compiled step (capture,
 compile, AOT autograd's forward and backward graphs) on a cold cache, and the largest
 difference of the first step's loss from eager's. kiln compiles each forward and backward graph
 with kilnd where its lowering takes every op (the record counts the graphs it compiled).
@@ -58,7 +60,7 @@ def build(name: str, device: str):
     raise SystemExit(f"unknown model {name}")
 
 
-def child(model: str, compiler: str, device: str, rounds: int) -> dict:
+def child(model: str, compiler: str, device: str, rounds: int, warmup: int = 10) -> dict:
     import torch
 
     eager, x = build(model, device)
@@ -117,8 +119,8 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
     got, first_s = step_c()
     record = {"model": model, "compiler": compiler, "device": device, **environment(),
               "first_step_s": first_s, "loss_diff": abs(got.item() - want.item()),
-              "loss": want.item()}
-    for _ in range(3):
+              "loss": want.item(), "warmup": warmup, "rounds": rounds}
+    for _ in range(warmup):
         step_e(), step_c()
     times = {"eager": [], "compiled": []}
     for _ in range(rounds):
@@ -148,11 +150,12 @@ def child(model: str, compiler: str, device: str, rounds: int) -> dict:
     return record
 
 
-def run_child(model, compiler, device, rounds, cache_root) -> dict:
+def run_child(model, compiler, device, rounds, warmup, cache_root) -> dict:
     env = dict(os.environ, KILN_CACHE_DIR=os.path.join(cache_root, "kiln"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache_root, "inductor"))
     done = subprocess.run([sys.executable, __file__, "--child", model, compiler, "--device",
-                           device, "--rounds", str(rounds)], env=env, capture_output=True,
+                           device, "--rounds", str(rounds), "--warmup", str(warmup)],
+                          env=env, capture_output=True,
                           text=True, timeout=1800)
     if done.returncode != 0:
         return {"model": model, "compiler": compiler, "error": done.stderr[-2000:]}
@@ -166,11 +169,12 @@ def main():
                     choices=["inductor", "inductor-ro", "kiln"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps of each first")
     ap.add_argument("--out", default=None, help="append each record (JSON lines) here")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "COMPILER"))
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.device, args.rounds)))
+        print(json.dumps(child(*args.child, args.device, args.rounds, args.warmup)))
         return
     print(f"# {command_line()}")
     rows = []
@@ -178,7 +182,8 @@ def main():
         for compiler in args.compilers:  # one after another: never two on the CPU at once
             cache_root = tempfile.mkdtemp(prefix="kiln-bench-train-")
             try:
-                record = run_child(model, compiler, args.device, args.rounds, cache_root)
+                record = run_child(model, compiler, args.device, args.rounds, args.warmup,
+                                   cache_root)
             finally:
                 stop_kilnd(os.path.join(cache_root, "kiln"))
                 shutil.rmtree(cache_root, ignore_errors=True)
