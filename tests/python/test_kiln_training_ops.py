@@ -104,6 +104,27 @@ def test_cross_entropy_training_step_of_a_conv_net_compiles_both_graphs(caplog):
     assert "aten::sum" not in ops
 
 
+def test_the_min_cut_partition_saves_fewer_activations_and_matches_eager(caplog, monkeypatch):
+    # kiln.config.partition: torch.compile's partition recomputes the GELU and the layer norm's
+    # normalisation in the backward instead of saving them.
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                   torch.nn.LayerNorm(32), torch.nn.Linear(32, 5))
+
+    def loss_of(m, x, y):
+        return F.cross_entropy(m(x), y)
+
+    batches = [(torch.randn(8, 16), torch.randint(0, 5, (8,))) for _ in range(3)]
+    saved = {}
+    for partition in ("default", "min_cut"):
+        monkeypatch.setattr(kiln.config, "partition", partition)
+        kiln.reset()
+        train_like_eager(caplog, mlp, loss_of, batches)
+        forward = kiln.debug.artifacts()[0]
+        saved[partition] = len(forward.body.plan.outputs)
+    assert saved["min_cut"] < saved["default"]
+
+
 LOSSES = {
     "label_smoothing": lambda m, x, y: F.cross_entropy(m(x), y, label_smoothing=0.1),
     "class_weights": lambda m, x, y: F.cross_entropy(

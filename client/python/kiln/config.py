@@ -71,6 +71,12 @@ cuda_graphs = os.environ.get("KILN_CUDA_GRAPHS", "1") != "0"
 cuda_graph_shapes = int(os.environ.get("KILN_CUDA_GRAPH_SHAPES", "1024"))
 cuda_graph_shape_memory = float(os.environ.get("KILN_CUDA_GRAPH_SHAPE_MEMORY", "0.25"))
 
+# How AOT autograd splits a training graph into its forward and backward graphs
+# (kiln.backends.aot): "default" (AOT's default partition: the forward saves every intermediate
+# the backward reads) or "min_cut" (torch.compile's: fewer saved, cheap pointwise ops recomputed
+# in the backward). KILN_PARTITION.
+partition = os.environ.get("KILN_PARTITION", "default")
+
 # Stored captures (kiln.stored_capture): a frame compiled by the "kiln" backend is stored in the
 # cache directory, and a process that meets the same code (same kiln, torch, Python) installs it
 # without tracing when its guards hold. KILN_STORED_CAPTURES=0 turns both off.

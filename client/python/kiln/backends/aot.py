@@ -16,7 +16,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from kiln import _C
+from kiln import _C, config
 from kiln.backends.fallback import warn_eager_once
 from kiln.backends.specialize import PerSignature, tensor_outputs
 
@@ -56,13 +56,25 @@ def through_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list,
             # after every call.
             return aot_autograd(fw_compiler=training, bw_compiler=training,
                                 inference_compiler=compiler(compile_inference),
-                                keep_inference_input_mutations=True)(gm, example_inputs)
+                                keep_inference_input_mutations=True,
+                                **_partition())(gm, example_inputs)
     except retrace:
         raise
     except Exception as e:  # what AOT autograd cannot take runs eagerly, as Dynamo's graph
         warn_eager_once(
             "aot", f"torch's AOT autograd cannot take the graph ({type(e).__name__}: {e})")
         return gm.forward
+
+
+def _partition() -> dict:
+    """AOT autograd's split of a training graph into its forward and backward
+    (kiln.config.partition): "default" saves every intermediate the backward reads; "min_cut"
+    (torch.compile's) saves fewer and recomputes cheap pointwise ops in the backward."""
+    if config.partition == "min_cut":
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        return {"partition_fn": min_cut_rematerialization_partition}
+    return {}
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: Sequence,
