@@ -40,10 +40,18 @@ void LentOutputs::Reset(const std::vector<at::Tensor>& outputs, const std::vecto
     auto it = seen.find(impl);
     if (it == seen.end()) {
       it = seen.emplace(impl, static_cast<int>(storages_.size())).first;
-      storages_.push_back(Lent{i, impl->data_ptr().get()});
+      storages_.push_back(Lent{i, impl->data_ptr().get(), 0});
     }
     of_output_[i] = it->second;
   }
+  // Counted once here, not per replay: a move rebuilds the same tensors over the new storage.
+  std::map<const c10::StorageImpl*, std::set<const c10::TensorImpl*>> own;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.has_storage()) {
+      own[t.storage().unsafeGetStorageImpl()].insert(t.unsafeGetTensorImpl());
+    }
+  }
+  for (auto& [impl, k] : seen) storages_[k].own = own[impl].size();
 }
 
 void LentOutputs::Clear() {
@@ -57,15 +65,7 @@ bool LentOutputs::Reclaim(const c10::cuda::CUDAStream& stream, std::vector<at::T
     const at::Tensor& one = (*outputs)[storages_[k].output];
     const c10::StorageImpl* impl = one.storage().unsafeGetStorageImpl();
     if (impl->data_ptr().get() != storages_[k].address) return false;
-    if (!storages_[k].lend) continue;
-    // The runner's own references: one per distinct tensor of its outputs over the storage.
-    std::set<const c10::TensorImpl*> own;
-    for (const at::Tensor& t : *outputs) {
-      if (t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == impl) {
-        own.insert(t.unsafeGetTensorImpl());
-      }
-    }
-    if (one.storage().use_count() > own.size()) held.push_back(k);
+    if (storages_[k].lend && one.storage().use_count() > storages_[k].own) held.push_back(k);
   }
   if (held.empty()) return true;
   // Whatever any stream queued that reads the held tensors finishes before their memory is
@@ -135,6 +135,18 @@ bool InputPlacement::Observe(const std::vector<at::Tensor>& inputs, int64_t capt
   for (size_t i = 0; i < inputs.size(); ++i) copied_[i] = sticky_[i] || moved_now[i];
   observed_ = 0;  // The next observation (after a restart) starts from a new baseline.
   return true;
+}
+
+bool InputPlacement::InPlace(const std::vector<at::Tensor>& inputs,
+                             std::vector<bool>* moved) const {
+  moved->assign(inputs.size(), false);
+  if (inputs.size() != last_.size()) return false;
+  bool all = true;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    (*moved)[i] = !copied_[i] && !last_[i].Is(inputs[i]);
+    all = all && !(*moved)[i];
+  }
+  return all;
 }
 
 void InputPlacement::Restart(const std::vector<bool>& moved) {

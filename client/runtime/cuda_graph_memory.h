@@ -60,6 +60,7 @@ class LentOutputs {
   struct Lent {
     size_t output;         // One output over it (the runner's static output).
     const void* address;   // Its memory at capture.
+    size_t own;            // The runner's references to it: its distinct outputs over it.
     bool lend = true;      // False once moved: copied out from then on.
   };
   std::vector<Lent> storages_;
@@ -93,11 +94,15 @@ class InputPlacement {
   // A call that runs without the graph, observed; true when the capture is to be made now
   // (copied() then says where each input goes).
   bool Observe(const std::vector<at::Tensor>& inputs, int64_t captures);
+  // Before a replay of the graph captured on the call Observe decided: whether every input read
+  // in place is where (and as) it was then; else false, with `moved` marking those that are not.
+  bool InPlace(const std::vector<at::Tensor>& inputs, std::vector<bool>* moved) const;
   // A replay found input(s) read in place elsewhere (`moved`): observing starts again.
   void Restart(const std::vector<bool>& moved);
 
   const std::vector<bool>& copied() const { return copied_; }
 
+ private:
   // Where a tensor is: its address and layout (never the tensor: the caller's memory is not
   // held).
   struct Address {
@@ -107,11 +112,9 @@ class InputPlacement {
     static Address Of(const at::Tensor& t);
     bool Is(const at::Tensor& t) const;
   };
-
- private:
   std::vector<bool> sticky_;   // Copied for good (moved after kMaxRestarts restarts).
   std::vector<bool> copied_;   // The last decision.
-  std::vector<Address> last_;
+  std::vector<Address> last_;  // The last call observed: the capture's, once decided.
   std::vector<int> moves_;     // Per input: calls, of those observed after the baseline, where it moved.
   int observed_ = 0;           // Calls observed since the baseline (0: no baseline).
   int64_t captures_ = -1;      // The pool's count at the baseline.

@@ -324,13 +324,10 @@ Status CudaGraphRunner::Capture(const std::vector<at::Tensor>& inputs,
   // Outside the pool: the static inputs and the prologue's copy live as long as the graph.
   // What the capture reads: those copies, and the caller's own tensors read in place.
   static_inputs_.clear();
-  in_place_.assign(inputs.size(), InputPlacement::Address{});
   std::vector<at::Tensor> read;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    static_inputs_.push_back(copied_[i] ? StaticCopy(t) : at::Tensor());
-    read.push_back(copied_[i] ? static_inputs_[i] : t);
-    if (!copied_[i]) in_place_[i] = InputPlacement::Address::Of(t);
+    static_inputs_.push_back(copied_[i] ? StaticCopy(inputs[i]) : at::Tensor());
+    read.push_back(copied_[i] ? static_inputs_[i] : inputs[i]);
   }
   prologue_.reset();
   static const std::vector<at::Tensor> kNoPrologue;
@@ -414,14 +411,11 @@ StatusOr<bool> CudaGraphRunner::Replay(
   pool_->OrderAfterLast(current);
   if (own_memory_) {
     // First the held outputs move (an input may be one: its address is checked after).
-    moved_.assign(inputs.size(), false);
-    if (!lent_.Reclaim(current, &static_outputs_)) return false;
-    bool moved = false;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      moved_[i] = !copied_[i] && !in_place_[i].Is(inputs[i]);
-      moved = moved || moved_[i];
+    if (!lent_.Reclaim(current, &static_outputs_)) {
+      moved_.assign(inputs.size(), false);
+      return false;
     }
-    if (moved) return false;
+    if (!placement_.InPlace(inputs, &moved_)) return false;
   }
   // Recomputed since a graph last read it: its new values into the buffers the graph reads.
   if (prologue != nullptr) prologue_->Refresh(prologue);

@@ -166,10 +166,9 @@ class CudaGraphRunner {
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::vector<at::Tensor> static_inputs_;  // Undefined for an input read in place.
   std::vector<at::Tensor> static_outputs_;
-  // Per input, whether the graph copies it (else it reads it in place: where it was at capture,
-  // in_place_); all copied without own memory.
+  // Per input, whether the graph copies it (else it reads it in place, where placement_ saw it
+  // at capture); all copied without own memory.
   std::vector<bool> copied_;
-  std::vector<InputPlacement::Address> in_place_;
   InputPlacement placement_;
   std::vector<bool> moved_;  // Inputs read in place that the last replay found elsewhere.
   LentOutputs lent_;

@@ -23,11 +23,16 @@ def pool():
     return _C.CudaGraphPool()
 
 
-def triple_plan(pool, sizes=(16,)):
-    """3 * y."""
-    return cuda_plan([value(0, list(sizes)), value(1, list(sizes))], [0],
-                     [library("aten::mul.Tensor", [pos("value", 0), pos("float", 3.0)], [1])],
-                     [1], graphs=pool, own_memory=True)
+def triple_plan(pool, sizes=(16,), update_input=False):
+    """3 * y; with `update_input`, y also takes that value (y.mul_(3) returning it)."""
+    spec = pb.artifact.ExecutionPlan()
+    spec.ParseFromString(plan_bytes(
+        [value(0, list(sizes)), value(1, list(sizes))], [0],
+        [library("aten::mul.Tensor", [pos("value", 0), pos("float", 3.0)], [1])], [1]))
+    if update_input:
+        spec.input_updates.add(input=0, value=1)
+    return _C.Plan(spec.SerializeToString(), b"", [], "cuda:0", cuda_graphs=pool,
+                   own_graph_memory=True)
 
 
 def mm_plan(pool):
@@ -127,14 +132,8 @@ def test_one_graphs_lent_output_is_read_in_place_by_the_next(pool):
 
 @gpu
 def test_an_input_the_plan_updates_is_updated_once_per_call_where_it_is(pool):
-    # out = 3 * x, and x takes out's values (x.mul_(3) returning x's new values); x read in place.
-    spec = pb.artifact.ExecutionPlan()
-    spec.ParseFromString(plan_bytes(
-        [value(0, [16]), value(1, [16])], [0],
-        [library("aten::mul.Tensor", [pos("value", 0), pos("float", 3.0)], [1])], [1]))
-    spec.input_updates.add(input=0, value=1)
-    p = _C.Plan(spec.SerializeToString(), b"", [], "cuda:0", cuda_graphs=pool,
-                own_graph_memory=True)
+    # x read in place, and updated by the graph itself (the warm-up updates a scratch copy).
+    p = triple_plan(pool, update_input=True)
     x = torch.randn(16, device="cuda")
     want = x.clone()
     for _ in range(6):
